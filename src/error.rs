@@ -1,0 +1,46 @@
+//! The one error type of the engine; the server maps it once to an HTTP status
+//! and once to an SSE error event.
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum WickError {
+    /// The request itself is wrong (bad parameter, token out of vocabulary...).
+    #[error("{message}")]
+    InvalidRequest {
+        message: String,
+        param: Option<String>,
+    },
+    /// Prompt plus max_tokens do not fit the model's context (or the KV budget).
+    #[error("{0}")]
+    ContextLengthExceeded(String),
+    /// Loading or fetching a model failed.
+    #[error("model error: {0}")]
+    Model(String),
+    /// A failure inside the engine while running a step.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl WickError {
+    pub fn invalid(message: impl Into<String>, param: impl Into<Option<String>>) -> Self {
+        WickError::InvalidRequest {
+            message: message.into(),
+            param: param.into(),
+        }
+    }
+}
+
+impl From<candle_core::Error> for WickError {
+    fn from(e: candle_core::Error) -> Self {
+        WickError::Internal(e.to_string())
+    }
+}
+
+impl From<anyhow::Error> for WickError {
+    fn from(e: anyhow::Error) -> Self {
+        WickError::Internal(format!("{e:#}"))
+    }
+}
+
+pub type Result<T> = std::result::Result<T, WickError>;

@@ -1,0 +1,106 @@
+//! The paged KV pool: per layer, `num_blocks` blocks of `block_size` token
+//! slots for K and for V. Which blocks a sequence owns is decided by the
+//! [`crate::block_manager::BlockManager`]; this file only holds the memory and
+//! knows where a (block, slot) lives.
+//!
+//! Two storages: on the CPU the pool is a plain `Vec<f32>` laid out
+//! `[block][kv_head][slot][head_dim]`, so the attention kernel in
+//! [`crate::attention`] reads one head's keys of a block contiguously; on any
+//! other device (or when forced, to test it) it is a candle tensor
+//! `[num_blocks * block_size, kv_heads * head_dim]` written and gathered with
+//! candle ops.
+
+use candle_core::{DType, Device, Tensor};
+
+/// Shape of the pool, fixed at start-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvLayout {
+    pub num_layers: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+    pub num_blocks: usize,
+}
+
+impl KvLayout {
+    /// Bytes of K plus V for one block across all layers (f32 storage).
+    pub fn bytes_per_block(
+        num_layers: usize,
+        num_kv_heads: usize,
+        head_dim: usize,
+        block_size: usize,
+    ) -> usize {
+        2 * num_layers * num_kv_heads * head_dim * block_size * std::mem::size_of::<f32>()
+    }
+
+    /// A layout using at most `budget_bytes` of memory.
+    pub fn from_budget(
+        num_layers: usize,
+        num_kv_heads: usize,
+        head_dim: usize,
+        block_size: usize,
+        budget_bytes: usize,
+    ) -> Self {
+        let per_block = Self::bytes_per_block(num_layers, num_kv_heads, head_dim, block_size);
+        KvLayout {
+            num_layers,
+            num_kv_heads,
+            head_dim,
+            block_size,
+            num_blocks: budget_bytes / per_block,
+        }
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+
+    /// f32 elements of one layer's K (or V) pool.
+    fn layer_elems(&self) -> usize {
+        self.num_blocks * self.block_size * self.kv_dim()
+    }
+}
+
+pub enum LayerCache {
+    /// `[block][kv_head][slot][head_dim]`, read by the CPU attention kernel.
+    Host { k: Vec<f32>, v: Vec<f32> },
+    /// `[block * block_size + slot][kv_head * head_dim]`, for candle ops on any device.
+    Tensor { k: Tensor, v: Tensor },
+}
+
+pub struct KvCache {
+    layout: KvLayout,
+    layers: Vec<LayerCache>,
+}
+
+impl KvCache {
+    /// Allocates the whole pool up front, so memory never grows past the
+    /// budget. The host layout is used on the CPU unless `force_tensor`.
+    pub fn new(layout: KvLayout, device: &Device, force_tensor: bool) -> candle_core::Result<Self> {
+        let layers = (0..layout.num_layers)
+            .map(|_| {
+                if device.is_cpu() && !force_tensor {
+                    Ok(LayerCache::Host {
+                        k: vec![0.0; layout.layer_elems()],
+                        v: vec![0.0; layout.layer_elems()],
+                    })
+                } else {
+                    let shape = (layout.num_blocks * layout.block_size, layout.kv_dim());
+                    Ok(LayerCache::Tensor {
+                        k: Tensor::zeros(shape, DType::F32, device)?,
+                        v: Tensor::zeros(shape, DType::F32, device)?,
+                    })
+                }
+            })
+            .collect::<candle_core::Result<_>>()?;
+        Ok(KvCache { layout, layers })
+    }
+
+    pub fn layout(&self) -> &KvLayout {
+        &self.layout
+    }
+
+    pub fn layer_mut(&mut self, layer: usize) -> &mut LayerCache {
+        &mut self.layers[layer]
+    }
+}

@@ -1,0 +1,28 @@
+//! wick: an OpenAI-compatible LLM inference server on candle.
+//!
+//! The engine half (this crate's library) knows nothing of HTTP: a model, a
+//! paged KV cache, a scheduler and per-request samplers, driven one `step` at a
+//! time by whoever owns the [`engine::Engine`].
+
+pub mod attention;
+pub mod chat_template;
+pub mod detokenizer;
+pub mod error;
+pub mod model_fetch;
+pub mod quant;
+pub mod sampler;
+pub mod sampling_params;
+pub mod stop;
+pub mod tokenizer;
+// pub mod bench;
+pub mod block_manager;
+// pub mod cli;
+// pub mod engine;
+// pub mod generate;
+pub mod kv_cache;
+// pub mod loader;
+// pub mod model_runner;
+// pub mod models;
+// pub mod scheduler;
+// pub mod sequence;
+// pub mod text_stream;
