@@ -1,0 +1,512 @@
+//! Quantized weight matrices (GGML Q4_1 / Q8_0) with integer matmul kernels.
+//!
+//! Layout: at load, weights are repacked into tiles of 16 output rows whose
+//! 32-value blocks are interleaved 4 bytes at a time, so one 512-bit register
+//! holds 4 inputs of all 16 rows and one broadcast activation word feeds 16
+//! dot products (`vpdpbusd`). Scales stay f16 (converted in registers), so a
+//! Q4_1 tile costs the file's 20 bytes per row and block: at batch 1 the
+//! kernel is bound by memory bandwidth.
+//!
+//! Arithmetic: activations are quantized per call to 8-bit blocks carrying
+//! `d` and `d * Σq`, which folds Q4_1's per-block minimum (and Q8_0's +128
+//! storage offset) into one multiply-add per block.
+//!
+//! Tiling and threads: a tile (16 x k weights, ≤ 16 KiB for the model's
+//! shapes) stays in L1 while 8 activation rows at a time run against it, so a
+//! weight byte is read from memory once per call however many rows are
+//! batched. Threads claim chunks of tiles from a shared counter. A call from
+//! outside the rayon pool enters it only when big enough to pay for the
+//! hand-off (~20 µs), so small batched calls are fastest when the model is
+//! driven from a pool thread (e.g. inside `rayon::scope`).
+
+mod act;
+mod generic;
+#[cfg(test)]
+mod tests;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use std::cell::RefCell;
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use half::f16;
+
+use act::QuantActs;
+
+/// Output rows per interleaved tile: one 512-bit register of i32 lanes.
+pub(crate) const TILE: usize = 16;
+/// Values per quantization block (both formats and the activations).
+pub(crate) const QK: usize = 32;
+/// Activation rows per pass over the tiles: bounds the quantized activations a
+/// task streams per tile (≤ 256 x k bytes) so they stay in L2.
+const M_BLOCK: usize = 256;
+/// Multiply-adds from which a call made on a rayon thread is split over the
+/// pool: below it (~2 µs of one core) waking a sleeping worker costs more.
+const PAR_MIN_MACS: usize = 1 << 19;
+/// Multiply-adds from which a call made outside the pool moves into it: that
+/// costs a cross-thread wake-up and hand-back, measured ~20 µs on the 2-core
+/// host, which a core spends on ~5M multiply-adds.
+const PAR_MIN_MACS_OUTSIDE: usize = 1 << 23;
+/// Multiply-adds per chunk of tiles claimed by a thread (~0.5 µs of one core).
+const PAR_CHUNK_MACS: usize = 1 << 17;
+
+/// Kernel selection for [`QuantMatrix::matmul_with`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// The fastest path the running CPU supports.
+    Auto,
+    /// Portable code (what CPUs without the SIMD paths run).
+    Generic,
+}
+
+/// The concrete code path a call runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isa {
+    Generic,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Avx512Vnni,
+}
+
+impl Isa {
+    fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if x86::avx512_vnni_supported() {
+                return Isa::Avx512Vnni;
+            }
+            if x86::avx2_supported() {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Generic
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Format {
+    Q4_1,
+    Q8_0,
+}
+
+/// How one tile-block (16 rows x 32 inputs) of a format is stored.
+///
+/// Q4_1: `d: [f16; 16]`, `m: [f16; 16]`, then 4 x 64 bytes where chunk `j`
+/// holds, per row, bytes `4j..4j+4` of the row's GGML nibbles (low nibble =
+/// input `4j+i`, high = input `16+4j+i`), 320 bytes.
+/// Q8_0: `d: [f16; 16]`, then 8 x 64 bytes where chunk `g` holds, per row,
+/// inputs `4g..4g+4` stored as `q + 128`, 544 bytes.
+pub(crate) trait Layout {
+    const BLOCK_BYTES: usize;
+    /// Q8_0 (offset unsigned values, min = -128 d) rather than Q4_1.
+    const Q8: bool;
+    /// Unsigned quants of block `blk` as `w[input][row]`, and per-row scale
+    /// and min (value = d * w + m).
+    fn unpack(blk: &[u8], w: &mut [[u8; TILE]; QK], d: &mut [f32; TILE], m: &mut [f32; TILE]);
+}
+
+pub(crate) struct Q4_1Layout;
+pub(crate) struct Q8_0Layout;
+
+impl Layout for Q4_1Layout {
+    const BLOCK_BYTES: usize = 4 * TILE + TILE * QK / 2;
+    const Q8: bool = false;
+    fn unpack(blk: &[u8], w: &mut [[u8; TILE]; QK], d: &mut [f32; TILE], m: &mut [f32; TILE]) {
+        for r in 0..TILE {
+            d[r] = f16_at(blk, 2 * r);
+            m[r] = f16_at(blk, 2 * (TILE + r));
+        }
+        let qs = &blk[4 * TILE..Self::BLOCK_BYTES];
+        for (j, chunk) in qs.chunks_exact(4 * TILE).enumerate() {
+            for (r, bytes) in chunk.chunks_exact(4).enumerate() {
+                for (i, &b) in bytes.iter().enumerate() {
+                    w[4 * j + i][r] = b & 0x0F;
+                    w[QK / 2 + 4 * j + i][r] = b >> 4;
+                }
+            }
+        }
+    }
+}
+
+impl Layout for Q8_0Layout {
+    const BLOCK_BYTES: usize = 2 * TILE + TILE * QK;
+    const Q8: bool = true;
+    fn unpack(blk: &[u8], w: &mut [[u8; TILE]; QK], d: &mut [f32; TILE], m: &mut [f32; TILE]) {
+        for r in 0..TILE {
+            d[r] = f16_at(blk, 2 * r);
+            m[r] = -128.0 * d[r];
+        }
+        let qs = &blk[2 * TILE..Self::BLOCK_BYTES];
+        for (g, chunk) in qs.chunks_exact(4 * TILE).enumerate() {
+            for (r, bytes) in chunk.chunks_exact(4).enumerate() {
+                for (i, &b) in bytes.iter().enumerate() {
+                    w[4 * g + i][r] = b;
+                }
+            }
+        }
+    }
+}
+
+fn f16_at(bytes: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
+}
+
+/// Cache-line aligned storage so every Q4_1 tile-block (5 lines) starts a line.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// A quantized `n x k` weight matrix (`n` outputs, `k` inputs), repacked for the
+/// kernels in this module.
+#[derive(Clone)]
+pub struct QuantMatrix {
+    format: Format,
+    n: usize,
+    k: usize,
+    data: Vec<Line>,
+}
+
+impl std::fmt::Debug for QuantMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "QuantMatrix({:?}, {}x{})", self.format, self.n, self.k)
+    }
+}
+
+thread_local! {
+    /// Activation scratch reused across calls on a thread.
+    static SCRATCH: RefCell<QuantActs> = RefCell::new(QuantActs::default());
+}
+
+impl QuantMatrix {
+    /// Repacks a 2-D Q4_1 or Q8_0 tensor of shape (n, k); `None` for other
+    /// dtypes.
+    pub fn from_qtensor(t: &QTensor) -> candle_core::Result<Option<QuantMatrix>> {
+        let format = match t.dtype() {
+            GgmlDType::Q4_1 => Format::Q4_1,
+            GgmlDType::Q8_0 => Format::Q8_0,
+            _ => return Ok(None),
+        };
+        let (n, k) = t.shape().dims2()?;
+        Self::from_ggml(format, n, k, &t.data()?).map(Some)
+    }
+
+    /// Quantizes row-major `n x k` f32 weights to Q8_0 (GGML's rounding).
+    pub fn quantize_q8_0(weights: &[f32], n: usize, k: usize) -> candle_core::Result<QuantMatrix> {
+        if weights.len() != n * k || k == 0 || !k.is_multiple_of(QK) {
+            candle_core::bail!("quantize_q8_0: {} values for {n}x{k}", weights.len());
+        }
+        let mut raw = Vec::with_capacity(n * k / QK * 34);
+        for block in weights.chunks_exact(QK) {
+            let amax = block.iter().fold(0f32, |a, &v| a.max(v.abs()));
+            let d = amax / 127.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            raw.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+            raw.extend(block.iter().map(|&v| (v * id).round() as i8 as u8));
+        }
+        Self::from_ggml(Format::Q8_0, n, k, &raw)
+    }
+
+    /// Repacks GGML row-major blocks into tiles, zero-padding the last tile.
+    fn from_ggml(format: Format, n: usize, k: usize, raw: &[u8]) -> candle_core::Result<Self> {
+        let (ggml_block, tile_block) = match format {
+            Format::Q4_1 => (20, Q4_1Layout::BLOCK_BYTES),
+            Format::Q8_0 => (34, Q8_0Layout::BLOCK_BYTES),
+        };
+        let nb = k / QK;
+        if k == 0 || !k.is_multiple_of(QK) || raw.len() != n * nb * ggml_block {
+            candle_core::bail!(
+                "{format:?} matrix {n}x{k}: expected {} bytes, got {}",
+                n * nb * ggml_block,
+                raw.len()
+            );
+        }
+        let tiles = n.div_ceil(TILE);
+        let bytes = tiles * nb * tile_block;
+        let mut data = vec![Line([0; 64]); bytes.div_ceil(64)];
+        let packed = lines_as_bytes_mut(&mut data);
+        for row in 0..n {
+            let (t, r) = (row / TILE, row % TILE);
+            for b in 0..nb {
+                let src = &raw[(row * nb + b) * ggml_block..][..ggml_block];
+                let dst = &mut packed[(t * nb + b) * tile_block..][..tile_block];
+                // Scales first (d, then Q4_1's m), 16 rows of each.
+                dst[2 * r..2 * r + 2].copy_from_slice(&src[..2]);
+                match format {
+                    Format::Q4_1 => {
+                        dst[2 * (TILE + r)..][..2].copy_from_slice(&src[2..4]);
+                        for (j, four) in src[4..].chunks_exact(4).enumerate() {
+                            dst[4 * TILE + j * 4 * TILE + 4 * r..][..4].copy_from_slice(four);
+                        }
+                    }
+                    Format::Q8_0 => {
+                        for (g, four) in src[2..].chunks_exact(4).enumerate() {
+                            let at = 2 * TILE + g * 4 * TILE + 4 * r;
+                            for (o, &q) in dst[at..at + 4].iter_mut().zip(four) {
+                                *o = q ^ 0x80;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(Self { format, n, k, data })
+    }
+
+    /// Output rows.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Inputs per row.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `Line` is 64 plain bytes with no padding.
+        unsafe { std::slice::from_raw_parts(self.data.as_ptr().cast(), self.data.len() * 64) }
+    }
+
+    fn tile_block_bytes(&self) -> usize {
+        match self.format {
+            Format::Q4_1 => Q4_1Layout::BLOCK_BYTES,
+            Format::Q8_0 => Q8_0Layout::BLOCK_BYTES,
+        }
+    }
+
+    /// The `k / 32` tile-blocks of tile `t`.
+    fn tile(&self, t: usize) -> &[u8] {
+        let len = self.k / QK * self.tile_block_bytes();
+        &self.bytes()[t * len..(t + 1) * len]
+    }
+
+    /// Dequantizes weight row `row` (an embedding lookup when this is a token
+    /// table) into `out[..k]`, bit-identical to GGML's dequantization.
+    pub fn dequantize_row(&self, row: usize, out: &mut [f32]) {
+        assert!(row < self.n, "row {row} out of {}", self.n);
+        assert_eq!(out.len(), self.k, "dequantize_row: output length");
+        let mut w = [[0u8; TILE]; QK];
+        let (mut d, mut m) = ([0f32; TILE], [0f32; TILE]);
+        let r = row % TILE;
+        let blocks = self.tile(row / TILE).chunks_exact(self.tile_block_bytes());
+        for (blk, o) in blocks.zip(out.chunks_exact_mut(QK)) {
+            match self.format {
+                Format::Q4_1 => {
+                    Q4_1Layout::unpack(blk, &mut w, &mut d, &mut m);
+                    for (o, w) in o.iter_mut().zip(&w) {
+                        *o = w[r] as f32 * d[r] + m[r];
+                    }
+                }
+                Format::Q8_0 => {
+                    Q8_0Layout::unpack(blk, &mut w, &mut d, &mut m);
+                    for (o, w) in o.iter_mut().zip(&w) {
+                        *o = (w[r] as i32 - 128) as f32 * d[r];
+                    }
+                }
+            }
+        }
+    }
+
+    /// `out[m, n] = x[m, k] · Wᵀ` on the fastest kernel for this CPU.
+    ///
+    /// Panics if `x.len() != m * k` or `out.len() != m * n`.
+    pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32]) {
+        self.matmul_with(Kernel::Auto, x, m, out)
+    }
+
+    /// [`matmul`](Self::matmul) on a chosen kernel.
+    pub fn matmul_with(&self, kernel: Kernel, x: &[f32], m: usize, out: &mut [f32]) {
+        let isa = match kernel {
+            Kernel::Auto => Isa::detect(),
+            Kernel::Generic => Isa::Generic,
+        };
+        self.matmul_isa(isa, x, m, out)
+    }
+
+    fn matmul_isa(&self, isa: Isa, x: &[f32], m: usize, out: &mut [f32]) {
+        assert_eq!(
+            x.len(),
+            m * self.k,
+            "matmul: activations are not {m} x {}",
+            self.k
+        );
+        assert_eq!(
+            out.len(),
+            m * self.n,
+            "matmul: output is not {m} x {}",
+            self.n
+        );
+        if m == 0 || self.n == 0 {
+            return;
+        }
+        let macs = m * self.n * self.k;
+        let threads = rayon::current_num_threads();
+        let in_pool = rayon::current_thread_index().is_some();
+        if threads > 1 && !in_pool && macs >= PAR_MIN_MACS_OUTSIDE {
+            // Enter the pool once for the whole call rather than once per
+            // parallel loop.
+            return rayon::scope(|_| self.matmul_isa(isa, x, m, out));
+        }
+        let parallel = threads > 1 && in_pool && macs >= PAR_MIN_MACS;
+        // Taken rather than borrowed: a nested call on this thread (rayon work
+        // stealing while we wait) then just allocates its own.
+        let mut acts = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
+        acts.quantize(x, m, self.k, isa, parallel);
+        let out_ptr = OutPtr(out.as_mut_ptr());
+        let tiles = self.n.div_ceil(TILE);
+        if parallel {
+            let rows = m.min(M_BLOCK);
+            let chunk = (PAR_CHUNK_MACS / (rows * TILE * self.k)).clamp(1, tiles);
+            let split = Split::new(tiles, threads, chunk);
+            fan_out(0, threads, &|t| {
+                split.run(t, |r| self.run_tiles(isa, &acts, r, out_ptr))
+            });
+        } else {
+            self.run_tiles(isa, &acts, 0..tiles, out_ptr);
+        }
+        SCRATCH.with(|s| *s.borrow_mut() = acts);
+    }
+
+    /// Runs tiles `tiles` against all activation rows, `M_BLOCK` rows at a time.
+    fn run_tiles(&self, isa: Isa, acts: &QuantActs, tiles: Range<usize>, out: OutPtr) {
+        for m0 in (0..acts.m()).step_by(M_BLOCK) {
+            let rows = m0..(m0 + M_BLOCK).min(acts.m());
+            for t in tiles.clone() {
+                let job = TileJob {
+                    tile: self.tile(t),
+                    next: if t + 1 < self.n.div_ceil(TILE) {
+                        self.tile(t + 1)
+                    } else {
+                        &[]
+                    },
+                    acts,
+                    rows: rows.clone(),
+                    out: OutTile {
+                        // SAFETY: column t * 16 < n lies inside the first output row.
+                        ptr: unsafe { out.0.add(t * TILE) },
+                        ld: self.n,
+                        cols: (self.n - t * TILE).min(TILE),
+                    },
+                };
+                match (isa, self.format) {
+                    (Isa::Generic, Format::Q4_1) => generic::tile::<Q4_1Layout>(&job),
+                    (Isa::Generic, Format::Q8_0) => generic::tile::<Q8_0Layout>(&job),
+                    // SAFETY (x86 arms): these `Isa`s are only chosen after
+                    // runtime detection of their features.
+                    #[cfg(target_arch = "x86_64")]
+                    (Isa::Avx2, Format::Q4_1) => unsafe { x86::tile_avx2::<Q4_1Layout>(&job) },
+                    #[cfg(target_arch = "x86_64")]
+                    (Isa::Avx2, Format::Q8_0) => unsafe { x86::tile_avx2::<Q8_0Layout>(&job) },
+                    #[cfg(target_arch = "x86_64")]
+                    (Isa::Avx512Vnni, Format::Q4_1) => unsafe {
+                        x86::tile_avx512::<Q4_1Layout>(&job)
+                    },
+                    #[cfg(target_arch = "x86_64")]
+                    (Isa::Avx512Vnni, Format::Q8_0) => unsafe {
+                        x86::tile_avx512::<Q8_0Layout>(&job)
+                    },
+                }
+            }
+        }
+    }
+}
+
+/// Runs `work(t)` for `t` in `first..first + threads` on pool threads (a join
+/// tree: nothing on the heap).
+fn fan_out(first: usize, threads: usize, work: &(impl Fn(usize) + Sync)) {
+    if threads <= 1 {
+        work(first);
+    } else {
+        let half = threads / 2;
+        rayon::join(
+            || fan_out(first, half, work),
+            || fan_out(first + half, threads - half, work),
+        );
+    }
+}
+
+/// Most regions a call's tiles are split into.
+const MAX_REGIONS: usize = 16;
+
+/// One contiguous region of tiles per thread, claimed a chunk at a time.
+///
+/// A thread walks its own region first, so each core streams sequential
+/// memory and writes its own output columns (interleaving chunks between
+/// cores measured up to 2x slower), then takes chunks left in the others'
+/// regions, so a thread that wakes late or is slowed only costs a chunk.
+struct Split {
+    next: [AtomicUsize; MAX_REGIONS],
+    end: [usize; MAX_REGIONS],
+    regions: usize,
+    chunk: usize,
+}
+
+impl Split {
+    fn new(tiles: usize, threads: usize, chunk: usize) -> Self {
+        let regions = threads.clamp(1, MAX_REGIONS);
+        let bound = |r: usize| tiles * r / regions;
+        Split {
+            next: std::array::from_fn(|r| AtomicUsize::new(bound(r))),
+            end: std::array::from_fn(|r| bound(r + 1)),
+            regions,
+            chunk,
+        }
+    }
+
+    /// Thread `t`'s share: its region, then whatever the others left.
+    fn run(&self, t: usize, f: impl Fn(Range<usize>)) {
+        for r in (0..self.regions).map(|i| (t + i) % self.regions) {
+            loop {
+                let start = self.next[r].fetch_add(self.chunk, Ordering::Relaxed);
+                if start >= self.end[r] {
+                    break;
+                }
+                f(start..(start + self.chunk).min(self.end[r]));
+            }
+        }
+    }
+}
+
+fn lines_as_bytes_mut(lines: &mut [Line]) -> &mut [u8] {
+    // SAFETY: `Line` is 64 plain bytes with no padding.
+    unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast(), lines.len() * 64) }
+}
+
+/// The output base pointer shared by the tasks of one call.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint column ranges (distinct tiles) of the output,
+// which outlives the parallel region.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+/// Columns `[0, cols)` of one tile's slice of the `[m, ld]` output.
+pub(crate) struct OutTile {
+    ptr: *mut f32,
+    ld: usize,
+    cols: usize,
+}
+
+impl OutTile {
+    /// Writes one activation row's results for this tile.
+    pub(crate) fn write(&self, row: usize, v: &[f32; TILE]) {
+        // SAFETY: `row` comes from the job's row range (< m) and `cols` is
+        // clipped to n, so this stays inside the output; only this tile's task
+        // writes these columns.
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), self.ptr.add(row * self.ld), self.cols) }
+    }
+}
+
+/// One weight tile against a range of quantized activation rows.
+pub(crate) struct TileJob<'a> {
+    /// The tile's `k / 32` tile-blocks.
+    pub tile: &'a [u8],
+    /// The following tile (empty after the last), for SIMD kernels to prefetch.
+    pub next: &'a [u8],
+    pub acts: &'a QuantActs,
+    pub rows: Range<usize>,
+    pub out: OutTile,
+}

@@ -1,0 +1,348 @@
+use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
+use candle_core::{Device, Module, Tensor};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::*;
+
+/// Every code path this CPU can run (Generic always).
+fn isas() -> Vec<Isa> {
+    #[allow(unused_mut)]
+    let mut v = vec![Isa::Generic];
+    #[cfg(target_arch = "x86_64")]
+    {
+        if x86::avx2_supported() {
+            v.push(Isa::Avx2);
+        }
+        if x86::avx512_vnni_supported() {
+            v.push(Isa::Avx512Vnni);
+        }
+    }
+    v
+}
+
+fn gaussian(rng: &mut ChaCha8Rng, len: usize) -> Vec<f32> {
+    (0..len)
+        .map(|_| {
+            let (u, v): (f32, f32) = (rng.random::<f32>().max(1e-7), rng.random());
+            (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * v).cos()
+        })
+        .collect()
+}
+
+/// Weights with per-row scale and offset, so Q4_1 minima are far from zero
+/// and a dropped min term or scale shows up.
+fn weights(rng: &mut ChaCha8Rng, n: usize, k: usize) -> Vec<f32> {
+    let mut w = gaussian(rng, n * k);
+    for row in w.chunks_exact_mut(k) {
+        let (scale, offset) = (
+            0.02 + rng.random::<f32>() * 0.1,
+            rng.random::<f32>() * 0.1 - 0.05,
+        );
+        row.iter_mut().for_each(|v| *v = *v * scale + offset);
+    }
+    w
+}
+
+/// A matrix quantized by candle, its dequantized weights, and our repacking.
+fn candle_matrix(
+    w: &[f32],
+    n: usize,
+    k: usize,
+    dtype: GgmlDType,
+) -> (QTensor, Vec<f32>, QuantMatrix) {
+    let t = Tensor::from_slice(w, (n, k), &Device::Cpu).unwrap();
+    let qt = QTensor::quantize(&t, dtype).unwrap();
+    let deq = qt
+        .dequantize(&Device::Cpu)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let qm = QuantMatrix::from_qtensor(&qt)
+        .unwrap()
+        .expect("supported dtype");
+    (qt, deq, qm)
+}
+
+/// Per output: `bound` is the worst case of activation rounding
+/// (Σ_t |w_t| d_b / 2, as |x̃ - x| ≤ d/2 with d = amax/127), `var` its
+/// expectation as uniform rounding noise (Σ_t w_t² d_b² / 12), `abs` the
+/// scale Σ_t |x_t w_t| for float rounding slack.
+struct Expected {
+    exact: Vec<f64>,
+    bound: Vec<f64>,
+    var: Vec<f64>,
+    abs: Vec<f64>,
+}
+
+fn expected(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Expected {
+    let mut e = Expected {
+        exact: vec![0.0; m * n],
+        bound: vec![0.0; m * n],
+        var: vec![0.0; m * n],
+        abs: vec![0.0; m * n],
+    };
+    for i in 0..m {
+        let x = &x[i * k..(i + 1) * k];
+        let d: Vec<f64> = x
+            .chunks_exact(QK)
+            .map(|b| b.iter().fold(0f32, |a, v| a.max(v.abs())) as f64 / 127.0)
+            .collect();
+        for j in 0..n {
+            let w = &w[j * k..(j + 1) * k];
+            let o = i * n + j;
+            for t in 0..k {
+                let (xv, wv, db) = (x[t] as f64, w[t] as f64, d[t / QK]);
+                e.exact[o] += xv * wv;
+                e.bound[o] += wv.abs() * db / 2.0;
+                e.var[o] += wv * wv * db * db / 12.0;
+                e.abs[o] += (xv * wv).abs();
+            }
+        }
+    }
+    e
+}
+
+/// Mean-square error of results against the exact product, with its
+/// expectation under the uniform rounding model.
+#[derive(Default)]
+struct Noise {
+    sq_err: f64,
+    sq_expected: f64,
+    count: usize,
+}
+
+impl Noise {
+    /// Asserts the error is no larger than rounding noise. Pooled over many
+    /// activation rows: one row's errors are correlated across outputs.
+    fn check(&self, what: &str) {
+        // The block maxima round exactly, so the real error sits a bit under
+        // the model (observed 0.95..1.01); the rest is room for sampling noise.
+        assert!(
+            self.sq_err <= 1.25 * self.sq_expected,
+            "{what}: mean square error {:e} vs expected {:e}",
+            self.sq_err / self.count as f64,
+            self.sq_expected / self.count as f64
+        );
+    }
+}
+
+/// Checks every element of a result against the exact product within the
+/// activation rounding bound, adding its squared error to `noise`.
+fn check_against_exact(got: &[f32], e: &Expected, noise: &mut Noise, what: &str) {
+    for (o, &g) in got.iter().enumerate() {
+        let err = (g as f64 - e.exact[o]).abs();
+        let tol = e.bound[o] + 1e-5 * e.abs[o] + 1e-6;
+        assert!(
+            err <= tol,
+            "{what}: out[{o}] = {g}, exact {}, err {err:e} > bound {tol:e}",
+            e.exact[o]
+        );
+        noise.sq_err += err * err;
+        noise.sq_expected += e.var[o];
+        noise.count += 1;
+    }
+}
+
+fn run(qm: &QuantMatrix, isa: Isa, x: &[f32], m: usize) -> Vec<f32> {
+    let mut out = vec![f32::NAN; m * qm.n()];
+    qm.matmul_isa(isa, x, m, &mut out);
+    out
+}
+
+fn check_format(dtype: GgmlDType, seed: u64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    // n values straddle the 16-row tile; 200 x 1536 with m ≥ 2 takes the parallel path.
+    for (n, k) in [(75, 576), (200, 1536), (16, 576), (5, 1536)] {
+        let w = weights(&mut rng, n, k);
+        let (_, deq, qm) = candle_matrix(&w, n, k, dtype);
+        assert_eq!((qm.n(), qm.k()), (n, k));
+        let isas = isas();
+        let mut noise: Vec<Noise> = isas.iter().map(|_| Noise::default()).collect();
+        for m in [1, 2, 3, 5, 16, 33, 64] {
+            let x = gaussian(&mut rng, m * k);
+            let e = expected(&x, &deq, m, n, k);
+            let generic = run(&qm, Isa::Generic, &x, m);
+            for (&isa, noise) in isas.iter().zip(&mut noise) {
+                let got = run(&qm, isa, &x, m);
+                let what = format!("{dtype:?} {n}x{k} m={m} {isa:?}");
+                check_against_exact(&got, &e, noise, &what);
+                // Same integer sums, so only float rounding differs.
+                for (o, (&a, &g)) in got.iter().zip(&generic).enumerate() {
+                    let tol = 1e-6 * e.abs[o] + 1e-7;
+                    assert!(
+                        ((a - g) as f64).abs() <= tol,
+                        "{what} vs generic: out[{o}] {a} vs {g}"
+                    );
+                }
+            }
+            let mut auto = vec![0.0; m * n];
+            qm.matmul(&x, m, &mut auto);
+            let mut generic_pub = vec![0.0; m * n];
+            qm.matmul_with(Kernel::Generic, &x, m, &mut generic_pub);
+            assert_eq!(auto, run(&qm, Isa::detect(), &x, m));
+            assert_eq!(generic_pub, generic);
+            // Called from a pool thread, smaller calls split too; the split
+            // must not change a bit.
+            assert_eq!(rayon::scope(|_| run(&qm, Isa::detect(), &x, m)), auto);
+        }
+        for (isa, noise) in isas.iter().zip(&noise) {
+            noise.check(&format!("{dtype:?} {n}x{k} {isa:?}"));
+        }
+    }
+}
+
+#[test]
+fn q4_1_matches_dequantized_reference() {
+    check_format(GgmlDType::Q4_1, 1);
+}
+
+#[test]
+fn q8_0_matches_dequantized_reference() {
+    check_format(GgmlDType::Q8_0, 2);
+}
+
+#[test]
+fn more_rows_than_an_m_block() {
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let (n, k, m) = (40, 64, M_BLOCK + 3);
+    let w = weights(&mut rng, n, k);
+    let (_, deq, qm) = candle_matrix(&w, n, k, GgmlDType::Q4_1);
+    let x = gaussian(&mut rng, m * k);
+    let e = expected(&x, &deq, m, n, k);
+    for isa in isas() {
+        let mut noise = Noise::default();
+        let what = format!("m={m} {isa:?}");
+        check_against_exact(&run(&qm, isa, &x, m), &e, &mut noise, &what);
+        noise.check(&what);
+    }
+}
+
+#[test]
+fn dequantize_row_is_bit_exact() {
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    let (n, k) = (37, 96);
+    let w = weights(&mut rng, n, k);
+    for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
+        let (_, deq, qm) = candle_matrix(&w, n, k, dtype);
+        let mut row = vec![0.0; k];
+        for r in 0..n {
+            qm.dequantize_row(r, &mut row);
+            assert_eq!(row, deq[r * k..(r + 1) * k], "{dtype:?} row {r}");
+        }
+    }
+}
+
+#[test]
+fn quantize_q8_0_matches_candle() {
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let (n, k) = (21, 128);
+    let w = weights(&mut rng, n, k);
+    let (_, deq, _) = candle_matrix(&w, n, k, GgmlDType::Q8_0);
+    let ours = QuantMatrix::quantize_q8_0(&w, n, k).unwrap();
+    let mut row = vec![0.0; k];
+    for r in 0..n {
+        ours.dequantize_row(r, &mut row);
+        assert_eq!(row, deq[r * k..(r + 1) * k], "row {r}");
+    }
+    assert!(QuantMatrix::quantize_q8_0(&w, n, k - 1).is_err());
+}
+
+#[test]
+fn unsupported_dtype_is_none() {
+    let t = Tensor::zeros((4, 32), candle_core::DType::F32, &Device::Cpu).unwrap();
+    let qt = QTensor::quantize(&t, GgmlDType::Q4_0).unwrap();
+    assert!(QuantMatrix::from_qtensor(&qt).unwrap().is_none());
+}
+
+#[test]
+fn real_model_q4_1_matches_candle_qmatmul() {
+    let path = crate::model_fetch::default_model_path().expect("default model");
+    let mut file = std::fs::File::open(path).unwrap();
+    let content = gguf_file::Content::read(&mut file).unwrap();
+    let qt = content
+        .tensor(&mut file, "blk.0.ffn_gate.weight", &Device::Cpu)
+        .unwrap();
+    assert_eq!(qt.dtype(), GgmlDType::Q4_1);
+    let (n, k) = qt.shape().dims2().unwrap();
+    let qm = QuantMatrix::from_qtensor(&qt).unwrap().unwrap();
+    let deq: Vec<f32> = qt
+        .dequantize(&Device::Cpu)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let m = 5;
+    let mut rng = ChaCha8Rng::seed_from_u64(6);
+    let x = gaussian(&mut rng, m * k);
+    let xt = Tensor::from_slice(&x, (m, k), &Device::Cpu).unwrap();
+    let theirs: Vec<f32> = QMatMul::from_qtensor(qt)
+        .unwrap()
+        .forward(&xt)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let e = expected(&x, &deq, m, n, k);
+    let (mut sq_diff, mut sq_out) = (0.0, 0.0);
+    for isa in isas() {
+        let ours = run(&qm, isa, &x, m);
+        let mut noise = Noise::default();
+        check_against_exact(&ours, &e, &mut noise, &format!("real {isa:?}"));
+        for (o, (&a, &c)) in ours.iter().zip(&theirs).enumerate() {
+            // candle rounds activations to the same 8-bit values but stores
+            // their scale and sum as f16 (2^-11 relative).
+            let tol = 2f64.powi(-11) * e.abs[o];
+            let diff = (a - c).abs() as f64;
+            assert!(diff <= tol, "{isa:?} out[{o}]: ours {a}, candle {c}");
+            sq_diff += diff * diff;
+            sq_out += (c as f64) * (c as f64);
+        }
+    }
+    assert!(
+        sq_diff.sqrt() <= 1e-2 * sq_out.sqrt(),
+        "relative rms diff {}",
+        (sq_diff / sq_out).sqrt()
+    );
+}
+
+#[test]
+fn real_model_q8_0_embedding_rows() {
+    let path = crate::model_fetch::default_model_path().expect("default model");
+    let mut file = std::fs::File::open(path).unwrap();
+    let content = gguf_file::Content::read(&mut file).unwrap();
+    let qt = content
+        .tensor(&mut file, "token_embd.weight", &Device::Cpu)
+        .unwrap();
+    assert_eq!(qt.dtype(), GgmlDType::Q8_0);
+    let qm = QuantMatrix::from_qtensor(&qt).unwrap().unwrap();
+    let deq = qt.dequantize(&Device::Cpu).unwrap();
+    let mut row = vec![0.0; qm.k()];
+    for r in [0, 1, 17, 12345, qm.n() - 1] {
+        qm.dequantize_row(r, &mut row);
+        let want: Vec<f32> = deq.get(r).unwrap().to_vec1().unwrap();
+        assert_eq!(row, want, "row {r}");
+    }
+}
+
+#[test]
+fn activation_quantizers_agree() {
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let mut x = gaussian(&mut rng, 8 * QK);
+    // Exact halves (ties), zeros, a zero block and a huge value.
+    x[3] = 0.5 * x[0].abs().max(1.0);
+    x[QK..2 * QK].iter_mut().for_each(|v| *v = 0.0);
+    x[2 * QK + 5] = 1e30;
+    let mut want = QuantActs::default();
+    want.quantize(&x, 1, x.len(), Isa::Generic, false);
+    for isa in isas() {
+        let mut got = QuantActs::default();
+        got.quantize(&x, 1, x.len(), isa, false);
+        assert_eq!(got.qs(), want.qs(), "{isa:?}");
+        assert_eq!(got.scales(), want.scales(), "{isa:?}");
+    }
+}
