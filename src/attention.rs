@@ -7,7 +7,9 @@
 //! sequence's rows with `index_select`; it is the fallback for CUDA and is
 //! tested against the CPU kernel.
 
-use candle_core::{Device, Result, Tensor};
+use candle_core::{DType, Device, Result, Tensor};
+use half::f16;
+use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use crate::block_manager::BlockId;
@@ -90,14 +92,14 @@ fn host_offset(table: &[BlockId], pos: usize, head: usize, dims: &AttnDims) -> u
     ((block * dims.num_kv_heads + head) * dims.block_size + slot) * dims.head_dim
 }
 
-fn write_host(pool: &mut [f32], rows: &[f32], seqs: &[SeqSlice], dims: AttnDims) {
+fn write_host(pool: &mut [f16], rows: &[f32], seqs: &[SeqSlice], dims: AttnDims) {
     let (hd, kv_dim) = (dims.head_dim, dims.num_kv_heads * dims.head_dim);
     for s in seqs {
         for i in 0..s.len {
             let row = &rows[(s.start + i) * kv_dim..][..kv_dim];
             for h in 0..dims.num_kv_heads {
                 let dst = host_offset(&s.block_table, s.first_pos + i, h, &dims);
-                pool[dst..dst + hd].copy_from_slice(&row[h * hd..(h + 1) * hd]);
+                pool[dst..dst + hd].convert_from_f32_slice(&row[h * hd..(h + 1) * hd]);
             }
         }
     }
@@ -133,8 +135,8 @@ fn axpy(out: &mut [f32], a: f32, x: &[f32]) {
 /// share each key and value row read from the pool.
 fn attend_host(
     q: &[f32],
-    k_pool: &[f32],
-    v_pool: &[f32],
+    k_pool: &[f16],
+    v_pool: &[f16],
     seqs: &[SeqSlice],
     dims: AttnDims,
 ) -> Vec<f32> {
@@ -159,10 +161,13 @@ fn attend_host(
             let ctx = pos + 1;
             let q_group = &q[row * q_dim + kv_head * group * hd..][..group * hd];
             let mut scores = vec![0f32; group * ctx];
+            // One key (or value) row widened to f32, shared by the group's heads.
+            let mut row = vec![0f32; hd];
             for j in 0..ctx {
-                let kj = &k_pool[host_offset(table, j, kv_head, &dims)..][..hd];
+                k_pool[host_offset(table, j, kv_head, &dims)..][..hd]
+                    .convert_to_f32_slice(&mut row);
                 for g in 0..group {
-                    scores[g * ctx + j] = dot(&q_group[g * hd..(g + 1) * hd], kj) * scale;
+                    scores[g * ctx + j] = dot(&q_group[g * hd..(g + 1) * hd], &row) * scale;
                 }
             }
             for g in 0..group {
@@ -177,12 +182,13 @@ fn attend_host(
                 s.iter_mut().for_each(|x| *x *= inv);
             }
             for j in 0..ctx {
-                let vj = &v_pool[host_offset(table, j, kv_head, &dims)..][..hd];
+                v_pool[host_offset(table, j, kv_head, &dims)..][..hd]
+                    .convert_to_f32_slice(&mut row);
                 for g in 0..group {
                     axpy(
                         &mut out_group[g * hd..(g + 1) * hd],
                         scores[g * ctx + j],
-                        vj,
+                        &row,
                     );
                 }
             }
@@ -222,8 +228,9 @@ fn attend_tensor(
         .reshape((n_new, 1))?
         .broadcast_as((n_new, kv_dim))?
         .contiguous()?;
-    k_pool.scatter_set(&idx, &k.index_select(&rows, 0)?.contiguous()?, 0)?;
-    v_pool.scatter_set(&idx, &v.index_select(&rows, 0)?.contiguous()?, 0)?;
+    let to_pool = |x: &Tensor| x.index_select(&rows, 0)?.to_dtype(DType::F16)?.contiguous();
+    k_pool.scatter_set(&idx, &to_pool(k)?, 0)?;
+    v_pool.scatter_set(&idx, &to_pool(v)?, 0)?;
 
     let scale = 1.0 / (hd as f64).sqrt();
     let mut outs = Vec::with_capacity(seqs.len());
@@ -234,6 +241,7 @@ fn attend_tensor(
         // [ctx, kv_heads, hd] -> repeat each kv head for its query group -> [nh, ctx, hd]
         let expand = |pool: &Tensor| -> Result<Tensor> {
             pool.index_select(&slots, 0)?
+                .to_dtype(DType::F32)?
                 .reshape((ctx, dims.num_kv_heads, 1, hd))?
                 .broadcast_as((ctx, dims.num_kv_heads, group, hd))?
                 .reshape((ctx, nh, hd))?
@@ -356,9 +364,16 @@ mod tests {
                 )
             })
             .collect();
+        // The pool stores K/V as f16: the reference sees the same rounding.
+        let f16_round = |t: &Tensor| {
+            t.to_dtype(DType::F16)
+                .unwrap()
+                .to_dtype(DType::F32)
+                .unwrap()
+        };
         let expected: Vec<Tensor> = full
             .iter()
-            .map(|(q, k, v)| reference(q, k, v, dims))
+            .map(|(q, k, v)| reference(q, &f16_round(k), &f16_round(v), dims))
             .collect();
 
         for force_tensor in [false, true] {
@@ -371,7 +386,7 @@ mod tests {
             };
             let mut cache = KvCache::new(layout, &Device::Cpu, force_tensor).unwrap();
             // Step 1: seq 0 rows 0..7, seq 1 rows 0..5. Step 2: seq 0 rows 7..11, seq 1 row 5.
-            let mut got = vec![Vec::new(), Vec::new()];
+            let mut got = [Vec::new(), Vec::new()];
             for split in [[(0usize, 7usize), (0, 5)], [(7, 11), (5, 6)]] {
                 let mut seqs = Vec::new();
                 let (mut qs, mut ks, mut vs) = (Vec::new(), Vec::new(), Vec::new());

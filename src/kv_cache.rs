@@ -3,7 +3,10 @@
 //! [`crate::block_manager::BlockManager`]; this file only holds the memory and
 //! knows where a (block, slot) lives.
 //!
-//! Two storages: on the CPU the pool is a plain `Vec<f32>` laid out
+//! K and V are stored as f16, as llama.cpp does: half the memory and
+//! bandwidth of f32, with attention itself computed in f32.
+//!
+//! Two storages: on the CPU the pool is a plain `Vec<f16>` laid out
 //! `[block][kv_head][slot][head_dim]`, so the attention kernel in
 //! [`crate::attention`] reads one head's keys of a block contiguously; on any
 //! other device (or when forced, to test it) it is a candle tensor
@@ -11,6 +14,7 @@
 //! candle ops.
 
 use candle_core::{DType, Device, Tensor};
+use half::f16;
 
 /// Shape of the pool, fixed at start-up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,14 +27,14 @@ pub struct KvLayout {
 }
 
 impl KvLayout {
-    /// Bytes of K plus V for one block across all layers (f32 storage).
+    /// Bytes of K plus V for one block across all layers.
     pub fn bytes_per_block(
         num_layers: usize,
         num_kv_heads: usize,
         head_dim: usize,
         block_size: usize,
     ) -> usize {
-        2 * num_layers * num_kv_heads * head_dim * block_size * std::mem::size_of::<f32>()
+        2 * num_layers * num_kv_heads * head_dim * block_size * std::mem::size_of::<f16>()
     }
 
     /// A layout using at most `budget_bytes` of memory.
@@ -55,7 +59,7 @@ impl KvLayout {
         self.num_kv_heads * self.head_dim
     }
 
-    /// f32 elements of one layer's K (or V) pool.
+    /// Elements of one layer's K (or V) pool.
     fn layer_elems(&self) -> usize {
         self.num_blocks * self.block_size * self.kv_dim()
     }
@@ -63,7 +67,7 @@ impl KvLayout {
 
 pub enum LayerCache {
     /// `[block][kv_head][slot][head_dim]`, read by the CPU attention kernel.
-    Host { k: Vec<f32>, v: Vec<f32> },
+    Host { k: Vec<f16>, v: Vec<f16> },
     /// `[block * block_size + slot][kv_head * head_dim]`, for candle ops on any device.
     Tensor { k: Tensor, v: Tensor },
 }
@@ -81,14 +85,14 @@ impl KvCache {
             .map(|_| {
                 if device.is_cpu() && !force_tensor {
                     Ok(LayerCache::Host {
-                        k: vec![0.0; layout.layer_elems()],
-                        v: vec![0.0; layout.layer_elems()],
+                        k: vec![f16::ZERO; layout.layer_elems()],
+                        v: vec![f16::ZERO; layout.layer_elems()],
                     })
                 } else {
                     let shape = (layout.num_blocks * layout.block_size, layout.kv_dim());
                     Ok(LayerCache::Tensor {
-                        k: Tensor::zeros(shape, DType::F32, device)?,
-                        v: Tensor::zeros(shape, DType::F32, device)?,
+                        k: Tensor::zeros(shape, DType::F16, device)?,
+                        v: Tensor::zeros(shape, DType::F16, device)?,
                     })
                 }
             })

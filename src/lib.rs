@@ -5,24 +5,24 @@
 //! time by whoever owns the [`engine::Engine`].
 
 pub mod attention;
+pub mod bench;
+pub mod block_manager;
 pub mod chat_template;
+pub mod cli;
 pub mod detokenizer;
+pub mod engine;
 pub mod error;
+pub mod generate;
+pub mod kv_cache;
+pub mod loader;
 pub mod model_fetch;
+pub mod model_runner;
+pub mod models;
 pub mod quant;
 pub mod sampler;
 pub mod sampling_params;
+pub mod scheduler;
+pub mod sequence;
 pub mod stop;
+pub mod text_stream;
 pub mod tokenizer;
-// pub mod bench;
-pub mod block_manager;
-// pub mod cli;
-// pub mod engine;
-// pub mod generate;
-pub mod kv_cache;
-// pub mod loader;
-// pub mod model_runner;
-// pub mod models;
-// pub mod scheduler;
-// pub mod sequence;
-// pub mod text_stream;

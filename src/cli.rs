@@ -1,0 +1,58 @@
+//! Command-line options shared by every subcommand that loads a model.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::engine::EngineConfig;
+use crate::models::linear::WeightFormat;
+
+#[derive(Debug, Clone, Args)]
+pub struct ModelArgs {
+    /// A GGUF file. Without it wick uses SmolLM2-135M-Instruct Q4_1, fetching
+    /// it into its cache ($WICK_HOME, else ~/.cache/wick) on first use.
+    #[arg(long, env = "WICK_MODEL")]
+    pub model: Option<String>,
+    /// How weights are held and multiplied.
+    #[arg(long, value_enum, default_value_t = WeightFormat::Native, env = "WICK_WEIGHTS")]
+    pub weights: WeightFormat,
+    /// cpu, or cuda[:N] in a build with the `cuda` feature.
+    #[arg(long, default_value = "cpu", env = "WICK_DEVICE")]
+    pub device: String,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct EngineArgs {
+    /// Memory for the paged KV cache, in MiB.
+    #[arg(long, default_value_t = 512, env = "WICK_KV_CACHE_MEMORY")]
+    pub kv_cache_memory: usize,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16, env = "WICK_BLOCK_SIZE")]
+    pub block_size: usize,
+    /// Most sequences decoded together.
+    #[arg(long, default_value_t = 256, env = "WICK_MAX_NUM_SEQS")]
+    pub max_num_seqs: usize,
+    /// Most tokens (prefill chunks plus decode rows) in one forward pass.
+    #[arg(long, default_value_t = 512, env = "WICK_MAX_NUM_BATCHED_TOKENS")]
+    pub max_num_batched_tokens: usize,
+}
+
+impl EngineArgs {
+    pub fn config(&self) -> EngineConfig {
+        EngineConfig {
+            block_size: self.block_size,
+            kv_cache_bytes: self.kv_cache_memory << 20,
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            force_tensor_kv: false,
+        }
+    }
+}
+
+impl ModelArgs {
+    pub fn model_path(&self) -> anyhow::Result<PathBuf> {
+        crate::model_fetch::resolve_model(self.model.as_deref())
+    }
+}

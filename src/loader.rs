@@ -1,0 +1,105 @@
+//! Opens a model file and builds everything the engine and the front end
+//! need from it: the model, its tokenizer and its chat template.
+
+use std::fs::File;
+use std::io::BufReader;
+use std::path::Path;
+
+use anyhow::{bail, Context};
+use candle_core::quantized::gguf_file;
+use candle_core::Device;
+
+use crate::chat_template::ChatTemplate;
+use crate::models::linear::WeightFormat;
+use crate::models::llama::Llama;
+use crate::models::Model;
+use crate::tokenizer::Tokenizer;
+
+pub struct LoadedModel {
+    pub model: Box<dyn Model>,
+    pub tokenizer: Tokenizer,
+    pub chat_template: Option<ChatTemplate>,
+    /// The name clients use for it (the file stem).
+    pub name: String,
+}
+
+/// `cpu`, or `cuda` / `cuda:N` when built with the `cuda` feature.
+pub fn device(name: &str) -> anyhow::Result<Device> {
+    match name {
+        "cpu" => Ok(Device::Cpu),
+        cuda if cuda.starts_with("cuda") => {
+            let ordinal = cuda
+                .strip_prefix("cuda:")
+                .map(str::parse)
+                .transpose()
+                .context("bad CUDA device ordinal")?
+                .unwrap_or(0);
+            if !cfg!(feature = "cuda") {
+                bail!("this wick was built without CUDA; rebuild with `cargo build --release --features cuda`");
+            }
+            Ok(Device::new_cuda(ordinal)?)
+        }
+        other => bail!("unknown device {other:?}; use cpu or cuda[:N]"),
+    }
+}
+
+fn open_gguf(path: &Path) -> anyhow::Result<(gguf_file::Content, BufReader<File>)> {
+    let file =
+        File::open(path).with_context(|| format!("cannot open model file {}", path.display()))?;
+    let mut reader = BufReader::new(file);
+    let content = gguf_file::Content::read(&mut reader)
+        .with_context(|| format!("{} is not a readable GGUF file", path.display()))?;
+    Ok((content, reader))
+}
+
+/// Just the tokenizer, without loading any weights.
+pub fn load_tokenizer(path: &Path) -> anyhow::Result<Tokenizer> {
+    Tokenizer::from_gguf(&open_gguf(path)?.0)
+        .context("building the tokenizer from the GGUF metadata")
+}
+
+pub fn load(path: &Path, format: WeightFormat, device: &Device) -> anyhow::Result<LoadedModel> {
+    let name = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("model")
+        .to_string();
+    let (content, mut reader) = open_gguf(path)?;
+    let arch = content
+        .metadata
+        .get("general.architecture")
+        .and_then(|v| v.to_string().ok())
+        .cloned()
+        .unwrap_or_default();
+    if arch != "llama" {
+        bail!("GGUF architecture {arch:?} is not supported; wick runs llama-family GGUF files");
+    }
+    let tokenizer =
+        Tokenizer::from_gguf(&content).context("building the tokenizer from the GGUF metadata")?;
+    let chat_template = match content.metadata.get("tokenizer.chat_template") {
+        Some(t) => {
+            let token = |key: &str| {
+                content
+                    .metadata
+                    .get(key)
+                    .and_then(|v| v.to_u32().ok())
+                    .and_then(|id| tokenizer.id_to_token(id))
+                    .unwrap_or_default()
+            };
+            Some(ChatTemplate::new(
+                t.to_string()?.clone(),
+                token("tokenizer.ggml.bos_token_id"),
+                token("tokenizer.ggml.eos_token_id"),
+            )?)
+        }
+        None => None,
+    };
+    let model = Llama::from_gguf(&content, &mut reader, format, device)
+        .context("loading the model weights")?;
+    Ok(LoadedModel {
+        model: Box::new(model),
+        tokenizer,
+        chat_template,
+        name,
+    })
+}

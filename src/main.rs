@@ -1,0 +1,155 @@
+use std::io::Write;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use wick::chat_template::ChatMessage;
+use wick::cli::ModelArgs;
+use wick::engine::Engine;
+use wick::sampling_params::SamplingParams;
+
+#[derive(Parser)]
+#[command(
+    name = "wick",
+    version,
+    about = "An OpenAI-compatible LLM inference server on candle"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text for one or more prompts, batched together.
+    Generate(GenerateArgs),
+    /// Print the token ids of TEXT as a JSON array.
+    Tokenize {
+        #[arg(long, env = "WICK_MODEL")]
+        model: Option<String>,
+        text: String,
+    },
+    /// Measure prefill and decode throughput.
+    Bench(wick::bench::BenchArgs),
+}
+
+#[derive(clap::Args)]
+struct GenerateArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// A prompt; repeat for several prompts run together.
+    #[arg(long = "prompt", required = true)]
+    prompts: Vec<String>,
+    #[arg(long, default_value_t = 128)]
+    max_tokens: usize,
+    /// 0 means greedy.
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f32,
+    /// 0 disables top-k.
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f32,
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Stop string; repeatable.
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Keep generating past end-of-sequence.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Render each prompt as a user turn with the model's chat template.
+    #[arg(long)]
+    chat: bool,
+    /// One JSON object per output line.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Generate(args) => generate(args),
+        Command::Tokenize { model, text } => {
+            let path = wick::model_fetch::resolve_model(model.as_deref())?;
+            let tokenizer = wick::loader::load_tokenizer(&path)?;
+            println!("{}", serde_json::to_string(&tokenizer.encode(&text)?)?);
+            Ok(())
+        }
+        Command::Bench(args) => wick::bench::run(&args),
+    }
+}
+
+fn generate(args: GenerateArgs) -> anyhow::Result<()> {
+    let path = args.model.model_path()?;
+    let device = wick::loader::device(&args.model.device)?;
+    let loaded = wick::loader::load(&path, args.model.weights, &device)?;
+    let params = SamplingParams {
+        max_tokens: args.max_tokens,
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repetition_penalty: args.repetition_penalty,
+        seed: args.seed,
+        stop: args.stop.clone(),
+        ignore_eos: args.ignore_eos,
+        ..Default::default()
+    };
+    let mut requests = Vec::new();
+    for prompt in &args.prompts {
+        let text = if args.chat {
+            let template = loaded
+                .chat_template
+                .as_ref()
+                .context("the model has no chat template; drop --chat")?;
+            template.render(
+                &[ChatMessage {
+                    role: "user".into(),
+                    content: prompt.clone(),
+                }],
+                true,
+            )?
+        } else {
+            prompt.clone()
+        };
+        requests.push((loaded.tokenizer.encode(&text)?, params.clone()));
+    }
+    let mut engine = Engine::new(
+        loaded.model,
+        loaded.tokenizer.eos_ids().to_vec(),
+        &args.model.engine.config(),
+    )?;
+    let (outputs, stats) = wick::generate::generate(&mut engine, &loaded.tokenizer, requests)?;
+    let mut out = std::io::stdout().lock();
+    for c in &outputs {
+        if args.json {
+            writeln!(out, "{}", serde_json::to_string(c)?)?;
+        } else {
+            writeln!(out, "[{}] {}{}", c.index, args.prompts[c.index], c.text)?;
+            writeln!(
+                out,
+                "    (finish_reason: {}, {} tokens)",
+                c.finish_reason,
+                c.token_ids.len()
+            )?;
+        }
+    }
+    eprintln!(
+        "prompt tokens: {}, generated tokens: {}, prefill: {:.1} tok/s, decode: {:.1} tok/s",
+        stats.prompt_tokens,
+        stats.generated_tokens,
+        stats.prefill_tok_s(),
+        stats.decode_tok_s(outputs.len())
+    );
+    Ok(())
+}

@@ -1,0 +1,51 @@
+//! Turns the scheduled sequences into one flat batch, runs the model over it
+//! with the KV pool, and hands back one logits row per sequence that
+//! finished its pending tokens this step.
+
+use crate::kv_cache::KvCache;
+use crate::models::{FlatBatch, Model, SeqSlice};
+use crate::sequence::Sequence;
+
+pub struct ModelRunner {
+    model: Box<dyn Model>,
+    cache: KvCache,
+}
+
+impl ModelRunner {
+    pub fn new(model: Box<dyn Model>, cache: KvCache) -> Self {
+        ModelRunner { model, cache }
+    }
+
+    pub fn model(&self) -> &dyn Model {
+        self.model.as_ref()
+    }
+
+    pub fn cache(&self) -> &KvCache {
+        &self.cache
+    }
+
+    /// The flat batch for every sequence with a non-zero `chunk`, in order.
+    pub fn build_batch<'a>(seqs: impl Iterator<Item = &'a Sequence>) -> FlatBatch {
+        let mut batch = FlatBatch::default();
+        for seq in seqs.filter(|s| s.chunk > 0) {
+            let range = seq.num_cached..seq.num_cached + seq.chunk;
+            batch.seqs.push(SeqSlice {
+                start: batch.tokens.len(),
+                len: seq.chunk,
+                first_pos: seq.num_cached,
+                block_table: seq.block_table.clone(),
+                needs_logits: range.end == seq.len(),
+            });
+            batch.tokens.extend_from_slice(&seq.tokens[range.clone()]);
+            batch.positions.extend(range.map(|p| p as u32));
+        }
+        batch
+    }
+
+    /// Runs the batch; returns the logits rows in the order of the sequences
+    /// with `needs_logits`.
+    pub fn run(&mut self, batch: &FlatBatch) -> candle_core::Result<Vec<Vec<f32>>> {
+        let logits = self.model.forward(batch, &mut self.cache)?;
+        logits.to_vec2::<f32>()
+    }
+}

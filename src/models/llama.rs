@@ -1,0 +1,240 @@
+//! Llama-family decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU)
+//! over a flat batch, with K/V in the paged pool.
+
+use std::io::{Read, Seek};
+
+use candle_core::quantized::{gguf_file, QTensor};
+use candle_core::{Device, Result, Tensor};
+
+use super::linear::{stack_rows, Linear, WeightFormat};
+use super::{FlatBatch, Model, ModelInfo};
+use crate::attention::{paged_attention, AttnDims};
+use crate::kv_cache::KvCache;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f32,
+    pub max_context: usize,
+    pub vocab_size: usize,
+}
+
+impl Config {
+    pub fn from_gguf(content: &gguf_file::Content) -> Result<Self> {
+        let md = |key: &str| {
+            content
+                .metadata
+                .get(&format!("llama.{key}"))
+                .ok_or_else(|| candle_core::Error::Msg(format!("GGUF lacks llama.{key}")))
+        };
+        let hidden_size = md("embedding_length")?.to_u32()? as usize;
+        let num_heads = md("attention.head_count")?.to_u32()? as usize;
+        let head_dim = match md("rope.dimension_count") {
+            Ok(v) => v.to_u32()? as usize,
+            Err(_) => hidden_size / num_heads,
+        };
+        let vocab_size = match md("vocab_size") {
+            Ok(v) => v.to_u32()? as usize,
+            Err(_) => content.tensor_infos["token_embd.weight"].shape.dims()[0],
+        };
+        Ok(Config {
+            hidden_size,
+            intermediate_size: md("feed_forward_length")?.to_u32()? as usize,
+            num_layers: md("block_count")?.to_u32()? as usize,
+            num_heads,
+            num_kv_heads: md("attention.head_count_kv")?.to_u32()? as usize,
+            head_dim,
+            rms_norm_eps: md("attention.layer_norm_rms_epsilon")?.to_f32()? as f64,
+            rope_theta: md("rope.freq_base")
+                .and_then(|v| v.to_f32())
+                .unwrap_or(10_000.0),
+            max_context: md("context_length")?.to_u32()? as usize,
+            vocab_size,
+        })
+    }
+}
+
+struct Block {
+    attn_norm: Tensor,
+    /// q, k and v stacked: `[(heads + 2 * kv_heads) * head_dim, hidden]`.
+    qkv: Linear,
+    o: Linear,
+    ffn_norm: Tensor,
+    /// gate and up stacked, gate first, as `swiglu` expects.
+    gate_up: Linear,
+    down: Linear,
+}
+
+pub struct Llama {
+    config: Config,
+    info: ModelInfo,
+    device: Device,
+    embed: Tensor,
+    blocks: Vec<Block>,
+    norm: Tensor,
+    lm_head: Linear,
+    /// RoPE tables `[max_context, head_dim / 2]`, gathered by position.
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl Llama {
+    pub fn from_gguf<R: Read + Seek>(
+        content: &gguf_file::Content,
+        reader: &mut R,
+        format: WeightFormat,
+        device: &Device,
+    ) -> Result<Self> {
+        let config = Config::from_gguf(content)?;
+        let mut qt = |name: &str| content.tensor(reader, name, device);
+        let embed_q = qt("token_embd.weight")?;
+        let embed = embed_q.dequantize(device)?;
+        let mut blocks = Vec::with_capacity(config.num_layers);
+        for i in 0..config.num_layers {
+            let p = format!("blk.{i}");
+            let mut stacked = |names: &[&str]| -> Result<Linear> {
+                let ws = names
+                    .iter()
+                    .map(|n| qt(&format!("{p}.{n}.weight")))
+                    .collect::<Result<Vec<QTensor>>>()?;
+                Linear::new(stack_rows(&ws, device)?, format, device)
+            };
+            let qkv = stacked(&["attn_q", "attn_k", "attn_v"])?;
+            let gate_up = stacked(&["ffn_gate", "ffn_up"])?;
+            let o = stacked(&["attn_output"])?;
+            let down = stacked(&["ffn_down"])?;
+            blocks.push(Block {
+                attn_norm: qt(&format!("{p}.attn_norm.weight"))?.dequantize(device)?,
+                qkv,
+                o,
+                ffn_norm: qt(&format!("{p}.ffn_norm.weight"))?.dequantize(device)?,
+                gate_up,
+                down,
+            });
+        }
+        let norm = qt("output_norm.weight")?.dequantize(device)?;
+        // Tied embeddings when the file has no separate output matrix.
+        let lm_head = match content.tensor_infos.contains_key("output.weight") {
+            true => qt("output.weight")?,
+            false => embed_q,
+        };
+        let lm_head = Linear::new(lm_head, format, device)?;
+        Self::assemble(config, embed, blocks, norm, lm_head, device)
+    }
+
+    fn assemble(
+        config: Config,
+        embed: Tensor,
+        blocks: Vec<Block>,
+        norm: Tensor,
+        lm_head: Linear,
+        device: &Device,
+    ) -> Result<Self> {
+        let half = config.head_dim / 2;
+        let inv_freq: Vec<f32> = (0..half)
+            .map(|i| {
+                1.0 / config
+                    .rope_theta
+                    .powf(2.0 * i as f32 / config.head_dim as f32)
+            })
+            .collect();
+        let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?;
+        let pos = Tensor::arange(0u32, config.max_context as u32, device)?
+            .to_dtype(candle_core::DType::F32)?
+            .reshape((config.max_context, 1))?;
+        let angles = pos.broadcast_mul(&inv_freq)?;
+        let info = ModelInfo {
+            num_layers: config.num_layers,
+            num_heads: config.num_heads,
+            num_kv_heads: config.num_kv_heads,
+            head_dim: config.head_dim,
+            vocab_size: config.vocab_size,
+            max_context: config.max_context,
+        };
+        Ok(Llama {
+            info,
+            device: device.clone(),
+            embed,
+            blocks,
+            norm,
+            lm_head,
+            cos: angles.cos()?,
+            sin: angles.sin()?,
+            config,
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+}
+
+impl Model for Llama {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn forward(&self, batch: &FlatBatch, cache: &mut KvCache) -> Result<Tensor> {
+        let c = &self.config;
+        let t = batch.tokens.len();
+        let (hd, nh, nkv) = (c.head_dim, c.num_heads, c.num_kv_heads);
+        let dims = AttnDims {
+            num_heads: nh,
+            num_kv_heads: nkv,
+            head_dim: hd,
+            block_size: cache.layout().block_size,
+        };
+        let tokens = Tensor::new(batch.tokens.as_slice(), &self.device)?;
+        let positions = Tensor::new(batch.positions.as_slice(), &self.device)?;
+        // Per-token RoPE rows, shaped `(b = T, t = 1, d / 2)` for `rope_i` on `(T, heads, 1, d)`.
+        let cos = self
+            .cos
+            .index_select(&positions, 0)?
+            .reshape((t, 1, hd / 2))?;
+        let sin = self
+            .sin
+            .index_select(&positions, 0)?
+            .reshape((t, 1, hd / 2))?;
+        let rope = |x: Tensor, heads: usize| -> Result<Tensor> {
+            candle_nn::rotary_emb::rope_i(&x.contiguous()?.reshape((t, heads, 1, hd))?, &cos, &sin)?
+                .reshape((t, heads * hd))
+        };
+
+        let mut x = self.embed.index_select(&tokens, 0)?;
+        for (i, b) in self.blocks.iter().enumerate() {
+            let h = candle_nn::ops::rms_norm(&x, &b.attn_norm, c.rms_norm_eps as f32)?;
+            let qkv = b.qkv.forward(&h)?;
+            let q = rope(qkv.narrow(1, 0, nh * hd)?, nh)?;
+            let k = rope(qkv.narrow(1, nh * hd, nkv * hd)?, nkv)?;
+            let v = qkv.narrow(1, (nh + nkv) * hd, nkv * hd)?.contiguous()?;
+            let attn = paged_attention(&q, &k, &v, cache.layer_mut(i), &batch.seqs, dims)?;
+            x = (x + b.o.forward(&attn)?)?;
+            let h = candle_nn::ops::rms_norm(&x, &b.ffn_norm, c.rms_norm_eps as f32)?;
+            let mlp = b
+                .down
+                .forward(&candle_nn::ops::swiglu(&b.gate_up.forward(&h)?)?)?;
+            x = (x + mlp)?;
+        }
+        let rows = batch.logit_rows();
+        if rows.is_empty() {
+            return Tensor::zeros((0, c.vocab_size), candle_core::DType::F32, &self.device);
+        }
+        let rows = Tensor::new(rows.as_slice(), &self.device)?;
+        let x = candle_nn::ops::rms_norm(
+            &x.index_select(&rows, 0)?,
+            &self.norm,
+            c.rms_norm_eps as f32,
+        )?;
+        self.lm_head.forward(&x)
+    }
+}

@@ -1,0 +1,52 @@
+//! Model architectures. A model knows nothing of scheduling: the runner hands
+//! it a [`FlatBatch`] (the new tokens of many sequences, concatenated) and the
+//! KV pool, and gets back the logits of the rows that asked for them.
+
+pub mod linear;
+pub mod llama;
+
+use candle_core::{Device, Result, Tensor};
+
+pub use crate::attention::SeqSlice;
+use crate::kv_cache::KvCache;
+
+/// What the engine needs to know about a loaded model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelInfo {
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    /// Longest sequence (prompt plus output) the model accepts.
+    pub max_context: usize,
+}
+
+/// One forward call's input: tokens of many sequences laid end to end, each
+/// token's position, and which rows belong to which sequence. Sequences are
+/// in row order and cover every row exactly once.
+#[derive(Debug, Clone, Default)]
+pub struct FlatBatch {
+    pub tokens: Vec<u32>,
+    pub positions: Vec<u32>,
+    pub seqs: Vec<SeqSlice>,
+}
+
+impl FlatBatch {
+    /// Rows whose logits are wanted: the last row of each sequence that asked.
+    pub fn logit_rows(&self) -> Vec<u32> {
+        self.seqs
+            .iter()
+            .filter(|s| s.needs_logits)
+            .map(|s| (s.start + s.len - 1) as u32)
+            .collect()
+    }
+}
+
+pub trait Model: Send {
+    fn info(&self) -> &ModelInfo;
+    fn device(&self) -> &Device;
+    /// Writes the batch's K/V into `cache` and returns `[n, vocab]` f32 logits
+    /// for the `n` sequences with `needs_logits`, in batch order.
+    fn forward(&self, batch: &FlatBatch, cache: &mut KvCache) -> Result<Tensor>;
+}

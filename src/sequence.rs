@@ -1,0 +1,94 @@
+//! One request's state inside the engine: its tokens, how many of them are in
+//! the KV cache, the blocks holding them, and its own sampler.
+
+use crate::block_manager::BlockId;
+use crate::sampler::Sampler;
+use crate::sampling_params::SamplingParams;
+
+pub type SeqId = u64;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum FinishReason {
+    /// End-of-sequence or a stop token.
+    Stop,
+    /// max_tokens or the model's context was reached.
+    Length,
+    /// The caller aborted it.
+    Abort,
+    /// A failure while running it; the message says what.
+    Error(String),
+}
+
+impl FinishReason {
+    /// OpenAI's `finish_reason` vocabulary.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Abort => "abort",
+            FinishReason::Error(_) => "error",
+        }
+    }
+}
+
+pub struct Sequence {
+    pub id: SeqId,
+    /// Prompt followed by the generated tokens.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    pub params: SamplingParams,
+    pub sampler: Sampler,
+    pub block_table: Vec<BlockId>,
+    /// Leading tokens whose K/V are in the cache.
+    pub num_cached: usize,
+    /// Tokens the scheduler gave this sequence in the current step (0 = none).
+    pub chunk: usize,
+    /// Upper bound on `tokens.len()`: prompt + max_tokens, capped by the context.
+    pub max_len: usize,
+}
+
+impl Sequence {
+    pub fn new(
+        id: SeqId,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        max_context: usize,
+        eos_ids: &[u32],
+    ) -> Self {
+        let prompt_len = prompt.len();
+        let mut sampler = Sampler::new(&params);
+        sampler.set_eos_ids(eos_ids);
+        Sequence {
+            id,
+            sampler,
+            max_len: (prompt_len + params.max_tokens).min(max_context),
+            tokens: prompt,
+            prompt_len,
+            params,
+            block_table: Vec::new(),
+            num_cached: 0,
+            chunk: 0,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    pub fn prompt(&self) -> &[u32] {
+        &self.tokens[..self.prompt_len]
+    }
+
+    pub fn output(&self) -> &[u32] {
+        &self.tokens[self.prompt_len..]
+    }
+
+    /// Tokens not yet in the cache (the rest of the prompt, or the last sampled token).
+    pub fn pending(&self) -> usize {
+        self.len() - self.num_cached
+    }
+}

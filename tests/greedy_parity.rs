@@ -1,0 +1,147 @@
+//! wick's greedy choices against llama.cpp's on the default model
+//! (`../shared/reference/greedy.jsonl`: llama-server at temperature 0, with
+//! the logprob gap between its top two tokens at each step).
+//!
+//! The comparison is teacher-forced: every sequence is fed llama.cpp's own
+//! tokens, and at each step wick's argmax must equal llama.cpp's token
+//! wherever llama.cpp's top-2 gap is at least `CONFIDENT_GAP`. Free-running
+//! comparison is not a usable test on this model: both programs quantize
+//! activations to 8 bits before every Q4_1 matmul, so two correct kernels
+//! that differ only in float rounding disagree by up to ~0.15 nats at some
+//! steps, and one flipped token changes the whole rest of the text.
+//! Measured on this machine: llama.cpp itself with `-fa off` instead of the
+//! reference's default flash attention disagrees with the reference at 6 of
+//! 225 teacher-forced steps, at gaps up to 0.139; free-running it fails the
+//! "equal up to the first gap under 0.05" rule on 4 of the 8 prompts.
+
+mod common;
+
+use candle_core::Device;
+use wick::block_manager::BlockManager;
+use wick::kv_cache::{KvCache, KvLayout};
+use wick::models::linear::WeightFormat;
+use wick::models::{FlatBatch, SeqSlice};
+
+/// Steps where llama.cpp prefers its token by at least this many nats must agree.
+const CONFIDENT_GAP: f32 = 0.15;
+/// At most this fraction of all steps may disagree (near ties included).
+const MAX_DISAGREEMENT: f64 = 0.05;
+
+#[derive(serde::Deserialize)]
+struct Case {
+    prompt: String,
+    ids: Vec<u32>,
+    top2_gap: Vec<f32>,
+}
+
+fn argmax(xs: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in xs.iter().enumerate() {
+        if x > xs[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+#[test]
+fn greedy_choices_match_llama_cpp_wherever_it_is_confident() {
+    let text = std::fs::read_to_string(common::reference_dir().join("greedy.jsonl"))
+        .expect("reference file");
+    let cases: Vec<Case> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect();
+    assert_eq!(cases.len(), 8);
+    let loaded = common::load_default(WeightFormat::Native);
+    let info = loaded.model.info().clone();
+    let layout = KvLayout {
+        num_layers: info.num_layers,
+        num_kv_heads: info.num_kv_heads,
+        head_dim: info.head_dim,
+        block_size: 16,
+        num_blocks: 64,
+    };
+    let mut cache = KvCache::new(layout, &Device::Cpu, false).unwrap();
+    let mut blocks = BlockManager::new(64, 16);
+
+    // Each sequence: prompt ids followed by llama.cpp's generated ids.
+    let seqs: Vec<(usize, Vec<u32>)> = cases
+        .iter()
+        .map(|c| {
+            let prompt = loaded.tokenizer.encode(&c.prompt).unwrap();
+            (
+                prompt.len(),
+                prompt.into_iter().chain(c.ids.iter().copied()).collect(),
+            )
+        })
+        .collect();
+    let mut tables: Vec<Vec<u32>> = seqs
+        .iter()
+        .map(|(_, toks)| {
+            let mut t = Vec::new();
+            assert!(blocks.grow(&mut t, toks.len()));
+            t
+        })
+        .collect();
+
+    // All sequences share every forward: step 0 prefills each prompt, later
+    // steps feed each one llama.cpp's previous token.
+    let steps = cases.iter().map(|c| c.ids.len()).max().unwrap();
+    let (mut disagreements, mut total) = (Vec::new(), 0);
+    for step in 0..steps {
+        let mut batch = FlatBatch::default();
+        let mut active = Vec::new();
+        for (i, (prompt_len, toks)) in seqs.iter().enumerate() {
+            if step >= cases[i].ids.len() {
+                continue;
+            }
+            let (from, to) = if step == 0 {
+                (0, *prompt_len)
+            } else {
+                (prompt_len + step - 1, prompt_len + step)
+            };
+            batch.seqs.push(SeqSlice {
+                start: batch.tokens.len(),
+                len: to - from,
+                first_pos: from,
+                block_table: tables[i].clone(),
+                needs_logits: true,
+            });
+            batch.tokens.extend_from_slice(&toks[from..to]);
+            batch.positions.extend(from as u32..to as u32);
+            active.push(i);
+        }
+        let logits = loaded
+            .model
+            .forward(&batch, &mut cache)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
+        for (row, &i) in logits.iter().zip(&active) {
+            let (want, gap) = (cases[i].ids[step], cases[i].top2_gap[step]);
+            let got = argmax(row);
+            total += 1;
+            if got != want {
+                assert!(
+                    gap < CONFIDENT_GAP,
+                    "prompt {:?} step {step}: wick picks {got}, llama.cpp picks {want} with a top-2 gap of {gap}",
+                    cases[i].prompt
+                );
+                disagreements.push((i, step, gap));
+            }
+        }
+    }
+    for t in tables.iter_mut() {
+        blocks.release(t);
+    }
+    eprintln!(
+        "{} of {total} steps differ from llama.cpp, all near ties: {disagreements:?}",
+        disagreements.len()
+    );
+    assert!(
+        (disagreements.len() as f64) <= MAX_DISAGREEMENT * total as f64,
+        "{} of {total} steps differ",
+        disagreements.len()
+    );
+}
