@@ -14,6 +14,12 @@ pub enum WickError {
     /// Prompt plus max_tokens do not fit the model's context (or the KV budget).
     #[error("{0}")]
     ContextLengthExceeded(String),
+    /// The waiting queue is full; the client should retry later.
+    #[error("{0}")]
+    Overloaded(String),
+    /// Not serving right now (loading, or shutting down).
+    #[error("{0}")]
+    Unavailable(String),
     /// Loading or fetching a model failed.
     #[error("model error: {0}")]
     Model(String),

@@ -23,6 +23,7 @@ pub mod sampler;
 pub mod sampling_params;
 pub mod scheduler;
 pub mod sequence;
+pub mod server;
 pub mod stop;
 pub mod text_stream;
 pub mod tokenizer;

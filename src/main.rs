@@ -1,7 +1,7 @@
 use std::io::Write;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use wick::chat_template::ChatMessage;
 use wick::cli::ModelArgs;
@@ -31,6 +31,8 @@ enum Command {
     },
     /// Measure prefill and decode throughput.
     Bench(wick::bench::BenchArgs),
+    /// Serve the OpenAI-compatible HTTP API.
+    Serve(wick::server::config::ServeArgs),
 }
 
 #[derive(clap::Args)]
@@ -77,7 +79,16 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    match Cli::parse().command {
+    let matches = Cli::command().get_matches();
+    match Cli::from_arg_matches(&matches)?.command {
+        Command::Serve(_) => {
+            // The config file fills whatever the command line and env left at defaults.
+            let sub = matches
+                .subcommand_matches("serve")
+                .expect("serve subcommand");
+            let args = wick::server::config::load_serve_config(sub)?;
+            tokio::runtime::Runtime::new()?.block_on(wick::server::serve(args))
+        }
         Command::Generate(args) => generate(args),
         Command::Tokenize { model, text } => {
             let path = wick::model_fetch::resolve_model(model.as_deref())?;

@@ -257,14 +257,17 @@ fn unsupported_dtype_is_none() {
     assert!(QuantMatrix::from_qtensor(&qt).unwrap().is_none());
 }
 
-#[test]
-fn real_model_q4_1_matches_candle_qmatmul() {
+/// One tensor of the default model, fetched through the users' code path.
+fn real_tensor(name: &str) -> QTensor {
     let path = crate::model_fetch::default_model_path().expect("default model");
     let mut file = std::fs::File::open(path).unwrap();
     let content = gguf_file::Content::read(&mut file).unwrap();
-    let qt = content
-        .tensor(&mut file, "blk.0.ffn_gate.weight", &Device::Cpu)
-        .unwrap();
+    content.tensor(&mut file, name, &Device::Cpu).unwrap()
+}
+
+#[test]
+fn real_model_q4_1_matches_candle_qmatmul() {
+    let qt = real_tensor("blk.0.ffn_gate.weight");
     assert_eq!(qt.dtype(), GgmlDType::Q4_1);
     let (n, k) = qt.shape().dims2().unwrap();
     let qm = QuantMatrix::from_qtensor(&qt).unwrap().unwrap();
@@ -312,12 +315,7 @@ fn real_model_q4_1_matches_candle_qmatmul() {
 
 #[test]
 fn real_model_q8_0_embedding_rows() {
-    let path = crate::model_fetch::default_model_path().expect("default model");
-    let mut file = std::fs::File::open(path).unwrap();
-    let content = gguf_file::Content::read(&mut file).unwrap();
-    let qt = content
-        .tensor(&mut file, "token_embd.weight", &Device::Cpu)
-        .unwrap();
+    let qt = real_tensor("token_embd.weight");
     assert_eq!(qt.dtype(), GgmlDType::Q8_0);
     let qm = QuantMatrix::from_qtensor(&qt).unwrap().unwrap();
     let deq = qt.dequantize(&Device::Cpu).unwrap();

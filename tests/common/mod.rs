@@ -2,7 +2,10 @@
 //! through the same code path `wick` itself uses.
 #![allow(dead_code)]
 
+use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use candle_core::Device;
 use wick::engine::{Engine, EngineConfig};
@@ -28,4 +31,82 @@ pub fn engine(cfg: &EngineConfig) -> (Engine, wick::tokenizer::Tokenizer) {
 
 pub fn reference_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/reference")
+}
+
+/// A `wick serve` child process on an ephemeral port, killed on drop.
+pub struct Server {
+    pub child: Child,
+    pub base: String,
+}
+
+impl Server {
+    pub fn start(extra: &[&str]) -> Server {
+        model_path(); // fetch once, outside the server's start-up
+        let mut child = Command::new(env!("CARGO_BIN_EXE_wick"))
+            .args(["serve", "--port", "0"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn wick serve");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let base = line
+            .trim()
+            .rsplit(' ')
+            .next()
+            .expect("listening line")
+            .to_string();
+        assert!(
+            base.starts_with("http://"),
+            "unexpected first line {line:?}"
+        );
+        let server = Server { child, base };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(r) = get_status(&format!("{}/health", server.base)) {
+                if r == 200 {
+                    break;
+                }
+            }
+            assert!(Instant::now() < deadline, "server never became healthy");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        server
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Status of a plain blocking GET, so start-up polling needs no runtime.
+fn get_status(url: &str) -> std::io::Result<u16> {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, path) = rest
+        .split_once('/')
+        .map(|(h, p)| (h, format!("/{p}")))
+        .unwrap();
+    let mut s = std::net::TcpStream::connect(host)?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf)?;
+    Ok(buf
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0))
 }

@@ -1,0 +1,343 @@
+//! The HTTP face of every failure: an OpenAI-shaped error body
+//! `{"error": {"message", "type", "param", "code"}}` with its status, sent
+//! either as a whole response or, once a stream has started, as one SSE event.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::error::WickError;
+
+/// Seconds a client is told to wait when the engine reports its queue full
+/// without a better estimate: the queue drains continuously, so a short wait
+/// is usually enough.
+pub const DEFAULT_RETRY_AFTER_SECS: u64 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    /// OpenAI's `type`: `invalid_request_error` for the client's mistakes,
+    /// `server_error` for ours.
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<String>,
+    /// Sent as the `Retry-After` header (seconds).
+    pub retry_after: Option<u64>,
+}
+
+const INVALID_REQUEST: &str = "invalid_request_error";
+const SERVER_ERROR: &str = "server_error";
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+            code: None,
+            retry_after: None,
+        }
+    }
+
+    /// 400: the request is malformed or a value is out of range; `param`
+    /// names the offending field.
+    pub fn bad_request(message: impl Into<String>, param: Option<&str>) -> Self {
+        ApiError {
+            param: param.map(str::to_string),
+            ..Self::new(StatusCode::BAD_REQUEST, INVALID_REQUEST, message)
+        }
+    }
+
+    /// 400 with code `context_length_exceeded`, as OpenAI answers; `param` is
+    /// `messages` for chat and `prompt` for completions (as OpenAI), or none
+    /// when the engine refuses a prompt it was handed.
+    pub fn context_length_exceeded(message: impl Into<String>, param: Option<&str>) -> Self {
+        ApiError {
+            code: Some("context_length_exceeded".into()),
+            ..Self::bad_request(message, param)
+        }
+    }
+
+    /// 404 for a `model` other than the one served, worded as OpenAI's.
+    pub fn model_not_found(name: &str) -> Self {
+        ApiError {
+            param: Some("model".into()),
+            code: Some("model_not_found".into()),
+            ..Self::new(
+                StatusCode::NOT_FOUND,
+                INVALID_REQUEST,
+                format!("The model `{name}` does not exist."),
+            )
+        }
+    }
+
+    /// 404 for a path no route serves.
+    pub fn not_found() -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            INVALID_REQUEST,
+            "Not found: no endpoint at this path",
+        )
+    }
+
+    pub fn method_not_allowed() -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            INVALID_REQUEST,
+            "Method not allowed for this endpoint",
+        )
+    }
+
+    pub fn payload_too_large(limit_bytes: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            INVALID_REQUEST,
+            format!("Request body is larger than the limit of {limit_bytes} bytes"),
+        )
+    }
+
+    /// 503 with `Retry-After`: the waiting queue is full (vLLM answers
+    /// overload with 503 too; OpenAI's SDKs retry it).
+    pub fn queue_full(retry_after_secs: u64) -> Self {
+        ApiError {
+            retry_after: Some(retry_after_secs),
+            ..Self::unavailable(
+                "The server is overloaded: too many requests are waiting. Retry later.",
+            )
+        }
+    }
+
+    /// 503 while the model loads or the server shuts down.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, SERVER_ERROR, message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, SERVER_ERROR, message)
+    }
+
+    /// The JSON body text, for a `data: …` SSE event after a stream started.
+    pub fn sse_data(&self) -> String {
+        serde_json::to_string(&self.body()).expect("an error body always serializes")
+    }
+
+    fn body(&self) -> ErrorBody<'_> {
+        ErrorBody {
+            error: ErrorDetail {
+                message: &self.message,
+                kind: self.kind,
+                param: self.param.as_deref(),
+                code: self.code.as_deref(),
+            },
+        }
+    }
+}
+
+/// `param` and `code` serialize as `null` when unset: OpenAI always sends
+/// all four keys, and some clients index them unconditionally.
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: ErrorDetail<'a>,
+}
+
+#[derive(Serialize)]
+struct ErrorDetail<'a> {
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    param: Option<&'a str>,
+    code: Option<&'a str>,
+}
+
+impl From<WickError> for ApiError {
+    fn from(e: WickError) -> Self {
+        match e {
+            WickError::InvalidRequest { message, param } => {
+                ApiError::bad_request(message, param.as_deref())
+            }
+            WickError::ContextLengthExceeded(m) => ApiError::context_length_exceeded(m, None),
+            WickError::Overloaded(m) => ApiError {
+                message: m,
+                ..ApiError::queue_full(DEFAULT_RETRY_AFTER_SECS)
+            },
+            WickError::Unavailable(m) => ApiError::unavailable(m),
+            e @ (WickError::Model(_) | WickError::Internal(_)) => ApiError::internal(e.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (
+            self.status,
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            self.sse_data(),
+        )
+            .into_response();
+        if let Some(secs) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    async fn parts(e: ApiError) -> (StatusCode, Option<String>, Value) {
+        let response = e.into_response();
+        let status = response.status();
+        assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
+        let retry = response
+            .headers()
+            .get(header::RETRY_AFTER)
+            .map(|v| v.to_str().unwrap().to_string());
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        (status, retry, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    fn run<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(f)
+    }
+
+    #[test]
+    fn bad_request_body_has_all_four_keys() {
+        let (status, retry, body) = run(parts(ApiError::bad_request(
+            "temperature must be in [0, 2], got 3",
+            Some("temperature"),
+        )));
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert_eq!(retry, None);
+        assert_eq!(
+            body,
+            json!({"error": {
+                "message": "temperature must be in [0, 2], got 3",
+                "type": "invalid_request_error",
+                "param": "temperature",
+                "code": null,
+            }})
+        );
+    }
+
+    #[test]
+    fn null_param_and_code_are_present() {
+        let (_, _, body) = run(parts(ApiError::internal("boom")));
+        let error = body["error"].as_object().unwrap();
+        assert_eq!(error.len(), 4);
+        assert_eq!(error["param"], Value::Null);
+        assert_eq!(error["code"], Value::Null);
+        assert_eq!(error["type"], "server_error");
+    }
+
+    #[test]
+    fn statuses_types_and_codes() {
+        let cases = [
+            (
+                ApiError::context_length_exceeded("too long", Some("messages")),
+                400,
+                "invalid_request_error",
+                Some("context_length_exceeded"),
+            ),
+            (
+                ApiError::model_not_found("gpt-4"),
+                404,
+                "invalid_request_error",
+                Some("model_not_found"),
+            ),
+            (ApiError::not_found(), 404, "invalid_request_error", None),
+            (
+                ApiError::method_not_allowed(),
+                405,
+                "invalid_request_error",
+                None,
+            ),
+            (
+                ApiError::payload_too_large(1024),
+                413,
+                "invalid_request_error",
+                None,
+            ),
+            (ApiError::queue_full(3), 503, "server_error", None),
+            (ApiError::unavailable("loading"), 503, "server_error", None),
+            (ApiError::internal("boom"), 500, "server_error", None),
+        ];
+        for (e, status, kind, code) in cases {
+            assert_eq!(e.status.as_u16(), status, "{e:?}");
+            assert_eq!(e.kind, kind, "{e:?}");
+            assert_eq!(e.code.as_deref(), code, "{e:?}");
+        }
+    }
+
+    #[test]
+    fn model_not_found_reads_like_openai() {
+        let e = ApiError::model_not_found("gpt-4");
+        assert_eq!(e.message, "The model `gpt-4` does not exist.");
+        assert_eq!(e.param.as_deref(), Some("model"));
+    }
+
+    #[test]
+    fn payload_too_large_names_the_limit() {
+        assert!(ApiError::payload_too_large(1024).message.contains("1024"));
+    }
+
+    #[test]
+    fn queue_full_sends_retry_after() {
+        let (status, retry, body) = run(parts(ApiError::queue_full(7)));
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(retry.as_deref(), Some("7"));
+        assert_eq!(body["error"]["type"], "server_error");
+        let (_, retry, _) = run(parts(ApiError::unavailable("loading")));
+        assert_eq!(retry, None);
+    }
+
+    #[test]
+    fn from_wick_error() {
+        let e = ApiError::from(WickError::invalid("bad top_p", "top_p".to_string()));
+        assert_eq!(e, ApiError::bad_request("bad top_p", Some("top_p")));
+
+        let e = ApiError::from(WickError::ContextLengthExceeded("too long".into()));
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(e.code.as_deref(), Some("context_length_exceeded"));
+        assert_eq!(e.message, "too long");
+
+        let e = ApiError::from(WickError::Overloaded("queue full".into()));
+        assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(e.retry_after, Some(DEFAULT_RETRY_AFTER_SECS));
+        assert_eq!(e.message, "queue full");
+
+        let e = ApiError::from(WickError::Unavailable("shutting down".into()));
+        assert_eq!(e, ApiError::unavailable("shutting down"));
+
+        for w in [
+            WickError::Model("x".into()),
+            WickError::Internal("y".into()),
+        ] {
+            let e = ApiError::from(w);
+            assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
+            assert_eq!(e.kind, "server_error");
+        }
+    }
+
+    #[test]
+    fn sse_data_is_the_body() {
+        let e = ApiError::bad_request("nope", None);
+        let (_, _, body) = run(parts(e.clone()));
+        let event: Value = serde_json::from_str(&e.sse_data()).unwrap();
+        assert_eq!(event, body);
+        assert!(!e.sse_data().contains('\n'));
+    }
+}

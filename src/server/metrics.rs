@@ -1,0 +1,381 @@
+//! Prometheus metrics for `/metrics`, named after vLLM's (`wick:` for
+//! `vllm:`, same suffixes, label names and buckets) so its dashboards map
+//! over by swapping the prefix.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use prometheus::{
+    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
+};
+
+/// vLLM's buckets for time to first token, in seconds.
+const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+/// vLLM's buckets for inter-token latency, in seconds.
+const INTER_TOKEN_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+];
+/// vLLM's buckets for end-to-end request latency, in seconds.
+const E2E_BUCKETS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+];
+
+/// The finish reasons wick reports; each is rendered from the start (at 0)
+/// so rate() queries see the series before the first such request.
+const FINISH_REASONS: &[&str] = &["stop", "length", "abort", "error"];
+
+/// All of wick's metrics, in a registry of their own. Every method takes
+/// `&self` and only touches atomics, so one `Arc<Metrics>` is shared by the
+/// scheduler thread and the handlers.
+pub struct Metrics {
+    registry: Registry,
+    running: IntGauge,
+    waiting: IntGauge,
+    kv_usage: Gauge,
+    kv_usage_legacy: Gauge,
+    blocks_used: IntGauge,
+    blocks_total: IntGauge,
+    preemptions: IntCounter,
+    /// The engine's preemption total as last seen, so the counter advances
+    /// by the difference.
+    preemptions_seen: AtomicU64,
+    prompt_tokens: IntCounter,
+    generation_tokens: IntCounter,
+    request_success: IntCounterVec,
+    ttft: Histogram,
+    inter_token: Histogram,
+    time_per_output_token: Histogram,
+    e2e: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        // Names and help texts are constants, so a failure here is a bug.
+        let add = |c: Box<dyn prometheus::core::Collector>| {
+            registry.register(c).expect("metric names are unique");
+        };
+        let int_gauge = |name: &str, help: &str| {
+            let g = IntGauge::new(name, help).expect("valid metric");
+            add(Box::new(g.clone()));
+            g
+        };
+        let gauge = |name: &str, help: &str| {
+            let g = Gauge::new(name, help).expect("valid metric");
+            add(Box::new(g.clone()));
+            g
+        };
+        let counter = |name: &str, help: &str| {
+            let c = IntCounter::new(name, help).expect("valid metric");
+            add(Box::new(c.clone()));
+            c
+        };
+        let histogram = |name: &str, help: &str, buckets: &[f64]| {
+            let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))
+                .expect("valid metric");
+            add(Box::new(h.clone()));
+            h
+        };
+        let request_success = IntCounterVec::new(
+            Opts::new(
+                "wick:request_success_total",
+                "Count of finished requests, by finish reason.",
+            ),
+            &["finished_reason"],
+        )
+        .expect("valid metric");
+        add(Box::new(request_success.clone()));
+        for reason in FINISH_REASONS {
+            request_success.with_label_values(&[*reason]);
+        }
+        Metrics {
+            running: int_gauge(
+                "wick:num_requests_running",
+                "Number of requests in model execution batches.",
+            ),
+            waiting: int_gauge(
+                "wick:num_requests_waiting",
+                "Number of requests waiting to be processed.",
+            ),
+            kv_usage: gauge(
+                "wick:kv_cache_usage_perc",
+                "KV-cache usage. 1 means 100 percent usage.",
+            ),
+            kv_usage_legacy: gauge(
+                "wick:gpu_cache_usage_perc",
+                "KV-cache usage. 1 means 100 percent usage. Same as wick:kv_cache_usage_perc, \
+                 under vLLM's older name.",
+            ),
+            blocks_used: int_gauge("wick:kv_blocks_used", "KV-cache blocks in use."),
+            blocks_total: int_gauge("wick:kv_blocks_total", "KV-cache blocks in the pool."),
+            preemptions: counter(
+                "wick:num_preemptions_total",
+                "Cumulative number of preemptions from the engine.",
+            ),
+            preemptions_seen: AtomicU64::new(0),
+            prompt_tokens: counter(
+                "wick:prompt_tokens_total",
+                "Number of prefill tokens processed.",
+            ),
+            generation_tokens: counter(
+                "wick:generation_tokens_total",
+                "Number of generation tokens processed.",
+            ),
+            request_success,
+            ttft: histogram(
+                "wick:time_to_first_token_seconds",
+                "Histogram of time to first token in seconds.",
+                TTFT_BUCKETS,
+            ),
+            inter_token: histogram(
+                "wick:inter_token_latency_seconds",
+                "Histogram of inter-token latency in seconds.",
+                INTER_TOKEN_BUCKETS,
+            ),
+            time_per_output_token: histogram(
+                "wick:time_per_output_token_seconds",
+                "Histogram of time per output token in seconds. Same as \
+                 wick:inter_token_latency_seconds, under vLLM's older name.",
+                INTER_TOKEN_BUCKETS,
+            ),
+            e2e: histogram(
+                "wick:e2e_request_latency_seconds",
+                "Histogram of e2e request latency in seconds.",
+                E2E_BUCKETS,
+            ),
+            registry,
+        }
+    }
+
+    /// The scheduler's state after a step. `preemptions_total` is the
+    /// engine's running total; the counter catches up to it.
+    pub fn set_engine_stats(
+        &self,
+        running: usize,
+        waiting: usize,
+        blocks_used: usize,
+        blocks_total: usize,
+        preemptions_total: u64,
+    ) {
+        self.running.set(running as i64);
+        self.waiting.set(waiting as i64);
+        self.blocks_used.set(blocks_used as i64);
+        self.blocks_total.set(blocks_total as i64);
+        let usage = if blocks_total == 0 {
+            0.0
+        } else {
+            blocks_used as f64 / blocks_total as f64
+        };
+        self.kv_usage.set(usage);
+        self.kv_usage_legacy.set(usage);
+        // fetch_max hands each caller a disjoint slice of the increase, so
+        // the counter never double-counts or goes backwards.
+        let seen = self
+            .preemptions_seen
+            .fetch_max(preemptions_total, Ordering::Relaxed);
+        if preemptions_total > seen {
+            self.preemptions.inc_by(preemptions_total - seen);
+        }
+    }
+
+    pub fn add_prompt_tokens(&self, n: u64) {
+        self.prompt_tokens.inc_by(n);
+    }
+
+    pub fn add_generation_tokens(&self, n: u64) {
+        self.generation_tokens.inc_by(n);
+    }
+
+    pub fn observe_ttft(&self, secs: f64) {
+        self.ttft.observe(secs);
+    }
+
+    pub fn observe_inter_token(&self, secs: f64) {
+        self.inter_token.observe(secs);
+        self.time_per_output_token.observe(secs);
+    }
+
+    pub fn observe_e2e(&self, secs: f64) {
+        self.e2e.observe(secs);
+    }
+
+    /// One finished request (or choice); `reason` is stop, length, abort or
+    /// error.
+    pub fn request_finished(&self, reason: &str) {
+        self.request_success.with_label_values(&[reason]).inc();
+    }
+
+    /// Everything in the Prometheus text exposition format.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        // Encoding gathered families into memory cannot fail: names are
+        // validated at registration and a Vec never refuses a write.
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .expect("text encoding into memory");
+        String::from_utf8(buf).expect("the text format is UTF-8")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The value of the sample line that starts with `series ` exactly.
+    fn sample(text: &str, series: &str) -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no sample {series} in:\n{text}"))
+            .parse()
+            .unwrap()
+    }
+
+    fn has_type(text: &str, name: &str, kind: &str) -> bool {
+        text.lines().any(|l| l == format!("# TYPE {name} {kind}"))
+    }
+
+    #[test]
+    fn renders_every_metric_with_its_type() {
+        let text = Metrics::new().render();
+        for (name, kind) in [
+            ("wick:num_requests_running", "gauge"),
+            ("wick:num_requests_waiting", "gauge"),
+            ("wick:kv_cache_usage_perc", "gauge"),
+            ("wick:gpu_cache_usage_perc", "gauge"),
+            ("wick:kv_blocks_used", "gauge"),
+            ("wick:kv_blocks_total", "gauge"),
+            ("wick:num_preemptions_total", "counter"),
+            ("wick:prompt_tokens_total", "counter"),
+            ("wick:generation_tokens_total", "counter"),
+            ("wick:request_success_total", "counter"),
+            ("wick:time_to_first_token_seconds", "histogram"),
+            ("wick:inter_token_latency_seconds", "histogram"),
+            ("wick:time_per_output_token_seconds", "histogram"),
+            ("wick:e2e_request_latency_seconds", "histogram"),
+        ] {
+            assert!(has_type(&text, name, kind), "{name} {kind} in:\n{text}");
+        }
+        for reason in FINISH_REASONS {
+            let series = format!("wick:request_success_total{{finished_reason=\"{reason}\"}}");
+            assert_eq!(sample(&text, &series), 0.0);
+        }
+    }
+
+    #[test]
+    fn renders_recorded_values() {
+        let m = Metrics::new();
+        m.set_engine_stats(3, 5, 30, 120, 2);
+        m.add_prompt_tokens(100);
+        m.add_prompt_tokens(28);
+        m.add_generation_tokens(7);
+        m.request_finished("stop");
+        m.request_finished("stop");
+        m.request_finished("length");
+        m.observe_ttft(0.03);
+        m.observe_inter_token(0.02);
+        m.observe_inter_token(0.2);
+        m.observe_e2e(1.2);
+        let text = m.render();
+        let v = |series: &str| sample(&text, series);
+        assert_eq!(v("wick:num_requests_running"), 3.0);
+        assert_eq!(v("wick:num_requests_waiting"), 5.0);
+        assert_eq!(v("wick:kv_blocks_used"), 30.0);
+        assert_eq!(v("wick:kv_blocks_total"), 120.0);
+        assert_eq!(v("wick:kv_cache_usage_perc"), 0.25);
+        assert_eq!(v("wick:gpu_cache_usage_perc"), 0.25);
+        assert_eq!(v("wick:num_preemptions_total"), 2.0);
+        assert_eq!(v("wick:prompt_tokens_total"), 128.0);
+        assert_eq!(v("wick:generation_tokens_total"), 7.0);
+        assert_eq!(
+            v("wick:request_success_total{finished_reason=\"stop\"}"),
+            2.0
+        );
+        assert_eq!(
+            v("wick:request_success_total{finished_reason=\"length\"}"),
+            1.0
+        );
+        assert_eq!(
+            v("wick:request_success_total{finished_reason=\"abort\"}"),
+            0.0
+        );
+
+        assert_eq!(v("wick:time_to_first_token_seconds_count"), 1.0);
+        assert_eq!(v("wick:time_to_first_token_seconds_sum"), 0.03);
+        assert_eq!(
+            v("wick:time_to_first_token_seconds_bucket{le=\"0.02\"}"),
+            0.0
+        );
+        assert_eq!(
+            v("wick:time_to_first_token_seconds_bucket{le=\"0.04\"}"),
+            1.0
+        );
+        assert_eq!(
+            v("wick:time_to_first_token_seconds_bucket{le=\"2560\"}"),
+            1.0
+        );
+        for name in [
+            "wick:inter_token_latency_seconds",
+            "wick:time_per_output_token_seconds",
+        ] {
+            assert_eq!(v(&format!("{name}_count")), 2.0);
+            assert_eq!(v(&format!("{name}_bucket{{le=\"0.025\"}}")), 1.0);
+            assert_eq!(v(&format!("{name}_bucket{{le=\"0.2\"}}")), 2.0);
+            assert_eq!(v(&format!("{name}_bucket{{le=\"+Inf\"}}")), 2.0);
+        }
+        assert_eq!(v("wick:e2e_request_latency_seconds_count"), 1.0);
+        assert_eq!(v("wick:e2e_request_latency_seconds_bucket{le=\"1\"}"), 0.0);
+        assert_eq!(
+            v("wick:e2e_request_latency_seconds_bucket{le=\"1.5\"}"),
+            1.0
+        );
+    }
+
+    #[test]
+    fn preemptions_follow_the_engine_total() {
+        let m = Metrics::new();
+        let total = |m: &Metrics| sample(&m.render(), "wick:num_preemptions_total");
+        m.set_engine_stats(0, 0, 0, 0, 3);
+        assert_eq!(total(&m), 3.0);
+        m.set_engine_stats(0, 0, 0, 0, 3);
+        assert_eq!(total(&m), 3.0, "an unchanged total adds nothing");
+        m.set_engine_stats(0, 0, 0, 0, 10);
+        assert_eq!(total(&m), 10.0);
+        // A stale (smaller) total must not move a counter backwards.
+        m.set_engine_stats(0, 0, 0, 0, 4);
+        assert_eq!(total(&m), 10.0);
+        // Empty pool: usage is 0, not NaN.
+        assert_eq!(sample(&m.render(), "wick:kv_cache_usage_perc"), 0.0);
+    }
+
+    #[test]
+    fn shared_across_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Metrics>();
+        let m = std::sync::Arc::new(Metrics::new());
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let m = m.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..1000 {
+                        m.add_generation_tokens(1);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(sample(&m.render(), "wick:generation_tokens_total"), 4000.0);
+    }
+}

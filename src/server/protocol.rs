@@ -1,0 +1,594 @@
+//! The OpenAI wire schema (plus the vLLM and llama.cpp extensions wick
+//! accepts). Requests ignore unknown fields, as OpenAI-compatible servers do,
+//! so clients sending newer or vendor-specific fields still work. Range checks
+//! live in `validation`, not here: serde only enforces types.
+//!
+//! Null versus absent follows OpenAI's wire format: `finish_reason` and
+//! `logprobs` are always present (null until known), `usage` appears only
+//! where it is reported, and a chat delta omits the fields it does not carry.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+// On an untagged enum, `expecting` is the whole error message when no
+// variant matches, hence its "expected ..." wording.
+
+/// Completions `prompt`. Variant order matters to the untagged match: a list
+/// of integers must become `Tokens` before `TokenBatches` or `Texts` are
+/// tried, and an empty list lands in `Tokens` (rejected by validation).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(
+    untagged,
+    expecting = "expected a string, a list of strings, a list of token ids or a list of lists of token ids"
+)]
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+    TokenBatches(Vec<Vec<u32>>),
+    Texts(Vec<String>),
+}
+
+/// `stop`: one string or a list of them.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged, expecting = "expected a string or a list of strings")]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Stop {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            Stop::One(s) => vec![s],
+            Stop::Many(v) => v,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct StreamOptions {
+    pub include_usage: Option<bool>,
+}
+
+/// `POST /v1/completions`. Beyond OpenAI's fields: vLLM's `top_k`, `min_p`,
+/// `repetition_penalty`, `ignore_eos`, `min_tokens`, `stop_token_ids`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct CompletionRequest {
+    pub model: Option<String>,
+    pub prompt: Prompt,
+    /// OpenAI's default is 16.
+    pub max_tokens: Option<u32>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    /// -1 or 0 disable it (vLLM accepts both).
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub n: Option<u32>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub stop: Option<Stop>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    /// Token id (as a decimal string, JSON keys being strings) to bias.
+    pub logit_bias: Option<HashMap<String, f32>>,
+    /// Number of top alternatives per token, 0..=20.
+    pub logprobs: Option<u32>,
+    pub echo: Option<bool>,
+    /// Any int64, as OpenAI allows; bit-cast to the engine's u64 seed.
+    pub seed: Option<i64>,
+    pub user: Option<String>,
+    pub ignore_eos: Option<bool>,
+    pub min_tokens: Option<u32>,
+    pub stop_token_ids: Option<Vec<u32>>,
+}
+
+/// One content part of a chat message; only `text` parts are served.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged, expecting = "expected a string or a list of content parts")]
+pub enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ChatRequestMessage {
+    pub role: String,
+    pub content: MessageContent,
+}
+
+/// `POST /v1/chat/completions`: the completions sampling fields plus chat's
+/// own. `max_completion_tokens` (OpenAI's newer name) wins over `max_tokens`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ChatCompletionRequest {
+    pub model: Option<String>,
+    pub messages: Vec<ChatRequestMessage>,
+    pub max_tokens: Option<u32>,
+    pub max_completion_tokens: Option<u32>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub n: Option<u32>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub stop: Option<Stop>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub logit_bias: Option<HashMap<String, f32>>,
+    pub logprobs: Option<bool>,
+    /// 0..=20, only with `logprobs: true`.
+    pub top_logprobs: Option<u32>,
+    pub seed: Option<i64>,
+    pub user: Option<String>,
+    pub ignore_eos: Option<bool>,
+    pub min_tokens: Option<u32>,
+    pub stop_token_ids: Option<Vec<u32>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+}
+
+/// OpenAI's legacy completions logprobs: parallel lists, one entry per token.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CompletionLogprobs {
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<Option<f32>>,
+    pub top_logprobs: Vec<Option<HashMap<String, f32>>>,
+    /// Character offset of each token in the choice's text.
+    pub text_offset: Vec<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompletionChoice {
+    pub index: usize,
+    pub text: String,
+    pub logprobs: Option<CompletionLogprobs>,
+    pub finish_reason: Option<String>,
+}
+
+/// A whole completion, and also each stream chunk (OpenAI uses the same
+/// object for both): chunks have no `usage` except the final usage chunk.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompletionResponse {
+    pub id: String,
+    /// `text_completion`
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<CompletionChoice>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    /// UTF-8 bytes of `token`.
+    pub bytes: Vec<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatTokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChatLogprobs {
+    pub content: Vec<ChatTokenLogprob>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResponseMessage {
+    pub role: String,
+    pub content: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatChoice {
+    pub index: usize,
+    pub message: ResponseMessage,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatCompletionResponse {
+    pub id: String,
+    /// `chat.completion`
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChoice>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// What a chat stream chunk adds to a choice. The first carries the role,
+/// the last (with the finish reason) is empty: `{}`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChatDelta {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChunkChoice {
+    pub index: usize,
+    pub delta: ChatDelta,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatCompletionChunk {
+    pub id: String,
+    /// `chat.completion.chunk`
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChunkChoice>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// One entry of `GET /v1/models`; `max_model_len` is vLLM's extension.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelCard {
+    pub id: String,
+    /// `model`
+    pub object: String,
+    pub created: u64,
+    pub owned_by: String,
+    pub max_model_len: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelList {
+    /// `list`
+    pub object: String,
+    pub data: Vec<ModelCard>,
+}
+
+/// `POST /tokenize`: vLLM sends `prompt`, llama.cpp `content`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct TokenizeRequest {
+    pub prompt: Option<String>,
+    pub content: Option<String>,
+    pub add_special_tokens: Option<bool>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenizeResponse {
+    pub tokens: Vec<u32>,
+    pub count: usize,
+    pub max_model_len: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct DetokenizeRequest {
+    pub tokens: Vec<u32>,
+}
+
+/// The text under both names: vLLM clients read `prompt`, llama.cpp's
+/// `content`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DetokenizeResponse {
+    pub prompt: String,
+    pub content: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    fn completion(body: Value) -> CompletionRequest {
+        serde_json::from_value(body).unwrap()
+    }
+
+    #[test]
+    fn prompt_shapes() {
+        let p = |v: Value| completion(json!({"prompt": v})).prompt;
+        assert_eq!(p(json!("hi")), Prompt::Text("hi".into()));
+        assert_eq!(p(json!([1, 2, 3])), Prompt::Tokens(vec![1, 2, 3]));
+        assert_eq!(p(json!([])), Prompt::Tokens(vec![]));
+        assert_eq!(
+            p(json!([[1], [2, 3]])),
+            Prompt::TokenBatches(vec![vec![1], vec![2, 3]])
+        );
+        assert_eq!(
+            p(json!(["a", "b"])),
+            Prompt::Texts(vec!["a".into(), "b".into()])
+        );
+    }
+
+    #[test]
+    fn bad_prompts_name_the_accepted_shapes() {
+        for bad in [
+            json!([-1]),
+            json!(["a", 1]),
+            json!(3),
+            json!([[1], "a"]),
+            json!(null),
+        ] {
+            let err = serde_json::from_value::<CompletionRequest>(json!({"prompt": bad}))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("a list of token ids"), "{err}");
+        }
+    }
+
+    #[test]
+    fn missing_prompt_is_an_error() {
+        let err = serde_json::from_value::<CompletionRequest>(json!({"model": "m"})).unwrap_err();
+        assert_eq!(err.to_string(), "missing field `prompt`");
+    }
+
+    #[test]
+    fn unknown_fields_are_ignored_and_nulls_are_absent() {
+        let r = completion(json!({
+            "prompt": "x", "suffix": "y", "best_of": 2, "temperature": null, "stop": "\n"
+        }));
+        assert_eq!(r.temperature, None);
+        assert_eq!(r.stop.map(Stop::into_vec), Some(vec!["\n".to_string()]));
+    }
+
+    #[test]
+    fn all_completion_fields() {
+        let r = completion(json!({
+            "model": "m", "prompt": "x", "max_tokens": 5, "temperature": 0.5, "top_p": 0.9,
+            "top_k": -1, "min_p": 0.1, "n": 2, "stream": true,
+            "stream_options": {"include_usage": true}, "stop": ["a", "b"],
+            "presence_penalty": 0.1, "frequency_penalty": 0.2, "repetition_penalty": 1.1,
+            "logit_bias": {"42": -100}, "logprobs": 3, "echo": true, "seed": -7,
+            "user": "u", "ignore_eos": true, "min_tokens": 1, "stop_token_ids": [2]
+        }));
+        assert_eq!(r.top_k, Some(-1));
+        assert_eq!(r.seed, Some(-7));
+        assert_eq!(r.logit_bias.unwrap()["42"], -100.0);
+        assert_eq!(r.stream_options.unwrap().include_usage, Some(true));
+        assert_eq!(r.stop.unwrap().into_vec(), ["a", "b"]);
+    }
+
+    #[test]
+    fn chat_content_string_or_parts() {
+        let r: ChatCompletionRequest = serde_json::from_value(json!({
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": "x"}}]}
+            ],
+            "max_completion_tokens": 9, "logprobs": true, "top_logprobs": 2
+        }))
+        .unwrap();
+        assert_eq!(
+            r.messages[0].content,
+            MessageContent::Text("be brief".into())
+        );
+        let MessageContent::Parts(parts) = &r.messages[1].content else {
+            panic!()
+        };
+        assert_eq!(
+            parts[0],
+            ContentPart {
+                kind: "text".into(),
+                text: Some("hi".into())
+            }
+        );
+        assert_eq!(parts[1].kind, "image_url");
+        assert_eq!(parts[1].text, None);
+        assert_eq!(
+            (r.max_completion_tokens, r.logprobs, r.top_logprobs),
+            (Some(9), Some(true), Some(2))
+        );
+    }
+
+    fn chunk(delta: ChatDelta, finish: Option<&str>, usage: Option<Usage>) -> Value {
+        serde_json::to_value(ChatCompletionChunk {
+            id: "chatcmpl-1".into(),
+            object: "chat.completion.chunk".into(),
+            created: 1,
+            model: "m".into(),
+            choices: vec![ChunkChoice {
+                index: 0,
+                delta,
+                logprobs: None,
+                finish_reason: finish.map(str::to_string),
+            }],
+            usage,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn chat_chunk_wire_format() {
+        let first = chunk(
+            ChatDelta {
+                role: Some("assistant".into()),
+                content: Some(String::new()),
+            },
+            None,
+            None,
+        );
+        assert_eq!(
+            first,
+            json!({
+                "id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                             "logprobs": null, "finish_reason": null}]
+            })
+        );
+        let last = chunk(ChatDelta::default(), Some("stop"), None);
+        assert_eq!(last["choices"][0]["delta"], json!({}));
+        assert_eq!(last["choices"][0]["finish_reason"], "stop");
+        assert!(last.get("usage").is_none());
+        let usage = Usage {
+            prompt_tokens: 3,
+            completion_tokens: 2,
+            total_tokens: 5,
+        };
+        let with_usage = chunk(ChatDelta::default(), None, Some(usage));
+        assert_eq!(
+            with_usage["usage"],
+            json!({"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5})
+        );
+    }
+
+    #[test]
+    fn completion_wire_format() {
+        let r = CompletionResponse {
+            id: "cmpl-1".into(),
+            object: "text_completion".into(),
+            created: 1,
+            model: "m".into(),
+            choices: vec![CompletionChoice {
+                index: 0,
+                text: " world".into(),
+                logprobs: Some(CompletionLogprobs {
+                    tokens: vec![" world".into()],
+                    token_logprobs: vec![Some(-0.5)],
+                    top_logprobs: vec![Some(HashMap::from([(" world".to_string(), -0.5)]))],
+                    text_offset: vec![5],
+                }),
+                finish_reason: Some("length".into()),
+            }],
+            usage: Some(Usage {
+                prompt_tokens: 1,
+                completion_tokens: 1,
+                total_tokens: 2,
+            }),
+        };
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(
+            v["choices"][0],
+            json!({
+                "index": 0, "text": " world", "finish_reason": "length",
+                "logprobs": {"tokens": [" world"], "token_logprobs": [-0.5],
+                             "top_logprobs": [{" world": -0.5}], "text_offset": [5]}
+            })
+        );
+        assert_eq!(serde_json::from_value::<CompletionResponse>(v).unwrap(), r);
+
+        let stream_chunk = CompletionResponse {
+            choices: vec![CompletionChoice {
+                index: 1,
+                text: "x".into(),
+                logprobs: None,
+                finish_reason: None,
+            }],
+            usage: None,
+            ..r
+        };
+        let v = serde_json::to_value(&stream_chunk).unwrap();
+        assert_eq!(v["choices"][0]["logprobs"], Value::Null);
+        assert_eq!(v["choices"][0]["finish_reason"], Value::Null);
+        assert!(v.get("usage").is_none());
+    }
+
+    #[test]
+    fn chat_response_wire_format() {
+        let r = ChatCompletionResponse {
+            id: "chatcmpl-1".into(),
+            object: "chat.completion".into(),
+            created: 1,
+            model: "m".into(),
+            choices: vec![ChatChoice {
+                index: 0,
+                message: ResponseMessage {
+                    role: "assistant".into(),
+                    content: "Hi".into(),
+                },
+                logprobs: Some(ChatLogprobs {
+                    content: vec![ChatTokenLogprob {
+                        token: "Hi".into(),
+                        logprob: -0.25,
+                        bytes: b"Hi".to_vec(),
+                        top_logprobs: vec![TopLogprob {
+                            token: "Hi".into(),
+                            logprob: -0.25,
+                            bytes: b"Hi".to_vec(),
+                        }],
+                    }],
+                }),
+                finish_reason: Some("stop".into()),
+            }],
+            usage: Some(Usage {
+                prompt_tokens: 4,
+                completion_tokens: 1,
+                total_tokens: 5,
+            }),
+        };
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(
+            v["choices"][0]["logprobs"]["content"][0],
+            json!({"token": "Hi", "logprob": -0.25, "bytes": [72, 105],
+                   "top_logprobs": [{"token": "Hi", "logprob": -0.25, "bytes": [72, 105]}]})
+        );
+        assert_eq!(
+            v["choices"][0]["message"],
+            json!({"role": "assistant", "content": "Hi"})
+        );
+        assert_eq!(v["usage"]["total_tokens"], 5);
+    }
+
+    #[test]
+    fn tokenize_both_shapes() {
+        let vllm: TokenizeRequest =
+            serde_json::from_value(json!({"prompt": "hi", "add_special_tokens": false})).unwrap();
+        assert_eq!(
+            (
+                vllm.prompt.as_deref(),
+                vllm.content,
+                vllm.add_special_tokens
+            ),
+            (Some("hi"), None, Some(false))
+        );
+        let llama: TokenizeRequest = serde_json::from_value(json!({"content": "hi"})).unwrap();
+        assert_eq!((llama.prompt, llama.content.as_deref()), (None, Some("hi")));
+        let d = serde_json::to_value(DetokenizeResponse {
+            prompt: "hi".into(),
+            content: "hi".into(),
+        })
+        .unwrap();
+        assert_eq!(d, json!({"prompt": "hi", "content": "hi"}));
+    }
+
+    #[test]
+    fn model_list_shape() {
+        let v = serde_json::to_value(ModelList {
+            object: "list".into(),
+            data: vec![ModelCard {
+                id: "m".into(),
+                object: "model".into(),
+                created: 5,
+                owned_by: "wick".into(),
+                max_model_len: 8192,
+            }],
+        })
+        .unwrap();
+        assert_eq!(
+            v,
+            json!({"object": "list", "data": [{"id": "m", "object": "model", "created": 5,
+                                                "owned_by": "wick", "max_model_len": 8192}]})
+        );
+    }
+}

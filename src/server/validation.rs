@@ -1,0 +1,1052 @@
+//! Requests to engine inputs: JSON parsing with field-named errors, range
+//! checks, prompt tokenization (chat through the model's template) and the
+//! context-length check. Tokenizing is CPU work, so handlers run
+//! [`validate_completion`] and [`validate_chat`] on the blocking pool; every
+//! refusal is decided here, before a stream could start.
+
+use std::collections::HashMap;
+
+use serde::de::DeserializeOwned;
+use serde_path_to_error::Segment;
+
+use super::error::ApiError;
+use super::protocol::{
+    ChatCompletionRequest, CompletionRequest, MessageContent, Prompt, Stop, StreamOptions,
+};
+use crate::chat_template::{ChatMessage, ChatTemplate};
+use crate::sampling_params::{SamplingParams, MAX_LOGPROBS};
+use crate::tokenizer::Tokenizer;
+
+/// Completions' `max_tokens` when absent, as OpenAI.
+pub const DEFAULT_COMPLETION_MAX_TOKENS: usize = 16;
+
+/// Largest `n` (OpenAI's limit): each choice is a sequence in the batch.
+pub const MAX_N: u32 = 128;
+
+const ROLES: [&str; 3] = ["system", "user", "assistant"];
+
+/// What validation needs to know about the served model.
+pub struct ModelContext<'a> {
+    /// The served model name; a request naming another gets a 404.
+    pub name: &'a str,
+    pub vocab_size: usize,
+    /// Prompt plus completion tokens must fit in this.
+    pub max_context: usize,
+    pub tokenizer: &'a Tokenizer,
+    pub chat_template: Option<&'a ChatTemplate>,
+}
+
+/// A validated request, ready to submit: `n` sequences per prompt, each with
+/// `params`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationPlan {
+    /// One token list per prompt (chat: exactly one).
+    pub prompts: Vec<Vec<u32>>,
+    pub params: SamplingParams,
+    pub n: usize,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub echo: bool,
+    /// Top alternatives per token: completions' `logprobs`, or chat's
+    /// `top_logprobs` (0 when absent) with `logprobs: true`. Equals
+    /// `params.logprobs`.
+    pub logprobs: Option<usize>,
+    /// The text of each prompt when `echo` is set (token prompts decoded);
+    /// empty otherwise.
+    pub prompt_texts: Vec<String>,
+}
+
+/// Parses a request body. Invalid JSON is a 400 without `param`; a missing or
+/// mistyped field is a 400 whose `param` is its path (`temperature`,
+/// `messages[0].role`).
+pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    // serde also builds structs from arrays, which would blame a field by
+    // position (`[0]`); a request body is only ever an object.
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        let message = match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
+            Err(e) => format!("invalid JSON body: {e}"),
+            Ok(_) => "the request body must be a JSON object".to_string(),
+        };
+        return Err(ApiError::bad_request(message, None));
+    }
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(json_error)?;
+    // Trailing garbage after the object, as `serde_json::from_slice` rejects it.
+    de.end()
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}"), None))?;
+    Ok(value)
+}
+
+fn json_error(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
+    let path = e
+        .path()
+        .iter()
+        .any(|s| !matches!(s, Segment::Unknown))
+        .then(|| e.path().to_string());
+    let inner = e.into_inner();
+    if inner.is_syntax() || inner.is_eof() {
+        return ApiError::bad_request(format!("invalid JSON body: {inner}"), None);
+    }
+    let text = inner.to_string();
+    // A missing field errors at its parent's path; serde words it
+    // "missing field `name`", so the field's own path can be completed.
+    let missing = text
+        .strip_prefix("missing field `")
+        .and_then(|rest| rest.split('`').next());
+    let param = match (&path, missing) {
+        (Some(p), Some(field)) => Some(format!("{p}.{field}")),
+        (None, Some(field)) => Some(field.to_string()),
+        (p, None) => p.clone(),
+    };
+    let message = match &path {
+        Some(p) => format!("invalid `{p}`: {text}"),
+        None => text,
+    };
+    ApiError::bad_request(message, param.as_deref())
+}
+
+/// The fields completions and chat share.
+struct Common<'r> {
+    model: Option<&'r str>,
+    n: Option<u32>,
+    stream: Option<bool>,
+    stream_options: Option<&'r StreamOptions>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<i64>,
+    min_p: Option<f32>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    repetition_penalty: Option<f32>,
+    logit_bias: Option<&'r HashMap<String, f32>>,
+    seed: Option<i64>,
+    stop: Option<&'r Stop>,
+    ignore_eos: Option<bool>,
+    min_tokens: Option<u32>,
+    stop_token_ids: Option<&'r Vec<u32>>,
+}
+
+/// `n`, `stream` and `include_usage` once checked.
+struct Shape {
+    n: usize,
+    stream: bool,
+    include_usage: bool,
+}
+
+impl<'r> From<&'r CompletionRequest> for Common<'r> {
+    fn from(r: &'r CompletionRequest) -> Self {
+        Common {
+            model: r.model.as_deref(),
+            n: r.n,
+            stream: r.stream,
+            stream_options: r.stream_options.as_ref(),
+            temperature: r.temperature,
+            top_p: r.top_p,
+            top_k: r.top_k,
+            min_p: r.min_p,
+            presence_penalty: r.presence_penalty,
+            frequency_penalty: r.frequency_penalty,
+            repetition_penalty: r.repetition_penalty,
+            logit_bias: r.logit_bias.as_ref(),
+            seed: r.seed,
+            stop: r.stop.as_ref(),
+            ignore_eos: r.ignore_eos,
+            min_tokens: r.min_tokens,
+            stop_token_ids: r.stop_token_ids.as_ref(),
+        }
+    }
+}
+
+impl<'r> From<&'r ChatCompletionRequest> for Common<'r> {
+    fn from(r: &'r ChatCompletionRequest) -> Self {
+        Common {
+            model: r.model.as_deref(),
+            n: r.n,
+            stream: r.stream,
+            stream_options: r.stream_options.as_ref(),
+            temperature: r.temperature,
+            top_p: r.top_p,
+            top_k: r.top_k,
+            min_p: r.min_p,
+            presence_penalty: r.presence_penalty,
+            frequency_penalty: r.frequency_penalty,
+            repetition_penalty: r.repetition_penalty,
+            logit_bias: r.logit_bias.as_ref(),
+            seed: r.seed,
+            stop: r.stop.as_ref(),
+            ignore_eos: r.ignore_eos,
+            min_tokens: r.min_tokens,
+            stop_token_ids: r.stop_token_ids.as_ref(),
+        }
+    }
+}
+
+impl Common<'_> {
+    /// The checks that need no tokenizing, so a bad request is refused cheaply.
+    fn check(&self, ctx: &ModelContext) -> Result<Shape, ApiError> {
+        if let Some(model) = self.model {
+            if model != ctx.name {
+                return Err(ApiError::model_not_found(model));
+            }
+        }
+        let n = self.n.unwrap_or(1);
+        if !(1..=MAX_N).contains(&n) {
+            return Err(ApiError::bad_request(
+                format!("n must be in [1, {MAX_N}], got {n}"),
+                Some("n"),
+            ));
+        }
+        if let Some(k) = self.top_k.filter(|&k| k < -1) {
+            return Err(ApiError::bad_request(
+                format!("top_k must be -1 or 0 (disabled) or positive, got {k}"),
+                Some("top_k"),
+            ));
+        }
+        let stream = self.stream.unwrap_or(false);
+        if self.stream_options.is_some() && !stream {
+            return Err(ApiError::bad_request(
+                "stream_options is only allowed when stream is true",
+                Some("stream_options"),
+            ));
+        }
+        let include_usage = self
+            .stream_options
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false);
+        Ok(Shape {
+            n: n as usize,
+            stream,
+            include_usage,
+        })
+    }
+
+    /// The engine's parameters, checked by [`SamplingParams::validate`].
+    fn params(
+        &self,
+        max_tokens: usize,
+        logprobs: Option<usize>,
+        ctx: &ModelContext,
+    ) -> Result<SamplingParams, ApiError> {
+        let defaults = SamplingParams::default();
+        let mut logit_bias = Vec::new();
+        for (key, &bias) in self.logit_bias.into_iter().flatten() {
+            let id = key.trim().parse::<u32>().map_err(|_| {
+                ApiError::bad_request(
+                    format!("logit_bias keys must be token ids, got {key:?}"),
+                    Some("logit_bias"),
+                )
+            })?;
+            logit_bias.push((id, bias));
+        }
+        // JSON object order is lost in the map; sorted ids keep runs
+        // reproducible.
+        logit_bias.sort_unstable_by_key(|&(id, _)| id);
+        let params = SamplingParams {
+            max_tokens,
+            min_tokens: self.min_tokens.map_or(defaults.min_tokens, |m| m as usize),
+            temperature: self.temperature.unwrap_or(defaults.temperature),
+            // -1 and 0 both mean off; a k past the vocabulary keeps everything.
+            top_k: self
+                .top_k
+                .filter(|&k| k > 0)
+                .map_or(0, |k| usize::try_from(k).unwrap_or(usize::MAX)),
+            top_p: self.top_p.unwrap_or(defaults.top_p),
+            min_p: self.min_p.unwrap_or(defaults.min_p),
+            repetition_penalty: self
+                .repetition_penalty
+                .unwrap_or(defaults.repetition_penalty),
+            presence_penalty: self.presence_penalty.unwrap_or(defaults.presence_penalty),
+            frequency_penalty: self.frequency_penalty.unwrap_or(defaults.frequency_penalty),
+            logit_bias,
+            // OpenAI takes any int64; the bit pattern keeps distinct seeds distinct.
+            seed: self.seed.map(|s| s as u64),
+            stop: self.stop.cloned().map(Stop::into_vec).unwrap_or_default(),
+            stop_token_ids: self.stop_token_ids.cloned().unwrap_or_default(),
+            ignore_eos: self.ignore_eos.unwrap_or(false),
+            logprobs,
+        };
+        params.validate(ctx.vocab_size)?;
+        Ok(params)
+    }
+}
+
+fn check_max_tokens(value: Option<u32>, param: &str) -> Result<(), ApiError> {
+    match value {
+        Some(0) => Err(ApiError::bad_request(
+            format!("{param} must be at least 1, got 0"),
+            Some(param),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn check_ids(ids: &[u32], ctx: &ModelContext) -> Result<(), ApiError> {
+    if ids.is_empty() {
+        return Err(ApiError::bad_request(
+            "prompt must not be empty",
+            Some("prompt"),
+        ));
+    }
+    match ids.iter().find(|&&id| id as usize >= ctx.vocab_size) {
+        Some(id) => Err(ApiError::bad_request(
+            format!(
+                "prompt token id {id} is out of vocabulary (size {})",
+                ctx.vocab_size
+            ),
+            Some("prompt"),
+        )),
+        None => Ok(()),
+    }
+}
+
+fn encode(text: &str, ctx: &ModelContext, param: &str) -> Result<Vec<u32>, ApiError> {
+    ctx.tokenizer
+        .encode(text)
+        .map_err(|e| ApiError::bad_request(format!("cannot tokenize {param}: {e:#}"), Some(param)))
+}
+
+/// `max_tokens` defaults to 16, as OpenAI. Token prompts are used as given
+/// (no BOS added); text prompts get BOS only if the tokenizer adds it.
+pub fn validate_completion(
+    req: &CompletionRequest,
+    ctx: &ModelContext,
+) -> Result<GenerationPlan, ApiError> {
+    let common = Common::from(req);
+    let shape = common.check(ctx)?;
+    check_max_tokens(req.max_tokens, "max_tokens")?;
+    let echo = req.echo.unwrap_or(false);
+
+    let (prompts, texts): (Vec<Vec<u32>>, Vec<Option<&str>>) = match &req.prompt {
+        Prompt::Text(t) => (vec![encode(t, ctx, "prompt")?], vec![Some(t)]),
+        Prompt::Texts(ts) => (
+            ts.iter()
+                .map(|t| encode(t, ctx, "prompt"))
+                .collect::<Result<_, _>>()?,
+            ts.iter().map(|t| Some(t.as_str())).collect(),
+        ),
+        Prompt::Tokens(ids) => (vec![ids.clone()], vec![None]),
+        Prompt::TokenBatches(batches) => (batches.clone(), vec![None; batches.len()]),
+    };
+    if prompts.is_empty() {
+        return Err(ApiError::bad_request(
+            "prompt must not be empty",
+            Some("prompt"),
+        ));
+    }
+    for ids in &prompts {
+        check_ids(ids, ctx)?;
+    }
+
+    let max_tokens = req
+        .max_tokens
+        .map_or(DEFAULT_COMPLETION_MAX_TOKENS, |m| m as usize);
+    let logprobs = req.logprobs.map(|k| k as usize);
+    let params = common.params(max_tokens, logprobs, ctx)?;
+    for ids in &prompts {
+        check_context(ids.len(), max_tokens, ctx, "prompt")?;
+    }
+
+    let prompt_texts = if echo {
+        texts
+            .iter()
+            .zip(&prompts)
+            .map(|(text, ids)| match text {
+                Some(t) => Ok(t.to_string()),
+                // The ids are in the vocabulary, so a failure here is ours.
+                None => ctx
+                    .tokenizer
+                    .decode(ids)
+                    .map_err(|e| ApiError::internal(format!("cannot decode prompt: {e:#}"))),
+            })
+            .collect::<Result<_, _>>()?
+    } else {
+        Vec::new()
+    };
+    Ok(GenerationPlan {
+        prompts,
+        params,
+        n: shape.n,
+        stream: shape.stream,
+        include_usage: shape.include_usage,
+        echo,
+        logprobs,
+        prompt_texts,
+    })
+}
+
+/// Chat's `max_tokens` defaults to the rest of the context (as vLLM does),
+/// so a reply is never cut short by an arbitrary default.
+pub fn validate_chat(
+    req: &ChatCompletionRequest,
+    ctx: &ModelContext,
+) -> Result<GenerationPlan, ApiError> {
+    let common = Common::from(req);
+    let shape = common.check(ctx)?;
+    // OpenAI's newer name wins when both are sent.
+    let (requested_max, max_param) = match req.max_completion_tokens {
+        Some(m) => (Some(m), "max_completion_tokens"),
+        None => (req.max_tokens, "max_tokens"),
+    };
+    check_max_tokens(requested_max, max_param)?;
+    let logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
+        (_, Some(k)) if k as usize > MAX_LOGPROBS => {
+            return Err(ApiError::bad_request(
+                format!("top_logprobs must be in [0, {MAX_LOGPROBS}], got {k}"),
+                Some("top_logprobs"),
+            ))
+        }
+        (false, Some(_)) => {
+            return Err(ApiError::bad_request(
+                "top_logprobs requires logprobs to be true",
+                Some("top_logprobs"),
+            ))
+        }
+        (true, k) => Some(k.unwrap_or(0) as usize),
+        (false, None) => None,
+    };
+
+    let template = ctx.chat_template.ok_or_else(|| {
+        ApiError::bad_request(
+            format!(
+                "the model `{}` has no chat template; use /v1/completions with a raw prompt",
+                ctx.name
+            ),
+            None,
+        )
+    })?;
+    let messages = chat_messages(req)?;
+    let rendered = template
+        .render(&messages, true)
+        .map_err(|e| ApiError::bad_request(format!("{e:#}"), Some("messages")))?;
+    let mut ids = encode(&rendered, ctx, "messages")?;
+    // A template that writes BOS itself, under a tokenizer that also adds
+    // it, would start with two; the model was trained on one (vLLM and
+    // llama.cpp also keep one).
+    if let Some(bos) = ctx.tokenizer.bos_id() {
+        if ids.len() >= 2 && ids[0] == bos && ids[1] == bos {
+            ids.remove(0);
+        }
+    }
+
+    let max_tokens = match requested_max {
+        Some(m) => m as usize,
+        None if ids.len() < ctx.max_context => ctx.max_context - ids.len(),
+        None => {
+            return Err(ApiError::context_length_exceeded(
+                format!(
+                    "This model's maximum context length is {} tokens. However, your messages \
+                     resulted in {} tokens. Please reduce the length of the messages.",
+                    ctx.max_context,
+                    ids.len()
+                ),
+                Some("messages"),
+            ))
+        }
+    };
+    let params = common.params(max_tokens, logprobs, ctx)?;
+    check_context(ids.len(), max_tokens, ctx, "messages")?;
+    Ok(GenerationPlan {
+        prompts: vec![ids],
+        params,
+        n: shape.n,
+        stream: shape.stream,
+        include_usage: shape.include_usage,
+        echo: false,
+        logprobs,
+        prompt_texts: Vec::new(),
+    })
+}
+
+/// The conversation as the template sees it: text parts joined by newlines
+/// (as vLLM joins them).
+fn chat_messages(req: &ChatCompletionRequest) -> Result<Vec<ChatMessage>, ApiError> {
+    if req.messages.is_empty() {
+        return Err(ApiError::bad_request(
+            "messages must not be empty",
+            Some("messages"),
+        ));
+    }
+    req.messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            if !ROLES.contains(&m.role.as_str()) {
+                return Err(ApiError::bad_request(
+                    format!(
+                        "unsupported role {:?}: must be one of system, user, assistant",
+                        m.role
+                    ),
+                    Some(&format!("messages[{i}].role")),
+                ));
+            }
+            let content = match &m.content {
+                MessageContent::Text(t) => t.clone(),
+                MessageContent::Parts(parts) => parts
+                    .iter()
+                    .enumerate()
+                    .map(|(j, part)| match (part.kind.as_str(), &part.text) {
+                        ("text", Some(t)) => Ok(t.as_str()),
+                        ("text", None) => Err(ApiError::bad_request(
+                            "a text content part needs `text`",
+                            Some(&format!("messages[{i}].content[{j}].text")),
+                        )),
+                        (kind, _) => Err(ApiError::bad_request(
+                            format!("content part type {kind:?} is not supported: only \"text\""),
+                            Some(&format!("messages[{i}].content[{j}].type")),
+                        )),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?
+                    .join("\n"),
+            };
+            Ok(ChatMessage {
+                role: m.role.clone(),
+                content,
+            })
+        })
+        .collect()
+}
+
+/// OpenAI's wording, so clients that parse it keep working.
+fn check_context(
+    prompt_len: usize,
+    max_tokens: usize,
+    ctx: &ModelContext,
+    param: &str,
+) -> Result<(), ApiError> {
+    let total = prompt_len.saturating_add(max_tokens);
+    if total <= ctx.max_context {
+        return Ok(());
+    }
+    let n = ctx.max_context;
+    let message = if param == "messages" {
+        format!(
+            "This model's maximum context length is {n} tokens. However, you requested {total} \
+             tokens ({prompt_len} in the messages, {max_tokens} in the completion). Please \
+             reduce the length of the messages or completion."
+        )
+    } else {
+        format!(
+            "This model's maximum context length is {n} tokens, however you requested {total} \
+             tokens ({prompt_len} in your prompt; {max_tokens} for the completion). Please \
+             reduce your prompt; or completion length."
+        )
+    };
+    Err(ApiError::context_length_exceeded(message, Some(param)))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::OnceLock;
+
+    use axum::http::StatusCode;
+    use candle_core::quantized::gguf_file::Content;
+    use serde_json::{json, Value};
+
+    use super::*;
+
+    /// The default model's tokenizer and chat template, built as the loader
+    /// builds them; read once for all tests.
+    fn model() -> &'static (Tokenizer, ChatTemplate) {
+        static MODEL: OnceLock<(Tokenizer, ChatTemplate)> = OnceLock::new();
+        MODEL.get_or_init(|| {
+            let tokenizer = crate::tokenizer::test_tokenizer();
+            let path = crate::model_fetch::default_model_path().expect("default model");
+            let content = Content::read(&mut std::fs::File::open(path).unwrap()).unwrap();
+            let meta = |key: &str| content.metadata[key].clone();
+            let token = |key: &str| tokenizer.id_to_token(meta(key).to_u32().unwrap()).unwrap();
+            let template = ChatTemplate::new(
+                meta("tokenizer.chat_template").to_string().unwrap().clone(),
+                token("tokenizer.ggml.bos_token_id"),
+                token("tokenizer.ggml.eos_token_id"),
+            )
+            .unwrap();
+            (tokenizer, template)
+        })
+    }
+
+    const NAME: &str = "smollm2";
+
+    fn ctx() -> ModelContext<'static> {
+        let (tokenizer, template) = model();
+        ModelContext {
+            name: NAME,
+            vocab_size: tokenizer.vocab_size(),
+            max_context: 8192,
+            tokenizer,
+            chat_template: Some(template),
+        }
+    }
+
+    fn completion(body: Value) -> Result<GenerationPlan, ApiError> {
+        validate_completion(&parse_json(body.to_string().as_bytes())?, &ctx())
+    }
+
+    fn chat(body: Value) -> Result<GenerationPlan, ApiError> {
+        validate_chat(&parse_json(body.to_string().as_bytes())?, &ctx())
+    }
+
+    fn with(mut base: Value, extra: Value) -> Value {
+        for (k, v) in extra.as_object().unwrap() {
+            base[k] = v.clone();
+        }
+        base
+    }
+
+    fn user(text: &str) -> Value {
+        json!({"messages": [{"role": "user", "content": text}]})
+    }
+
+    /// A 400 naming `param`.
+    #[track_caller]
+    fn assert_rejects(result: Result<GenerationPlan, ApiError>, param: &str) -> ApiError {
+        let e = result.expect_err("should be rejected");
+        assert_eq!(e.status, StatusCode::BAD_REQUEST, "{e:?}");
+        assert_eq!(e.kind, "invalid_request_error", "{e:?}");
+        assert_eq!(e.param.as_deref(), Some(param), "{e:?}");
+        e
+    }
+
+    fn encode(text: &str) -> Vec<u32> {
+        model().0.encode(text).unwrap()
+    }
+
+    #[test]
+    fn string_prompt() {
+        let plan = completion(json!({"prompt": "Hello there", "model": NAME})).unwrap();
+        assert_eq!(plan.prompts, vec![encode("Hello there")]);
+        assert_eq!(plan.params.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS);
+        assert_eq!(plan.params.temperature, 1.0);
+        assert_eq!(
+            (plan.n, plan.stream, plan.include_usage, plan.echo),
+            (1, false, false, false)
+        );
+        assert_eq!(plan.logprobs, None);
+        assert!(plan.prompt_texts.is_empty());
+    }
+
+    #[test]
+    fn list_of_strings() {
+        let plan = completion(json!({"prompt": ["a b", "c"], "echo": true})).unwrap();
+        assert_eq!(plan.prompts, vec![encode("a b"), encode("c")]);
+        assert_eq!(plan.prompt_texts, ["a b", "c"]);
+    }
+
+    #[test]
+    fn token_ids() {
+        let ids = encode("The capital of France is");
+        let plan = completion(json!({"prompt": ids, "echo": true})).unwrap();
+        assert_eq!(plan.prompts, vec![ids]);
+        assert_eq!(plan.prompt_texts, ["The capital of France is"]);
+    }
+
+    #[test]
+    fn list_of_token_lists() {
+        let plan = completion(json!({"prompt": [[1, 2, 3], [4]]})).unwrap();
+        assert_eq!(plan.prompts, vec![vec![1, 2, 3], vec![4]]);
+    }
+
+    #[test]
+    fn sampling_fields_reach_the_params() {
+        let plan = completion(json!({
+            "prompt": "x", "max_tokens": 7, "temperature": 0.3, "top_p": 0.9, "top_k": 40,
+            "min_p": 0.05, "n": 3, "stream": true, "stream_options": {"include_usage": true},
+            "stop": "\n", "presence_penalty": 0.5, "frequency_penalty": -0.5,
+            "repetition_penalty": 1.2, "logit_bias": {"50": 5, "7": -100}, "logprobs": 2,
+            "seed": -1, "user": "me", "ignore_eos": true, "min_tokens": 3,
+            "stop_token_ids": [2]
+        }))
+        .unwrap();
+        let expected = SamplingParams {
+            max_tokens: 7,
+            min_tokens: 3,
+            temperature: 0.3,
+            top_k: 40,
+            top_p: 0.9,
+            min_p: 0.05,
+            repetition_penalty: 1.2,
+            presence_penalty: 0.5,
+            frequency_penalty: -0.5,
+            logit_bias: vec![(7, -100.0), (50, 5.0)],
+            seed: Some(u64::MAX),
+            stop: vec!["\n".into()],
+            stop_token_ids: vec![2],
+            ignore_eos: true,
+            logprobs: Some(2),
+        };
+        assert_eq!(plan.params, expected);
+        assert_eq!((plan.n, plan.stream, plan.include_usage), (3, true, true));
+        assert_eq!(plan.logprobs, Some(2));
+    }
+
+    #[test]
+    fn top_k_minus_one_and_zero_are_off() {
+        for k in [-1, 0] {
+            assert_eq!(
+                completion(json!({"prompt": "x", "top_k": k}))
+                    .unwrap()
+                    .params
+                    .top_k,
+                0
+            );
+        }
+        assert_rejects(completion(json!({"prompt": "x", "top_k": -2})), "top_k");
+    }
+
+    #[test]
+    fn chat_with_parts() {
+        let plan = chat(json!({
+            "model": NAME,
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]}
+            ]
+        }))
+        .unwrap();
+        let expected = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi\nthere<|im_end|>\n<|im_start|>assistant\n";
+        assert_eq!(plan.prompts, vec![encode(expected)]);
+        let len = plan.prompts[0].len();
+        assert_eq!(
+            plan.params.max_tokens,
+            8192 - len,
+            "defaults to the rest of the context"
+        );
+        assert!(!plan.echo);
+        assert_eq!(plan.logprobs, None);
+    }
+
+    #[test]
+    fn chat_max_completion_tokens_wins() {
+        let plan = chat(with(
+            user("Hi"),
+            json!({"max_tokens": 5, "max_completion_tokens": 9}),
+        ))
+        .unwrap();
+        assert_eq!(plan.params.max_tokens, 9);
+        let plan = chat(with(user("Hi"), json!({"max_tokens": 5}))).unwrap();
+        assert_eq!(plan.params.max_tokens, 5);
+        assert_rejects(
+            chat(with(
+                user("Hi"),
+                json!({"max_tokens": 5, "max_completion_tokens": 0}),
+            )),
+            "max_completion_tokens",
+        );
+    }
+
+    #[test]
+    fn chat_logprobs() {
+        let plan = chat(with(user("Hi"), json!({"logprobs": true}))).unwrap();
+        assert_eq!((plan.logprobs, plan.params.logprobs), (Some(0), Some(0)));
+        let plan = chat(with(
+            user("Hi"),
+            json!({"logprobs": true, "top_logprobs": 5}),
+        ))
+        .unwrap();
+        assert_eq!(plan.logprobs, Some(5));
+        assert_eq!(
+            chat(with(user("Hi"), json!({"logprobs": false})))
+                .unwrap()
+                .logprobs,
+            None
+        );
+        assert_rejects(
+            chat(with(
+                user("Hi"),
+                json!({"logprobs": true, "top_logprobs": 21}),
+            )),
+            "top_logprobs",
+        );
+        assert_rejects(
+            chat(with(user("Hi"), json!({"top_logprobs": 2}))),
+            "top_logprobs",
+        );
+        assert_rejects(
+            chat(with(
+                user("Hi"),
+                json!({"logprobs": false, "top_logprobs": 2}),
+            )),
+            "top_logprobs",
+        );
+    }
+
+    #[test]
+    fn chat_bad_messages() {
+        assert_rejects(chat(json!({"messages": []})), "messages");
+        assert_rejects(
+            chat(
+                json!({"messages": [{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}]}),
+            ),
+            "messages[1].role",
+        );
+        let e = assert_rejects(
+            chat(
+                json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]}),
+            ),
+            "messages[0].content[0].type",
+        );
+        assert!(e.message.contains("image_url"), "{}", e.message);
+        assert_rejects(
+            chat(json!({"messages": [{"role": "user", "content": [{"type": "text"}]}]})),
+            "messages[0].content[0].text",
+        );
+        assert_rejects(
+            chat(json!({"messages": [{"content": "a"}]})),
+            "messages[0].role",
+        );
+        assert_rejects(
+            chat(json!({"messages": [{"role": "user", "content": 5}]})),
+            "messages[0].content",
+        );
+        assert_rejects(chat(json!({"model": NAME})), "messages");
+    }
+
+    #[test]
+    fn chat_without_template() {
+        let c = ModelContext {
+            chat_template: None,
+            ..ctx()
+        };
+        let req: ChatCompletionRequest = serde_json::from_value(user("Hi")).unwrap();
+        let e = validate_chat(&req, &c).unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert!(e.message.contains("no chat template"), "{}", e.message);
+    }
+
+    #[test]
+    fn chat_keeps_a_single_bos() {
+        let (tokenizer, template) = model();
+        // SmolLM2's BOS is `<|im_start|>`, which its template writes first:
+        // a tokenizer that also adds BOS would double it.
+        let adds_bos = Tokenizer::from_hf(tokenizer.inner().clone(), vec![2], Some(1), true);
+        let c = ModelContext {
+            tokenizer: &adds_bos,
+            chat_template: Some(template),
+            ..ctx()
+        };
+        let req: ChatCompletionRequest = serde_json::from_value(user("Hi")).unwrap();
+        let with_bos = validate_chat(&req, &c).unwrap();
+        assert_eq!(with_bos.prompts, chat(user("Hi")).unwrap().prompts);
+        assert_eq!(with_bos.prompts[0][0], 1);
+        assert_ne!(with_bos.prompts[0][1], 1);
+    }
+
+    #[test]
+    fn other_model_is_404() {
+        for result in [
+            completion(json!({"prompt": "x", "model": "gpt-4"})),
+            chat(with(user("Hi"), json!({"model": "gpt-4"}))),
+        ] {
+            let e = result.unwrap_err();
+            assert_eq!(e.status, StatusCode::NOT_FOUND);
+            assert_eq!(e.code.as_deref(), Some("model_not_found"));
+            assert_eq!(e.message, "The model `gpt-4` does not exist.");
+        }
+    }
+
+    #[test]
+    fn range_rules_name_their_field() {
+        let cases = [
+            (json!({"temperature": -0.1}), "temperature"),
+            (json!({"temperature": 2.5}), "temperature"),
+            (json!({"top_p": 0}), "top_p"),
+            (json!({"top_p": 1.5}), "top_p"),
+            (json!({"n": 0}), "n"),
+            (json!({"n": MAX_N + 1}), "n"),
+            (json!({"max_tokens": 0}), "max_tokens"),
+            (json!({"presence_penalty": 2.5}), "presence_penalty"),
+            (json!({"frequency_penalty": -2.5}), "frequency_penalty"),
+            (json!({"repetition_penalty": 0}), "repetition_penalty"),
+            (json!({"min_p": 1.5}), "min_p"),
+            (json!({"logprobs": 21}), "logprobs"),
+            (
+                json!({"stream_options": {"include_usage": true}}),
+                "stream_options",
+            ),
+            (
+                json!({"stream": false, "stream_options": {"include_usage": true}}),
+                "stream_options",
+            ),
+            (json!({"logit_bias": {"49152": 1}}), "logit_bias"),
+            (json!({"logit_bias": {"abc": 1}}), "logit_bias"),
+            (json!({"logit_bias": {"5": 101}}), "logit_bias"),
+            (json!({"stop": ["ok", ""]}), "stop"),
+            (json!({"stop_token_ids": [49152]}), "stop_token_ids"),
+            (json!({"min_tokens": 17}), "min_tokens"),
+        ];
+        for (extra, param) in cases {
+            assert_rejects(
+                completion(with(json!({"prompt": "x"}), extra.clone())),
+                param,
+            );
+            assert_rejects(
+                chat(with(user("x"), with(json!({"max_tokens": 16}), extra))),
+                param,
+            );
+        }
+        // The edges are accepted.
+        let edges = json!({"prompt": "x", "temperature": 2, "top_p": 1, "n": MAX_N, "max_tokens": 1,
+                           "presence_penalty": -2, "frequency_penalty": 2, "logprobs": 20});
+        completion(edges).unwrap();
+    }
+
+    #[test]
+    fn empty_and_out_of_vocabulary_prompts() {
+        for prompt in [
+            json!(""),
+            json!([]),
+            json!([[]]),
+            json!([[1], []]),
+            json!(["a", ""]),
+        ] {
+            let e = assert_rejects(completion(json!({"prompt": prompt})), "prompt");
+            assert!(e.message.contains("empty"), "{}", e.message);
+        }
+        let vocab = model().0.vocab_size();
+        for prompt in [json!([1, vocab]), json!([[1], [vocab + 5]])] {
+            let e = assert_rejects(completion(json!({"prompt": prompt})), "prompt");
+            assert!(e.message.contains("out of vocabulary"), "{}", e.message);
+        }
+        completion(json!({"prompt": [0, vocab - 1]})).unwrap();
+    }
+
+    #[test]
+    fn context_length() {
+        let small = |max_context| ModelContext {
+            max_context,
+            ..ctx()
+        };
+        let ids = encode("one two three four");
+        let p = ids.len();
+        let req: CompletionRequest =
+            serde_json::from_value(json!({"prompt": ids, "max_tokens": 10})).unwrap();
+        assert!(validate_completion(&req, &small(p + 10)).is_ok());
+        let e = validate_completion(&req, &small(p + 9)).unwrap_err();
+        assert_eq!(
+            (e.status, e.code.as_deref(), e.param.as_deref()),
+            (
+                StatusCode::BAD_REQUEST,
+                Some("context_length_exceeded"),
+                Some("prompt")
+            )
+        );
+        assert_eq!(
+            e.message,
+            format!(
+                "This model's maximum context length is {} tokens, however you requested {} tokens ({p} in your prompt; 10 for the completion). Please reduce your prompt; or completion length.",
+                p + 9,
+                p + 10
+            )
+        );
+        // The default 16 counts too.
+        let req: CompletionRequest = serde_json::from_value(json!({"prompt": [1, 2]})).unwrap();
+        assert!(validate_completion(&req, &small(18)).is_ok());
+        assert!(validate_completion(&req, &small(17)).is_err());
+
+        let req: ChatCompletionRequest =
+            serde_json::from_value(with(user("Hi"), json!({"max_tokens": 100}))).unwrap();
+        let p = chat(user("Hi")).unwrap().prompts[0].len();
+        let e = validate_chat(&req, &small(p + 99)).unwrap_err();
+        assert_eq!(e.code.as_deref(), Some("context_length_exceeded"));
+        assert_eq!(e.param.as_deref(), Some("messages"));
+        assert!(
+            e.message
+                .contains(&format!("({p} in the messages, 100 in the completion)")),
+            "{}",
+            e.message
+        );
+        // Without max_tokens the reply gets the rest, and a prompt that
+        // fills the context leaves nothing.
+        let req: ChatCompletionRequest = serde_json::from_value(user("Hi")).unwrap();
+        assert_eq!(
+            validate_chat(&req, &small(p + 1))
+                .unwrap()
+                .params
+                .max_tokens,
+            1
+        );
+        let e = validate_chat(&req, &small(p)).unwrap_err();
+        assert_eq!(e.code.as_deref(), Some("context_length_exceeded"));
+        assert!(
+            e.message
+                .contains(&format!("your messages resulted in {p} tokens")),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn parse_errors_name_the_field() {
+        let parse = |body: &str| parse_json::<CompletionRequest>(body.as_bytes()).unwrap_err();
+        for body in [
+            "",
+            "{",
+            "{\"prompt\": \"x\",}",
+            "{\"prompt\": \"x\"} trailing",
+            "nope",
+        ] {
+            let e = parse(body);
+            assert_eq!(
+                (e.status, e.param.as_deref()),
+                (StatusCode::BAD_REQUEST, None),
+                "{body:?}"
+            );
+            assert!(e.message.starts_with("invalid JSON body"), "{}", e.message);
+        }
+        let e = parse(r#"{"prompt": "x", "temperature": "hot"}"#);
+        assert_eq!(e.param.as_deref(), Some("temperature"));
+        assert!(
+            e.message.contains("invalid type: string \"hot\""),
+            "{}",
+            e.message
+        );
+        assert_eq!(
+            parse(r#"{"prompt": "x", "max_tokens": -1}"#)
+                .param
+                .as_deref(),
+            Some("max_tokens")
+        );
+        assert_eq!(
+            parse(r#"{"prompt": "x", "stop": [1]}"#).param.as_deref(),
+            Some("stop")
+        );
+        assert_eq!(
+            parse(r#"{"prompt": "x", "stream_options": {"include_usage": 1}}"#)
+                .param
+                .as_deref(),
+            Some("stream_options.include_usage")
+        );
+        let e = parse(r#"{"prompt": [-1]}"#);
+        assert_eq!(e.param.as_deref(), Some("prompt"));
+        assert!(
+            e.message.contains("expected a string, a list of strings"),
+            "{}",
+            e.message
+        );
+        let e = parse(r#"{"model": "m"}"#);
+        assert_eq!(e.param.as_deref(), Some("prompt"));
+        assert!(
+            e.message.contains("missing field `prompt`"),
+            "{}",
+            e.message
+        );
+        for body in ["[1, 2]", " \"x\"", "3"] {
+            let e = parse(body);
+            assert_eq!(
+                (e.status, e.param.as_deref()),
+                (StatusCode::BAD_REQUEST, None)
+            );
+            assert_eq!(e.message, "the request body must be a JSON object");
+        }
+    }
+
+    #[test]
+    fn unknown_fields_are_ignored() {
+        completion(json!({"prompt": "x", "suffix": "y", "best_of": 1, "foo": {"bar": []}}))
+            .unwrap();
+        chat(with(
+            user("x"),
+            json!({"tools": [], "response_format": {"type": "text"}}),
+        ))
+        .unwrap();
+    }
+}

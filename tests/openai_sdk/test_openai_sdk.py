@@ -1,0 +1,98 @@
+"""wick against the official `openai` Python SDK: a real client, sync and async.
+
+Run by .ci/run with WICK_BASE_URL pointing at a started `wick serve`.
+"""
+import asyncio
+import os
+
+import openai
+import pytest
+
+BASE = os.environ["WICK_BASE_URL"] + "/v1"
+
+
+@pytest.fixture(scope="module")
+def client():
+    return openai.OpenAI(base_url=BASE, api_key="unused")
+
+
+@pytest.fixture(scope="module")
+def model(client):
+    models = client.models.list().data
+    assert len(models) == 1
+    return models[0].id
+
+
+def test_completion_sync(client, model):
+    r = client.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0)
+    assert r.object == "text_completion"
+    assert r.choices[0].text
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.completion_tokens <= 8
+
+
+def test_completion_stream_equals_whole(client, model):
+    args = dict(model=model, prompt="Water boils at", max_tokens=12, temperature=0)
+    whole = client.completions.create(**args).choices[0].text
+    streamed = "".join(c.choices[0].text for c in client.completions.create(stream=True, **args) if c.choices)
+    assert streamed == whole
+
+
+def test_completion_n_stop_seed_logprobs(client, model):
+    r = client.completions.create(
+        model=model, prompt="List colours:", max_tokens=20, n=2, seed=7, temperature=0.9, logprobs=3, stop=["\n\n"]
+    )
+    assert sorted(c.index for c in r.choices) == [0, 1]
+    for c in r.choices:
+        assert "\n\n" not in c.text
+        assert len(c.logprobs.tokens) == len(c.logprobs.token_logprobs)
+        assert all(len(t) <= 3 for t in c.logprobs.top_logprobs)
+    again = client.completions.create(
+        model=model, prompt="List colours:", max_tokens=20, n=2, seed=7, temperature=0.9, logprobs=3, stop=["\n\n"]
+    )
+    assert [c.text for c in again.choices] == [c.text for c in r.choices], "seeded requests repeat"
+
+
+def test_chat_sync_and_stream(client, model):
+    msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a planet."}]
+    r = client.chat.completions.create(model=model, messages=msgs, max_tokens=16, temperature=0, logprobs=True, top_logprobs=2)
+    assert r.choices[0].message.role == "assistant"
+    text = r.choices[0].message.content
+    assert text
+    assert r.choices[0].logprobs.content[0].top_logprobs
+    chunks = list(
+        client.chat.completions.create(
+            model=model, messages=msgs, max_tokens=16, temperature=0, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+
+
+def test_async_client(model):
+    async def run():
+        client = openai.AsyncOpenAI(base_url=BASE, api_key="unused")
+        rs = await asyncio.gather(
+            *[
+                client.chat.completions.create(
+                    model=model, messages=[{"role": "user", "content": f"Count to {i}."}], max_tokens=8, temperature=0
+                )
+                for i in range(4)
+            ]
+        )
+        stream = await client.completions.create(model=model, prompt="Hi", max_tokens=4, stream=True)
+        pieces = [c.choices[0].text async for c in stream if c.choices]
+        return rs, pieces
+
+    rs, pieces = asyncio.run(run())
+    assert all(r.choices[0].message.content for r in rs)
+    assert pieces
+
+
+def test_bad_request_raises(client, model):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=model, prompt="x", temperature=5)
+    assert e.value.status_code == 400
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="no-such-model", prompt="x")

@@ -1,0 +1,417 @@
+//! `wick serve` over real HTTP on the default model: every endpoint, the
+//! OpenAI response and stream shapes, bad input, disconnects, overload,
+//! preemption and graceful shutdown.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde_json::{json, Value};
+
+use common::Server;
+
+async fn post(server: &Server, path: &str, body: Value) -> (u16, Value) {
+    let r = reqwest::Client::new()
+        .post(server.url(path))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// The `data:` payloads of an SSE response, `[DONE]` included.
+async fn sse(server: &Server, path: &str, body: Value) -> Vec<String> {
+    let r = reqwest::Client::new()
+        .post(server.url(path))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
+    let text = r.text().await.unwrap();
+    text.split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .map(|e| {
+            e.strip_prefix("data: ")
+                .unwrap_or_else(|| panic!("not a data event: {e:?}"))
+                .to_string()
+        })
+        .collect()
+}
+
+fn chunks(events: &[String]) -> Vec<Value> {
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect()
+}
+
+async fn metric(server: &Server, name: &str) -> f64 {
+    let text = reqwest::get(server.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("metric {name} missing"))
+}
+
+fn assert_error(status: u16, body: &Value, want_status: u16, param: Option<&str>) {
+    assert_eq!(status, want_status, "{body}");
+    let e = &body["error"];
+    assert!(
+        e["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
+    assert!(e["type"].is_string(), "{body}");
+    assert!(
+        e.get("param").is_some() && e.get("code").is_some(),
+        "{body}"
+    );
+    if let Some(p) = param {
+        assert_eq!(e["param"], p, "{body}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn completions_stream_equals_non_stream_and_shapes_match_openai() {
+    let s = Server::start(&[]);
+    let body = json!({"prompt": "The capital of France is", "max_tokens": 12, "temperature": 0});
+    let (status, whole) = post(&s, "/v1/completions", body.clone()).await;
+    assert_eq!(status, 200, "{whole}");
+    assert_eq!(whole["object"], "text_completion");
+    let text = whole["choices"][0]["text"].as_str().unwrap().to_string();
+    assert!(!text.is_empty());
+    assert_eq!(whole["usage"]["completion_tokens"], 12);
+    assert_eq!(whole["choices"][0]["finish_reason"], "length");
+
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let cs = chunks(&sse(&s, "/v1/completions", streamed).await);
+    let id = cs[0]["id"].clone();
+    assert!(cs
+        .iter()
+        .all(|c| c["id"] == id && c["object"] == "text_completion"));
+    let joined: String = cs
+        .iter()
+        .flat_map(|c| c["choices"].as_array().unwrap())
+        .map(|c| c["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(joined, text);
+    let finishes: Vec<&Value> = cs
+        .iter()
+        .flat_map(|c| c["choices"].as_array().unwrap())
+        .filter(|c| !c["finish_reason"].is_null())
+        .collect();
+    assert_eq!(finishes.len(), 1);
+    let last = cs.last().unwrap();
+    assert_eq!(last["choices"].as_array().unwrap().len(), 0);
+    assert_eq!(last["usage"]["completion_tokens"], 12);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn chat_streams_role_first_and_one_finish_per_choice() {
+    let s = Server::start(&[]);
+    let body = json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "Say hello."}]}],
+                      "max_completion_tokens": 16, "temperature": 0, "n": 2});
+    let (status, whole) = post(&s, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(status, 200, "{whole}");
+    assert_eq!(whole["object"], "chat.completion");
+    assert_eq!(whole["choices"].as_array().unwrap().len(), 2);
+    assert_eq!(whole["choices"][0]["message"]["role"], "assistant");
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let cs = chunks(&sse(&s, "/v1/chat/completions", streamed).await);
+    for index in 0..2 {
+        let mine: Vec<&Value> = cs
+            .iter()
+            .flat_map(|c| c["choices"].as_array().unwrap())
+            .filter(|c| c["index"] == index)
+            .collect();
+        assert_eq!(mine[0]["delta"]["role"], "assistant");
+        assert_eq!(
+            mine.iter()
+                .filter(|c| !c["finish_reason"].is_null())
+                .count(),
+            1
+        );
+        let text: String = mine
+            .iter()
+            .filter_map(|c| c["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(
+            text,
+            whole["choices"][index]["message"]["content"]
+                .as_str()
+                .unwrap()
+        );
+    }
+    assert!(cs.iter().all(|c| c["object"] == "chat.completion.chunk"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_requests_get_openai_errors() {
+    let s = Server::start(&["--max-body-bytes", "4096"]);
+    let client = reqwest::Client::new();
+    let raw = |body: &'static str| {
+        client
+            .post(s.url("/v1/completions"))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    let r = raw("{not json").await.unwrap();
+    let st = r.status().as_u16();
+    assert_error(st, &r.json().await.unwrap(), 400, None);
+    for (body, param) in [
+        (json!({"prompt": "x", "temperature": 3}), "temperature"),
+        (json!({"prompt": "x", "top_p": 0}), "top_p"),
+        (json!({"prompt": "x", "n": 0}), "n"),
+        (json!({"prompt": "x", "max_tokens": 0}), "max_tokens"),
+        (
+            json!({"prompt": "x", "presence_penalty": 2.5}),
+            "presence_penalty",
+        ),
+        (json!({"prompt": "x", "logprobs": 21}), "logprobs"),
+        (
+            json!({"prompt": "x", "stream_options": {"include_usage": true}}),
+            "stream_options",
+        ),
+        (json!({"prompt": [1, 2, 999999]}), "prompt"),
+        (
+            json!({"prompt": "x", "logit_bias": {"999999": 1}}),
+            "logit_bias",
+        ),
+    ] {
+        let (st, b) = post(&s, "/v1/completions", body).await;
+        assert_error(st, &b, 400, Some(param));
+    }
+    let (st, b) = post(&s, "/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 21, "logprobs": true})).await;
+    assert_error(st, &b, 400, Some("top_logprobs"));
+    let (st, b) = post(&s, "/v1/completions", json!({"prompt": "x"})).await;
+    assert_eq!(st, 200, "a minimal request works: {b}");
+    let (st, b) = post(
+        &s,
+        "/v1/completions",
+        json!({"model": "gpt-4", "prompt": "x"}),
+    )
+    .await;
+    assert_error(st, &b, 404, None);
+    assert_eq!(b["error"]["code"], "model_not_found");
+    let (st, b) = post(
+        &s,
+        "/v1/completions",
+        json!({"prompt": "x", "max_tokens": 9000}),
+    )
+    .await;
+    assert_error(st, &b, 400, None);
+    assert_eq!(b["error"]["code"], "context_length_exceeded");
+    let streamed = json!({"prompt": "x", "max_tokens": 9000, "stream": true});
+    let (st, b) = post(&s, "/v1/completions", streamed).await;
+    assert_eq!(
+        b["error"]["code"], "context_length_exceeded",
+        "decided before the stream starts ({st})"
+    );
+    let r = client.get(s.url("/v1/completions")).send().await.unwrap();
+    let st = r.status().as_u16();
+    assert_error(st, &r.json().await.unwrap(), 405, None);
+    let big = format!("{{\"prompt\": \"{}\"}}", "a".repeat(10_000));
+    let r = client
+        .post(s.url("/v1/completions"))
+        .header("content-type", "application/json")
+        .body(big)
+        .send()
+        .await
+        .unwrap();
+    let st = r.status().as_u16();
+    assert_error(st, &r.json().await.unwrap(), 413, None);
+    // The server is still fine.
+    let (st, _) = post(
+        &s,
+        "/v1/completions",
+        json!({"prompt": "x", "max_tokens": 2}),
+    )
+    .await;
+    assert_eq!(st, 200);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tokenize_detokenize_models_health_metrics() {
+    let s = Server::start(&[]);
+    let (st, a) = post(&s, "/tokenize", json!({"prompt": "Hello, world!"})).await;
+    assert_eq!(st, 200);
+    assert_eq!(
+        a["tokens"],
+        json!([19556, 28, 905, 17]),
+        "llama.cpp's ids for this text"
+    );
+    assert_eq!(a["count"], 4);
+    let (_, b) = post(&s, "/tokenize", json!({"content": "Hello, world!"})).await;
+    assert_eq!(a["tokens"], b["tokens"]);
+    let (st, d) = post(&s, "/detokenize", json!({"tokens": [19556, 28, 905, 17]})).await;
+    assert_eq!(st, 200);
+    assert_eq!(d["prompt"], "Hello, world!");
+    assert_eq!(d["content"], "Hello, world!");
+    let m: Value = reqwest::get(s.url("/v1/models"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(m["object"], "list");
+    assert_eq!(m["data"][0]["object"], "model");
+    assert_eq!(m["data"][0]["max_model_len"], 8192);
+    let (st, _) = post(
+        &s,
+        "/v1/completions",
+        json!({"model": m["data"][0]["id"], "prompt": "Hi", "max_tokens": 3, "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(st, 200);
+    assert!(metric(&s, "wick:prompt_tokens_total").await > 0.0);
+    assert_eq!(metric(&s, "wick:generation_tokens_total").await, 3.0);
+    assert!(metric(&s, "wick:kv_blocks_total").await > 0.0);
+    assert_eq!(
+        metric(&s, "wick:time_to_first_token_seconds_count").await,
+        1.0
+    );
+}
+
+/// Greedy output of each prompt alone, then all at once.
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_streams_equal_their_solo_output() {
+    let s = Server::start(&[]);
+    let prompts: Vec<String> = (0..32)
+        .map(|i| format!("Fact number {i} about the ocean:"))
+        .collect();
+    let body = |p: &str| json!({"prompt": p, "max_tokens": 10, "temperature": 0, "stream": true});
+    let collect = |events: Vec<String>| -> String {
+        chunks(&events)
+            .iter()
+            .flat_map(|c| c["choices"].as_array().unwrap().clone())
+            .map(|c| c["text"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let mut solo = Vec::new();
+    for p in &prompts[..4] {
+        solo.push(collect(sse(&s, "/v1/completions", body(p)).await));
+    }
+    let all =
+        futures::future::join_all(prompts.iter().map(|p| sse(&s, "/v1/completions", body(p))))
+            .await;
+    for (i, events) in all.into_iter().enumerate().take(4) {
+        assert_eq!(collect(events), solo[i], "prompt {i}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn disconnect_frees_blocks() {
+    let s = Server::start(&[]);
+    let r = reqwest::Client::new()
+        .post(s.url("/v1/completions"))
+        .json(&json!({"prompt": "Write a very long story.", "max_tokens": 2000, "stream": true, "ignore_eos": true}))
+        .send()
+        .await
+        .unwrap();
+    let mut body = r.bytes_stream();
+    body.next().await.unwrap().unwrap();
+    assert!(metric(&s, "wick:kv_blocks_used").await > 0.0);
+    drop(body);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(&s, "wick:kv_blocks_used").await > 0.0 {
+        assert!(
+            Instant::now() < deadline,
+            "blocks not freed after disconnect"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(metric(&s, "wick:num_requests_running").await, 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn full_queue_answers_503_with_retry_after() {
+    let s = Server::start(&["--max-num-seqs", "1", "--max-waiting", "1"]);
+    let client = reqwest::Client::new();
+    let send = || {
+        client
+            .post(s.url("/v1/completions"))
+            .json(&json!({"prompt": "Count slowly:", "max_tokens": 300, "ignore_eos": true}))
+            .send()
+    };
+    let results = futures::future::join_all((0..6).map(|_| send())).await;
+    let statuses: Vec<u16> = results
+        .iter()
+        .map(|r| r.as_ref().unwrap().status().as_u16())
+        .collect();
+    assert!(statuses.contains(&503), "{statuses:?}");
+    assert!(statuses.contains(&200), "{statuses:?}");
+    let busy = results
+        .into_iter()
+        .map(Result::unwrap)
+        .find(|r| r.status() == 503)
+        .unwrap();
+    assert!(busy.headers().contains_key("retry-after"));
+    let b: Value = busy.json().await.unwrap();
+    assert_error(503, &b, 503, None);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tiny_kv_budget_preempts_and_still_gives_solo_output() {
+    // 1 MiB holds 11 blocks of 4 tokens for this model: one request of ~35
+    // tokens needs 9, so six at once must preempt each other.
+    let s = Server::start(&["--kv-cache-memory", "1", "--block-size", "4"]);
+    let body = |i: usize| json!({"prompt": format!("List {i} animals:"), "max_tokens": 30, "temperature": 0, "ignore_eos": true});
+    let mut solo = Vec::new();
+    for i in 0..6 {
+        let (st, b) = post(&s, "/v1/completions", body(i)).await;
+        assert_eq!(st, 200, "{b}");
+        solo.push(b["choices"][0]["text"].as_str().unwrap().to_string());
+    }
+    let together =
+        futures::future::join_all((0..6).map(|i| post(&s, "/v1/completions", body(i)))).await;
+    for (i, (st, b)) in together.iter().enumerate() {
+        assert_eq!(*st, 200, "{b}");
+        assert_eq!(b["choices"][0]["text"].as_str().unwrap(), solo[i]);
+    }
+    assert!(metric(&s, "wick:num_preemptions_total").await > 0.0);
+    assert_eq!(metric(&s, "wick:kv_blocks_used").await, 0.0);
+}
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_finishes_in_flight_requests_and_exits_zero() {
+    let mut s = Server::start(&[]);
+    let client = reqwest::Client::new();
+    let req = client
+        .post(s.url("/v1/completions"))
+        .json(&json!({"prompt": "Once", "max_tokens": 64, "ignore_eos": true}))
+        .send();
+    let pending = tokio::spawn(req);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pid = s.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let r = pending.await.unwrap().unwrap();
+    assert_eq!(r.status(), 200);
+    let b: Value = r.json().await.unwrap();
+    assert_eq!(b["usage"]["completion_tokens"], 64);
+    let status = s.child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+}
