@@ -14,4 +14,5 @@ COPY --from=build /src/target/release/wick /usr/local/bin/wick
 ENV WICK_HOME=/data
 VOLUME /data
 ENTRYPOINT ["wick"]
-CMD ["generate", "--chat", "--prompt", "Hello!"]
+EXPOSE 8000
+CMD ["serve", "--host", "0.0.0.0"]
