@@ -131,8 +131,14 @@ fn axpy(out: &mut [f32], a: f32, x: &[f32]) {
     }
 }
 
-/// One work item per (new token, kv head): the query heads of that group
-/// share each key and value row read from the pool.
+/// Query rows of one sequence handled by one work item: they share each key
+/// and value row widened from f16 once.
+const ROW_BLOCK: usize = 16;
+
+/// One work item per (sequence, kv head, block of up to `ROW_BLOCK` new
+/// rows). The item widens the keys and values its rows can see to f32 once,
+/// then each row's query heads of that group attend over them. Every row is
+/// computed the same way whatever else is in the batch.
 fn attend_host(
     q: &[f32],
     k_pool: &[f16],
@@ -143,56 +149,65 @@ fn attend_host(
     let (hd, group) = (dims.head_dim, dims.group());
     let q_dim = dims.num_heads * hd;
     let total_rows: usize = seqs.iter().map(|s| s.start + s.len).max().unwrap_or(0);
-    // Which sequence and position each row belongs to.
-    let mut row_info = vec![(0usize, 0usize); total_rows];
-    for (si, s) in seqs.iter().enumerate() {
-        for i in 0..s.len {
-            row_info[s.start + i] = (si, s.first_pos + i);
+    let items: Vec<(usize, usize, usize)> = seqs
+        .iter()
+        .enumerate()
+        .flat_map(|(si, s)| {
+            (0..s.len.div_ceil(ROW_BLOCK))
+                .flat_map(move |b| (0..dims.num_kv_heads).map(move |h| (si, h, b * ROW_BLOCK)))
+        })
+        .collect();
+    let scale = 1.0 / (hd as f32).sqrt();
+    let results: Vec<Vec<f32>> = items
+        .par_iter()
+        .map(|&(si, kv_head, first)| {
+            let s = &seqs[si];
+            let rows = first..(first + ROW_BLOCK).min(s.len);
+            let ctx = s.first_pos + rows.end;
+            let widen = |pool: &[f16]| {
+                let mut buf = vec![0f32; ctx * hd];
+                for (j, dst) in buf.chunks_exact_mut(hd).enumerate() {
+                    pool[host_offset(&s.block_table, j, kv_head, &dims)..][..hd]
+                        .convert_to_f32_slice(dst);
+                }
+                buf
+            };
+            let (keys, values) = (widen(k_pool), widen(v_pool));
+            let mut out = vec![0f32; rows.len() * group * hd];
+            let mut scores = vec![0f32; ctx];
+            for (r, i) in rows.enumerate() {
+                let visible = s.first_pos + i + 1;
+                let row = s.start + i;
+                for g in 0..group {
+                    let qh = &q[row * q_dim + (kv_head * group + g) * hd..][..hd];
+                    let sc = &mut scores[..visible];
+                    for (j, x) in sc.iter_mut().enumerate() {
+                        *x = dot(qh, &keys[j * hd..(j + 1) * hd]) * scale;
+                    }
+                    let max = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let mut sum = 0.0;
+                    for x in sc.iter_mut() {
+                        *x = (*x - max).exp();
+                        sum += *x;
+                    }
+                    let inv = 1.0 / sum;
+                    let o = &mut out[(r * group + g) * hd..][..hd];
+                    for (j, &p) in sc.iter().enumerate() {
+                        axpy(o, p * inv, &values[j * hd..(j + 1) * hd]);
+                    }
+                }
+            }
+            out
+        })
+        .collect();
+    let mut out = vec![0f32; total_rows * q_dim];
+    for (&(si, kv_head, first), res) in items.iter().zip(&results) {
+        let s = &seqs[si];
+        for (r, chunk) in res.chunks_exact(group * hd).enumerate() {
+            let row = s.start + first + r;
+            out[row * q_dim + kv_head * group * hd..][..group * hd].copy_from_slice(chunk);
         }
     }
-    let scale = 1.0 / (hd as f32).sqrt();
-    let mut out = vec![0f32; total_rows * q_dim];
-    out.par_chunks_mut(group * hd)
-        .enumerate()
-        .for_each(|(item, out_group)| {
-            let (row, kv_head) = (item / dims.num_kv_heads, item % dims.num_kv_heads);
-            let (si, pos) = row_info[row];
-            let table = &seqs[si].block_table;
-            let ctx = pos + 1;
-            let q_group = &q[row * q_dim + kv_head * group * hd..][..group * hd];
-            let mut scores = vec![0f32; group * ctx];
-            // One key (or value) row widened to f32, shared by the group's heads.
-            let mut row = vec![0f32; hd];
-            for j in 0..ctx {
-                k_pool[host_offset(table, j, kv_head, &dims)..][..hd]
-                    .convert_to_f32_slice(&mut row);
-                for g in 0..group {
-                    scores[g * ctx + j] = dot(&q_group[g * hd..(g + 1) * hd], &row) * scale;
-                }
-            }
-            for g in 0..group {
-                let s = &mut scores[g * ctx..(g + 1) * ctx];
-                let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0.0;
-                for x in s.iter_mut() {
-                    *x = (*x - max).exp();
-                    sum += *x;
-                }
-                let inv = 1.0 / sum;
-                s.iter_mut().for_each(|x| *x *= inv);
-            }
-            for j in 0..ctx {
-                v_pool[host_offset(table, j, kv_head, &dims)..][..hd]
-                    .convert_to_f32_slice(&mut row);
-                for g in 0..group {
-                    axpy(
-                        &mut out_group[g * hd..(g + 1) * hd],
-                        scores[g * ctx + j],
-                        &row,
-                    );
-                }
-            }
-        });
     out
 }
 
