@@ -160,19 +160,24 @@ pub struct CompletionChoice {
     pub finish_reason: Option<String>,
 }
 
-/// A whole completion, and also each stream chunk (OpenAI uses the same
-/// object for both): chunks have no `usage` except the final usage chunk.
+/// The envelope every generation answer shares: a whole completion or chat
+/// response, or one stream chunk. Chunks carry no `usage` except the final
+/// usage chunk.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CompletionResponse {
+pub struct Response<C> {
     pub id: String,
-    /// `text_completion`
+    /// `text_completion`, `chat.completion` or `chat.completion.chunk`
     pub object: String,
     pub created: u64,
     pub model: String,
-    pub choices: Vec<CompletionChoice>,
+    pub choices: Vec<C>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
 }
+
+/// A whole completion, and also each completions stream chunk (OpenAI uses
+/// the same object for both).
+pub type CompletionResponse = Response<CompletionChoice>;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TopLogprob {
@@ -209,17 +214,7 @@ pub struct ChatChoice {
     pub finish_reason: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ChatCompletionResponse {
-    pub id: String,
-    /// `chat.completion`
-    pub object: String,
-    pub created: u64,
-    pub model: String,
-    pub choices: Vec<ChatChoice>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub usage: Option<Usage>,
-}
+pub type ChatCompletionResponse = Response<ChatChoice>;
 
 /// What a chat stream chunk adds to a choice. The first carries the role,
 /// the last (with the finish reason) is empty: `{}`.
@@ -239,17 +234,7 @@ pub struct ChunkChoice {
     pub finish_reason: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ChatCompletionChunk {
-    pub id: String,
-    /// `chat.completion.chunk`
-    pub object: String,
-    pub created: u64,
-    pub model: String,
-    pub choices: Vec<ChunkChoice>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub usage: Option<Usage>,
-}
+pub type ChatCompletionChunk = Response<ChunkChoice>;
 
 /// One entry of `GET /v1/models`; `max_model_len` is vLLM's extension.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
