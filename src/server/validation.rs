@@ -133,53 +133,37 @@ struct Shape {
     include_usage: bool,
 }
 
-impl<'r> From<&'r CompletionRequest> for Common<'r> {
-    fn from(r: &'r CompletionRequest) -> Self {
-        Common {
-            model: r.model.as_deref(),
-            n: r.n,
-            stream: r.stream,
-            stream_options: r.stream_options.as_ref(),
-            temperature: r.temperature,
-            top_p: r.top_p,
-            top_k: r.top_k,
-            min_p: r.min_p,
-            presence_penalty: r.presence_penalty,
-            frequency_penalty: r.frequency_penalty,
-            repetition_penalty: r.repetition_penalty,
-            logit_bias: r.logit_bias.as_ref(),
-            seed: r.seed,
-            stop: r.stop.as_ref(),
-            ignore_eos: r.ignore_eos,
-            min_tokens: r.min_tokens,
-            stop_token_ids: r.stop_token_ids.as_ref(),
+/// Both request types carry the same sampling fields under the same names.
+macro_rules! common_from {
+    ($request:ty) => {
+        impl<'r> From<&'r $request> for Common<'r> {
+            fn from(r: &'r $request) -> Self {
+                Common {
+                    model: r.model.as_deref(),
+                    n: r.n,
+                    stream: r.stream,
+                    stream_options: r.stream_options.as_ref(),
+                    temperature: r.temperature,
+                    top_p: r.top_p,
+                    top_k: r.top_k,
+                    min_p: r.min_p,
+                    presence_penalty: r.presence_penalty,
+                    frequency_penalty: r.frequency_penalty,
+                    repetition_penalty: r.repetition_penalty,
+                    logit_bias: r.logit_bias.as_ref(),
+                    seed: r.seed,
+                    stop: r.stop.as_ref(),
+                    ignore_eos: r.ignore_eos,
+                    min_tokens: r.min_tokens,
+                    stop_token_ids: r.stop_token_ids.as_ref(),
+                }
+            }
         }
-    }
+    };
 }
 
-impl<'r> From<&'r ChatCompletionRequest> for Common<'r> {
-    fn from(r: &'r ChatCompletionRequest) -> Self {
-        Common {
-            model: r.model.as_deref(),
-            n: r.n,
-            stream: r.stream,
-            stream_options: r.stream_options.as_ref(),
-            temperature: r.temperature,
-            top_p: r.top_p,
-            top_k: r.top_k,
-            min_p: r.min_p,
-            presence_penalty: r.presence_penalty,
-            frequency_penalty: r.frequency_penalty,
-            repetition_penalty: r.repetition_penalty,
-            logit_bias: r.logit_bias.as_ref(),
-            seed: r.seed,
-            stop: r.stop.as_ref(),
-            ignore_eos: r.ignore_eos,
-            min_tokens: r.min_tokens,
-            stop_token_ids: r.stop_token_ids.as_ref(),
-        }
-    }
-}
+common_from!(CompletionRequest);
+common_from!(ChatCompletionRequest);
 
 impl Common<'_> {
     /// The checks that need no tokenizing, so a bad request is refused cheaply.
