@@ -6,9 +6,10 @@
 //! K and V are stored as f16, as llama.cpp does: half the memory and
 //! bandwidth of f32, with attention itself computed in f32.
 //!
-//! Two storages: on the CPU the pool is a plain `Vec<f16>` laid out
-//! `[block][kv_head][slot][head_dim]`, so the attention kernel in
-//! [`crate::attention`] reads one head's keys of a block contiguously; on any
+//! Two storages: on the CPU the pool is a plain `Vec<f16>` of
+//! `[block][kv_head]` tiles, keys transposed within a tile (see
+//! `attention::host`), so the attention kernel reads one head's keys and
+//! values of a block contiguously; on any
 //! other device (or when forced, to test it) it is a candle tensor
 //! `[num_blocks * block_size, kv_heads * head_dim]` written and gathered with
 //! candle ops.
@@ -66,7 +67,7 @@ impl KvLayout {
 }
 
 pub enum LayerCache {
-    /// `[block][kv_head][slot][head_dim]`, read by the CPU attention kernel.
+    /// `[block][kv_head]` tiles of `block_size * head_dim`, read by the CPU attention kernel.
     Host { k: Vec<f16>, v: Vec<f16> },
     /// `[block * block_size + slot][kv_head * head_dim]`, for candle ops on any device.
     Tensor { k: Tensor, v: Tensor },

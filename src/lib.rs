@@ -27,3 +27,4 @@ pub mod server;
 pub mod stop;
 pub mod text_stream;
 pub mod tokenizer;
+pub mod vec_math;

@@ -3,17 +3,16 @@
 //! Each sequence's new K/V rows are written into its own blocks, then each new
 //! query token attends causally to every cached position of its sequence up to
 //! its own. No padding and no per-step cache copies: the CPU kernel reads the
-//! keys straight out of the blocks. The tensor path (any device) gathers a
+//! keys straight out of the blocks (see [`host`]). The tensor path (any device) gathers a
 //! sequence's rows with `index_select`; it is the fallback for CUDA and is
 //! tested against the CPU kernel.
 
 use candle_core::{DType, Device, Result, Tensor};
-use half::f16;
-use half::slice::HalfFloatSliceExt;
-use rayon::prelude::*;
 
 use crate::block_manager::BlockId;
 use crate::kv_cache::LayerCache;
+
+mod host;
 
 /// One sequence's slice of a flat batch: rows `start..start + len` are its new
 /// tokens, at positions `first_pos..first_pos + len`.
@@ -63,10 +62,10 @@ pub fn paged_attention(
             k: k_pool,
             v: v_pool,
         } => {
-            let q = q.flatten_all()?.to_vec1::<f32>()?;
-            write_host(k_pool, &k.flatten_all()?.to_vec1::<f32>()?, seqs, dims);
-            write_host(v_pool, &v.flatten_all()?.to_vec1::<f32>()?, seqs, dims);
-            let out = attend_host(&q, k_pool, v_pool, seqs, dims);
+            let rows = |x: &Tensor| x.flatten_all()?.to_vec1::<f32>();
+            let q = rows(q)?;
+            host::write(k_pool, v_pool, &rows(k)?, &rows(v)?, seqs, dims);
+            let out = host::attend(&q, k_pool, v_pool, seqs, dims);
             Tensor::from_vec(
                 out,
                 (
@@ -81,134 +80,6 @@ pub fn paged_attention(
             v: v_pool,
         } => attend_tensor(q, k, v, k_pool, v_pool, seqs, dims),
     }
-}
-
-/// Offset of `(position, kv_head)` in a host pool laid out
-/// `[block][kv_head][slot][head_dim]`.
-#[inline]
-fn host_offset(table: &[BlockId], pos: usize, head: usize, dims: &AttnDims) -> usize {
-    let block = table[pos / dims.block_size] as usize;
-    let slot = pos % dims.block_size;
-    ((block * dims.num_kv_heads + head) * dims.block_size + slot) * dims.head_dim
-}
-
-fn write_host(pool: &mut [f16], rows: &[f32], seqs: &[SeqSlice], dims: AttnDims) {
-    let (hd, kv_dim) = (dims.head_dim, dims.num_kv_heads * dims.head_dim);
-    for s in seqs {
-        for i in 0..s.len {
-            let row = &rows[(s.start + i) * kv_dim..][..kv_dim];
-            for h in 0..dims.num_kv_heads {
-                let dst = host_offset(&s.block_table, s.first_pos + i, h, &dims);
-                pool[dst..dst + hd].convert_from_f32_slice(&row[h * hd..(h + 1) * hd]);
-            }
-        }
-    }
-}
-
-/// Dot product with eight independent accumulators so it vectorises.
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for j in 0..8 {
-            acc[j] += x[j] * y[j];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
-}
-
-#[inline]
-fn axpy(out: &mut [f32], a: f32, x: &[f32]) {
-    for (o, v) in out.iter_mut().zip(x) {
-        *o += a * v;
-    }
-}
-
-/// Query rows of one sequence handled by one work item: they share each key
-/// and value row widened from f16 once.
-const ROW_BLOCK: usize = 16;
-
-/// One work item per (sequence, kv head, block of up to `ROW_BLOCK` new
-/// rows). The item widens the keys and values its rows can see to f32 once,
-/// then each row's query heads of that group attend over them. Every row is
-/// computed the same way whatever else is in the batch.
-fn attend_host(
-    q: &[f32],
-    k_pool: &[f16],
-    v_pool: &[f16],
-    seqs: &[SeqSlice],
-    dims: AttnDims,
-) -> Vec<f32> {
-    let (hd, group) = (dims.head_dim, dims.group());
-    let q_dim = dims.num_heads * hd;
-    let total_rows: usize = seqs.iter().map(|s| s.start + s.len).max().unwrap_or(0);
-    let items: Vec<(usize, usize, usize)> = seqs
-        .iter()
-        .enumerate()
-        .flat_map(|(si, s)| {
-            (0..s.len.div_ceil(ROW_BLOCK))
-                .flat_map(move |b| (0..dims.num_kv_heads).map(move |h| (si, h, b * ROW_BLOCK)))
-        })
-        .collect();
-    let scale = 1.0 / (hd as f32).sqrt();
-    let results: Vec<Vec<f32>> = items
-        .par_iter()
-        .map(|&(si, kv_head, first)| {
-            let s = &seqs[si];
-            let rows = first..(first + ROW_BLOCK).min(s.len);
-            let ctx = s.first_pos + rows.end;
-            let widen = |pool: &[f16]| {
-                let mut buf = vec![0f32; ctx * hd];
-                for (j, dst) in buf.chunks_exact_mut(hd).enumerate() {
-                    pool[host_offset(&s.block_table, j, kv_head, &dims)..][..hd]
-                        .convert_to_f32_slice(dst);
-                }
-                buf
-            };
-            let (keys, values) = (widen(k_pool), widen(v_pool));
-            let mut out = vec![0f32; rows.len() * group * hd];
-            let mut scores = vec![0f32; ctx];
-            for (r, i) in rows.enumerate() {
-                let visible = s.first_pos + i + 1;
-                let row = s.start + i;
-                for g in 0..group {
-                    let qh = &q[row * q_dim + (kv_head * group + g) * hd..][..hd];
-                    let sc = &mut scores[..visible];
-                    for (j, x) in sc.iter_mut().enumerate() {
-                        *x = dot(qh, &keys[j * hd..(j + 1) * hd]) * scale;
-                    }
-                    let max = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let mut sum = 0.0;
-                    for x in sc.iter_mut() {
-                        *x = (*x - max).exp();
-                        sum += *x;
-                    }
-                    let inv = 1.0 / sum;
-                    let o = &mut out[(r * group + g) * hd..][..hd];
-                    for (j, &p) in sc.iter().enumerate() {
-                        axpy(o, p * inv, &values[j * hd..(j + 1) * hd]);
-                    }
-                }
-            }
-            out
-        })
-        .collect();
-    let mut out = vec![0f32; total_rows * q_dim];
-    for (&(si, kv_head, first), res) in items.iter().zip(&results) {
-        let s = &seqs[si];
-        for (r, chunk) in res.chunks_exact(group * hd).enumerate() {
-            let row = s.start + first + r;
-            out[row * q_dim + kv_head * group * hd..][..group * hd].copy_from_slice(chunk);
-        }
-    }
-    out
 }
 
 fn attend_tensor(
@@ -353,21 +224,31 @@ mod tests {
 
     /// Two sequences with scattered block tables, fed in two steps (a prefill
     /// chunk, then a mixed chunk + decode step): both storages must match a
-    /// plain causal attention over each whole sequence.
+    /// plain causal attention over each whole sequence. The shapes cover the
+    /// host kernel's vector paths and its tails (block or head sizes that are
+    /// not a multiple of its 16 lanes), and row blocks of more than 16 rows.
     #[test]
     fn paged_matches_dense_on_both_storages() {
+        for (block_size, head_dim, lens) in
+            [(4, 16, [11, 6]), (16, 16, [41, 30]), (32, 24, [70, 40])]
+        {
+            check_paged_against_dense(block_size, head_dim, lens);
+        }
+    }
+
+    fn check_paged_against_dense(block_size: usize, head_dim: usize, lens: [usize; 2]) {
         let dims = AttnDims {
             num_heads: 6,
             num_kv_heads: 2,
-            head_dim: 16,
-            block_size: 4,
+            head_dim,
+            block_size,
         };
         let (qd, kd) = (
             dims.num_heads * dims.head_dim,
             dims.num_kv_heads * dims.head_dim,
         );
-        let lens = [11usize, 6];
         let tables = [vec![5u32, 0, 7], vec![3u32, 6]];
+        assert!(lens[0] <= 3 * block_size && lens[1] <= 2 * block_size);
         let full: Vec<(Tensor, Tensor, Tensor)> = lens
             .iter()
             .enumerate()
@@ -395,14 +276,16 @@ mod tests {
             let layout = KvLayout {
                 num_layers: 1,
                 num_kv_heads: 2,
-                head_dim: 16,
-                block_size: 4,
+                head_dim,
+                block_size,
                 num_blocks: 8,
             };
             let mut cache = KvCache::new(layout, &Device::Cpu, force_tensor).unwrap();
-            // Step 1: seq 0 rows 0..7, seq 1 rows 0..5. Step 2: seq 0 rows 7..11, seq 1 row 5.
+            // Step 1: seq 0 all but its last 4 rows, seq 1 all but its last.
+            // Step 2: the rest (a 4-row chunk and a decode row).
+            let (c0, c1) = (lens[0] - 4, lens[1] - 1);
             let mut got = [Vec::new(), Vec::new()];
-            for split in [[(0usize, 7usize), (0, 5)], [(7, 11), (5, 6)]] {
+            for split in [[(0, c0), (0, c1)], [(c0, lens[0]), (c1, lens[1])]] {
                 let mut seqs = Vec::new();
                 let (mut qs, mut ks, mut vs) = (Vec::new(), Vec::new(), Vec::new());
                 let mut start = 0;
@@ -446,7 +329,7 @@ mod tests {
                     .unwrap();
                 assert!(
                     diff < 1e-5,
-                    "seq {si} force_tensor={force_tensor}: max diff {diff}"
+                    "seq {si} block {block_size} head {head_dim} force_tensor={force_tensor}: max diff {diff}"
                 );
             }
         }

@@ -1,0 +1,122 @@
+//! Vectorizable reductions and exponentials over f32 slices, shared by the
+//! sampler (over the vocabulary) and attention (over a context).
+
+/// Width of the independent accumulators below: float reductions are not
+/// reassociated by the compiler, so with a single accumulator they stay scalar.
+pub(crate) const LANES: usize = 8;
+
+/// The largest value, ignoring NaN; -inf if there is none.
+pub(crate) fn max_of(values: &[f32]) -> f32 {
+    // `v > m` rather than `f32::max`, whose NaN rules cost a vectorized
+    // compare and blend per step.
+    let larger = |m: f32, v: f32| if v > m { v } else { m };
+    let mut acc = [f32::NEG_INFINITY; LANES];
+    let chunks = values.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for chunk in chunks {
+        for (a, &v) in acc.iter_mut().zip(chunk) {
+            *a = larger(*a, v);
+        }
+    }
+    rest.iter()
+        .chain(&acc)
+        .fold(f32::NEG_INFINITY, |m, &v| larger(m, v))
+}
+
+/// Writes `exp((v - max) * scale)` of each value to `out` and returns their
+/// sum; `max` must be at least every value.
+pub(crate) fn exp_into(values: &[f32], max: f32, scale: f32, out: &mut [f32]) -> f32 {
+    // Two passes: a fused loop with the accumulators does not vectorize.
+    for (v, o) in values.iter().zip(out.iter_mut()) {
+        *o = fast_exp((v - max) * scale);
+    }
+    sum_of(out)
+}
+
+pub(crate) fn sum_of(values: &[f32]) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    let chunks = values.chunks_exact(LANES);
+    let rest: f32 = chunks.remainder().iter().sum();
+    for chunk in chunks {
+        for (a, &v) in acc.iter_mut().zip(chunk) {
+            *a += v;
+        }
+    }
+    acc.iter().sum::<f32>() + rest
+}
+
+/// `e^x` for `x <= 0`, within a few ulp, as straight-line code the compiler
+/// vectorizes: libm's `expf` is a call per element, and exponentials over the
+/// whole vocabulary dominated sampling time (about 10x faster over 49k
+/// logits). Flushes to 0 below -87, where f32 turns subnormal; exp(-inf) = 0.
+#[inline]
+pub(crate) fn fast_exp(x: f32) -> f32 {
+    // ln 2 split so that n * LN2_HI is exact (LN2_HI has 9 significant bits).
+    const LN2_HI: f32 = 355.0 / 512.0;
+    const LN2_LO: f32 = (std::f64::consts::LN_2 - 355.0 / 512.0) as f32;
+    // Adding 1.5 * 2^23 rounds to an integer held in the low mantissa bits;
+    // integer ops on those bits vectorize where a float-to-int cast
+    // (saturating in Rust) does not.
+    const SHIFT: f32 = 12_582_912.0;
+    let clamped = x.clamp(-87.0, 0.0);
+    // x = n ln2 + r with |r| <= ln2 / 2, so e^x = 2^n e^r.
+    let t = clamped * std::f32::consts::LOG2_E + SHIFT;
+    let n = t - SHIFT;
+    let r = clamped - n * LN2_HI - n * LN2_LO;
+    // Taylor series to r^7: the remainder is below 1e-8 for |r| <= ln2 / 2.
+    let mut p = 1.0 / 5040.0;
+    for c in [
+        1.0 / 720.0,
+        1.0 / 120.0,
+        1.0 / 24.0,
+        1.0 / 6.0,
+        0.5,
+        1.0,
+        1.0,
+    ] {
+        p = p * r + c;
+    }
+    // n in [-126, 0]: 2^n is a normal float with biased exponent n + 127.
+    let n_bits = t.to_bits().wrapping_sub(SHIFT.to_bits());
+    let two_n = f32::from_bits(n_bits.wrapping_add(127) << 23);
+    if x < -87.0 {
+        0.0
+    } else {
+        p * two_n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_exp_is_accurate() {
+        assert_eq!(fast_exp(0.0), 1.0);
+        assert_eq!(fast_exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(fast_exp(-88.0), 0.0);
+        for i in 0..=870_000 {
+            let x = i as f32 * -1e-4;
+            let exact = f64::from(x).exp();
+            let err = (f64::from(fast_exp(x)) - exact).abs() / exact;
+            assert!(err < 4.0 * f64::from(f32::EPSILON), "exp({x}): error {err}");
+        }
+    }
+
+    #[test]
+    fn vector_helpers_handle_every_length() {
+        for n in 1..30 {
+            let v: Vec<f32> = (0..n).map(|i| ((i * 5) % 7) as f32 - 3.0).collect();
+            let max = max_of(&v);
+            assert_eq!(max, 3.0f32.min(v.iter().cloned().fold(f32::MIN, f32::max)));
+            let mut out = vec![0.0; n];
+            let sum = exp_into(&v, max, 0.5, &mut out);
+            let expected: f32 = v.iter().map(|x| ((x - max) * 0.5).exp()).sum();
+            assert!((sum - expected).abs() < 1e-5 * expected, "n={n}");
+            for (o, x) in out.iter().zip(&v) {
+                assert!((o - ((x - max) * 0.5).exp()).abs() < 1e-6);
+            }
+        }
+        assert_eq!(max_of(&[f32::NAN, -1.0, f32::NAN]), -1.0);
+    }
+}
