@@ -152,29 +152,50 @@ fn attend_item(
     for b0 in (0..ctx).step_by(bs) {
         let n = bs.min(ctx - b0);
         k_pool[tile(&s.block_table, b0, kv_head, dims)..][..bs * hd].convert_to_f32_slice(widened);
-        for (qi, qv) in queries.chunks_exact(hd).enumerate() {
-            block_scores(qv, widened, bs, &mut scores[qi * ctx + b0..][..n]);
+        for qs in query_groups(n_queries) {
+            let (queries, scores) = (
+                &queries[qs.start * hd..qs.end * hd],
+                &mut scores[qs.start * ctx + b0..],
+            );
+            match qs.len() {
+                1 => block_scores::<1>(queries, widened, bs, scores, ctx, n),
+                2 => block_scores::<2>(queries, widened, bs, scores, ctx, n),
+                3 => block_scores::<3>(queries, widened, bs, scores, ctx, n),
+                _ => block_scores::<QUERIES>(queries, widened, bs, scores, ctx, n),
+            }
         }
     }
 
     let mut inv_sums = Vec::with_capacity(n_queries);
     for qi in 0..n_queries {
-        let sc = &mut scores[qi * ctx..][..visible(qi)];
+        let (sc, hidden) = scores[qi * ctx..(qi + 1) * ctx].split_at_mut(visible(qi));
         let max = max_of(sc);
         for x in sc.iter_mut() {
             *x = fast_exp(*x - max);
         }
         inv_sums.push(1.0 / sum_of(sc));
+        // Zero weights let a group of rows share one pass over the values.
+        hidden.fill(0.0);
     }
 
     let mut out = vec![0f32; n_queries * hd];
     for b0 in (0..ctx).step_by(bs) {
         v_pool[tile(&s.block_table, b0, kv_head, dims)..][..bs * hd].convert_to_f32_slice(widened);
-        for qi in 0..n_queries {
-            let seen = visible(qi).saturating_sub(b0).min(bs);
-            if seen > 0 {
-                let probs = &scores[qi * ctx + b0..][..seen];
-                accumulate(&mut out[qi * hd..][..hd], probs, &widened[..seen * hd]);
+        for qs in query_groups(n_queries) {
+            let seen = visible(qs.end - 1).saturating_sub(b0).min(bs);
+            if seen == 0 {
+                continue;
+            }
+            let (out, probs) = (
+                &mut out[qs.start * hd..qs.end * hd],
+                &scores[qs.start * ctx + b0..],
+            );
+            let values = &widened[..seen * hd];
+            match qs.len() {
+                1 => accumulate::<1>(out, probs, ctx, seen, values),
+                2 => accumulate::<2>(out, probs, ctx, seen, values),
+                3 => accumulate::<3>(out, probs, ctx, seen, values),
+                _ => accumulate::<QUERIES>(out, probs, ctx, seen, values),
             }
         }
     }
@@ -184,55 +205,99 @@ fn attend_item(
     out
 }
 
-/// `out[l] = sum_d q[d] * keys[d][l]` for the first `out.len()` positions of
-/// a widened key tile `[head_dim][bs]`, summing over `d` in order.
+/// Query vectors handled together by the kernels below: each key or value
+/// vector loaded is used this many times, and their sums are independent
+/// chains the CPU overlaps.
+const QUERIES: usize = 4;
+
+/// `0..n` in runs of at most `QUERIES`.
+fn query_groups(n: usize) -> impl Iterator<Item = Range<usize>> {
+    (0..n)
+        .step_by(QUERIES)
+        .map(move |q| q..(q + QUERIES).min(n))
+}
+
+/// For each of `Q` query vectors (`queries`: `[Q][head_dim]`) and the first
+/// `n` positions of a widened key tile `[head_dim][bs]`, writes
+/// `sum_d q[d] * keys[d][pos]` to `out[u * stride + pos]`, summing over `d` in
+/// order.
 #[inline]
-fn block_scores(q: &[f32], keys: &[f32], bs: usize, out: &mut [f32]) {
-    for (c, dst) in out.chunks_mut(LANES).enumerate() {
-        let c0 = c * LANES;
+fn block_scores<const Q: usize>(
+    queries: &[f32],
+    keys: &[f32],
+    bs: usize,
+    out: &mut [f32],
+    stride: usize,
+    n: usize,
+) {
+    let hd = queries.len() / Q;
+    let q: [&[f32]; Q] = std::array::from_fn(|u| &queries[u * hd..][..hd]);
+    for c0 in (0..n).step_by(LANES) {
+        let width = LANES.min(n - c0);
         if c0 + LANES <= bs {
-            let mut acc = [0f32; LANES];
-            for (d, &qd) in q.iter().enumerate() {
-                let k: &[f32; LANES] = keys[d * bs + c0..][..LANES].try_into().unwrap();
-                for l in 0..LANES {
-                    acc[l] += qd * k[l];
+            let mut acc = [[0f32; LANES]; Q];
+            for (d, row) in keys.chunks_exact(bs).enumerate() {
+                let k: &[f32; LANES] = row[c0..c0 + LANES].try_into().unwrap();
+                for u in 0..Q {
+                    let qd = q[u][d];
+                    for l in 0..LANES {
+                        acc[u][l] += qd * k[l];
+                    }
                 }
             }
-            dst.copy_from_slice(&acc[..dst.len()]);
+            for (u, acc) in acc.iter().enumerate() {
+                out[u * stride + c0..][..width].copy_from_slice(&acc[..width]);
+            }
         } else {
             // Block sizes that are not a multiple of LANES: the same sums, one lane at a time.
-            for (l, o) in dst.iter_mut().enumerate() {
-                *o = 0.0;
-                for (d, &qd) in q.iter().enumerate() {
-                    *o += qd * keys[d * bs + c0 + l];
+            for (u, q) in q.iter().enumerate() {
+                for l in 0..width {
+                    let mut x = 0.0;
+                    for (d, &qd) in q.iter().enumerate() {
+                        x += qd * keys[d * bs + c0 + l];
+                    }
+                    out[u * stride + c0 + l] = x;
                 }
             }
         }
     }
 }
 
-/// `out += sum_j probs[j] * values[j]` over rows of a widened value tile
-/// `[slot][head_dim]`, summing over `j` in order.
+/// For each of `Q` output rows (`out`: `[Q][head_dim]`), adds
+/// `sum_j probs[u * stride + j] * values[j]` over the `seen` rows of a widened
+/// value tile `[slot][head_dim]`, summing over `j` in order.
 #[inline]
-fn accumulate(out: &mut [f32], probs: &[f32], values: &[f32]) {
-    let hd = out.len();
-    for (c, o) in out.chunks_mut(LANES).enumerate() {
-        let c0 = c * LANES;
-        if o.len() == LANES {
-            let mut acc: [f32; LANES] = (&*o).try_into().unwrap();
-            for (j, &p) in probs.iter().enumerate() {
-                let v: &[f32; LANES] = values[j * hd + c0..][..LANES].try_into().unwrap();
+fn accumulate<const Q: usize>(
+    out: &mut [f32],
+    probs: &[f32],
+    stride: usize,
+    seen: usize,
+    values: &[f32],
+) {
+    let hd = out.len() / Q;
+    let p: [&[f32]; Q] = std::array::from_fn(|u| &probs[u * stride..][..seen]);
+    let vector_dims = hd / LANES * LANES;
+    for c0 in (0..vector_dims).step_by(LANES) {
+        let mut acc: [[f32; LANES]; Q] =
+            std::array::from_fn(|u| out[u * hd + c0..][..LANES].try_into().unwrap());
+        for (j, row) in values.chunks_exact(hd).enumerate() {
+            let v: &[f32; LANES] = row[c0..c0 + LANES].try_into().unwrap();
+            for u in 0..Q {
+                let pj = p[u][j];
                 for l in 0..LANES {
-                    acc[l] += p * v[l];
+                    acc[u][l] += pj * v[l];
                 }
             }
-            o.copy_from_slice(&acc);
-        } else {
-            // Head sizes that are not a multiple of LANES: the tail one lane at a time.
-            for (l, x) in o.iter_mut().enumerate() {
-                for (j, &p) in probs.iter().enumerate() {
-                    *x += p * values[j * hd + c0 + l];
-                }
+        }
+        for (u, acc) in acc.iter().enumerate() {
+            out[u * hd + c0..][..LANES].copy_from_slice(acc);
+        }
+    }
+    // Head sizes that are not a multiple of LANES: the tail one lane at a time.
+    for c in vector_dims..hd {
+        for (u, p) in p.iter().enumerate() {
+            for (j, &pj) in p.iter().enumerate() {
+                out[u * hd + c] += pj * values[j * hd + c];
             }
         }
     }
