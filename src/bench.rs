@@ -64,7 +64,7 @@ fn greedy(max_tokens: usize) -> SamplingParams {
 
 fn measure(args: &BenchArgs, path: &std::path::Path, weights: WeightFormat) -> anyhow::Result<Row> {
     let device = crate::loader::device(&args.device)?;
-    let loaded = crate::loader::load(path, weights, &device)?;
+    let loaded = crate::loader::load(path, &weights.into(), &device)?;
     let mut cfg = args.engine.config();
     cfg.max_num_batched_tokens = cfg.max_num_batched_tokens.max(args.prompt_tokens);
     let mut engine = Engine::new(loaded.model, Vec::new(), &cfg)?;

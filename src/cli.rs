@@ -5,17 +5,27 @@ use std::path::PathBuf;
 use clap::Args;
 
 use crate::engine::EngineConfig;
+use crate::loader::{LoadOptions, WeightDtype};
 use crate::models::linear::WeightFormat;
 
 #[derive(Debug, Clone, Args)]
 pub struct ModelArgs {
-    /// A GGUF file. Without it wick uses SmolLM2-135M-Instruct Q4_1, fetching
-    /// it into its cache ($WICK_HOME, else ~/.cache/wick) on first use.
+    /// A GGUF file, a Hugging Face checkpoint directory, or a hub repo id
+    /// (ORG/NAME) found in the Hugging Face cache. Without it wick uses
+    /// SmolLM2-135M-Instruct Q4_1, fetching it into its cache ($WICK_HOME,
+    /// else ~/.cache/wick) on first use.
     #[arg(long, env = "WICK_MODEL")]
     pub model: Option<String>,
     /// How weights are held and multiplied.
     #[arg(long, value_enum, default_value_t = WeightFormat::Native, env = "WICK_WEIGHTS")]
     pub weights: WeightFormat,
+    /// Dtype of safetensors weights (Hugging Face checkpoints).
+    #[arg(long, value_enum, default_value_t = WeightDtype::F32, env = "WICK_DTYPE")]
+    pub dtype: WeightDtype,
+    /// A Jinja chat template file, used instead of the model's own (or where
+    /// it has none, e.g. GPT-2).
+    #[arg(long, env = "WICK_CHAT_TEMPLATE")]
+    pub chat_template: Option<PathBuf>,
     /// cpu, or cuda[:N] in a build with the `cuda` feature.
     #[arg(long, default_value = "cpu", env = "WICK_DEVICE")]
     pub device: String,
@@ -54,5 +64,13 @@ impl EngineArgs {
 impl ModelArgs {
     pub fn model_path(&self) -> anyhow::Result<PathBuf> {
         crate::model_fetch::resolve_model(self.model.as_deref())
+    }
+
+    pub fn load_options(&self) -> LoadOptions {
+        LoadOptions {
+            weights: self.weights,
+            dtype: self.dtype,
+            chat_template: self.chat_template.clone(),
+        }
     }
 }

@@ -13,6 +13,7 @@ pub mod detokenizer;
 pub mod engine;
 pub mod error;
 pub mod generate;
+pub mod hf_dir;
 pub mod kv_cache;
 pub mod loader;
 pub mod model_fetch;

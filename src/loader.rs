@@ -1,15 +1,17 @@
-//! Opens a model file and builds everything the engine and the front end
-//! need from it: the model, its tokenizer and its chat template.
+//! Opens a model (a GGUF file or a Hugging Face checkpoint directory) and
+//! builds everything the engine and the front end need from it: the model,
+//! its tokenizer and its chat template.
 
 use std::fs::File;
 use std::io::BufReader;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use candle_core::quantized::gguf_file;
-use candle_core::Device;
+use candle_core::{DType, Device};
 
 use crate::chat_template::ChatTemplate;
+use crate::hf_dir;
 use crate::models::linear::WeightFormat;
 use crate::models::llama::Llama;
 use crate::models::Model;
@@ -19,8 +21,57 @@ pub struct LoadedModel {
     pub model: Box<dyn Model>,
     pub tokenizer: Tokenizer,
     pub chat_template: Option<ChatTemplate>,
-    /// The name clients use for it (the file stem).
+    /// The name clients use for it: the file stem, directory name or hub repo id.
     pub name: String,
+}
+
+/// Dtype of safetensors weights (`--dtype`); GGUF weights follow `--weights`.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum WeightDtype {
+    #[default]
+    F32,
+    F16,
+    Bf16,
+}
+
+impl From<WeightDtype> for DType {
+    fn from(d: WeightDtype) -> DType {
+        match d {
+            WeightDtype::F32 => DType::F32,
+            WeightDtype::F16 => DType::F16,
+            WeightDtype::Bf16 => DType::BF16,
+        }
+    }
+}
+
+/// Everything about a load besides the path and device.
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    pub weights: WeightFormat,
+    pub dtype: WeightDtype,
+    /// A Jinja chat template file to use instead of (or in the absence of)
+    /// the model's own.
+    pub chat_template: Option<PathBuf>,
+}
+
+impl From<WeightFormat> for LoadOptions {
+    fn from(weights: WeightFormat) -> Self {
+        LoadOptions {
+            weights,
+            ..Default::default()
+        }
+    }
 }
 
 /// `cpu`, or `cuda` / `cuda:N` when built with the `cuda` feature.
@@ -54,11 +105,39 @@ fn open_gguf(path: &Path) -> anyhow::Result<(gguf_file::Content, BufReader<File>
 
 /// Just the tokenizer, without loading any weights.
 pub fn load_tokenizer(path: &Path) -> anyhow::Result<Tokenizer> {
+    if path.is_dir() {
+        return Ok(hf_dir::load_tokenizer(path)?.0);
+    }
     Tokenizer::from_gguf(&open_gguf(path)?.0)
         .context("building the tokenizer from the GGUF metadata")
 }
 
-pub fn load(path: &Path, format: WeightFormat, device: &Device) -> anyhow::Result<LoadedModel> {
+/// Loads a GGUF file, or the Hugging Face checkpoint in a directory.
+pub fn load(path: &Path, options: &LoadOptions, device: &Device) -> anyhow::Result<LoadedModel> {
+    let mut loaded = match path.is_dir() {
+        true => load_hf(path, options, device)?,
+        false => load_gguf(path, options.weights, device)?,
+    };
+    if let Some(file) = &options.chat_template {
+        let text = std::fs::read_to_string(file)
+            .with_context(|| format!("reading chat template {}", file.display()))?;
+        loaded.chat_template = Some(hf_dir::template_for(&loaded.tokenizer, text)?);
+    }
+    Ok(loaded)
+}
+
+fn load_hf(dir: &Path, options: &LoadOptions, device: &Device) -> anyhow::Result<LoadedModel> {
+    let (tokenizer, chat_template) = hf_dir::load_tokenizer(dir)?;
+    let model = hf_dir::load_model(dir, options.weights, options.dtype.into(), device)?;
+    Ok(LoadedModel {
+        model,
+        tokenizer,
+        chat_template,
+        name: hf_dir::model_name(dir),
+    })
+}
+
+fn load_gguf(path: &Path, format: WeightFormat, device: &Device) -> anyhow::Result<LoadedModel> {
     let name = path
         .file_stem()
         .and_then(|s| s.to_str())

@@ -103,7 +103,7 @@ fn main() -> anyhow::Result<()> {
 fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let path = args.model.model_path()?;
     let device = wick::loader::device(&args.model.device)?;
-    let loaded = wick::loader::load(&path, args.model.weights, &device)?;
+    let loaded = wick::loader::load(&path, &args.model.load_options(), &device)?;
     let params = SamplingParams {
         max_tokens: args.max_tokens,
         temperature: args.temperature,

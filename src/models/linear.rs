@@ -39,31 +39,39 @@ pub enum WeightFormat {
     Bf16,
 }
 
-pub enum Linear {
+pub struct Linear {
+    weights: Weights,
+    /// `[out]` f32, added after the product.
+    bias: Option<Tensor>,
+}
+
+enum Weights {
     Wick(QuantMatrix),
     Candle(QMatMul),
+    /// `[out, in]`, in the dtype the product runs in.
     Dense(Tensor),
 }
 
 impl Linear {
+    /// From a quantized (GGUF) matrix, held as `format` says.
     pub fn new(w: QTensor, format: WeightFormat, device: &Device) -> Result<Self> {
-        let dense = |dtype: DType| -> Result<Linear> {
-            Ok(Linear::Dense(w.dequantize(device)?.to_dtype(dtype)?))
+        let dense = |dtype: DType| -> Result<Weights> {
+            Ok(Weights::Dense(w.dequantize(device)?.to_dtype(dtype)?))
         };
-        let wick = |w: &QTensor| -> Result<Option<Linear>> {
+        let wick = |w: &QTensor| -> Result<Option<Weights>> {
             if !device.is_cpu() {
                 return Ok(None);
             }
-            Ok(QuantMatrix::from_qtensor(w)?.map(Linear::Wick))
+            Ok(QuantMatrix::from_qtensor(w)?.map(Weights::Wick))
         };
-        match format {
-            WeightFormat::F32 => dense(DType::F32),
-            WeightFormat::Bf16 => dense(DType::BF16),
+        let weights = match format {
+            WeightFormat::F32 => dense(DType::F32)?,
+            WeightFormat::Bf16 => dense(DType::BF16)?,
             WeightFormat::Native => match wick(&w)? {
-                Some(l) => Ok(l),
-                None => Ok(Linear::Candle(QMatMul::from_qtensor(w)?)),
+                Some(l) => l,
+                None => Weights::Candle(QMatMul::from_qtensor(w)?),
             },
-            WeightFormat::Candle => Ok(Linear::Candle(QMatMul::from_qtensor(w)?)),
+            WeightFormat::Candle => Weights::Candle(QMatMul::from_qtensor(w)?),
             WeightFormat::Q8_0 => {
                 let w = if w.dtype() == GgmlDType::Q8_0 {
                     w
@@ -71,22 +79,54 @@ impl Linear {
                     QTensor::quantize(&w.dequantize(device)?, GgmlDType::Q8_0)?
                 };
                 match wick(&w)? {
-                    Some(l) => Ok(l),
-                    None => Ok(Linear::Candle(QMatMul::from_qtensor(w)?)),
+                    Some(l) => l,
+                    None => Weights::Candle(QMatMul::from_qtensor(w)?),
                 }
             }
-        }
+        };
+        Ok(Linear {
+            weights,
+            bias: None,
+        })
+    }
+
+    /// From a dense `[out, in]` matrix (safetensors checkpoints): kept in its
+    /// dtype, or re-quantized to Q8_0 for wick's kernels with
+    /// `WeightFormat::Q8_0` on the CPU. Other formats describe GGUF weights.
+    pub fn dense(w: Tensor, bias: Option<Tensor>, format: WeightFormat) -> Result<Self> {
+        let weights = match format {
+            WeightFormat::Native => Weights::Dense(w),
+            WeightFormat::Q8_0 if w.device().is_cpu() => {
+                let (n, k) = w.dims2()?;
+                let values = w.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+                Weights::Wick(QuantMatrix::quantize_q8_0(&values, n, k)?)
+            }
+            WeightFormat::Q8_0 => {
+                let q = QTensor::quantize(&w.to_dtype(DType::F32)?, GgmlDType::Q8_0)?;
+                Weights::Candle(QMatMul::from_qtensor(q)?)
+            }
+            other => candle_core::bail!(
+                "--weights {other:?} applies to GGUF files; safetensors weights take \
+                 --weights native (with --dtype) or q8_0"
+            ),
+        };
+        let bias = bias.map(|b| b.to_dtype(DType::F32)).transpose()?;
+        Ok(Linear { weights, bias })
     }
 
     /// `x`: `[rows, in]` f32. Returns `[rows, out]` f32.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        match self {
-            Linear::Wick(m) => x.contiguous()?.apply_op1_no_bwd(&WickMatmul(m)),
-            Linear::Candle(m) => m.forward(x),
-            Linear::Dense(w) => {
+        let y = match &self.weights {
+            Weights::Wick(m) => x.contiguous()?.apply_op1_no_bwd(&WickMatmul(m))?,
+            Weights::Candle(m) => m.forward(x)?,
+            Weights::Dense(w) => {
                 let xs = x.to_dtype(w.dtype())?;
-                xs.matmul(&w.t()?)?.to_dtype(DType::F32)
+                xs.matmul(&w.t()?)?.to_dtype(DType::F32)?
             }
+        };
+        match &self.bias {
+            Some(b) => y.broadcast_add(b),
+            None => Ok(y),
         }
     }
 }

@@ -4,7 +4,9 @@
 use std::io::{Read, Seek};
 
 use candle_core::quantized::{gguf_file, QTensor};
-use candle_core::{Device, Result, Tensor};
+use candle_core::{DType, Device, Result, Tensor};
+use candle_nn::VarBuilder;
+use serde::Deserialize;
 
 use super::linear::{stack_rows, Linear, WeightFormat};
 use super::{FlatBatch, Model, ModelInfo};
@@ -21,8 +23,52 @@ pub struct Config {
     pub head_dim: usize,
     pub rms_norm_eps: f64,
     pub rope_theta: f32,
+    pub rope_scaling: Option<RopeScaling>,
+    /// RoPE rotates adjacent pairs (GGUF: llama.cpp's converter permutes the
+    /// q/k rows for it) rather than the two halves of each head (HF).
+    pub rope_interleaved: bool,
     pub max_context: usize,
     pub vocab_size: usize,
+}
+
+/// The `rope_scaling` kinds wick supports, as `config.json` spells them.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(tag = "rope_type", rename_all = "lowercase")]
+pub enum RopeScaling {
+    /// Positions divided by `factor`.
+    Linear { factor: f32 },
+    /// Llama 3.1's frequency-dependent scaling.
+    Llama3 {
+        factor: f32,
+        low_freq_factor: f32,
+        high_freq_factor: f32,
+        original_max_position_embeddings: usize,
+    },
+}
+
+/// The fields of a Hugging Face Llama `config.json` that wick reads.
+#[derive(Deserialize)]
+struct HfConfig {
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    rms_norm_eps: f64,
+    #[serde(default = "default_rope_theta")]
+    rope_theta: f32,
+    rope_scaling: Option<serde_json::Value>,
+    max_position_embeddings: usize,
+    vocab_size: usize,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default)]
+    hidden_act: Option<String>,
+}
+
+fn default_rope_theta() -> f32 {
+    10_000.0
 }
 
 impl Config {
@@ -54,10 +100,98 @@ impl Config {
             rope_theta: md("rope.freq_base")
                 .and_then(|v| v.to_f32())
                 .unwrap_or(10_000.0),
+            rope_scaling: None,
+            rope_interleaved: true,
             max_context: md("context_length")?.to_u32()? as usize,
             vocab_size,
         })
     }
+
+    /// From a Hugging Face `config.json`; also says whether the LM head is
+    /// tied to the embeddings.
+    pub fn from_hf(json: &str) -> anyhow::Result<(Self, bool)> {
+        let c: HfConfig = serde_json::from_str(json)?;
+        if let Some(act) = c.hidden_act.as_deref().filter(|a| *a != "silu") {
+            anyhow::bail!("hidden_act {act:?} is not supported for llama (only \"silu\")");
+        }
+        let rope_scaling = match c.rope_scaling {
+            None => None,
+            Some(v) => parse_rope_scaling(v)?,
+        };
+        let config = Config {
+            hidden_size: c.hidden_size,
+            intermediate_size: c.intermediate_size,
+            num_layers: c.num_hidden_layers,
+            num_heads: c.num_attention_heads,
+            num_kv_heads: c.num_key_value_heads.unwrap_or(c.num_attention_heads),
+            head_dim: c.head_dim.unwrap_or(c.hidden_size / c.num_attention_heads),
+            rms_norm_eps: c.rms_norm_eps,
+            rope_theta: c.rope_theta,
+            rope_scaling,
+            rope_interleaved: false,
+            max_context: c.max_position_embeddings,
+            vocab_size: c.vocab_size,
+        };
+        Ok((config, c.tie_word_embeddings))
+    }
+
+    /// RoPE inverse frequencies, one per pair of head dimensions.
+    fn inv_freq(&self) -> Vec<f32> {
+        let dim = self.head_dim as f32;
+        let base = (0..self.head_dim / 2).map(|i| 1.0 / self.rope_theta.powf(2.0 * i as f32 / dim));
+        match self.rope_scaling {
+            None => base.collect(),
+            Some(RopeScaling::Linear { factor }) => base.map(|f| f / factor).collect(),
+            Some(RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            }) => {
+                let old = original_max_position_embeddings as f32;
+                let (low_wavelen, high_wavelen) = (old / low_freq_factor, old / high_freq_factor);
+                base.map(|f| {
+                    let wavelen = 2.0 * std::f32::consts::PI / f;
+                    if wavelen < high_wavelen {
+                        f
+                    } else if wavelen > low_wavelen {
+                        f / factor
+                    } else {
+                        let smooth = (old / wavelen - low_freq_factor)
+                            / (high_freq_factor - low_freq_factor);
+                        (1.0 - smooth) * f / factor + smooth * f
+                    }
+                })
+                .collect()
+            }
+        }
+    }
+}
+
+/// `rope_scaling` from `config.json`: `rope_type` (or the older `type`) must
+/// be a kind wick implements; "default" means none.
+fn parse_rope_scaling(mut v: serde_json::Value) -> anyhow::Result<Option<RopeScaling>> {
+    let Some(obj) = v.as_object_mut() else {
+        anyhow::bail!("rope_scaling must be an object, got {v}");
+    };
+    if !obj.contains_key("rope_type") {
+        if let Some(t) = obj.remove("type") {
+            obj.insert("rope_type".into(), t);
+        }
+    }
+    let kind = obj
+        .get("rope_type")
+        .and_then(|t| t.as_str())
+        .unwrap_or("")
+        .to_string();
+    if kind == "default" {
+        return Ok(None);
+    }
+    serde_json::from_value(v).map(Some).map_err(|e| {
+        anyhow::anyhow!(
+            "rope_scaling of type {kind:?} is not supported ({e}); wick supports \"linear\" and \"llama3\""
+        )
+    })
 }
 
 struct Block {
@@ -128,6 +262,62 @@ impl Llama {
         Self::assemble(config, embed, blocks, norm, lm_head, device)
     }
 
+    /// From a Hugging Face checkpoint: `config.json` text and its weights.
+    /// Linear layers are held in `vb`'s dtype (or as `format` says); norms
+    /// and embeddings in f32.
+    pub fn from_safetensors(
+        config_json: &str,
+        vb: VarBuilder,
+        format: WeightFormat,
+    ) -> anyhow::Result<Self> {
+        let (config, tied) = Config::from_hf(config_json)?;
+        let device = vb.device().clone();
+        let f32_tensor = |name: &str| vb.get_unchecked_dtype(name, DType::F32);
+        let linear = |prefix: &str, names: &[&str]| -> Result<Linear> {
+            let get = |n: &str, what: &str| vb.get_unchecked(&format!("{prefix}.{n}.{what}"));
+            let ws = names
+                .iter()
+                .map(|n| get(n, "weight"))
+                .collect::<Result<Vec<_>>>()?;
+            let has_bias = names
+                .iter()
+                .all(|n| vb.contains_tensor(&format!("{prefix}.{n}.bias")));
+            let bias = match has_bias {
+                true => Some(Tensor::cat(
+                    &names
+                        .iter()
+                        .map(|n| get(n, "bias"))
+                        .collect::<Result<Vec<_>>>()?,
+                    0,
+                )?),
+                false => None,
+            };
+            Linear::dense(Tensor::cat(&ws, 0)?, bias, format)
+        };
+        let mut blocks = Vec::with_capacity(config.num_layers);
+        for i in 0..config.num_layers {
+            let p = format!("model.layers.{i}");
+            blocks.push(Block {
+                attn_norm: f32_tensor(&format!("{p}.input_layernorm.weight"))?,
+                qkv: linear(&format!("{p}.self_attn"), &["q_proj", "k_proj", "v_proj"])?,
+                o: linear(&format!("{p}.self_attn"), &["o_proj"])?,
+                ffn_norm: f32_tensor(&format!("{p}.post_attention_layernorm.weight"))?,
+                gate_up: linear(&format!("{p}.mlp"), &["gate_proj", "up_proj"])?,
+                down: linear(&format!("{p}.mlp"), &["down_proj"])?,
+            });
+        }
+        let embed = f32_tensor("model.embed_tokens.weight")?;
+        let head = match tied {
+            true => "model.embed_tokens.weight",
+            false => "lm_head.weight",
+        };
+        let lm_head = Linear::dense(vb.get_unchecked(head)?, None, format)?;
+        let norm = f32_tensor("model.norm.weight")?;
+        Ok(Self::assemble(
+            config, embed, blocks, norm, lm_head, &device,
+        )?)
+    }
+
     fn assemble(
         config: Config,
         embed: Tensor,
@@ -137,14 +327,7 @@ impl Llama {
         device: &Device,
     ) -> Result<Self> {
         let half = config.head_dim / 2;
-        let inv_freq: Vec<f32> = (0..half)
-            .map(|i| {
-                1.0 / config
-                    .rope_theta
-                    .powf(2.0 * i as f32 / config.head_dim as f32)
-            })
-            .collect();
-        let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?;
+        let inv_freq = Tensor::from_vec(config.inv_freq(), (1, half), device)?;
         let pos = Tensor::arange(0u32, config.max_context as u32, device)?
             .to_dtype(candle_core::DType::F32)?
             .reshape((config.max_context, 1))?;
@@ -205,8 +388,12 @@ impl Model for Llama {
             .sin
             .index_select(&positions, 0)?
             .reshape((t, 1, hd / 2))?;
+        let rope_fn = match c.rope_interleaved {
+            true => candle_nn::rotary_emb::rope_i,
+            false => candle_nn::rotary_emb::rope,
+        };
         let rope = |x: Tensor, heads: usize| -> Result<Tensor> {
-            candle_nn::rotary_emb::rope_i(&x.contiguous()?.reshape((t, heads, 1, hd))?, &cos, &sin)?
+            rope_fn(&x.contiguous()?.reshape((t, heads, 1, hd))?, &cos, &sin)?
                 .reshape((t, heads * hd))
         };
 

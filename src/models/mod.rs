@@ -2,6 +2,7 @@
 //! it a [`FlatBatch`] (the new tokens of many sequences, concatenated) and the
 //! KV pool, and gets back the logits of the rows that asked for them.
 
+pub mod gpt2;
 pub mod linear;
 pub mod llama;
 

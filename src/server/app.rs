@@ -71,7 +71,7 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
 fn load(args: &ServeArgs, metrics: Arc<Metrics>) -> anyhow::Result<ModelState> {
     let path = args.model.model_path()?;
     let device = crate::loader::device(&args.model.device)?;
-    let loaded = crate::loader::load(&path, args.model.weights, &device)?;
+    let loaded = crate::loader::load(&path, &args.model.load_options(), &device)?;
     let info = loaded.model.info().clone();
     let engine = Engine::new(
         loaded.model,

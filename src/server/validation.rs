@@ -392,7 +392,8 @@ pub fn validate_chat(
     let template = ctx.chat_template.ok_or_else(|| {
         ApiError::bad_request(
             format!(
-                "the model `{}` has no chat template; use /v1/completions with a raw prompt",
+                "the model `{}` has no chat template; use /v1/completions with a raw prompt, \
+                 or start wick with --chat-template FILE",
                 ctx.name
             ),
             None,

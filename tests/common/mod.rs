@@ -17,7 +17,7 @@ pub fn model_path() -> PathBuf {
 }
 
 pub fn load_default(format: WeightFormat) -> LoadedModel {
-    load(&model_path(), format, &Device::Cpu).expect("loading the default model")
+    load(&model_path(), &format.into(), &Device::Cpu).expect("loading the default model")
 }
 
 pub fn engine(cfg: &EngineConfig) -> (Engine, wick::tokenizer::Tokenizer) {
