@@ -409,7 +409,7 @@ impl Model for Llama {
             let h = candle_nn::ops::rms_norm(&x, &b.ffn_norm, c.rms_norm_eps as f32)?;
             let mlp = b
                 .down
-                .forward(&candle_nn::ops::swiglu(&b.gate_up.forward(&h)?)?)?;
+                .forward(&super::swiglu::swiglu(&b.gate_up.forward(&h)?)?)?;
             x = (x + mlp)?;
         }
         let rows = batch.logit_rows();
