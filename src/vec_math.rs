@@ -149,7 +149,10 @@ mod tests {
             }
         }
         eprintln!("{differ} of {total} differ from libm by one ulp");
-        assert!(differ * 10_000 < total, "{differ} of {total} differ from libm");
+        assert!(
+            differ * 10_000 < total,
+            "{differ} of {total} differ from libm"
+        );
     }
 
     #[test]
