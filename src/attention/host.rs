@@ -149,9 +149,24 @@ fn attend_item(
     scores.resize(n_queries * ctx, 0.0);
     widened.resize(bs * hd, 0.0);
 
+    fn tile_of<'p>(
+        pool: &'p [f16],
+        s: &SeqSlice,
+        pos: usize,
+        kv_head: usize,
+        dims: &AttnDims,
+    ) -> &'p [f16] {
+        &pool[tile(&s.block_table, pos, kv_head, dims)..][..dims.block_size * dims.head_dim]
+    }
     for b0 in (0..ctx).step_by(bs) {
         let n = bs.min(ctx - b0);
-        k_pool[tile(&s.block_table, b0, kv_head, dims)..][..bs * hd].convert_to_f32_slice(widened);
+        // Tiles are scattered, so the hardware prefetcher cannot run ahead:
+        // ask for the next one while this one is scored.
+        match b0 + bs < ctx {
+            true => prefetch(tile_of(k_pool, s, b0 + bs, kv_head, dims)),
+            false => prefetch(tile_of(v_pool, s, 0, kv_head, dims)),
+        }
+        tile_of(k_pool, s, b0, kv_head, dims).convert_to_f32_slice(widened);
         for qs in query_groups(n_queries) {
             let (queries, scores) = (
                 &queries[qs.start * hd..qs.end * hd],
@@ -180,7 +195,10 @@ fn attend_item(
 
     let mut out = vec![0f32; n_queries * hd];
     for b0 in (0..ctx).step_by(bs) {
-        v_pool[tile(&s.block_table, b0, kv_head, dims)..][..bs * hd].convert_to_f32_slice(widened);
+        if b0 + bs < ctx {
+            prefetch(tile_of(v_pool, s, b0 + bs, kv_head, dims));
+        }
+        tile_of(v_pool, s, b0, kv_head, dims).convert_to_f32_slice(widened);
         for qs in query_groups(n_queries) {
             let seen = visible(qs.end - 1).saturating_sub(b0).min(bs);
             if seen == 0 {
@@ -203,6 +221,20 @@ fn attend_item(
         o.iter_mut().for_each(|x| *x *= inv);
     }
     out
+}
+
+/// Asks the CPU to start loading `data` into cache (a hint; no-op off x86).
+#[inline]
+fn prefetch(data: &[f16]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in data.chunks(32) {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: SSE is part of x86_64; a prefetch only hints, and the
+        // address lies inside `data`.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = data;
 }
 
 /// Query vectors handled together by the kernels below: each key or value
