@@ -6,6 +6,7 @@ use candle_core::{DType, Device, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 
+use super::elementwise;
 use super::linear::{Linear, WeightFormat};
 use super::{FlatBatch, Model, ModelInfo};
 use crate::attention::{paged_attention, AttnDims};
@@ -224,13 +225,13 @@ impl Model for Gpt2 {
                 &batch.seqs,
                 dims,
             )?;
-            x = (x + b.attn_proj.forward(&attn)?)?;
+            x = elementwise::add(&x, &b.attn_proj.forward(&attn)?)?;
             let h = b.fc.forward(&b.ln_2.forward(&x)?)?;
             let h = match self.activation {
                 Activation::GeluTanh => h.gelu()?,
                 Activation::GeluErf => h.gelu_erf()?,
             };
-            x = (x + b.mlp_proj.forward(&h)?)?;
+            x = elementwise::add(&x, &b.mlp_proj.forward(&h)?)?;
         }
         let rows = batch.logit_rows();
         if rows.is_empty() {

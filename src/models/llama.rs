@@ -8,6 +8,7 @@ use candle_core::{DType, Device, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 
+use super::elementwise;
 use super::linear::{stack_rows, Linear, WeightFormat};
 use super::{FlatBatch, Model, ModelInfo};
 use crate::attention::{paged_attention, AttnDims};
@@ -405,12 +406,12 @@ impl Model for Llama {
             let k = rope(qkv.narrow(1, nh * hd, nkv * hd)?, nkv)?;
             let v = qkv.narrow(1, (nh + nkv) * hd, nkv * hd)?.contiguous()?;
             let attn = paged_attention(&q, &k, &v, cache.layer_mut(i), &batch.seqs, dims)?;
-            x = (x + b.o.forward(&attn)?)?;
+            x = elementwise::add(&x, &b.o.forward(&attn)?)?;
             let h = candle_nn::ops::rms_norm(&x, &b.ffn_norm, c.rms_norm_eps as f32)?;
             let mlp = b
                 .down
-                .forward(&super::swiglu::swiglu(&b.gate_up.forward(&h)?)?)?;
-            x = (x + mlp)?;
+                .forward(&elementwise::swiglu(&b.gate_up.forward(&h)?)?)?;
+            x = elementwise::add(&x, &mlp)?;
         }
         let rows = batch.logit_rows();
         if rows.is_empty() {

@@ -5,7 +5,7 @@
 pub mod gpt2;
 pub mod linear;
 pub mod llama;
-pub mod swiglu;
+pub mod elementwise;
 
 use candle_core::{Device, Result, Tensor};
 
