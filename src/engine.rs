@@ -75,6 +75,7 @@ impl Engine {
             info.num_kv_heads,
             info.head_dim,
             cfg.block_size,
+            info.kv_dtype,
             cfg.kv_cache_bytes,
         );
         if layout.num_blocks == 0 {
@@ -82,7 +83,7 @@ impl Engine {
                 "a KV budget of {} bytes holds no block of {} tokens ({} bytes); raise --kv-cache-memory",
                 cfg.kv_cache_bytes,
                 cfg.block_size,
-                KvLayout::bytes_per_block(info.num_layers, info.num_kv_heads, info.head_dim, cfg.block_size)
+                KvLayout::bytes_per_block(info.num_layers, info.num_kv_heads, info.head_dim, cfg.block_size, info.kv_dtype)
             )));
         }
         let cache = KvCache::new(layout, model.device(), cfg.force_tensor_kv)?;

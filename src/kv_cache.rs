@@ -3,8 +3,10 @@
 //! [`crate::block_manager::BlockManager`]; this file only holds the memory and
 //! knows where a (block, slot) lives.
 //!
-//! K and V are stored as f16, as llama.cpp does: half the memory and
-//! bandwidth of f32, with attention itself computed in f32.
+//! K and V are stored as f16 for quantized (GGUF) models, as llama.cpp
+//! does: half the memory and bandwidth of f32, with attention itself
+//! computed in f32. Models with f32 weights keep f32 K/V, as vLLM's "auto"
+//! cache dtype does, so their outputs match the reference implementation's.
 //!
 //! Two storages: on the CPU the pool is a plain `Vec<f16>` of
 //! `[block][kv_head]` tiles, keys transposed within a tile (see
@@ -17,6 +19,29 @@
 use candle_core::{DType, Device, Tensor};
 use half::f16;
 
+/// How K and V values are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvDtype {
+    F16,
+    F32,
+}
+
+impl KvDtype {
+    pub fn size(self) -> usize {
+        match self {
+            KvDtype::F16 => 2,
+            KvDtype::F32 => 4,
+        }
+    }
+
+    fn dtype(self) -> DType {
+        match self {
+            KvDtype::F16 => DType::F16,
+            KvDtype::F32 => DType::F32,
+        }
+    }
+}
+
 /// Shape of the pool, fixed at start-up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvLayout {
@@ -25,6 +50,7 @@ pub struct KvLayout {
     pub head_dim: usize,
     pub block_size: usize,
     pub num_blocks: usize,
+    pub dtype: KvDtype,
 }
 
 impl KvLayout {
@@ -34,8 +60,9 @@ impl KvLayout {
         num_kv_heads: usize,
         head_dim: usize,
         block_size: usize,
+        dtype: KvDtype,
     ) -> usize {
-        2 * num_layers * num_kv_heads * head_dim * block_size * std::mem::size_of::<f16>()
+        2 * num_layers * num_kv_heads * head_dim * block_size * dtype.size()
     }
 
     /// A layout using at most `budget_bytes` of memory.
@@ -44,15 +71,18 @@ impl KvLayout {
         num_kv_heads: usize,
         head_dim: usize,
         block_size: usize,
+        dtype: KvDtype,
         budget_bytes: usize,
     ) -> Self {
-        let per_block = Self::bytes_per_block(num_layers, num_kv_heads, head_dim, block_size);
+        let per_block =
+            Self::bytes_per_block(num_layers, num_kv_heads, head_dim, block_size, dtype);
         KvLayout {
             num_layers,
             num_kv_heads,
             head_dim,
             block_size,
             num_blocks: budget_bytes / per_block,
+            dtype,
         }
     }
 
@@ -66,9 +96,24 @@ impl KvLayout {
     }
 }
 
+/// Host memory of one layer's K (or V) values.
+pub enum HostPool {
+    F16(Vec<f16>),
+    F32(Vec<f32>),
+}
+
+impl HostPool {
+    fn zeros(dtype: KvDtype, len: usize) -> Self {
+        match dtype {
+            KvDtype::F16 => HostPool::F16(vec![f16::ZERO; len]),
+            KvDtype::F32 => HostPool::F32(vec![0.0; len]),
+        }
+    }
+}
+
 pub enum LayerCache {
     /// `[block][kv_head]` tiles of `block_size * head_dim`, read by the CPU attention kernel.
-    Host { k: Vec<f16>, v: Vec<f16> },
+    Host { k: HostPool, v: HostPool },
     /// `[block * block_size + slot][kv_head * head_dim]`, for candle ops on any device.
     Tensor { k: Tensor, v: Tensor },
 }
@@ -86,14 +131,14 @@ impl KvCache {
             .map(|_| {
                 if device.is_cpu() && !force_tensor {
                     Ok(LayerCache::Host {
-                        k: vec![f16::ZERO; layout.layer_elems()],
-                        v: vec![f16::ZERO; layout.layer_elems()],
+                        k: HostPool::zeros(layout.dtype, layout.layer_elems()),
+                        v: HostPool::zeros(layout.dtype, layout.layer_elems()),
                     })
                 } else {
                     let shape = (layout.num_blocks * layout.block_size, layout.kv_dim());
                     Ok(LayerCache::Tensor {
-                        k: Tensor::zeros(shape, DType::F16, device)?,
-                        v: Tensor::zeros(shape, DType::F16, device)?,
+                        k: Tensor::zeros(shape, layout.dtype.dtype(), device)?,
+                        v: Tensor::zeros(shape, layout.dtype.dtype(), device)?,
                     })
                 }
             })

@@ -10,7 +10,7 @@ use candle_core::Device;
 use wick::block_manager::BlockManager;
 use wick::engine::{Engine, EngineConfig};
 use wick::error::WickError;
-use wick::kv_cache::{KvCache, KvLayout};
+use wick::kv_cache::{KvCache, KvDtype, KvLayout};
 use wick::models::linear::WeightFormat;
 use wick::models::{FlatBatch, Model, SeqSlice};
 use wick::sampling_params::SamplingParams;
@@ -131,7 +131,7 @@ fn preempted_sequences_give_the_same_tokens() {
     let (mut engine, tok) = common::engine(&info_cfg);
     let reqs = requests(&tok);
     let solo = drive(&mut engine, reqs.clone(), vec![], 0);
-    let bytes_per_block = KvLayout::bytes_per_block(30, 3, 64, 16);
+    let bytes_per_block = KvLayout::bytes_per_block(30, 3, 64, 16, KvDtype::F16);
     let cfg = EngineConfig {
         kv_cache_bytes: 6 * bytes_per_block,
         ..Default::default()
@@ -148,7 +148,7 @@ fn preempted_sequences_give_the_same_tokens() {
 
 #[test]
 fn kv_budget_too_small_is_an_error_not_a_hang() {
-    let bytes_per_block = KvLayout::bytes_per_block(30, 3, 64, 16);
+    let bytes_per_block = KvLayout::bytes_per_block(30, 3, 64, 16, KvDtype::F16);
     let cfg = EngineConfig {
         kv_cache_bytes: 2 * bytes_per_block,
         ..Default::default()
@@ -250,6 +250,7 @@ fn logits_in_chunks(
         head_dim: info.head_dim,
         block_size: 16,
         num_blocks: 8,
+        dtype: info.kv_dtype,
     };
     let mut cache = KvCache::new(layout, &Device::Cpu, force_tensor).unwrap();
     let mut blocks = BlockManager::new(8, 16);

@@ -22,7 +22,7 @@ mod common;
 
 use candle_core::Device;
 use wick::block_manager::BlockManager;
-use wick::kv_cache::{KvCache, KvLayout};
+use wick::kv_cache::{KvCache, KvDtype, KvLayout};
 use wick::models::linear::WeightFormat;
 use wick::models::{FlatBatch, SeqSlice};
 
@@ -71,6 +71,7 @@ fn check_storage(loaded: &wick::loader::LoadedModel, cases: &[Case], force_tenso
         head_dim: info.head_dim,
         block_size: 16,
         num_blocks: 64,
+        dtype: KvDtype::F16,
     };
     let mut cache = KvCache::new(layout, &Device::Cpu, force_tensor_kv).unwrap();
     let mut blocks = BlockManager::new(64, 16);

@@ -1,7 +1,7 @@
 //! The CPU attention kernel over the host pool.
 //!
 //! A `(block, kv_head)` tile of the pool holds `block_size * head_dim` f16
-//! values: keys as `[head_dim][slot]`, so one block's keys for a dimension sit
+//! (or f32) values: keys as `[head_dim][slot]`, so one block's keys for a dimension sit
 //! side by side and a query scores 16 positions per vector operation with no
 //! horizontal sums; values as `[slot][head_dim]`, so an output row accumulates
 //! 16 dimensions per vector operation, held in registers across positions.
@@ -24,6 +24,37 @@ const LANES: usize = 16;
 /// Query rows of one sequence per work item: they share each widened tile.
 const ROW_BLOCK: usize = 16;
 
+/// A value type the pool can hold: widened to f32 for the arithmetic.
+pub(super) trait KvElem: Copy + Send + Sync {
+    fn from_f32(x: f32) -> Self;
+    fn store(dst: &mut [Self], src: &[f32]);
+    fn widen(src: &[Self], dst: &mut [f32]);
+}
+
+impl KvElem for f16 {
+    fn from_f32(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+    fn store(dst: &mut [Self], src: &[f32]) {
+        dst.convert_from_f32_slice(src)
+    }
+    fn widen(src: &[Self], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst)
+    }
+}
+
+impl KvElem for f32 {
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+    fn store(dst: &mut [Self], src: &[f32]) {
+        dst.copy_from_slice(src)
+    }
+    fn widen(src: &[Self], dst: &mut [f32]) {
+        dst.copy_from_slice(src)
+    }
+}
+
 /// Start of the tile holding `pos` of a sequence for `kv_head`.
 #[inline]
 fn tile(table: &[BlockId], pos: usize, kv_head: usize, dims: &AttnDims) -> usize {
@@ -32,9 +63,9 @@ fn tile(table: &[BlockId], pos: usize, kv_head: usize, dims: &AttnDims) -> usize
 }
 
 /// Stores this step's K and V rows (`[T, kv_heads * head_dim]`) in their slots.
-pub(super) fn write(
-    k_pool: &mut [f16],
-    v_pool: &mut [f16],
+pub(super) fn write<T: KvElem>(
+    k_pool: &mut [T],
+    v_pool: &mut [T],
     k: &[f32],
     v: &[f32],
     seqs: &[SeqSlice],
@@ -50,9 +81,9 @@ pub(super) fn write(
                 let t = tile(&s.block_table, pos, h, &dims);
                 let src = row + h * hd;
                 for (d, &x) in k[src..src + hd].iter().enumerate() {
-                    k_pool[t + d * bs + slot] = f16::from_f32(x);
+                    k_pool[t + d * bs + slot] = T::from_f32(x);
                 }
-                v_pool[t + slot * hd..][..hd].convert_from_f32_slice(&v[src..src + hd]);
+                T::store(&mut v_pool[t + slot * hd..][..hd], &v[src..src + hd]);
             }
         }
     }
@@ -73,10 +104,10 @@ thread_local! {
 /// `q`: `[T, num_heads * head_dim]`; returns the same shape. One work item per
 /// (sequence, block of up to `ROW_BLOCK` rows, kv head). Every row is computed
 /// the same way whatever else is in its item or the batch.
-pub(super) fn attend(
+pub(super) fn attend<T: KvElem>(
     q: &[f32],
-    k_pool: &[f16],
-    v_pool: &[f16],
+    k_pool: &[T],
+    v_pool: &[T],
     seqs: &[SeqSlice],
     dims: AttnDims,
 ) -> Vec<f32> {
@@ -116,11 +147,11 @@ pub(super) fn attend(
 /// The query heads of `kv_head` for rows `rows` of sequence `s`, attending
 /// causally over its cached positions; returns `[rows][group][head_dim]`.
 #[allow(clippy::too_many_arguments)]
-fn attend_item(
+fn attend_item<T: KvElem>(
     scratch: &mut Scratch,
     q: &[f32],
-    k_pool: &[f16],
-    v_pool: &[f16],
+    k_pool: &[T],
+    v_pool: &[T],
     s: &SeqSlice,
     kv_head: usize,
     rows: Range<usize>,
@@ -149,13 +180,13 @@ fn attend_item(
     scores.resize(n_queries * ctx, 0.0);
     widened.resize(bs * hd, 0.0);
 
-    fn tile_of<'p>(
-        pool: &'p [f16],
+    fn tile_of<'p, T>(
+        pool: &'p [T],
         s: &SeqSlice,
         pos: usize,
         kv_head: usize,
         dims: &AttnDims,
-    ) -> &'p [f16] {
+    ) -> &'p [T] {
         &pool[tile(&s.block_table, pos, kv_head, dims)..][..dims.block_size * dims.head_dim]
     }
     for b0 in (0..ctx).step_by(bs) {
@@ -166,7 +197,7 @@ fn attend_item(
             true => prefetch(tile_of(k_pool, s, b0 + bs, kv_head, dims)),
             false => prefetch(tile_of(v_pool, s, 0, kv_head, dims)),
         }
-        tile_of(k_pool, s, b0, kv_head, dims).convert_to_f32_slice(widened);
+        T::widen(tile_of(k_pool, s, b0, kv_head, dims), widened);
         for qs in query_groups(n_queries) {
             let (queries, scores) = (
                 &queries[qs.start * hd..qs.end * hd],
@@ -198,7 +229,7 @@ fn attend_item(
         if b0 + bs < ctx {
             prefetch(tile_of(v_pool, s, b0 + bs, kv_head, dims));
         }
-        tile_of(v_pool, s, b0, kv_head, dims).convert_to_f32_slice(widened);
+        T::widen(tile_of(v_pool, s, b0, kv_head, dims), widened);
         for qs in query_groups(n_queries) {
             let seen = visible(qs.end - 1).saturating_sub(b0).min(bs);
             if seen == 0 {
@@ -225,9 +256,9 @@ fn attend_item(
 
 /// Asks the CPU to start loading `data` into cache (a hint; no-op off x86).
 #[inline]
-fn prefetch(data: &[f16]) {
+fn prefetch<T>(data: &[T]) {
     #[cfg(target_arch = "x86_64")]
-    for line in data.chunks(32) {
+    for line in data.chunks(64 / std::mem::size_of::<T>()) {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
         // SAFETY: SSE is part of x86_64; a prefetch only hints, and the
         // address lies inside `data`.

@@ -10,7 +10,7 @@
 use candle_core::{DType, Device, Result, Tensor};
 
 use crate::block_manager::BlockId;
-use crate::kv_cache::LayerCache;
+use crate::kv_cache::{HostPool, LayerCache};
 
 mod host;
 
@@ -63,9 +63,18 @@ pub fn paged_attention(
             v: v_pool,
         } => {
             let rows = |x: &Tensor| x.flatten_all()?.to_vec1::<f32>();
-            let q = rows(q)?;
-            host::write(k_pool, v_pool, &rows(k)?, &rows(v)?, seqs, dims);
-            let out = host::attend(&q, k_pool, v_pool, seqs, dims);
+            let (q, k, v) = (rows(q)?, rows(k)?, rows(v)?);
+            let out = match (k_pool, v_pool) {
+                (HostPool::F16(kp), HostPool::F16(vp)) => {
+                    host::write(kp, vp, &k, &v, seqs, dims);
+                    host::attend(&q, kp, vp, seqs, dims)
+                }
+                (HostPool::F32(kp), HostPool::F32(vp)) => {
+                    host::write(kp, vp, &k, &v, seqs, dims);
+                    host::attend(&q, kp, vp, seqs, dims)
+                }
+                _ => candle_core::bail!("K and V pools of different dtypes"),
+            };
             Tensor::from_vec(
                 out,
                 (
@@ -114,7 +123,11 @@ fn attend_tensor(
         .reshape((n_new, 1))?
         .broadcast_as((n_new, kv_dim))?
         .contiguous()?;
-    let to_pool = |x: &Tensor| x.index_select(&rows, 0)?.to_dtype(DType::F16)?.contiguous();
+    let to_pool = |x: &Tensor| {
+        x.index_select(&rows, 0)?
+            .to_dtype(k_pool.dtype())?
+            .contiguous()
+    };
     k_pool.scatter_set(&idx, &to_pool(k)?, 0)?;
     v_pool.scatter_set(&idx, &to_pool(v)?, 0)?;
 
@@ -168,7 +181,7 @@ fn attend_tensor(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv_cache::{KvCache, KvLayout};
+    use crate::kv_cache::{KvCache, KvDtype, KvLayout};
 
     fn rand_tensor(rows: usize, cols: usize, seed: u64) -> Tensor {
         // A small LCG keeps the test free of RNG dependencies' version churn.
@@ -226,17 +239,25 @@ mod tests {
     /// chunk, then a mixed chunk + decode step): both storages must match a
     /// plain causal attention over each whole sequence. The shapes cover the
     /// host kernel's vector paths and its tails (block or head sizes that are
-    /// not a multiple of its 16 lanes), and row blocks of more than 16 rows.
+    /// not a multiple of its 16 lanes), and row blocks of more than 16 rows,
+    /// with f16 and f32 pools.
     #[test]
     fn paged_matches_dense_on_both_storages() {
         for (block_size, head_dim, lens) in
             [(4, 16, [11, 6]), (16, 16, [41, 30]), (32, 24, [70, 40])]
         {
-            check_paged_against_dense(block_size, head_dim, lens);
+            for dtype in [KvDtype::F16, KvDtype::F32] {
+                check_paged_against_dense(block_size, head_dim, lens, dtype);
+            }
         }
     }
 
-    fn check_paged_against_dense(block_size: usize, head_dim: usize, lens: [usize; 2]) {
+    fn check_paged_against_dense(
+        block_size: usize,
+        head_dim: usize,
+        lens: [usize; 2],
+        dtype: KvDtype,
+    ) {
         let dims = AttnDims {
             num_heads: 6,
             num_kv_heads: 2,
@@ -260,16 +281,18 @@ mod tests {
                 )
             })
             .collect();
-        // The pool stores K/V as f16: the reference sees the same rounding.
-        let f16_round = |t: &Tensor| {
-            t.to_dtype(DType::F16)
+        // An f16 pool rounds K/V: the reference sees the same rounding.
+        let stored = |t: &Tensor| match dtype {
+            KvDtype::F16 => t
+                .to_dtype(DType::F16)
                 .unwrap()
                 .to_dtype(DType::F32)
-                .unwrap()
+                .unwrap(),
+            KvDtype::F32 => t.clone(),
         };
         let expected: Vec<Tensor> = full
             .iter()
-            .map(|(q, k, v)| reference(q, &f16_round(k), &f16_round(v), dims))
+            .map(|(q, k, v)| reference(q, &stored(k), &stored(v), dims))
             .collect();
 
         for force_tensor in [false, true] {
@@ -279,6 +302,7 @@ mod tests {
                 head_dim,
                 block_size,
                 num_blocks: 8,
+                dtype,
             };
             let mut cache = KvCache::new(layout, &Device::Cpu, force_tensor).unwrap();
             // Step 1: seq 0 all but its last 4 rows, seq 1 all but its last.
@@ -329,7 +353,7 @@ mod tests {
                     .unwrap();
                 assert!(
                     diff < 1e-5,
-                    "seq {si} block {block_size} head {head_dim} force_tensor={force_tensor}: max diff {diff}"
+                    "seq {si} block {block_size} head {head_dim} {dtype:?} force_tensor={force_tensor}: max diff {diff}"
                 );
             }
         }

@@ -10,7 +10,7 @@ use super::elementwise;
 use super::linear::{Linear, WeightFormat};
 use super::{FlatBatch, Model, ModelInfo};
 use crate::attention::{paged_attention, AttnDims};
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{KvCache, KvDtype};
 
 /// The fields of a Hugging Face GPT-2 `config.json` that wick reads.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -175,6 +175,7 @@ impl Gpt2 {
             head_dim: config.head_dim(),
             vocab_size: config.vocab_size,
             max_context: config.n_positions,
+            kv_dtype: KvDtype::for_weights(vb.dtype()),
         };
         Ok(Gpt2 {
             info,

@@ -12,7 +12,7 @@ use super::elementwise;
 use super::linear::{stack_rows, Linear, WeightFormat};
 use super::{FlatBatch, Model, ModelInfo};
 use crate::attention::{paged_attention, AttnDims};
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{KvCache, KvDtype};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -60,6 +60,8 @@ struct HfConfig {
     #[serde(default = "default_rope_theta")]
     rope_theta: f32,
     rope_scaling: Option<serde_json::Value>,
+    /// transformers 5 writes `rope_theta` and the scaling here instead.
+    rope_parameters: Option<serde_json::Value>,
     max_position_embeddings: usize,
     vocab_size: usize,
     #[serde(default)]
@@ -115,9 +117,19 @@ impl Config {
         if let Some(act) = c.hidden_act.as_deref().filter(|a| *a != "silu") {
             anyhow::bail!("hidden_act {act:?} is not supported for llama (only \"silu\")");
         }
-        let rope_scaling = match c.rope_scaling {
-            None => None,
-            Some(v) => parse_rope_scaling(v)?,
+        let mut rope_theta = c.rope_theta;
+        let rope_scaling = match (c.rope_parameters, c.rope_scaling) {
+            (Some(mut params), _) => {
+                if let Some(theta) = params.get("rope_theta").and_then(|t| t.as_f64()) {
+                    rope_theta = theta as f32;
+                }
+                if let Some(obj) = params.as_object_mut() {
+                    obj.remove("rope_theta");
+                }
+                parse_rope_scaling(params)?
+            }
+            (None, Some(v)) => parse_rope_scaling(v)?,
+            (None, None) => None,
         };
         let config = Config {
             hidden_size: c.hidden_size,
@@ -127,7 +139,7 @@ impl Config {
             num_kv_heads: c.num_key_value_heads.unwrap_or(c.num_attention_heads),
             head_dim: c.head_dim.unwrap_or(c.hidden_size / c.num_attention_heads),
             rms_norm_eps: c.rms_norm_eps,
-            rope_theta: c.rope_theta,
+            rope_theta,
             rope_scaling,
             rope_interleaved: false,
             max_context: c.max_position_embeddings,
@@ -260,7 +272,7 @@ impl Llama {
             false => embed_q,
         };
         let lm_head = Linear::new(lm_head, format, device)?;
-        Self::assemble(config, embed, blocks, norm, lm_head, device)
+        Self::assemble(config, embed, blocks, norm, lm_head, KvDtype::F16, device)
     }
 
     /// From a Hugging Face checkpoint: `config.json` text and its weights.
@@ -314,8 +326,9 @@ impl Llama {
         };
         let lm_head = Linear::dense(vb.get_unchecked(head)?, None, format)?;
         let norm = f32_tensor("model.norm.weight")?;
+        let kv_dtype = KvDtype::for_weights(vb.dtype());
         Ok(Self::assemble(
-            config, embed, blocks, norm, lm_head, &device,
+            config, embed, blocks, norm, lm_head, kv_dtype, &device,
         )?)
     }
 
@@ -325,6 +338,7 @@ impl Llama {
         blocks: Vec<Block>,
         norm: Tensor,
         lm_head: Linear,
+        kv_dtype: KvDtype,
         device: &Device,
     ) -> Result<Self> {
         let half = config.head_dim / 2;
@@ -340,6 +354,7 @@ impl Llama {
             head_dim: config.head_dim,
             vocab_size: config.vocab_size,
             max_context: config.max_context,
+            kv_dtype,
         };
         Ok(Llama {
             info,

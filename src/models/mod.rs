@@ -2,15 +2,15 @@
 //! it a [`FlatBatch`] (the new tokens of many sequences, concatenated) and the
 //! KV pool, and gets back the logits of the rows that asked for them.
 
+pub mod elementwise;
 pub mod gpt2;
 pub mod linear;
 pub mod llama;
-pub mod elementwise;
 
 use candle_core::{Device, Result, Tensor};
 
 pub use crate::attention::SeqSlice;
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{KvCache, KvDtype};
 
 /// What the engine needs to know about a loaded model.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,6 +22,8 @@ pub struct ModelInfo {
     pub vocab_size: usize,
     /// Longest sequence (prompt plus output) the model accepts.
     pub max_context: usize,
+    /// How its K/V are cached: f32 for f32 weights, f16 otherwise.
+    pub kv_dtype: KvDtype,
 }
 
 /// One forward call's input: tokens of many sequences laid end to end, each
@@ -42,6 +44,16 @@ impl FlatBatch {
             .filter(|s| s.needs_logits)
             .map(|s| (s.start + s.len - 1) as u32)
             .collect()
+    }
+}
+
+impl KvDtype {
+    /// The cache dtype for weights held in `dtype`.
+    pub fn for_weights(dtype: candle_core::DType) -> Self {
+        match dtype {
+            candle_core::DType::F32 => KvDtype::F32,
+            _ => KvDtype::F16,
+        }
     }
 }
 
