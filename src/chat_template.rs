@@ -9,11 +9,11 @@
 use anyhow::{Context, Result};
 use minijinja::value::Kwargs;
 use minijinja::{Environment, Error, ErrorKind, Value};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 const TEMPLATE_NAME: &str = "chat";
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,

@@ -58,7 +58,8 @@ pub fn resolve_model(arg: Option<&str>) -> Result<PathBuf> {
     if path.is_file() {
         Ok(path)
     } else if path.is_dir() {
-        bail!("--model {arg} is a directory; only GGUF files are supported for now")
+        // A Hugging Face checkpoint; the loader checks what it holds.
+        Ok(path)
     } else {
         bail!(
             "model file {arg} not found: pass --model PATH to a GGUF file, \

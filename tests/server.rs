@@ -10,50 +10,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use serde_json::{json, Value};
 
-use common::Server;
-
-async fn post(server: &Server, path: &str, body: Value) -> (u16, Value) {
-    let r = reqwest::Client::new()
-        .post(server.url(path))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
-}
-
-/// The `data:` payloads of an SSE response, `[DONE]` included.
-async fn sse(server: &Server, path: &str, body: Value) -> Vec<String> {
-    let r = reqwest::Client::new()
-        .post(server.url(path))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    assert!(r.headers()["content-type"]
-        .to_str()
-        .unwrap()
-        .starts_with("text/event-stream"));
-    let text = r.text().await.unwrap();
-    text.split("\n\n")
-        .filter(|e| !e.trim().is_empty())
-        .map(|e| {
-            e.strip_prefix("data: ")
-                .unwrap_or_else(|| panic!("not a data event: {e:?}"))
-                .to_string()
-        })
-        .collect()
-}
-
-fn chunks(events: &[String]) -> Vec<Value> {
-    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
-    events[..events.len() - 1]
-        .iter()
-        .map(|e| serde_json::from_str(e).unwrap())
-        .collect()
-}
+use common::{assert_error, chunks, post, sse, Server};
 
 async fn metric(server: &Server, name: &str) -> f64 {
     let text = reqwest::get(server.url("/metrics"))
@@ -67,23 +24,6 @@ async fn metric(server: &Server, name: &str) -> f64 {
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("metric {name} missing"))
-}
-
-fn assert_error(status: u16, body: &Value, want_status: u16, param: Option<&str>) {
-    assert_eq!(status, want_status, "{body}");
-    let e = &body["error"];
-    assert!(
-        e["message"].as_str().is_some_and(|m| !m.is_empty()),
-        "{body}"
-    );
-    assert!(e["type"].is_string(), "{body}");
-    assert!(
-        e.get("param").is_some() && e.get("code").is_some(),
-        "{body}"
-    );
-    if let Some(p) = param {
-        assert_eq!(e["param"], p, "{body}");
-    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

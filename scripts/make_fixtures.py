@@ -1,0 +1,277 @@
+"""Builds the tiny random-weight Hugging Face checkpoints in tests/fixtures/.
+
+    pip install torch==2.15.0 transformers==5.23.0 tokenizers==0.23.3 safetensors==0.8.0
+    python3 scripts/make_fixtures.py
+
+Writes tests/fixtures/gpt2-tiny/ and tests/fixtures/llama-tiny/: each a
+checkpoint as transformers saves it (config.json, safetensors, tokenizer
+files, generation_config.json) plus reference.json, what transformers
+computes on it:
+
+- "inputs" / "input_texts": token ids of a few strings of different lengths;
+- "logits": f32 logits at every position of each input (one plain forward);
+- "greedy": 12 greedy ids per input (full forward each step, argmax, no EOS
+  stop) and "greedy_min_gap", the smallest top-2 logit gap among them;
+- "tokenizer": ids of assorted strings (tokenizer(text)["input_ids"]);
+- "chat" (llama only): rendered chat prompts and their ids.
+
+wick's tests compare against these files and never run Python. The
+tokenizers are byte-level BPE (GPT-2 style) trained here on a fixed text, as
+the hub (and GPT-2's own vocabulary) is out of reach. Weights are drawn
+wider than transformers' default init so logits spread and greedy choices
+are not near-ties; seeds are fixed, so reruns rewrite identical files given
+the same library versions.
+"""
+
+import json
+import os
+import pathlib
+import shutil
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import tokenizers  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from tokenizers import decoders, models, pre_tokenizers, trainers  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+)
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent / "tests" / "fixtures"
+VOCAB = 512
+GREEDY_STEPS = 12
+
+TRAINING_TEXT = """\
+The quick brown fox jumps over the lazy dog. A serving engine batches many
+requests at once: each step it admits new prompts, runs one decode step for
+every running sequence, samples a token per row and streams it back.
+Numbers like 12345, 3.14159 and 2026-11-22 appear in logs; so do paths such
+as /usr/local/bin and URLs like https://example.com/a?b=c&d=e.
+Caf\u00e9 owners in the na\u00efve city of Z\u00fcrich serve cr\u00e8me br\u00fbl\u00e9e.
+\u65e5\u672c\u8a9e\u306e\u6587\u7ae0\u3082\u5c11\u3057\u3002 Emoji: \U0001f600 \U0001f680 \u2764\ufe0f.
+def fibonacci(n):
+    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)
+Tabs\tand  double  spaces, newlines\n\nand trailing spaces   .
+Once upon a time, in a land far away, there lived a small model that
+answered questions about the capital of France, which is Paris.
+"""
+
+INPUT_TEXTS = [
+    "The fox",
+    "A serving engine batches many requests",
+    "Once upon a time, in a land far away, there lived a small model",
+    "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2) # done",
+]
+
+TOKENIZER_TEXTS = [
+    "",
+    "Hello world",
+    "The quick brown fox jumps over the lazy dog.",
+    "  leading spaces",
+    "trailing spaces   ",
+    "multiple    inner   spaces",
+    "line one\nline two\n\n\tindented",
+    "12345 3.14159 2026-11-22",
+    "Punctuation!? (brackets) [and] {braces}; 'quotes' \"double\"",
+    "Caf\u00e9 na\u00efve Z\u00fcrich cr\u00e8me br\u00fbl\u00e9e",
+    "\u65e5\u672c\u8a9e\u306e\u6587\u7ae0",
+    "Emoji \U0001f600\U0001f680 and \u2764\ufe0f",
+    "mixed: abc123 \u00e9\u00e8 \U0001f600 /usr/local/bin",
+    "<|endoftext|>hello",
+]
+
+CHATML = (
+    "{% for message in messages %}"
+    "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+CHATS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Count to 3: 1 2 3"},
+    ],
+]
+
+
+def train_tokenizer(specials):
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([TRAINING_TEXT], trainer)
+    return tok
+
+
+def randomize(model, std):
+    """Matrices N(0, std); norm weights 1 + N(0, 0.1); biases N(0, 0.1)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, std)
+            elif name.endswith("bias"):
+                p.normal_(0.0, 0.1)
+            else:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+
+
+def greedy(model, ids):
+    ids = list(ids)
+    out, min_gap = [], float("inf")
+    with torch.no_grad():
+        for _ in range(GREEDY_STEPS):
+            logits = model(torch.tensor([ids])).logits[0, -1]
+            top2 = torch.topk(logits, 2).values
+            min_gap = min(min_gap, float(top2[0] - top2[1]))
+            nxt = int(torch.argmax(logits))
+            out.append(nxt)
+            ids.append(nxt)
+    return out, min_gap
+
+
+def reference(model, tokenizer, chat):
+    inputs = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in INPUT_TEXTS]
+    assert len({len(i) for i in inputs}) == len(inputs), "inputs must differ in length"
+    logits, greedies, min_gap = [], [], float("inf")
+    with torch.no_grad():
+        for ids in inputs:
+            logits.append(model(torch.tensor([ids])).logits[0].tolist())
+            g, gap = greedy(model, ids)
+            greedies.append(g)
+            min_gap = min(min_gap, gap)
+    ref = {
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+        "input_texts": INPUT_TEXTS,
+        "inputs": inputs,
+        "logits": logits,
+        "greedy": greedies,
+        "greedy_min_gap": min_gap,
+        "tokenizer": [{"text": t, "ids": tokenizer(t)["input_ids"]} for t in TOKENIZER_TEXTS],
+    }
+    if chat:
+        ref["chat"] = []
+        for messages in CHATS:
+            prompt = tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=False
+            )
+            ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            ref["chat"].append({"messages": messages, "prompt": prompt, "ids": ids})
+    return ref
+
+
+def build(name, make_model, tokenizer, chat, seed, std, **save_args):
+    out = ROOT / name
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    torch.manual_seed(seed)
+    model = make_model().eval()
+    randomize(model, std)
+    ref = reference(model, tokenizer, chat)
+    assert ref["greedy_min_gap"] >= 1e-3, f"{name}: greedy near-tie {ref['greedy_min_gap']}"
+    model.save_pretrained(out, **save_args)
+    tokenizer.save_pretrained(out)
+    (out / "reference.json").write_text(json.dumps(ref))
+
+    # The saved directory must reproduce the reference on its own.
+    reloaded = AutoModelForCausalLM.from_pretrained(out).eval()
+    tok = AutoTokenizer.from_pretrained(out)
+    with torch.no_grad():
+        for ids, want in zip(ref["inputs"], ref["logits"]):
+            got = reloaded(torch.tensor([ids])).logits[0]
+            assert torch.equal(got, torch.tensor(want)), f"{name}: reloaded logits differ"
+    for case in ref["tokenizer"]:
+        assert tok(case["text"])["input_ids"] == case["ids"], case["text"]
+    size = sum(f.stat().st_size for f in out.iterdir())
+    print(f"{name}: {size / 1e6:.2f} MB, vocab {len(tokenizer)}, min greedy gap {ref['greedy_min_gap']:.4f}")
+
+
+def main():
+    gpt2_tok = PreTrainedTokenizerFast(
+        tokenizer_object=train_tokenizer(["<|endoftext|>"]),
+        bos_token="<|endoftext|>",
+        eos_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+    )
+    eot = gpt2_tok.convert_tokens_to_ids("<|endoftext|>")
+    build(
+        "gpt2-tiny",
+        lambda: GPT2LMHeadModel(
+            GPT2Config(
+                vocab_size=len(gpt2_tok),
+                n_positions=64,
+                n_embd=64,
+                n_layer=2,
+                n_head=4,
+                activation_function="gelu_new",
+                bos_token_id=eot,
+                eos_token_id=eot,
+            )
+        ),
+        gpt2_tok,
+        chat=False,
+        seed=1,
+        std=0.15,
+    )
+
+    llama_tok = PreTrainedTokenizerFast(
+        tokenizer_object=train_tokenizer(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]),
+        bos_token="<|endoftext|>",
+        eos_token="<|im_end|>",
+        unk_token="<|endoftext|>",
+    )
+    llama_tok.chat_template = CHATML
+    bos = llama_tok.convert_tokens_to_ids("<|endoftext|>")
+    eos = llama_tok.convert_tokens_to_ids("<|im_end|>")
+    build(
+        "llama-tiny",
+        lambda: LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=len(llama_tok),
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=256,
+                rope_theta=10000.0,
+                rope_scaling={
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 64,
+                },
+                rms_norm_eps=1e-5,
+                tie_word_embeddings=False,
+                bos_token_id=bos,
+                eos_token_id=eos,
+            )
+        ),
+        llama_tok,
+        chat=True,
+        seed=2,
+        std=0.15,
+        # Small shards, so the sharded layout (and its index) is exercised.
+        max_shard_size="150KB",
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,317 @@
+//! Hugging Face checkpoints (GPT-2 and Llama in safetensors) against
+//! transformers: the tiny random-weight fixtures in `tests/fixtures/` carry
+//! transformers' logits at every position, its greedy continuations, its
+//! tokenizer ids and (Llama) its rendered chat prompts, written by
+//! `scripts/make_fixtures.py`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::Device;
+use wick::block_manager::BlockManager;
+use wick::engine::{Engine, EngineConfig};
+use wick::kv_cache::{KvCache, KvLayout};
+use wick::loader::{load, LoadOptions, LoadedModel, WeightDtype};
+use wick::models::{FlatBatch, SeqSlice};
+use wick::sampling_params::SamplingParams;
+use wick::sequence::SeqId;
+
+const FIXTURES: [&str; 2] = ["gpt2-tiny", "llama-tiny"];
+
+#[derive(serde::Deserialize)]
+struct Reference {
+    inputs: Vec<Vec<u32>>,
+    /// `[input][position][vocab]`
+    logits: Vec<Vec<Vec<f32>>>,
+    greedy: Vec<Vec<u32>>,
+    tokenizer: Vec<TokenizerCase>,
+    #[serde(default)]
+    chat: Vec<ChatCase>,
+}
+
+#[derive(serde::Deserialize)]
+struct TokenizerCase {
+    text: String,
+    ids: Vec<u32>,
+}
+
+#[derive(serde::Deserialize)]
+struct ChatCase {
+    messages: Vec<wick::chat_template::ChatMessage>,
+    prompt: String,
+    ids: Vec<u32>,
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+fn reference(name: &str) -> Reference {
+    let text = std::fs::read_to_string(fixture(name).join("reference.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn load_fixture(name: &str, dtype: WeightDtype) -> LoadedModel {
+    let options = LoadOptions {
+        dtype,
+        ..Default::default()
+    };
+    load(&fixture(name), &options, &Device::Cpu).unwrap()
+}
+
+/// Feeds every input through one shared batch per step, teacher-forced:
+/// step 0 prefills each input's first `prefill[i]` tokens, later steps one
+/// token each. Returns, per input, the logits at each position from
+/// `prefill[i] - 1` on.
+fn forced_logits(
+    loaded: &LoadedModel,
+    inputs: &[Vec<u32>],
+    prefill: &[usize],
+) -> Vec<Vec<Vec<f32>>> {
+    let info = loaded.model.info().clone();
+    // Small blocks, so every input spans several.
+    let block_size = 4;
+    let num_blocks = 64;
+    let layout = KvLayout {
+        num_layers: info.num_layers,
+        num_kv_heads: info.num_kv_heads,
+        head_dim: info.head_dim,
+        block_size,
+        num_blocks,
+        dtype: info.kv_dtype,
+    };
+    let mut cache = KvCache::new(layout, &Device::Cpu, false).unwrap();
+    let mut blocks = BlockManager::new(num_blocks, block_size);
+    let tables: Vec<Vec<u32>> = inputs
+        .iter()
+        .map(|ids| {
+            let mut t = Vec::new();
+            assert!(blocks.grow(&mut t, ids.len()));
+            // Reversed, so a sequence's blocks are not in pool order.
+            t.reverse();
+            t
+        })
+        .collect();
+    let mut out = vec![Vec::new(); inputs.len()];
+    let mut fed: Vec<usize> = vec![0; inputs.len()];
+    loop {
+        let mut batch = FlatBatch::default();
+        let mut active = Vec::new();
+        for (i, ids) in inputs.iter().enumerate() {
+            let to = if fed[i] == 0 { prefill[i] } else { fed[i] + 1 };
+            if to > ids.len() {
+                continue;
+            }
+            batch.seqs.push(SeqSlice {
+                start: batch.tokens.len(),
+                len: to - fed[i],
+                first_pos: fed[i],
+                block_table: tables[i].clone(),
+                needs_logits: true,
+            });
+            batch.tokens.extend_from_slice(&ids[fed[i]..to]);
+            batch.positions.extend(fed[i] as u32..to as u32);
+            fed[i] = to;
+            active.push(i);
+        }
+        if active.is_empty() {
+            return out;
+        }
+        let logits = loaded
+            .model
+            .forward(&batch, &mut cache)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
+        for (row, i) in logits.into_iter().zip(active) {
+            out[i].push(row);
+        }
+    }
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "vocab sizes differ");
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// Largest difference from transformers' logits over every position from
+/// each input's prefill on, all inputs batched together.
+fn worst_logit_diff(name: &str, dtype: WeightDtype) -> f32 {
+    let r = reference(name);
+    let loaded = load_fixture(name, dtype);
+    let prefill: Vec<usize> = r.inputs.iter().map(|ids| ids.len().div_ceil(2)).collect();
+    let got = forced_logits(&loaded, &r.inputs, &prefill);
+    let mut worst = 0f32;
+    for (i, rows) in got.iter().enumerate() {
+        assert_eq!(rows.len(), r.inputs[i].len() - prefill[i] + 1);
+        for (k, row) in rows.iter().enumerate() {
+            worst = worst.max(max_abs_diff(row, &r.logits[i][prefill[i] - 1 + k]));
+        }
+    }
+    worst
+}
+
+#[test]
+fn f32_logits_match_transformers_with_prefill_and_decode_batched() {
+    for name in FIXTURES {
+        let d = worst_logit_diff(name, WeightDtype::F32);
+        eprintln!("{name}: max |logit - transformers| = {d:e}");
+        assert!(d <= 1e-4, "{name}: logits differ from transformers by {d}");
+    }
+}
+
+#[test]
+fn half_precision_weights_stay_close() {
+    // bf16 keeps 8 bits of mantissa: a loose bound, but far below what a
+    // wrong layer would give (the logits span several units).
+    for name in FIXTURES {
+        for dtype in [WeightDtype::F16, WeightDtype::Bf16] {
+            let d = worst_logit_diff(name, dtype);
+            eprintln!("{name} {dtype:?}: max |logit - transformers| = {d:e}");
+            assert!(
+                d <= 0.1,
+                "{name} {dtype:?}: logits differ from transformers by {d}"
+            );
+        }
+    }
+}
+
+#[test]
+fn greedy_continuations_match_transformers() {
+    for name in FIXTURES {
+        let r = reference(name);
+        let loaded = load_fixture(name, WeightDtype::F32);
+        let cfg = EngineConfig {
+            block_size: 4,
+            kv_cache_bytes: 4 << 20,
+            ..Default::default()
+        };
+        let mut engine =
+            Engine::new(loaded.model, loaded.tokenizer.eos_ids().to_vec(), &cfg).unwrap();
+        let ids: Vec<SeqId> = r
+            .inputs
+            .iter()
+            .zip(&r.greedy)
+            .map(|(prompt, want)| {
+                let params = SamplingParams {
+                    max_tokens: want.len(),
+                    temperature: 0.0,
+                    ignore_eos: true,
+                    ..Default::default()
+                };
+                engine.add_request(prompt.clone(), params).unwrap()
+            })
+            .collect();
+        let mut out: HashMap<SeqId, Vec<u32>> = HashMap::new();
+        while engine.has_work() {
+            for ev in engine.step() {
+                if let Some(t) = ev.token {
+                    out.entry(ev.seq).or_default().push(t.id);
+                }
+            }
+        }
+        for (i, id) in ids.iter().enumerate() {
+            assert_eq!(out[id], r.greedy[i], "{name}: input {i}");
+        }
+    }
+}
+
+#[test]
+fn tokenizers_match_transformers() {
+    for name in FIXTURES {
+        let r = reference(name);
+        let tokenizer = wick::loader::load_tokenizer(&fixture(name)).unwrap();
+        for case in &r.tokenizer {
+            assert_eq!(
+                tokenizer.encode(&case.text).unwrap(),
+                case.ids,
+                "{name}: {:?}",
+                case.text
+            );
+        }
+    }
+}
+
+#[test]
+fn llama_chat_template_renders_as_transformers_does() {
+    let r = reference("llama-tiny");
+    assert!(!r.chat.is_empty());
+    let loaded = load_fixture("llama-tiny", WeightDtype::F32);
+    let template = loaded
+        .chat_template
+        .expect("llama-tiny has a chat template");
+    for case in &r.chat {
+        let prompt = template.render(&case.messages, true).unwrap();
+        assert_eq!(prompt, case.prompt);
+        assert_eq!(loaded.tokenizer.encode(&prompt).unwrap(), case.ids);
+    }
+    // GPT-2 has none.
+    assert!(load_fixture("gpt2-tiny", WeightDtype::F32)
+        .chat_template
+        .is_none());
+}
+
+/// Copies a fixture to a temporary directory and edits its config.json.
+fn edited_copy(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(fixture(name)).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
+    }
+    let path = dir.path().join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut config);
+    std::fs::write(&path, config.to_string()).unwrap();
+    dir
+}
+
+fn load_error(dir: &Path) -> String {
+    match load(dir, &LoadOptions::default(), &Device::Cpu) {
+        Ok(_) => panic!("{} loaded", dir.display()),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+#[test]
+fn unsupported_checkpoints_are_refused_clearly() {
+    let dir = edited_copy("llama-tiny", |c| c["model_type"] = "mistral".into());
+    let e = load_error(dir.path());
+    assert!(
+        e.contains("\"mistral\"") && e.contains("gpt2 and llama"),
+        "{e}"
+    );
+
+    // Both spellings: transformers 5's rope_parameters and the older rope_scaling.
+    for key in ["rope_parameters", "rope_scaling"] {
+        let dir = edited_copy("llama-tiny", |c| {
+            let c = c.as_object_mut().unwrap();
+            c.remove("rope_parameters");
+            c.insert(
+                key.into(),
+                serde_json::json!({"rope_type": "yarn", "factor": 4.0}),
+            );
+        });
+        let e = load_error(dir.path());
+        assert!(e.contains("\"yarn\"") && e.contains("linear"), "{key}: {e}");
+    }
+
+    let dir = edited_copy("llama-tiny", |_| {});
+    let index = dir.path().join("model.safetensors.index.json");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&index).unwrap()).unwrap();
+    let shard = json["weight_map"]
+        .as_object()
+        .unwrap()
+        .values()
+        .next()
+        .unwrap();
+    std::fs::remove_file(dir.path().join(shard.as_str().unwrap())).unwrap();
+    let e = load_error(dir.path());
+    assert!(e.contains(shard.as_str().unwrap()), "{e}");
+}

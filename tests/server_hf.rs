@@ -1,0 +1,125 @@
+//! `wick serve` on a Hugging Face checkpoint: the tiny GPT-2 fixture answers
+//! completions (streamed and not) with transformers' greedy tokens, enforces
+//! n_positions, and refuses chat without a template unless one is given.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+
+use common::{assert_error, chunks, post, sse, Server};
+
+fn gpt2_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpt2-tiny")
+}
+
+fn reference() -> Value {
+    let text = std::fs::read_to_string(gpt2_dir().join("reference.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn gpt2_checkpoint_serves_completions_and_refuses_chat_without_template() {
+    let dir = gpt2_dir();
+    let server = Server::start(&["--model", dir.to_str().unwrap()]);
+    let r = reference();
+    let tokenizer = wick::loader::load_tokenizer(&dir).unwrap();
+
+    let (status, models) = get_json(&server, "/v1/models").await;
+    assert_eq!(status, 200);
+    assert_eq!(models["data"][0]["id"], "gpt2-tiny");
+    let max_len = models["data"][0]["max_model_len"].as_u64().unwrap();
+    assert_eq!(
+        Some(max_len),
+        serde_json::from_str::<Value>(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+            .unwrap()["n_positions"]
+            .as_u64()
+    );
+
+    // Token-id prompts, so the check covers the model alone.
+    for (input, greedy) in r["inputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(r["greedy"].as_array().unwrap())
+    {
+        let greedy = ids(greedy);
+        let body = json!({
+            "model": "gpt2-tiny", "prompt": input, "max_tokens": greedy.len(),
+            "temperature": 0, "ignore_eos": true,
+        });
+        let (status, resp) = post(&server, "/v1/completions", body.clone()).await;
+        assert_eq!(status, 200, "{resp}");
+        let text = resp["choices"][0]["text"].as_str().unwrap().to_string();
+        assert_eq!(text, tokenizer.decode(&greedy).unwrap());
+        assert_eq!(resp["usage"]["completion_tokens"], greedy.len());
+
+        let mut stream_body = body;
+        stream_body["stream"] = json!(true);
+        let streamed: String = chunks(&sse(&server, "/v1/completions", stream_body).await)
+            .iter()
+            .filter_map(|c| c["choices"][0]["text"].as_str().map(str::to_string))
+            .collect();
+        assert_eq!(streamed, text);
+    }
+
+    let (status, body) = post(
+        &server,
+        "/v1/completions",
+        json!({"prompt": "hello", "max_tokens": max_len}),
+    )
+    .await;
+    assert_error(status, &body, 400, None);
+    assert_eq!(body["error"]["code"], "context_length_exceeded", "{body}");
+
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4});
+    let (status, body) = post(&server, "/v1/chat/completions", chat).await;
+    assert_error(status, &body, 400, None);
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("no chat template") && message.contains("--chat-template"),
+        "{message}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn chat_template_flag_enables_chat_for_gpt2() {
+    let template = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        template.path(),
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}\
+         {% if add_generation_prompt %}assistant:{% endif %}",
+    )
+    .unwrap();
+    let dir = gpt2_dir();
+    let server = Server::start(&[
+        "--model",
+        dir.to_str().unwrap(),
+        "--chat-template",
+        template.path().to_str().unwrap(),
+    ]);
+    let chat = json!({
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4, "temperature": 0,
+    });
+    let (status, body) = post(&server, "/v1/chat/completions", chat).await;
+    assert_eq!(status, 200, "{body}");
+    let tokenizer = wick::loader::load_tokenizer(&dir).unwrap();
+    let prompt_ids = tokenizer.encode("user: hi\nassistant:").unwrap();
+    assert_eq!(body["usage"]["prompt_tokens"], prompt_ids.len(), "{body}");
+    assert_eq!(body["choices"][0]["message"]["role"], "assistant");
+}
+
+async fn get_json(server: &Server, path: &str) -> (u16, Value) {
+    let r = reqwest::get(server.url(path)).await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
