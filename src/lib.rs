@@ -14,6 +14,7 @@ pub mod engine;
 pub mod error;
 pub mod generate;
 pub mod hf_dir;
+pub mod hub;
 pub mod kv_cache;
 pub mod loader;
 pub mod model_fetch;

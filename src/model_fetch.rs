@@ -52,17 +52,18 @@ pub fn resolve_model(arg: Option<&str>) -> Result<PathBuf> {
     let Some(arg) = arg else {
         return default_model_path();
     };
-    // The one place mapping --model to a file: HF directories and hub names
-    // are to be recognized here.
+    // The one place mapping --model to a file or checkpoint directory.
     let path = PathBuf::from(arg);
-    if path.is_file() {
+    if path.exists() {
+        // A GGUF file, or a Hugging Face checkpoint directory: the loader
+        // checks what it holds.
         Ok(path)
-    } else if path.is_dir() {
-        // A Hugging Face checkpoint; the loader checks what it holds.
-        Ok(path)
+    } else if crate::hub::is_repo_id(arg) {
+        crate::hub::resolve(arg)
     } else {
         bail!(
-            "model file {arg} not found: pass --model PATH to a GGUF file, \
+            "model {arg} not found: pass --model PATH to a GGUF file or a Hugging Face \
+             checkpoint directory, ORG/NAME for a model in the Hugging Face cache, \
              or omit --model to use the default model"
         )
     }
