@@ -12,6 +12,7 @@ pub mod cli;
 pub mod detokenizer;
 pub mod engine;
 pub mod error;
+pub mod export_hf;
 pub mod generate;
 pub mod hf_dir;
 pub mod hub;

@@ -94,7 +94,7 @@ pub fn device(name: &str) -> anyhow::Result<Device> {
     }
 }
 
-fn open_gguf(path: &Path) -> anyhow::Result<(gguf_file::Content, BufReader<File>)> {
+pub(crate) fn open_gguf(path: &Path) -> anyhow::Result<(gguf_file::Content, BufReader<File>)> {
     let file =
         File::open(path).with_context(|| format!("cannot open model file {}", path.display()))?;
     let mut reader = BufReader::new(file);

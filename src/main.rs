@@ -33,6 +33,16 @@ enum Command {
     Bench(wick::bench::BenchArgs),
     /// Serve the OpenAI-compatible HTTP API.
     Serve(wick::server::config::ServeArgs),
+    /// Write a GGUF Llama model as a Hugging Face checkpoint directory
+    /// (f32 safetensors, config, tokenizer and chat template).
+    ExportHf {
+        /// A GGUF file; the default model when omitted.
+        #[arg(long, env = "WICK_MODEL")]
+        model: Option<String>,
+        /// Directory to write (created if needed).
+        #[arg(long)]
+        out: std::path::PathBuf,
+    },
 }
 
 #[derive(clap::Args)]
@@ -97,6 +107,12 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Bench(args) => wick::bench::run(&args),
+        Command::ExportHf { model, out } => {
+            let path = wick::model_fetch::resolve_model(model.as_deref())?;
+            wick::export_hf::export(&path, &out)?;
+            eprintln!("wrote {}", out.display());
+            Ok(())
+        }
     }
 }
 

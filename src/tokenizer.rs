@@ -268,6 +268,11 @@ impl Tokenizer {
         self.inner.token_to_id(token)
     }
 
+    /// Whether `encode` prepends BOS.
+    pub fn add_bos(&self) -> bool {
+        self.add_bos
+    }
+
     pub fn bos_id(&self) -> Option<u32> {
         self.bos_id
     }
