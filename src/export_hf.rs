@@ -6,11 +6,11 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use candle_core::{Device, Tensor};
 use serde_json::json;
 
-use crate::loader::open_gguf;
+use crate::loader::open_llama_gguf;
 use crate::models::llama::Config;
 use crate::tokenizer::Tokenizer;
 
@@ -57,19 +57,7 @@ pub fn unpermute_rope_rows(w: &Tensor, heads: usize) -> candle_core::Result<Tens
 /// Writes the Llama model in `gguf` to the directory `out` (created if
 /// needed; files already there are overwritten).
 pub fn export(gguf: &Path, out: &Path) -> Result<()> {
-    let (content, mut reader) = open_gguf(gguf)?;
-    let arch = content
-        .metadata
-        .get("general.architecture")
-        .and_then(|v| v.to_string().ok())
-        .cloned()
-        .unwrap_or_default();
-    if arch != "llama" {
-        bail!(
-            "export-hf writes llama models; {} is {arch:?}",
-            gguf.display()
-        );
-    }
+    let (content, mut reader) = open_llama_gguf(gguf)?;
     let config = Config::from_gguf(&content)?;
     let tokenizer = Tokenizer::from_gguf(&content)?;
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;

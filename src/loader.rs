@@ -94,12 +94,29 @@ pub fn device(name: &str) -> anyhow::Result<Device> {
     }
 }
 
-pub(crate) fn open_gguf(path: &Path) -> anyhow::Result<(gguf_file::Content, BufReader<File>)> {
+fn open_gguf(path: &Path) -> anyhow::Result<(gguf_file::Content, BufReader<File>)> {
     let file =
         File::open(path).with_context(|| format!("cannot open model file {}", path.display()))?;
     let mut reader = BufReader::new(file);
     let content = gguf_file::Content::read(&mut reader)
         .with_context(|| format!("{} is not a readable GGUF file", path.display()))?;
+    Ok((content, reader))
+}
+
+/// A GGUF file whose architecture wick runs (llama).
+pub(crate) fn open_llama_gguf(
+    path: &Path,
+) -> anyhow::Result<(gguf_file::Content, BufReader<File>)> {
+    let (content, reader) = open_gguf(path)?;
+    let arch = content
+        .metadata
+        .get("general.architecture")
+        .and_then(|v| v.to_string().ok())
+        .cloned()
+        .unwrap_or_default();
+    if arch != "llama" {
+        bail!("GGUF architecture {arch:?} is not supported; wick runs llama-family GGUF files");
+    }
     Ok((content, reader))
 }
 
@@ -143,16 +160,7 @@ fn load_gguf(path: &Path, format: WeightFormat, device: &Device) -> anyhow::Resu
         .and_then(|s| s.to_str())
         .unwrap_or("model")
         .to_string();
-    let (content, mut reader) = open_gguf(path)?;
-    let arch = content
-        .metadata
-        .get("general.architecture")
-        .and_then(|v| v.to_string().ok())
-        .cloned()
-        .unwrap_or_default();
-    if arch != "llama" {
-        bail!("GGUF architecture {arch:?} is not supported; wick runs llama-family GGUF files");
-    }
+    let (content, mut reader) = open_llama_gguf(path)?;
     let tokenizer =
         Tokenizer::from_gguf(&content).context("building the tokenizer from the GGUF metadata")?;
     let chat_template = match content.metadata.get("tokenizer.chat_template") {

@@ -5,15 +5,12 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::process::Command;
 
 use candle_core::Device;
 use wick::engine::{Engine, EngineConfig};
 use wick::loader::{load, LoadOptions, LoadedModel};
 use wick::models::linear::WeightFormat;
-use wick::sampling_params::SamplingParams;
-use wick::sequence::SeqId;
 
 #[derive(serde::Deserialize)]
 struct Case {
@@ -34,28 +31,12 @@ fn greedy(loaded: LoadedModel, cases: &[Case]) -> Vec<Vec<u32>> {
         ..Default::default()
     };
     let mut engine = Engine::new(loaded.model, loaded.tokenizer.eos_ids().to_vec(), &cfg).unwrap();
-    let ids: Vec<SeqId> = prompts
+    let requests = prompts
         .into_iter()
         .zip(cases)
-        .map(|(p, c)| {
-            let params = SamplingParams {
-                max_tokens: c.ids.len(),
-                temperature: 0.0,
-                ignore_eos: true,
-                ..Default::default()
-            };
-            engine.add_request(p, params).unwrap()
-        })
+        .map(|(p, c)| (p, c.ids.len()))
         .collect();
-    let mut out: HashMap<SeqId, Vec<u32>> = HashMap::new();
-    while engine.has_work() {
-        for ev in engine.step() {
-            if let Some(t) = ev.token {
-                out.entry(ev.seq).or_default().push(t.id);
-            }
-        }
-    }
-    ids.iter().map(|id| out.remove(id).unwrap()).collect()
+    common::greedy_batch(&mut engine, requests)
 }
 
 /// Steps equal before the first difference.

@@ -4,7 +4,8 @@
 //! tokenizer ids and (Llama) its rendered chat prompts, written by
 //! `scripts/make_fixtures.py`.
 
-use std::collections::HashMap;
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use candle_core::Device;
@@ -13,8 +14,6 @@ use wick::engine::{Engine, EngineConfig};
 use wick::kv_cache::{KvCache, KvLayout};
 use wick::loader::{load, LoadOptions, LoadedModel, WeightDtype};
 use wick::models::{FlatBatch, SeqSlice};
-use wick::sampling_params::SamplingParams;
-use wick::sequence::SeqId;
 
 const FIXTURES: [&str; 2] = ["gpt2-tiny", "llama-tiny"];
 
@@ -193,30 +192,15 @@ fn greedy_continuations_match_transformers() {
         };
         let mut engine =
             Engine::new(loaded.model, loaded.tokenizer.eos_ids().to_vec(), &cfg).unwrap();
-        let ids: Vec<SeqId> = r
+        let requests = r
             .inputs
             .iter()
             .zip(&r.greedy)
-            .map(|(prompt, want)| {
-                let params = SamplingParams {
-                    max_tokens: want.len(),
-                    temperature: 0.0,
-                    ignore_eos: true,
-                    ..Default::default()
-                };
-                engine.add_request(prompt.clone(), params).unwrap()
-            })
+            .map(|(p, g)| (p.clone(), g.len()))
             .collect();
-        let mut out: HashMap<SeqId, Vec<u32>> = HashMap::new();
-        while engine.has_work() {
-            for ev in engine.step() {
-                if let Some(t) = ev.token {
-                    out.entry(ev.seq).or_default().push(t.id);
-                }
-            }
-        }
-        for (i, id) in ids.iter().enumerate() {
-            assert_eq!(out[id], r.greedy[i], "{name}: input {i}");
+        let got = common::greedy_batch(&mut engine, requests);
+        for (i, want) in r.greedy.iter().enumerate() {
+            assert_eq!(&got[i], want, "{name}: input {i}");
         }
     }
 }

@@ -2,6 +2,7 @@
 //! through the same code path `wick` itself uses.
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -12,6 +13,8 @@ use serde_json::Value;
 use wick::engine::{Engine, EngineConfig};
 use wick::loader::{load, LoadedModel};
 use wick::models::linear::WeightFormat;
+use wick::sampling_params::SamplingParams;
+use wick::sequence::SeqId;
 
 pub fn model_path() -> PathBuf {
     wick::model_fetch::default_model_path().expect("fetching the default model")
@@ -28,6 +31,34 @@ pub fn engine(cfg: &EngineConfig) -> (Engine, wick::tokenizer::Tokenizer) {
         Engine::new(loaded.model, eos, cfg).expect("engine"),
         loaded.tokenizer,
     )
+}
+
+/// Greedy ids for each `(prompt, max_tokens)`, all run together through
+/// `engine` (EOS ignored), in request order.
+pub fn greedy_batch(engine: &mut Engine, requests: Vec<(Vec<u32>, usize)>) -> Vec<Vec<u32>> {
+    let ids: Vec<SeqId> = requests
+        .into_iter()
+        .map(|(prompt, max_tokens)| {
+            let params = SamplingParams {
+                max_tokens,
+                temperature: 0.0,
+                ignore_eos: true,
+                ..Default::default()
+            };
+            engine.add_request(prompt, params).unwrap()
+        })
+        .collect();
+    let mut out: HashMap<SeqId, Vec<u32>> = HashMap::new();
+    while engine.has_work() {
+        for ev in engine.step() {
+            if let Some(t) = ev.token {
+                out.entry(ev.seq).or_default().push(t.id);
+            }
+        }
+    }
+    ids.iter()
+        .map(|id| out.remove(id).unwrap_or_default())
+        .collect()
 }
 
 pub fn reference_dir() -> PathBuf {
