@@ -333,7 +333,7 @@ mod tests {
     }
 
     #[test]
-    fn resolve_model_accepts_files_only() {
+    fn resolve_model_takes_files_and_directories() {
         let tmp = tempfile::tempdir().unwrap();
         let file = tmp.path().join("m.gguf");
         fs::write(&file, b"GGUF").unwrap();
@@ -342,7 +342,8 @@ mod tests {
         let missing = tmp.path().join("missing.gguf");
         let err = resolve_model(missing.to_str()).unwrap_err().to_string();
         assert!(err.contains("not found"), "{err}");
-        let err = resolve_model(tmp.path().to_str()).unwrap_err().to_string();
-        assert!(err.contains("is a directory"), "{err}");
+        assert!(err.contains("Hugging Face"), "{err}");
+        // A checkpoint directory goes to the loader as is.
+        assert_eq!(resolve_model(tmp.path().to_str()).unwrap(), tmp.path());
     }
 }
