@@ -13,7 +13,10 @@ computes on it:
 - "greedy": 12 greedy ids per input (full forward each step, argmax, no EOS
   stop) and "greedy_min_gap", the smallest top-2 logit gap among them;
 - "tokenizer": ids of assorted strings (tokenizer(text)["input_ids"]);
-- "chat" (llama only): rendered chat prompts and their ids.
+- "add_special_tokens_adds": the ids tokenizer("") gives, i.e. what the
+  default add_special_tokens=True adds (checked to be all it adds);
+- "chat" (llama only): rendered chat prompts and their ids. The ChatML
+  template is saved in tokenizer_config.json ("chat_template").
 
 wick's tests compare against these files and never run Python. The
 tokenizers are byte-level BPE (GPT-2 style) trained here on a fixed text, as
@@ -85,6 +88,8 @@ TOKENIZER_TEXTS = [
     "Emoji \U0001f600\U0001f680 and \u2764\ufe0f",
     "mixed: abc123 \u00e9\u00e8 \U0001f600 /usr/local/bin",
     "<|endoftext|>hello",
+    # Special tokens for llama-tiny; plain text (byte-level BPE) for gpt2-tiny.
+    "<|im_start|>user\nhi<|im_end|>",
 ]
 
 CHATML = (
@@ -145,7 +150,17 @@ def greedy(model, ids):
     return out, min_gap
 
 
+def added_ids(tokenizer):
+    """Ids that add_special_tokens=True (the default) puts around a text."""
+    adds = tokenizer("")["input_ids"]
+    for t in ["hello"] + TOKENIZER_TEXTS:
+        with_, without = tokenizer(t)["input_ids"], tokenizer(t, add_special_tokens=False)["input_ids"]
+        assert len(with_) == len(without) + len(adds), (t, with_, without)
+    return adds
+
+
 def reference(model, tokenizer, chat):
+    adds = added_ids(tokenizer)
     inputs = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in INPUT_TEXTS]
     assert len({len(i) for i in inputs}) == len(inputs), "inputs must differ in length"
     logits, greedies, min_gap = [], [], float("inf")
@@ -164,6 +179,8 @@ def reference(model, tokenizer, chat):
         "greedy": greedies,
         "greedy_min_gap": min_gap,
         "tokenizer": [{"text": t, "ids": tokenizer(t)["input_ids"]} for t in TOKENIZER_TEXTS],
+        # What tokenizer(text) adds around the text by default (BOS/EOS).
+        "add_special_tokens_adds": adds,
     }
     if chat:
         ref["chat"] = []
@@ -186,7 +203,10 @@ def build(name, make_model, tokenizer, chat, seed, std, **save_args):
     ref = reference(model, tokenizer, chat)
     assert ref["greedy_min_gap"] >= 1e-3, f"{name}: greedy near-tie {ref['greedy_min_gap']}"
     model.save_pretrained(out, **save_args)
-    tokenizer.save_pretrained(out)
+    # The chat template goes in tokenizer_config.json (as most hub
+    # checkpoints have it), not transformers 5's separate chat_template.jinja.
+    tokenizer.save_pretrained(out, save_jinja_files=False)
+    assert not (out / "chat_template.jinja").exists()
     (out / "reference.json").write_text(json.dumps(ref))
 
     # The saved directory must reproduce the reference on its own.
@@ -198,6 +218,13 @@ def build(name, make_model, tokenizer, chat, seed, std, **save_args):
             assert torch.equal(got, torch.tensor(want)), f"{name}: reloaded logits differ"
     for case in ref["tokenizer"]:
         assert tok(case["text"])["input_ids"] == case["ids"], case["text"]
+    assert tok("")["input_ids"] == ref["add_special_tokens_adds"]
+    tok_config = json.loads((out / "tokenizer_config.json").read_text())
+    assert tok_config.get("chat_template") == (CHATML if chat else None)
+    for case in ref.get("chat", []):
+        prompt = tok.apply_chat_template(case["messages"], add_generation_prompt=True, tokenize=False)
+        assert prompt == case["prompt"]
+        assert tok(prompt, add_special_tokens=False)["input_ids"] == case["ids"]
     size = sum(f.stat().st_size for f in out.iterdir())
     print(f"{name}: {size / 1e6:.2f} MB, vocab {len(tokenizer)}, min greedy gap {ref['greedy_min_gap']:.4f}")
 
