@@ -272,14 +272,18 @@ fn llama_chat_template_renders_as_transformers_does() {
         .is_none());
 }
 
-/// Copies a fixture to a temporary directory and edits its config.json.
-fn edited_copy(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::TempDir {
+/// Copies a fixture to a temporary directory and edits one of its JSON files.
+fn edited_copy(
+    name: &str,
+    file: &str,
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     for entry in std::fs::read_dir(fixture(name)).unwrap() {
         let entry = entry.unwrap();
         std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
     }
-    let path = dir.path().join("config.json");
+    let path = dir.path().join(file);
     let mut config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     edit(&mut config);
@@ -294,9 +298,32 @@ fn load_error(dir: &Path) -> String {
     }
 }
 
+/// transformers 5 may save the template as `chat_template.jinja`; that file
+/// wins over `tokenizer_config.json`'s, as in transformers.
+#[test]
+fn chat_template_jinja_file_is_read() {
+    let dir = edited_copy("llama-tiny", "tokenizer_config.json", |_| {});
+    std::fs::write(
+        dir.path().join("chat_template.jinja"),
+        "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{% endfor %}",
+    )
+    .unwrap();
+    let (_, template) = wick::hf_dir::load_tokenizer(dir.path()).unwrap();
+    let messages = [wick::chat_template::ChatMessage {
+        role: "user".into(),
+        content: "hi".into(),
+    }];
+    assert_eq!(
+        template.unwrap().render(&messages, true).unwrap(),
+        "[user] hi"
+    );
+}
+
 #[test]
 fn unsupported_checkpoints_are_refused_clearly() {
-    let dir = edited_copy("llama-tiny", |c| c["model_type"] = "mistral".into());
+    let dir = edited_copy("llama-tiny", "config.json", |c| {
+        c["model_type"] = "mistral".into()
+    });
     let e = load_error(dir.path());
     assert!(
         e.contains("\"mistral\"") && e.contains("gpt2 and llama"),
@@ -305,7 +332,7 @@ fn unsupported_checkpoints_are_refused_clearly() {
 
     // Both spellings: transformers 5's rope_parameters and the older rope_scaling.
     for key in ["rope_parameters", "rope_scaling"] {
-        let dir = edited_copy("llama-tiny", |c| {
+        let dir = edited_copy("llama-tiny", "config.json", |c| {
             let c = c.as_object_mut().unwrap();
             c.remove("rope_parameters");
             c.insert(
@@ -317,7 +344,7 @@ fn unsupported_checkpoints_are_refused_clearly() {
         assert!(e.contains("\"yarn\"") && e.contains("linear"), "{key}: {e}");
     }
 
-    let dir = edited_copy("llama-tiny", |_| {});
+    let dir = edited_copy("llama-tiny", "config.json", |_| {});
     let index = dir.path().join("model.safetensors.index.json");
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&index).unwrap()).unwrap();
