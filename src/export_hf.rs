@@ -6,9 +6,10 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor};
 use serde_json::json;
+use tokenizers::processors::PostProcessorWrapper;
 
 use crate::loader::open_llama_gguf;
 use crate::models::llama::Config;
@@ -57,6 +58,12 @@ pub fn unpermute_rope_rows(w: &Tensor, heads: usize) -> candle_core::Result<Tens
 /// Writes the Llama model in `gguf` to the directory `out` (created if
 /// needed; files already there are overwritten).
 pub fn export(gguf: &Path, out: &Path) -> Result<()> {
+    if gguf.is_dir() {
+        bail!(
+            "export-hf converts a GGUF file, and {} is a directory (already a Hugging Face checkpoint?)",
+            gguf.display()
+        );
+    }
     let (content, mut reader) = open_llama_gguf(gguf)?;
     let config = Config::from_gguf(&content)?;
     let tokenizer = Tokenizer::from_gguf(&content)?;
@@ -98,7 +105,7 @@ pub fn export(gguf: &Path, out: &Path) -> Result<()> {
             "num_attention_heads": config.num_heads,
             "num_key_value_heads": config.num_kv_heads,
             "head_dim": config.head_dim,
-            "rms_norm_eps": config.rms_norm_eps,
+            "rms_norm_eps": shortest_f32(config.rms_norm_eps),
             "rope_theta": config.rope_theta,
             "max_position_embeddings": config.max_context,
             "vocab_size": config.vocab_size,
@@ -130,12 +137,49 @@ pub fn export(gguf: &Path, out: &Path) -> Result<()> {
         json!({"bos_token_id": bos, "eos_token_id": tokenizer.eos_ids()}),
     )?;
     let path = out.join("tokenizer.json");
-    tokenizer
-        .inner()
+    hf_tokenizer(&tokenizer)?
         .save(&path, true)
         .map_err(anyhow::Error::msg)
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(())
+}
+
+/// The shortest decimal reading back as the f32 a GGUF holds (1e-5 rather
+/// than its f64 widening 9.999999747378752e-6), as HF configs spell it.
+fn shortest_f32(x: f64) -> f64 {
+    let decimal = (x as f32).to_string();
+    decimal.parse().unwrap_or(x)
+}
+
+/// The tokenizer as transformers should load it. wick prepends BOS itself
+/// ([`Tokenizer::encode`]); transformers does only when `tokenizer.json`'s
+/// post-processor says so (`add_bos_token` alone is ignored for it), so a
+/// model that wants BOS gets one. The GGUF-built tokenizer has no
+/// post-processor of its own to lose.
+fn hf_tokenizer(tokenizer: &Tokenizer) -> Result<tokenizers::Tokenizer> {
+    let mut inner = tokenizer.inner().clone();
+    let Some(id) = tokenizer.bos_id().filter(|_| tokenizer.add_bos()) else {
+        return Ok(inner);
+    };
+    let text = tokenizer
+        .id_to_token(id)
+        .with_context(|| format!("BOS id {id} is not in the vocabulary"))?;
+    let bos = |type_id: u32| json!({"SpecialToken": {"id": text, "type_id": type_id}});
+    let seq = |name: &str, type_id: u32| json!({"Sequence": {"id": name, "type_id": type_id}});
+    let mut special = serde_json::Map::new();
+    special.insert(
+        text.clone(),
+        json!({"id": text, "ids": [id], "tokens": [text]}),
+    );
+    let processor: PostProcessorWrapper = serde_json::from_value(json!({
+        "type": "TemplateProcessing",
+        "single": [bos(0), seq("A", 0)],
+        "pair": [bos(0), seq("A", 0), bos(1), seq("B", 1)],
+        "special_tokens": special,
+    }))
+    .context("building the BOS post-processor")?;
+    inner.with_post_processor(Some(processor));
+    Ok(inner)
 }
 
 #[cfg(test)]
@@ -155,6 +199,23 @@ mod tests {
         assert_eq!(hf_name("output.weight").unwrap(), "lm_head.weight");
         assert!(hf_name("rope_freqs.weight").is_none());
         assert!(hf_name("blk.x.attn_q.weight").is_none());
+    }
+
+    /// The saved tokenizer, encoding with special tokens as transformers
+    /// does, gives wick's ids: BOS exactly when wick prepends it.
+    #[test]
+    fn saved_tokenizer_adds_bos_as_wick_does() {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama-tiny/tokenizer.json");
+        let inner = tokenizers::Tokenizer::from_file(path).unwrap();
+        for add_bos in [true, false] {
+            let wick = Tokenizer::from_hf(inner.clone(), vec![2], Some(1), add_bos);
+            let saved = hf_tokenizer(&wick).unwrap().to_string(false).unwrap();
+            let hf: tokenizers::Tokenizer = saved.parse().unwrap();
+            let ids = hf.encode("hi there", true).unwrap().get_ids().to_vec();
+            assert_eq!(ids, wick.encode("hi there").unwrap(), "add_bos {add_bos}");
+            assert_eq!(ids[0] == 1, add_bos, "{ids:?}");
+        }
     }
 
     /// llama.cpp's permutation (`reshape(heads, 2, d/2, k).swapaxes(1, 2)`),

@@ -1,13 +1,19 @@
 //! `--model ORG/NAME`: a checkpoint in the Hugging Face hub cache, laid out
 //! as `huggingface_hub` keeps it (`models--ORG--NAME/refs/main` naming a
-//! snapshot whose files link into `blobs/`). It works offline from a
-//! populated cache; missing files are fetched from the hub when it can be
-//! reached, and otherwise the error says which files and where.
+//! snapshot whose files link into `blobs/`). A complete cached snapshot is
+//! used without touching the network; missing files are fetched from the
+//! hub when it can be reached, and otherwise the error says which files,
+//! where, and why the hub did not provide them.
 
+use std::collections::HashSet;
+use std::ffi::OsString;
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use hf_hub::api::sync::ApiBuilder;
+use hf_hub::api::RepoInfo;
 use hf_hub::{Cache, CacheRepo, Repo};
 
 /// Files a checkpoint cannot load without (besides its weights).
@@ -20,84 +26,146 @@ const OPTIONAL: [&str; 3] = [
 ];
 const INDEX: &str = "model.safetensors.index.json";
 const SINGLE: &str = "model.safetensors";
+/// How long the first request to the hub may take, so an unreachable hub
+/// fails fast rather than after ureq's 30 s connect timeout.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+/// `huggingface_hub`'s limit on a repo id's length.
+const MAX_REPO_ID_LEN: usize = 96;
+const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
 
 /// Whether the hub may be asked for missing files.
 #[derive(Debug, Clone)]
 pub enum Hub {
+    /// `HF_HUB_OFFLINE`: the network is never touched.
     Offline,
-    /// The hub's base URL.
-    Online(String),
+    Online {
+        /// The hub's base URL, e.g. `https://huggingface.co`.
+        endpoint: String,
+        /// Sent as a bearer token (gated and private repos need one).
+        token: Option<String>,
+    },
 }
 
-/// Whether `arg` looks like a hub repo id (`ORG/NAME`).
+/// Whether `arg` is a hub repo id `ORG/NAME`, by `huggingface_hub`'s rules:
+/// `[A-Za-z0-9_.-]`, each part starting and ending with a letter, digit or
+/// `_`, no `--` or `..`, at most 96 characters.
 pub fn is_repo_id(arg: &str) -> bool {
+    let word = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
     let part_ok = |p: &str| {
-        !p.is_empty()
-            && !p.starts_with(['.', '-'])
+        word(p.chars().next())
+            && word(p.chars().last())
             && p.chars()
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
     };
-    matches!(arg.split_once('/'), Some((org, name)) if part_ok(org) && part_ok(name))
+    arg.len() <= MAX_REPO_ID_LEN
+        && !arg.contains("--")
+        && !arg.contains("..")
+        // A missing `dir/model.gguf` is a mistyped path, not a repo to fetch.
+        && !arg.to_ascii_lowercase().ends_with(".gguf")
+        && matches!(arg.split_once('/'), Some((org, name)) if part_ok(org) && part_ok(name))
+}
+
+/// An environment variable, unset when empty.
+fn env(key: &str) -> Option<OsString> {
+    std::env::var_os(key).filter(|v| !v.is_empty())
+}
+
+/// `huggingface_hub`'s home: `$HF_HOME`, else `~/.cache/huggingface`.
+fn hf_home() -> PathBuf {
+    match env("HF_HOME") {
+        Some(home) => PathBuf::from(home),
+        None => std::env::home_dir()
+            .unwrap_or_default()
+            .join(".cache")
+            .join("huggingface"),
+    }
 }
 
 /// The cache `huggingface_hub` uses: `$HF_HUB_CACHE`, else `$HF_HOME/hub`,
 /// else `~/.cache/huggingface/hub`.
 pub fn cache_dir() -> PathBuf {
-    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
-    if let Some(dir) = var("HF_HUB_CACHE") {
-        return PathBuf::from(dir);
-    }
-    if let Some(home) = var("HF_HOME") {
-        return PathBuf::from(home).join("hub");
-    }
-    let home = var("HOME").map(PathBuf::from).unwrap_or_default();
-    home.join(".cache/huggingface/hub")
+    env("HF_HUB_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| hf_home().join("hub"))
 }
 
-/// [`resolve_in`] with the cache and hub access the environment sets
-/// (`HF_HUB_OFFLINE=1` keeps wick off the network; `HF_ENDPOINT` moves it).
+/// The token `huggingface_hub` would send: `$HF_TOKEN`, else the contents
+/// of `$HF_TOKEN_PATH` or `$HF_HOME/token`.
+fn token() -> Option<String> {
+    if let Some(token) = env("HF_TOKEN") {
+        return Some(token.to_string_lossy().into_owned());
+    }
+    let path = env("HF_TOKEN_PATH")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| hf_home().join("token"));
+    let text = std::fs::read_to_string(path).ok()?;
+    Some(text.trim().to_string()).filter(|t| !t.is_empty())
+}
+
+/// [`resolve_in`] with the cache and hub access the environment sets, as
+/// `huggingface_hub` reads it (`HF_HUB_OFFLINE=1` keeps wick off the
+/// network; `HF_ENDPOINT` moves the hub; `HF_TOKEN` authenticates).
 pub fn resolve(repo_id: &str) -> Result<PathBuf> {
-    let offline = std::env::var("HF_HUB_OFFLINE")
-        .is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"));
+    let offline = env("HF_HUB_OFFLINE").is_some_and(|v| {
+        matches!(
+            v.to_string_lossy().to_ascii_lowercase().as_str(),
+            "1" | "true" | "yes" | "on"
+        )
+    });
     let hub = match offline {
         true => Hub::Offline,
-        false => Hub::Online(
-            std::env::var("HF_ENDPOINT").unwrap_or_else(|_| "https://huggingface.co".into()),
-        ),
+        false => Hub::Online {
+            endpoint: env("HF_ENDPOINT")
+                .map(|e| e.to_string_lossy().trim_end_matches('/').to_string())
+                .unwrap_or_else(|| DEFAULT_ENDPOINT.to_string()),
+            token: token(),
+        },
     };
     resolve_in(&cache_dir(), repo_id, &hub)
 }
 
-/// The snapshot directory of `repo_id` in `cache` once every file a load
-/// needs is there, fetching missing ones when `hub` allows.
+/// The snapshot directory `refs/main` names for `repo_id` in `cache`, once
+/// every file a load needs is there, fetching missing ones when `hub`
+/// allows.
 pub fn resolve_in(cache: &Path, repo_id: &str, hub: &Hub) -> Result<PathBuf> {
     let cached = Cache::new(cache.to_path_buf()).model(repo_id.to_string());
     let mut gaps = missing(&cached)?;
-    let mut hub_error = match hub {
-        Hub::Offline => "HF_HUB_OFFLINE is set, so the hub was not asked".to_string(),
-        Hub::Online(_) => String::new(),
-    };
-    if !gaps.is_empty() {
-        if let Hub::Online(endpoint) = hub {
-            if let Err(e) = fetch(cache, repo_id, endpoint) {
-                hub_error = format!("the hub at {endpoint} could not be reached: {e:#}");
-            }
-            gaps = missing(&cached)?;
-        }
-    }
     if gaps.is_empty() {
-        let config = cached.get(REQUIRED[0]).context("config.json vanished")?;
-        return Ok(config.parent().expect("a file in a snapshot").to_path_buf());
+        return snapshot_dir(&cached);
     }
+    let why = match hub {
+        Hub::Offline => "HF_HUB_OFFLINE is set, so the hub was not asked".to_string(),
+        Hub::Online { endpoint, token } => match fetch(cache, repo_id, endpoint, token) {
+            Ok(()) => {
+                gaps = missing(&cached)?;
+                if gaps.is_empty() {
+                    return snapshot_dir(&cached);
+                }
+                format!("the hub at {endpoint} did not provide them")
+            }
+            Err(e) => format!("the hub at {endpoint} could not be reached or refused: {e:#}"),
+        },
+    };
     let repo_dir = cache.join(Repo::model(repo_id.to_string()).folder_name());
     bail!(
-        "model {repo_id} is not in the Hugging Face cache: missing {} under {} \
-         (a checkpoint needs {}, and {SINGLE} or {INDEX} with every shard it lists); \
-         {hub_error}. Set HF_HUB_CACHE or HF_HOME to use another cache, or pass --model DIR",
+        "model {repo_id} is not a local path, and the Hugging Face cache lacks {} under {} \
+         (a checkpoint needs {}, and {SINGLE} or {INDEX} with every shard it lists); {why}. \
+         HF_HUB_CACHE or HF_HOME select another cache; --model DIR takes a checkpoint directory",
         gaps.join(", "),
         repo_dir.display(),
         REQUIRED.join(", "),
     )
+}
+
+/// The snapshot directory of a complete cached checkpoint.
+fn snapshot_dir(cached: &CacheRepo) -> Result<PathBuf> {
+    let config = cached
+        .get(REQUIRED[0])
+        .context("config.json vanished from the Hugging Face cache")?;
+    config
+        .parent()
+        .map(Path::to_path_buf)
+        .context("a cached file outside any snapshot")
 }
 
 /// The files a load needs that the cached snapshot lacks.
@@ -134,34 +202,59 @@ fn shards(index: &Path) -> Result<Vec<String>> {
     Ok(names)
 }
 
-/// Downloads the files a load needs into `cache`.
-fn fetch(cache: &Path, repo_id: &str, endpoint: &str) -> Result<()> {
+/// Downloads into `cache` the files of the hub's current main revision that
+/// a load needs (and the optional ones it has) which its snapshot lacks,
+/// then points `refs/main` at that revision. Files of an older cached
+/// revision are not mixed in.
+fn fetch(cache: &Path, repo_id: &str, endpoint: &str, token: &Option<String>) -> Result<()> {
     let api = ApiBuilder::from_cache(Cache::new(cache.to_path_buf()))
         .with_endpoint(endpoint.to_string())
-        .with_progress(false)
+        .with_token(token.clone())
+        .with_progress(std::io::stderr().is_terminal())
         .with_retries(0)
         .build()?;
     let repo = api.model(repo_id.to_string());
-    for f in REQUIRED {
-        repo.get(f).with_context(|| format!("fetching {f}"))?;
-    }
-    match repo.get(INDEX) {
-        Ok(index) => {
-            for shard in shards(&index)? {
-                repo.get(&shard)
-                    .with_context(|| format!("fetching {shard}"))?;
-            }
+    let info: RepoInfo = repo
+        .info_request()
+        .timeout(PROBE_TIMEOUT)
+        .call()
+        .with_context(|| format!("asking for {repo_id}'s files"))?
+        .into_json()
+        .context("reading the hub's list of files")?;
+    let listed: HashSet<&str> = info.siblings.iter().map(|s| s.rfilename.as_str()).collect();
+    let snapshot = cache
+        .join(Repo::model(repo_id.to_string()).folder_name())
+        .join("snapshots")
+        .join(&info.sha);
+    eprintln!(
+        "wick: fetching {repo_id} from {endpoint} into {}",
+        snapshot.display()
+    );
+    let get = |file: &str| -> Result<()> {
+        if !snapshot.join(file).exists() {
+            repo.download(file)
+                .with_context(|| format!("downloading {file}"))?;
         }
-        Err(_) => {
-            repo.get(SINGLE)
-                .with_context(|| format!("fetching {SINGLE}"))?;
+        Ok(())
+    };
+    for file in REQUIRED {
+        get(file)?;
+    }
+    if listed.contains(INDEX) {
+        get(INDEX)?;
+        for shard in shards(&snapshot.join(INDEX))? {
+            get(&shard)?;
         }
+    } else {
+        get(SINGLE)?;
     }
-    for f in OPTIONAL {
-        // Most checkpoints lack some of these.
-        let _ = repo.get(f);
+    for file in OPTIONAL.into_iter().filter(|f| listed.contains(f)) {
+        get(file)?;
     }
-    Ok(())
+    Cache::new(cache.to_path_buf())
+        .model(repo_id.to_string())
+        .create_ref(&info.sha)
+        .context("writing refs/main")
 }
 
 #[cfg(test)]
@@ -169,13 +262,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn repo_ids_are_org_slash_name() {
+    fn repo_ids_follow_huggingface_hub_rules() {
         assert!(is_repo_id("HuggingFaceTB/SmolLM2-135M-Instruct"));
         assert!(is_repo_id("openai-community/gpt2"));
+        assert!(is_repo_id("Qwen/Qwen2.5-0.5B"));
+        assert!(is_repo_id("a_b/c_"));
         assert!(!is_repo_id("gpt2"));
         assert!(!is_repo_id("a/b/c"));
         assert!(!is_repo_id("/abs"));
+        assert!(!is_repo_id("org/"));
         assert!(!is_repo_id("../x"));
+        assert!(!is_repo_id("./x"));
         assert!(!is_repo_id("org/na me"));
+        assert!(!is_repo_id("org/name-"));
+        assert!(!is_repo_id("org/-name"));
+        assert!(!is_repo_id("org/a--b"));
+        assert!(!is_repo_id("org/a..b"));
+        assert!(!is_repo_id("models/SmolLM2.Q4_1.GGUF"));
+        assert!(is_repo_id(&format!("o/{}", "n".repeat(94))));
+        assert!(!is_repo_id(&format!("o/{}", "n".repeat(95))));
     }
 }

@@ -1,16 +1,21 @@
 //! `wick export-hf` on the default model: the directory has what a
-//! Hugging Face Llama checkpoint has, and loaded back through wick's
+//! Hugging Face Llama checkpoint has, its tensors are the GGUF's (q/k rows
+//! back in HF order) under HF names, and loaded back through wick's
 //! safetensors path it continues `../shared/reference/greedy.jsonl`'s
 //! prompts as the GGUF path does.
 
 mod common;
 
+use std::collections::HashMap;
 use std::process::Command;
 
-use candle_core::Device;
+use candle_core::quantized::gguf_file;
+use candle_core::{Device, Tensor};
+use tempfile::TempDir;
 use wick::engine::{Engine, EngineConfig};
 use wick::loader::{load, LoadOptions, LoadedModel};
 use wick::models::linear::WeightFormat;
+use wick::models::llama::Config;
 
 #[derive(serde::Deserialize)]
 struct Case {
@@ -52,8 +57,8 @@ fn before_near_tie(c: &Case, gap: f32) -> usize {
         .unwrap_or(c.ids.len())
 }
 
-#[test]
-fn exported_checkpoint_loads_back_and_continues_like_the_gguf() {
+/// The default model exported by the `wick export-hf` command.
+fn export_default_model() -> TempDir {
     let gguf = common::model_path();
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_wick"))
@@ -66,7 +71,6 @@ fn exported_checkpoint_loads_back_and_continues_like_the_gguf() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-
     for f in [
         "config.json",
         "model.safetensors",
@@ -76,11 +80,156 @@ fn exported_checkpoint_loads_back_and_continues_like_the_gguf() {
     ] {
         assert!(dir.path().join(f).is_file(), "{f} missing");
     }
+    dir
+}
+
+fn read_json(path: std::path::PathBuf) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// llama.cpp's q/k row order, written independently of the exporter: GGUF
+/// row `2i + j` of each head is HF row `j * head_dim / 2 + i`.
+fn permute_like_llama_cpp(hf: &Tensor, heads: usize) -> Tensor {
+    let (rows, cols) = hf.dims2().unwrap();
+    let head_dim = rows / heads;
+    let hf = hf.to_vec2::<f32>().unwrap();
+    let mut gguf = Vec::with_capacity(rows * cols);
+    for h in 0..heads {
+        for i in 0..head_dim / 2 {
+            for j in 0..2 {
+                gguf.extend_from_slice(&hf[h * head_dim + j * head_dim / 2 + i]);
+            }
+        }
+    }
+    Tensor::from_vec(gguf, (rows, cols), &Device::Cpu).unwrap()
+}
+
+#[test]
+fn exported_weights_are_the_gguf_weights_under_hf_names() {
+    let dir = export_default_model();
+    let path = common::model_path();
+    let mut file = std::fs::File::open(&path).unwrap();
+    let content = gguf_file::Content::read(&mut file).unwrap();
+    let c = Config::from_gguf(&content).unwrap();
+    let mut gguf = |name: &str| {
+        content
+            .tensor(&mut file, name, &Device::Cpu)
+            .unwrap()
+            .dequantize(&Device::Cpu)
+            .unwrap()
+    };
+
+    let config = read_json(dir.path().join("config.json"));
+    assert_eq!(config["architectures"][0], "LlamaForCausalLM");
+    assert_eq!(config["hidden_size"], c.hidden_size);
+    assert_eq!(config["intermediate_size"], c.intermediate_size);
+    assert_eq!(config["num_hidden_layers"], c.num_layers);
+    assert_eq!(config["num_attention_heads"], c.num_heads);
+    assert_eq!(config["num_key_value_heads"], c.num_kv_heads);
+    assert_eq!(config["head_dim"], c.head_dim);
+    assert_eq!(config["rope_theta"].as_f64().unwrap() as f32, c.rope_theta);
+    assert_eq!(config["rms_norm_eps"], 1e-5);
+    assert_eq!(config["vocab_size"], c.vocab_size);
+    assert_eq!(config["max_position_embeddings"], c.max_context);
+    assert_eq!(config["torch_dtype"], "float32");
+
+    let tensors: HashMap<String, Tensor> =
+        candle_core::safetensors::load(dir.path().join("model.safetensors"), &Device::Cpu).unwrap();
+    let (hidden, q_rows, kv_rows) = (
+        c.hidden_size,
+        c.num_heads * c.head_dim,
+        c.num_kv_heads * c.head_dim,
+    );
+    let mut want = vec![
+        (
+            "model.embed_tokens.weight".to_string(),
+            vec![c.vocab_size, hidden],
+        ),
+        ("model.norm.weight".to_string(), vec![hidden]),
+    ];
+    for i in 0..c.num_layers {
+        for (name, shape) in [
+            ("input_layernorm", vec![hidden]),
+            ("post_attention_layernorm", vec![hidden]),
+            ("self_attn.q_proj", vec![q_rows, hidden]),
+            ("self_attn.k_proj", vec![kv_rows, hidden]),
+            ("self_attn.v_proj", vec![kv_rows, hidden]),
+            ("self_attn.o_proj", vec![hidden, q_rows]),
+            ("mlp.gate_proj", vec![c.intermediate_size, hidden]),
+            ("mlp.up_proj", vec![c.intermediate_size, hidden]),
+            ("mlp.down_proj", vec![hidden, c.intermediate_size]),
+        ] {
+            want.push((format!("model.layers.{i}.{name}.weight"), shape));
+        }
+    }
+    // Tied embeddings: no lm_head.weight.
+    assert_eq!(tensors.len(), want.len());
+    for (name, shape) in &want {
+        let t = tensors
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} missing"));
+        assert_eq!(t.dims(), shape.as_slice(), "{name}");
+        assert_eq!(t.dtype(), candle_core::DType::F32, "{name}");
+    }
+
+    let same = |a: &Tensor, b: &Tensor| {
+        a.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+            == b.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    };
+    for i in [0, c.num_layers - 1] {
+        let hf = |n: &str| &tensors[&format!("model.layers.{i}.{n}.weight")];
+        // q and k go back to llama.cpp's order exactly; the rest is as stored.
+        let q = permute_like_llama_cpp(hf("self_attn.q_proj"), c.num_heads);
+        assert!(
+            same(&q, &gguf(&format!("blk.{i}.attn_q.weight"))),
+            "layer {i} q"
+        );
+        let k = permute_like_llama_cpp(hf("self_attn.k_proj"), c.num_kv_heads);
+        assert!(
+            same(&k, &gguf(&format!("blk.{i}.attn_k.weight"))),
+            "layer {i} k"
+        );
+        // ... and were not left in it.
+        assert!(!same(
+            hf("self_attn.q_proj"),
+            &gguf(&format!("blk.{i}.attn_q.weight"))
+        ));
+        for (hf_name, gguf_name) in [
+            ("self_attn.v_proj", "attn_v"),
+            ("self_attn.o_proj", "attn_output"),
+            ("mlp.down_proj", "ffn_down"),
+            ("input_layernorm", "attn_norm"),
+        ] {
+            let g = gguf(&format!("blk.{i}.{gguf_name}.weight"));
+            assert!(same(hf(hf_name), &g), "layer {i} {hf_name}");
+        }
+    }
+    assert!(same(
+        &tensors["model.embed_tokens.weight"],
+        &gguf("token_embd.weight")
+    ));
+
+    let tokenizer = &common::load_default(WeightFormat::Native).tokenizer;
+    let generation = read_json(dir.path().join("generation_config.json"));
+    let eos: Vec<u32> = serde_json::from_value(generation["eos_token_id"].clone()).unwrap();
+    assert_eq!(eos, tokenizer.eos_ids());
+    assert_eq!(generation["bos_token_id"], tokenizer.bos_id().unwrap());
+    assert_eq!(config["eos_token_id"], tokenizer.eos_ids()[0]);
+    let tok_config = read_json(dir.path().join("tokenizer_config.json"));
+    assert_eq!(tok_config["add_bos_token"], tokenizer.add_bos());
+    assert_eq!(tok_config["eos_token"], "<|im_end|>");
+    assert!(tok_config["chat_template"]
+        .as_str()
+        .unwrap()
+        .contains("<|im_start|>"));
+}
+
+#[test]
+fn exported_checkpoint_loads_back_and_continues_like_the_gguf() {
+    let dir = export_default_model();
     let gguf_model = common::load_default(WeightFormat::Native);
     let info = gguf_model.model.info().clone();
-    let config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("config.json")).unwrap())
-            .unwrap();
+    let config = read_json(dir.path().join("config.json"));
     assert_eq!(config["model_type"], "llama");
     assert_eq!(config["num_hidden_layers"], info.num_layers);
     assert_eq!(config["num_attention_heads"], info.num_heads);

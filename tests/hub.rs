@@ -1,43 +1,64 @@
-//! `--model ORG/NAME` through a Hugging Face hub cache that the test lays
+//! `--model ORG/NAME` through a Hugging Face hub cache that the tests lay
 //! out as `huggingface_hub` does (refs, snapshots linking into blobs), with
-//! the llama-tiny fixture as the checkpoint. No network is used.
+//! the sharded llama-tiny fixture as the checkpoint. Downloads go to a
+//! stand-in hub on a loopback port; nothing leaves the machine.
 
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use candle_core::Device;
+use serde_json::json;
 use wick::hub::{resolve_in, Hub};
 use wick::loader::{load, LoadOptions};
 
 const REPO: &str = "org/tiny-llama";
+const REPO_DIR: &str = "models--org--tiny-llama";
 const REVISION: &str = "0123456789abcdef0123456789abcdef01234567";
+const SHARD: &str = "model-00003-of-00004.safetensors";
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama-tiny")
 }
 
-/// A cache holding the fixture as `REPO`'s main revision; returns the
-/// snapshot directory.
-fn populate(cache: &Path) -> PathBuf {
-    let repo = cache.join("models--org--tiny-llama");
-    let snapshot = repo.join("snapshots").join(REVISION);
+fn fixture_files() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(fixture())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Adds the fixture to `cache` as snapshot `revision` of `REPO` (files
+/// linking into `blobs/`, as huggingface_hub stores them) and points
+/// `refs/main` at it; returns the snapshot directory.
+fn add_snapshot(cache: &Path, revision: &str) -> PathBuf {
+    let repo = cache.join(REPO_DIR);
+    let snapshot = repo.join("snapshots").join(revision);
     std::fs::create_dir_all(&snapshot).unwrap();
     std::fs::create_dir_all(repo.join("blobs")).unwrap();
     std::fs::create_dir_all(repo.join("refs")).unwrap();
-    std::fs::write(repo.join("refs/main"), REVISION).unwrap();
-    for (i, entry) in std::fs::read_dir(fixture()).unwrap().enumerate() {
-        let entry = entry.unwrap();
-        let blob = repo.join("blobs").join(format!("blob{i}"));
-        std::fs::copy(entry.path(), &blob).unwrap();
-        std::os::unix::fs::symlink(&blob, snapshot.join(entry.file_name())).unwrap();
+    std::fs::write(repo.join("refs/main"), revision).unwrap();
+    for name in fixture_files() {
+        let blob = repo.join("blobs").join(format!("{revision}-{name}"));
+        std::fs::copy(fixture().join(&name), &blob).unwrap();
+        std::os::unix::fs::symlink(&blob, snapshot.join(&name)).unwrap();
     }
     snapshot
+}
+
+fn error(result: anyhow::Result<PathBuf>) -> String {
+    format!("{:#}", result.unwrap_err())
 }
 
 #[test]
 fn a_populated_cache_resolves_offline_and_loads() {
     let cache = tempfile::tempdir().unwrap();
-    let snapshot = populate(cache.path());
+    let snapshot = add_snapshot(cache.path(), REVISION);
     let dir = resolve_in(cache.path(), REPO, &Hub::Offline).unwrap();
     assert_eq!(dir, snapshot);
     let loaded = load(&dir, &LoadOptions::default(), &Device::Cpu).unwrap();
@@ -46,67 +67,264 @@ fn a_populated_cache_resolves_offline_and_loads() {
 }
 
 #[test]
+fn refs_main_picks_the_revision() {
+    let cache = tempfile::tempdir().unwrap();
+    let old = add_snapshot(cache.path(), REVISION);
+    let newer = add_snapshot(cache.path(), "fedcba9876543210fedcba9876543210fedcba98");
+    assert_eq!(
+        resolve_in(cache.path(), REPO, &Hub::Offline).unwrap(),
+        newer
+    );
+
+    // The revision refs/main names is incomplete: that is an error, even
+    // though an older snapshot has everything.
+    std::fs::remove_file(newer.join(SHARD)).unwrap();
+    let e = error(resolve_in(cache.path(), REPO, &Hub::Offline));
+    assert!(e.contains(SHARD), "{e}");
+
+    std::fs::write(cache.path().join(REPO_DIR).join("refs/main"), REVISION).unwrap();
+    assert_eq!(resolve_in(cache.path(), REPO, &Hub::Offline).unwrap(), old);
+}
+
+#[test]
 fn a_missing_shard_is_named_with_the_directory() {
     let cache = tempfile::tempdir().unwrap();
-    let snapshot = populate(cache.path());
-    let shard = "model-00003-of-00004.safetensors";
-    std::fs::remove_file(snapshot.join(shard)).unwrap();
-    let e = format!(
-        "{:#}",
-        resolve_in(cache.path(), REPO, &Hub::Offline).unwrap_err()
-    );
-    assert!(e.contains(shard), "{e}");
-    assert!(
-        e.contains(
-            &cache
-                .path()
-                .join("models--org--tiny-llama")
-                .display()
-                .to_string()
-        ),
-        "{e}"
-    );
+    let snapshot = add_snapshot(cache.path(), REVISION);
+    std::fs::remove_file(snapshot.join(SHARD)).unwrap();
+    let e = error(resolve_in(cache.path(), REPO, &Hub::Offline));
+    assert!(e.contains(&format!("lacks {SHARD} under")), "{e}");
+    let repo_dir = cache.path().join(REPO_DIR);
+    assert!(e.contains(&repo_dir.display().to_string()), "{e}");
     assert!(e.contains("HF_HUB_OFFLINE"), "{e}");
+    assert!(e.contains("HF_HUB_CACHE or HF_HOME"), "{e}");
 }
 
 #[test]
 fn an_unknown_repo_names_the_files_it_needs() {
     let cache = tempfile::tempdir().unwrap();
-    let e = format!(
-        "{:#}",
-        resolve_in(cache.path(), "org/absent", &Hub::Offline).unwrap_err()
+    let e = error(resolve_in(cache.path(), "org/absent", &Hub::Offline));
+    assert!(
+        e.contains("lacks config.json, tokenizer.json, model.safetensors (or model.safetensors.index.json and its shards) under"),
+        "{e}"
     );
-    for needed in ["config.json", "tokenizer.json", "model.safetensors"] {
-        assert!(e.contains(needed), "{e}");
+    let repo_dir = cache.path().join("models--org--absent");
+    assert!(e.contains(&repo_dir.display().to_string()), "{e}");
+}
+
+fn online(endpoint: &str) -> Hub {
+    Hub::Online {
+        endpoint: endpoint.to_string(),
+        token: None,
     }
-    assert!(e.contains("models--org--absent"), "{e}");
 }
 
 #[test]
 fn an_unreachable_hub_is_reported() {
     let cache = tempfile::tempdir().unwrap();
     // Nothing listens on port 1 of the loopback: the request fails at once.
-    let hub = Hub::Online("http://127.0.0.1:1".into());
-    let e = format!(
-        "{:#}",
-        resolve_in(cache.path(), "org/absent", &hub).unwrap_err()
-    );
+    let e = error(resolve_in(
+        cache.path(),
+        "org/absent",
+        &online("http://127.0.0.1:1"),
+    ));
     assert!(
-        e.contains("could not be reached") && e.contains("config.json"),
+        e.contains("the hub at http://127.0.0.1:1 could not be reached")
+            && e.contains("Connection refused")
+            && e.contains("config.json"),
         "{e}"
     );
 }
 
 #[test]
+fn a_silent_hub_times_out_quickly() {
+    let cache = tempfile::tempdir().unwrap();
+    // Connections are queued by the kernel but never answered.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let start = Instant::now();
+    let e = error(resolve_in(cache.path(), "org/absent", &online(&endpoint)));
+    assert!(start.elapsed() < Duration::from_secs(20), "{e}");
+    assert!(
+        e.contains("could not be reached") && e.contains("timed out"),
+        "{e}"
+    );
+}
+
+/// A stand-in for the hub on a loopback port, serving the fixture as
+/// `REPO` at `REVISION` through the two calls hf-hub makes (the repo's file
+/// list, and ranged file downloads); it records the files asked for.
+struct FakeHub {
+    endpoint: String,
+    downloads: Arc<Mutex<Vec<String>>>,
+}
+
+impl FakeHub {
+    fn start() -> FakeHub {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let downloads = Arc::new(Mutex::new(Vec::new()));
+        let log = downloads.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                answer(stream, &log);
+            }
+        });
+        FakeHub {
+            endpoint,
+            downloads,
+        }
+    }
+
+    /// Files whose full contents were downloaded, in order.
+    fn downloads(&self) -> Vec<String> {
+        self.downloads.lock().unwrap().clone()
+    }
+}
+
+/// Answers one HTTP/1.1 request, then closes the connection.
+fn answer(mut stream: TcpStream, downloads: &Mutex<Vec<String>>) {
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut request = String::new();
+    reader.read_line(&mut request).unwrap();
+    let path = request.split(' ').nth(1).unwrap_or_default().to_string();
+    let mut range = None;
+    loop {
+        let mut header = String::new();
+        reader.read_line(&mut header).unwrap();
+        if header.trim().is_empty() {
+            break;
+        }
+        if let Some((name, value)) = header.split_once(':') {
+            if name.eq_ignore_ascii_case("range") {
+                range = value.trim().strip_prefix("bytes=").map(str::to_string);
+            }
+        }
+    }
+    let file = path
+        .strip_prefix(&format!("/{REPO}/resolve/main/"))
+        .and_then(|f| Some((f.to_string(), std::fs::read(fixture().join(f)).ok()?)));
+    let (status, headers, body) = if path == format!("/api/models/{REPO}/revision/main") {
+        let siblings: Vec<_> = fixture_files()
+            .into_iter()
+            .map(|f| json!({ "rfilename": f }))
+            .collect();
+        let body = json!({ "sha": REVISION, "siblings": siblings });
+        ("200 OK", String::new(), body.to_string().into_bytes())
+    } else if let Some((name, data)) = file {
+        // hf-hub first asks for byte 0 only (for the size, ETag and
+        // commit), then for everything from its resume point.
+        let (start, end) = match range.as_deref().and_then(|r| r.split_once('-')) {
+            Some((s, e)) => (s.parse().unwrap(), e.parse().unwrap_or(data.len() - 1)),
+            None => (0, data.len() - 1),
+        };
+        if start == 0 && end == data.len() - 1 {
+            downloads.lock().unwrap().push(name.clone());
+        }
+        let headers = format!(
+            "etag: \"etag-{name}\"\r\nx-repo-commit: {REVISION}\r\ncontent-range: bytes {start}-{end}/{}\r\n",
+            data.len()
+        );
+        ("206 Partial Content", headers, data[start..=end].to_vec())
+    } else {
+        ("404 Not Found", String::new(), Vec::new())
+    };
+    let head = format!(
+        "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n{headers}\r\n",
+        body.len()
+    );
+    let _ = stream
+        .write_all(head.as_bytes())
+        .and_then(|_| stream.write_all(&body));
+}
+
+#[test]
+fn a_reachable_hub_fills_an_empty_cache() {
+    let hub = FakeHub::start();
+    let cache = tempfile::tempdir().unwrap();
+    let dir = resolve_in(cache.path(), REPO, &online(&hub.endpoint)).unwrap();
+    assert_eq!(
+        dir,
+        cache.path().join(REPO_DIR).join("snapshots").join(REVISION)
+    );
+    let refs_main = cache.path().join(REPO_DIR).join("refs/main");
+    assert_eq!(std::fs::read_to_string(refs_main).unwrap(), REVISION);
+    // Everything a load uses, and nothing else the repo has.
+    let mut fetched = hub.downloads();
+    fetched.sort();
+    let used = [
+        "config.json",
+        "tokenizer.json",
+        "model.safetensors.index.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+        "chat_template.jinja",
+    ];
+    let wanted: Vec<String> = fixture_files()
+        .into_iter()
+        .filter(|f| f.ends_with(".safetensors") || used.contains(&f.as_str()))
+        .collect();
+    assert_eq!(fetched, wanted);
+    for file in &wanted {
+        assert_eq!(
+            std::fs::read(dir.join(file)).unwrap(),
+            std::fs::read(fixture().join(file)).unwrap(),
+            "{file}"
+        );
+    }
+    let loaded = load(&dir, &LoadOptions::default(), &Device::Cpu).unwrap();
+    assert_eq!(loaded.model.info().num_layers, 2);
+
+    // Complete now: resolving again asks the hub nothing.
+    assert_eq!(
+        resolve_in(cache.path(), REPO, &online("http://127.0.0.1:1")).unwrap(),
+        dir
+    );
+}
+
+#[test]
+fn a_reachable_hub_supplies_only_the_missing_files() {
+    let hub = FakeHub::start();
+    let cache = tempfile::tempdir().unwrap();
+    let snapshot = add_snapshot(cache.path(), REVISION);
+    std::fs::remove_file(snapshot.join(SHARD)).unwrap();
+    std::fs::remove_file(snapshot.join("tokenizer.json")).unwrap();
+    let dir = resolve_in(cache.path(), REPO, &online(&hub.endpoint)).unwrap();
+    assert_eq!(dir, snapshot);
+    assert_eq!(hub.downloads(), ["tokenizer.json", SHARD]);
+    assert_eq!(
+        std::fs::read(dir.join(SHARD)).unwrap(),
+        std::fs::read(fixture().join(SHARD)).unwrap()
+    );
+}
+
+#[test]
+fn a_stale_revision_is_not_mixed_with_the_hubs() {
+    let hub = FakeHub::start();
+    let cache = tempfile::tempdir().unwrap();
+    let stale = add_snapshot(cache.path(), "fedcba9876543210fedcba9876543210fedcba98");
+    std::fs::remove_file(stale.join(SHARD)).unwrap();
+    let dir = resolve_in(cache.path(), REPO, &online(&hub.endpoint)).unwrap();
+    assert_eq!(
+        dir,
+        cache.path().join(REPO_DIR).join("snapshots").join(REVISION)
+    );
+    assert!(dir.join("config.json").is_file() && dir.join(SHARD).is_file());
+}
+
+#[test]
 fn the_cli_finds_a_repo_id_through_hf_hub_cache() {
     let cache = tempfile::tempdir().unwrap();
-    populate(cache.path());
-    let out = Command::new(env!("CARGO_BIN_EXE_wick"))
-        .args(["tokenize", "--model", REPO, "<|im_start|>hi"])
-        .env("HF_HUB_CACHE", cache.path())
-        .env("HF_HUB_OFFLINE", "1")
-        .output()
-        .unwrap();
+    add_snapshot(cache.path(), REVISION);
+    let wick = |model: &str| {
+        Command::new(env!("CARGO_BIN_EXE_wick"))
+            .args(["tokenize", "--model", model, "<|im_start|>hi"])
+            .env("HF_HUB_CACHE", cache.path())
+            .env("HF_HUB_OFFLINE", "1")
+            .env_remove("WICK_MODEL")
+            .output()
+            .unwrap()
+    };
+    let out = wick(REPO);
     assert!(
         out.status.success(),
         "{}",
@@ -119,16 +337,12 @@ fn the_cli_finds_a_repo_id_through_hf_hub_cache() {
         .unwrap();
     assert_eq!(ids, want);
 
-    let out = Command::new(env!("CARGO_BIN_EXE_wick"))
-        .args(["tokenize", "--model", "org/absent", "hi"])
-        .env("HF_HUB_CACHE", cache.path())
-        .env("HF_HUB_OFFLINE", "1")
-        .output()
-        .unwrap();
+    let out = wick("org/absent");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("models--org--absent") && err.contains("config.json"),
         "{err}"
     );
+    assert!(err.contains("HF_HUB_OFFLINE is set"), "{err}");
 }
