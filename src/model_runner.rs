@@ -3,7 +3,7 @@
 //! finished its pending tokens this step.
 
 use crate::kv_cache::KvCache;
-use crate::models::{FlatBatch, Model, SeqSlice};
+use crate::models::{FlatBatch, Model};
 use crate::sequence::Sequence;
 
 pub struct ModelRunner {
@@ -29,15 +29,8 @@ impl ModelRunner {
         let mut batch = FlatBatch::default();
         for seq in seqs.filter(|s| s.chunk > 0) {
             let range = seq.num_cached..seq.num_cached + seq.chunk;
-            batch.seqs.push(SeqSlice {
-                start: batch.tokens.len(),
-                len: seq.chunk,
-                first_pos: seq.num_cached,
-                block_table: seq.block_table.clone(),
-                needs_logits: range.end == seq.len(),
-            });
-            batch.tokens.extend_from_slice(&seq.tokens[range.clone()]);
-            batch.positions.extend(range.map(|p| p as u32));
+            let needs_logits = range.end == seq.len();
+            batch.push(&seq.tokens, range, seq.block_table.clone(), needs_logits);
         }
         batch
     }

@@ -12,7 +12,7 @@ use wick::engine::{Engine, EngineConfig};
 use wick::error::WickError;
 use wick::kv_cache::{KvCache, KvDtype, KvLayout};
 use wick::models::linear::WeightFormat;
-use wick::models::{FlatBatch, Model, SeqSlice};
+use wick::models::{FlatBatch, Model};
 use wick::sampling_params::SamplingParams;
 use wick::sequence::SeqId;
 
@@ -259,17 +259,8 @@ fn logits_in_chunks(
     let mut last = Vec::new();
     for &n in chunks {
         assert!(blocks.grow(&mut table, pos + n));
-        let batch = FlatBatch {
-            tokens: tokens[pos..pos + n].to_vec(),
-            positions: (pos as u32..(pos + n) as u32).collect(),
-            seqs: vec![SeqSlice {
-                start: 0,
-                len: n,
-                first_pos: pos,
-                block_table: table.clone(),
-                needs_logits: true,
-            }],
-        };
+        let mut batch = FlatBatch::default();
+        batch.push(tokens, pos..pos + n, table.clone(), true);
         last = model
             .forward(&batch, &mut cache)
             .unwrap()

@@ -24,7 +24,7 @@ use candle_core::Device;
 use wick::block_manager::BlockManager;
 use wick::kv_cache::{KvCache, KvDtype, KvLayout};
 use wick::models::linear::WeightFormat;
-use wick::models::{FlatBatch, SeqSlice};
+use wick::models::FlatBatch;
 
 /// llama.cpp's token may trail wick's best by at most this many nats.
 const MAX_MARGIN: f32 = 0.75;
@@ -112,15 +112,7 @@ fn check_storage(loaded: &wick::loader::LoadedModel, cases: &[Case], force_tenso
             } else {
                 (prompt_len + step - 1, prompt_len + step)
             };
-            batch.seqs.push(SeqSlice {
-                start: batch.tokens.len(),
-                len: to - from,
-                first_pos: from,
-                block_table: tables[i].clone(),
-                needs_logits: true,
-            });
-            batch.tokens.extend_from_slice(&toks[from..to]);
-            batch.positions.extend(from as u32..to as u32);
+            batch.push(toks, from..to, tables[i].clone(), true);
             active.push(i);
         }
         let logits = loaded

@@ -14,7 +14,7 @@ use wick::engine::{Engine, EngineConfig};
 use wick::kv_cache::{KvCache, KvLayout};
 use wick::loader::{load, LoadOptions, LoadedModel, WeightDtype};
 use wick::models::linear::WeightFormat;
-use wick::models::{FlatBatch, SeqSlice};
+use wick::models::FlatBatch;
 
 const FIXTURES: [&str; 2] = ["gpt2-tiny", "llama-tiny"];
 
@@ -107,15 +107,7 @@ fn forced_logits(
             if to > ids.len() {
                 continue;
             }
-            batch.seqs.push(SeqSlice {
-                start: batch.tokens.len(),
-                len: to - fed[i],
-                first_pos: fed[i],
-                block_table: tables[i].clone(),
-                needs_logits: true,
-            });
-            batch.tokens.extend_from_slice(&ids[fed[i]..to]);
-            batch.positions.extend(fed[i] as u32..to as u32);
+            batch.push(ids, fed[i]..to, tables[i].clone(), true);
             fed[i] = to;
             active.push(i);
         }

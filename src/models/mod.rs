@@ -37,6 +37,26 @@ pub struct FlatBatch {
 }
 
 impl FlatBatch {
+    /// Appends one sequence's new tokens, `positions` of its whole token list
+    /// `tokens`, cached in `block_table`.
+    pub fn push(
+        &mut self,
+        tokens: &[u32],
+        positions: std::ops::Range<usize>,
+        block_table: Vec<crate::block_manager::BlockId>,
+        needs_logits: bool,
+    ) {
+        self.seqs.push(SeqSlice {
+            start: self.tokens.len(),
+            len: positions.len(),
+            first_pos: positions.start,
+            block_table,
+            needs_logits,
+        });
+        self.tokens.extend_from_slice(&tokens[positions.clone()]);
+        self.positions.extend(positions.map(|p| p as u32));
+    }
+
     /// Rows whose logits are wanted: the last row of each sequence that asked.
     pub fn logit_rows(&self) -> Vec<u32> {
         self.seqs
