@@ -229,6 +229,21 @@ async fn tokenize_detokenize_models_health_metrics() {
         metric(&s, "wick:time_to_first_token_seconds_count").await,
         1.0
     );
+    // vLLM's dashboards select series by the served model's name.
+    let labelled = format!(
+        "wick:generation_tokens_total{{model_name={}}} 3",
+        m["data"][0]["id"]
+    );
+    let text = reqwest::get(s.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.lines().any(|l| l == labelled),
+        "{labelled} in:\n{text}"
+    );
 }
 
 /// Greedy output of each prompt alone, then all at once.

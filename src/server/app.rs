@@ -78,9 +78,11 @@ fn load(args: &ServeArgs, metrics: Arc<Metrics>) -> anyhow::Result<ModelState> {
         loaded.tokenizer.eos_ids().to_vec(),
         &args.model.engine.config(),
     )?;
+    let name = args.served_model_name.clone().unwrap_or(loaded.name);
+    metrics.set_model_name(&name);
     let (handle, _join) = engine_loop::spawn(engine, metrics.clone(), args.max_waiting);
     Ok(ModelState {
-        name: args.served_model_name.clone().unwrap_or(loaded.name),
+        name,
         tokenizer: loaded.tokenizer,
         chat_template: loaded.chat_template,
         vocab_size: info.vocab_size,

@@ -3,7 +3,9 @@
 //! over by swapping the prefix.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 
+use prometheus::proto::LabelPair;
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
     TextEncoder,
@@ -51,6 +53,9 @@ pub struct Metrics {
     inter_token: Histogram,
     time_per_output_token: Histogram,
     e2e: Histogram,
+    /// vLLM's `model_name` label, put on every series once the model is
+    /// known (the metrics exist, and render, while it loads).
+    model_name: OnceLock<String>,
 }
 
 impl Default for Metrics {
@@ -155,7 +160,13 @@ impl Metrics {
                 E2E_BUCKETS,
             ),
             registry,
+            model_name: OnceLock::new(),
         }
+    }
+
+    /// Labels every series with the served model's name from now on.
+    pub fn set_model_name(&self, name: &str) {
+        let _ = self.model_name.set(name.to_string());
     }
 
     /// The scheduler's state after a step. `preemptions_total` is the
@@ -218,11 +229,22 @@ impl Metrics {
 
     /// Everything in the Prometheus text exposition format.
     pub fn render(&self) -> String {
+        let mut families = self.registry.gather();
+        if let Some(name) = self.model_name.get() {
+            for metric in families.iter_mut().flat_map(|f| f.mut_metric()) {
+                let mut labels = metric.take_label();
+                let mut pair = LabelPair::default();
+                pair.set_name("model_name".into());
+                pair.set_value(name.clone());
+                labels.insert(0, pair);
+                metric.set_label(labels);
+            }
+        }
         let mut buf = Vec::new();
         // Encoding gathered families into memory cannot fail: names are
         // validated at registration and a Vec never refuses a write.
         TextEncoder::new()
-            .encode(&self.registry.gather(), &mut buf)
+            .encode(&families, &mut buf)
             .expect("text encoding into memory");
         String::from_utf8(buf).expect("the text format is UTF-8")
     }
@@ -339,6 +361,37 @@ mod tests {
             v("wick:e2e_request_latency_seconds_bucket{le=\"1.5\"}"),
             1.0
         );
+    }
+
+    #[test]
+    fn every_series_carries_the_model_name_once_known() {
+        let m = Metrics::new();
+        m.request_finished("stop");
+        assert!(!m.render().contains("model_name"));
+        m.set_model_name("smol");
+        let text = m.render();
+        assert_eq!(
+            sample(&text, "wick:num_requests_running{model_name=\"smol\"}"),
+            0.0
+        );
+        assert_eq!(
+            sample(
+                &text,
+                "wick:request_success_total{model_name=\"smol\",finished_reason=\"stop\"}"
+            ),
+            1.0
+        );
+        assert_eq!(
+            sample(
+                &text,
+                "wick:time_to_first_token_seconds_bucket{model_name=\"smol\",le=\"0.001\"}"
+            ),
+            0.0
+        );
+        let samples = text.lines().filter(|l| !l.starts_with('#'));
+        for line in samples {
+            assert!(line.contains("{model_name=\"smol\""), "unlabelled: {line}");
+        }
     }
 
     #[test]
