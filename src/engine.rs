@@ -10,8 +10,9 @@ use crate::block_manager::BlockManager;
 use crate::error::{Result, WickError};
 use crate::kv_cache::{KvCache, KvLayout};
 use crate::model_runner::ModelRunner;
+use crate::models::LogitRows;
 use crate::models::Model;
-use crate::sampler::SampledToken;
+use crate::sampler::{score_token, SampledToken};
 use crate::sampling_params::SamplingParams;
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::sequence::{FinishReason, SeqId, Sequence};
@@ -49,6 +50,9 @@ pub struct StepEvent {
     pub seq: SeqId,
     pub token: Option<SampledToken>,
     pub finish: Option<FinishReason>,
+    /// With the first token, when `prompt_logprobs` was asked for: the
+    /// scores of prompt tokens `1..` (token 0 has nothing to be scored on).
+    pub prompt_logprobs: Vec<SampledToken>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,20 +203,31 @@ impl Engine {
         self.retire(sampled)
     }
 
-    /// Advances the cache cursors and samples one token for every sequence
-    /// whose pending tokens are now all cached, in parallel: each sequence
-    /// draws from its own RNG, so the order does not matter.
+    /// Advances the cache cursors, scores prompt tokens where asked, and
+    /// samples one token for every sequence whose pending tokens are now all
+    /// cached, in parallel: each sequence draws from its own RNG, so the
+    /// order does not matter.
     fn sample(&mut self, logits: Vec<Vec<f32>>) -> Vec<(SeqId, SampledToken)> {
-        for seq in self.scheduler.running.iter_mut() {
+        let mut rows = logits.into_iter();
+        let mut targets: Vec<(&mut Sequence, Vec<f32>)> = Vec::new();
+        for seq in self.scheduler.running.iter_mut().filter(|s| s.chunk > 0) {
+            let wanted = seq.logit_rows();
+            let mut mine: Vec<Vec<f32>> = match wanted {
+                LogitRows::None => Vec::new(),
+                LogitRows::Last => rows.by_ref().take(1).collect(),
+                LogitRows::All => rows.by_ref().take(seq.chunk).collect(),
+            };
+            let first = seq.num_cached;
             seq.num_cached += seq.chunk;
+            if wanted == LogitRows::All {
+                score_prompt(seq, first, &mine);
+            }
+            if seq.num_cached == seq.len() {
+                if let Some(row) = mine.pop() {
+                    targets.push((seq, row));
+                }
+            }
         }
-        let mut targets: Vec<(&mut Sequence, Vec<f32>)> = self
-            .scheduler
-            .running
-            .iter_mut()
-            .filter(|s| s.chunk > 0 && s.num_cached == s.len())
-            .zip(logits)
-            .collect();
         targets
             .par_iter_mut()
             .map(|(seq, row)| {
@@ -241,10 +256,12 @@ impl Engine {
             };
             seq.tokens.push(token.id);
             let finish = self.finish_reason(&self.scheduler.running[i], token.id);
+            let seq = &mut self.scheduler.running[i];
             events.push(StepEvent {
-                seq: self.scheduler.running[i].id,
+                seq: seq.id,
                 token: Some(token),
                 finish: finish.clone(),
+                prompt_logprobs: std::mem::take(&mut seq.prompt_logprobs),
             });
             if finish.is_some() {
                 let mut seq = self.scheduler.running.remove(i);
@@ -286,8 +303,29 @@ impl Engine {
                     seq: id,
                     token: None,
                     finish: Some(FinishReason::Error(msg.clone())),
+                    prompt_logprobs: Vec::new(),
                 }
             })
             .collect()
     }
+}
+
+/// Scores the prompt tokens that `rows` (logits at positions `first..`)
+/// predict and `seq` is still owed, in parallel over the rows.
+fn score_prompt(seq: &mut Sequence, first: usize, rows: &[Vec<f32>]) {
+    let Some(n) = seq.params.prompt_logprobs else {
+        return;
+    };
+    // The row at position p predicts token p + 1.
+    let from = seq.next_scored_prompt_token().max(first + 1);
+    let to = seq.prompt_len.min(first + rows.len() + 1);
+    if from != seq.next_scored_prompt_token() || from >= to {
+        return;
+    }
+    let prompt = &seq.tokens[..seq.prompt_len];
+    let scored: Vec<SampledToken> = (from..to)
+        .into_par_iter()
+        .map(|t| score_token(&rows[t - 1 - first], prompt[t], n))
+        .collect();
+    seq.prompt_logprobs.extend(scored);
 }

@@ -29,14 +29,17 @@ impl ModelRunner {
         let mut batch = FlatBatch::default();
         for seq in seqs.filter(|s| s.chunk > 0) {
             let range = seq.num_cached..seq.num_cached + seq.chunk;
-            let needs_logits = range.end == seq.len();
-            batch.push(&seq.tokens, range, seq.block_table.clone(), needs_logits);
+            batch.push(
+                &seq.tokens,
+                range,
+                seq.block_table.clone(),
+                seq.logit_rows(),
+            );
         }
         batch
     }
 
-    /// Runs the batch; returns the logits rows in the order of the sequences
-    /// with `needs_logits`.
+    /// Runs the batch; returns the logits of [`FlatBatch::logit_rows`].
     pub fn run(&mut self, batch: &FlatBatch) -> candle_core::Result<Vec<Vec<f32>>> {
         let logits = self.model.forward(batch, &mut self.cache)?;
         logits.to_vec2::<f32>()

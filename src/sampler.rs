@@ -118,10 +118,8 @@ impl Sampler {
         self.raw.clear();
         self.raw.extend_from_slice(logits);
         let lse = log_sum_exp(logits, &mut self.weights);
-        let top_logprobs = match self.params.logprobs {
-            Some(n) if n > 0 => self.top_logprobs(logits, n, lse),
-            _ => Vec::new(),
-        };
+        let n = self.params.logprobs.unwrap_or(0);
+        let top_logprobs = top_logprobs(logits, n, lse, &mut self.cand, &mut self.scratch);
 
         self.apply_processors(logits, prompt_tokens, output_tokens);
         let id = if self.params.temperature < GREEDY_TEMPERATURE {
@@ -134,13 +132,6 @@ impl Sampler {
             logprob: self.raw[id as usize] - lse,
             top_logprobs,
         }
-    }
-
-    /// The `n` most likely tokens of `logits` with their logprobs.
-    fn top_logprobs(&mut self, logits: &[f32], n: usize, lse: f32) -> Vec<(u32, f32)> {
-        top_k_into(logits, n, &mut self.cand, &mut self.scratch);
-        self.cand.sort_unstable_by(by_desc);
-        self.cand.iter().map(|&(id, l)| (id, l - lse)).collect()
     }
 
     /// Steps 2–5 of the module docs, in place.
@@ -357,6 +348,35 @@ fn top_k_into(values: &[f32], k: usize, out: &mut Vec<(u32, f32)>, scratch: &mut
 /// are deterministic for a given input.
 fn by_desc(a: &(u32, f32), b: &(u32, f32)) -> Ordering {
     b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+/// The `n` most likely tokens of `logits` with their logprobs, most likely
+/// first; `lse` is the logits' log-sum-exp.
+fn top_logprobs(
+    logits: &[f32],
+    n: usize,
+    lse: f32,
+    cand: &mut Vec<(u32, f32)>,
+    scratch: &mut Vec<f32>,
+) -> Vec<(u32, f32)> {
+    if n == 0 {
+        return Vec::new();
+    }
+    top_k_into(logits, n, cand, scratch);
+    cand.sort_unstable_by(by_desc);
+    cand.iter().map(|&(id, l)| (id, l - lse)).collect()
+}
+
+/// How a given (prompt) token scores under `logits`: its logprob and the `n`
+/// most likely tokens, as [`Sampler::sample`] reports a sampled one.
+pub fn score_token(logits: &[f32], token: u32, n: usize) -> SampledToken {
+    let (mut weights, mut cand, mut scratch) = (Vec::new(), Vec::new(), Vec::new());
+    let lse = log_sum_exp(logits, &mut weights);
+    SampledToken {
+        id: token,
+        logprob: logits[token as usize] - lse,
+        top_logprobs: top_logprobs(logits, n, lse, &mut cand, &mut scratch),
+    }
 }
 
 /// Index of the largest logit, lowest id on ties; NaN never wins.

@@ -45,6 +45,9 @@ pub struct SamplingParams {
     pub ignore_eos: bool,
     /// Report this many top alternatives per token (0..=20); `None` reports none.
     pub logprobs: Option<usize>,
+    /// Score the prompt tokens too, with this many top alternatives each
+    /// (0..=20; vLLM's `prompt_logprobs`, what completions' echo needs).
+    pub prompt_logprobs: Option<usize>,
 }
 
 impl Default for SamplingParams {
@@ -65,6 +68,7 @@ impl Default for SamplingParams {
             stop_token_ids: Vec::new(),
             ignore_eos: false,
             logprobs: None,
+            prompt_logprobs: None,
         }
     }
 }
@@ -131,9 +135,12 @@ impl SamplingParams {
                 self.frequency_penalty,
             ));
         }
-        if let Some(n) = self.logprobs {
-            if n > MAX_LOGPROBS {
-                return Err(invalid("logprobs", "must be in [0, 20]", n));
+        for (name, n) in [
+            ("logprobs", self.logprobs),
+            ("prompt_logprobs", self.prompt_logprobs),
+        ] {
+            if let Some(n) = n.filter(|&n| n > MAX_LOGPROBS) {
+                return Err(invalid(name, "must be in [0, 20]", n));
             }
         }
         for &(id, bias) in &self.logit_bias {

@@ -2,7 +2,8 @@
 //! the KV cache, the blocks holding them, and its own sampler.
 
 use crate::block_manager::BlockId;
-use crate::sampler::Sampler;
+use crate::models::LogitRows;
+use crate::sampler::{SampledToken, Sampler};
 use crate::sampling_params::SamplingParams;
 
 pub type SeqId = u64;
@@ -45,6 +46,9 @@ pub struct Sequence {
     pub chunk: usize,
     /// Upper bound on `tokens.len()`: prompt + max_tokens, capped by the context.
     pub max_len: usize,
+    /// Logprobs of prompt tokens `1..` scored so far (`params.prompt_logprobs`),
+    /// handed out with the first sampled token.
+    pub prompt_logprobs: Vec<SampledToken>,
 }
 
 impl Sequence {
@@ -68,6 +72,7 @@ impl Sequence {
             block_table: Vec::new(),
             num_cached: 0,
             chunk: 0,
+            prompt_logprobs: Vec::new(),
         }
     }
 
@@ -90,5 +95,22 @@ impl Sequence {
     /// Tokens not yet in the cache (the rest of the prompt, or the last sampled token).
     pub fn pending(&self) -> usize {
         self.len() - self.num_cached
+    }
+
+    /// The rows of this step's chunk that need logits. Prompt scoring stops
+    /// with the first sampled token, so a sequence preempted later does not
+    /// score its prompt again when it is recomputed.
+    pub fn logit_rows(&self) -> LogitRows {
+        let scoring = self.params.prompt_logprobs.is_some() && self.output().is_empty();
+        match (scoring, self.num_cached + self.chunk == self.len()) {
+            (true, _) => LogitRows::All,
+            (false, true) => LogitRows::Last,
+            (false, false) => LogitRows::None,
+        }
+    }
+
+    /// The prompt token the next score is owed for (prompt token 0 has none).
+    pub fn next_scored_prompt_token(&self) -> usize {
+        1 + self.prompt_logprobs.len()
     }
 }

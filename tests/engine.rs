@@ -12,7 +12,7 @@ use wick::engine::{Engine, EngineConfig};
 use wick::error::WickError;
 use wick::kv_cache::{KvCache, KvDtype, KvLayout};
 use wick::models::linear::WeightFormat;
-use wick::models::{FlatBatch, Model};
+use wick::models::{FlatBatch, LogitRows, Model};
 use wick::sampling_params::SamplingParams;
 use wick::sequence::SeqId;
 
@@ -260,7 +260,7 @@ fn logits_in_chunks(
     for &n in chunks {
         assert!(blocks.grow(&mut table, pos + n));
         let mut batch = FlatBatch::default();
-        batch.push(tokens, pos..pos + n, table.clone(), true);
+        batch.push(tokens, pos..pos + n, table.clone(), LogitRows::Last);
         last = model
             .forward(&batch, &mut cache)
             .unwrap()

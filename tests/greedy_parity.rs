@@ -24,7 +24,7 @@ use candle_core::Device;
 use wick::block_manager::BlockManager;
 use wick::kv_cache::{KvCache, KvDtype, KvLayout};
 use wick::models::linear::WeightFormat;
-use wick::models::FlatBatch;
+use wick::models::{FlatBatch, LogitRows};
 
 /// llama.cpp's token may trail wick's best by at most this many nats.
 const MAX_MARGIN: f32 = 0.75;
@@ -112,7 +112,7 @@ fn check_storage(loaded: &wick::loader::LoadedModel, cases: &[Case], force_tenso
             } else {
                 (prompt_len + step - 1, prompt_len + step)
             };
-            batch.push(toks, from..to, tables[i].clone(), true);
+            batch.push(toks, from..to, tables[i].clone(), LogitRows::Last);
             active.push(i);
         }
         let logits = loaded

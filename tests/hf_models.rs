@@ -14,7 +14,8 @@ use wick::engine::{Engine, EngineConfig};
 use wick::kv_cache::{KvCache, KvLayout};
 use wick::loader::{load, LoadOptions, LoadedModel, WeightDtype};
 use wick::models::linear::WeightFormat;
-use wick::models::FlatBatch;
+use wick::models::{FlatBatch, LogitRows};
+use wick::sampling_params::SamplingParams;
 
 const FIXTURES: [&str; 2] = ["gpt2-tiny", "llama-tiny"];
 
@@ -107,7 +108,7 @@ fn forced_logits(
             if to > ids.len() {
                 continue;
             }
-            batch.push(ids, fed[i]..to, tables[i].clone(), true);
+            batch.push(ids, fed[i]..to, tables[i].clone(), LogitRows::Last);
             fed[i] = to;
             active.push(i);
         }
@@ -225,6 +226,97 @@ fn greedy_continuations_match_transformers() {
         let got = common::greedy_batch(&mut engine, requests);
         for (i, want) in r.greedy.iter().enumerate() {
             assert_eq!(&got[i], want, "{name}: input {i}");
+        }
+    }
+}
+
+/// `log_softmax(row)[id]`, in f64.
+fn logprob(row: &[f32], id: u32) -> f64 {
+    let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = max
+        + row
+            .iter()
+            .map(|&x| (x as f64 - max).exp())
+            .sum::<f64>()
+            .ln();
+    row[id as usize] as f64 - lse
+}
+
+/// Echo with logprobs: every prompt token after the first is scored with
+/// transformers' logits at the position before it, across prefill chunks
+/// and a KV pool small enough to preempt sequences mid-prompt.
+#[test]
+fn prompt_logprobs_match_transformers_across_chunks_and_preemption() {
+    const TOP: usize = 3;
+    for name in FIXTURES {
+        let r = reference(name);
+        let loaded = load_fixture(name, &LoadOptions::default());
+        let info = loaded.model.info().clone();
+        let block_size = 4;
+        // 12 blocks: the longest request alone fits, all of them together do not.
+        let block_bytes = KvLayout::bytes_per_block(
+            info.num_layers,
+            info.num_kv_heads,
+            info.head_dim,
+            block_size,
+            info.kv_dtype,
+        );
+        let cfg = EngineConfig {
+            block_size,
+            kv_cache_bytes: 12 * block_bytes,
+            max_num_batched_tokens: 16,
+            ..Default::default()
+        };
+        let mut engine =
+            Engine::new(loaded.model, loaded.tokenizer.eos_ids().to_vec(), &cfg).unwrap();
+        let mut ids = Vec::new();
+        for input in &r.inputs {
+            let params = SamplingParams {
+                max_tokens: 8,
+                temperature: 0.0,
+                ignore_eos: true,
+                prompt_logprobs: Some(TOP),
+                ..Default::default()
+            };
+            ids.push(engine.add_request(input.clone(), params).unwrap());
+        }
+        let mut scored = vec![None; ids.len()];
+        while engine.has_work() {
+            for ev in engine.step() {
+                let i = ids.iter().position(|&id| id == ev.seq).unwrap();
+                assert!(ev.token.is_some(), "{name}: {ev:?}");
+                // Only the first token carries them, even after a preemption.
+                match scored[i] {
+                    None => scored[i] = Some(ev.prompt_logprobs),
+                    Some(_) => assert!(ev.prompt_logprobs.is_empty(), "{name}: scored twice"),
+                }
+            }
+        }
+        assert!(
+            engine.stats().preemptions > 0,
+            "{name}: nothing was preempted"
+        );
+        for (i, input) in r.inputs.iter().enumerate() {
+            let got = scored[i].as_ref().unwrap();
+            assert_eq!(got.len(), input.len() - 1, "{name} input {i}");
+            for (j, t) in got.iter().enumerate() {
+                let row = &r.logits[i][j];
+                assert_eq!(t.id, input[j + 1]);
+                let want = logprob(row, t.id);
+                assert!(
+                    (t.logprob as f64 - want).abs() < 1e-4,
+                    "{name} input {i} token {}: {} vs transformers {want}",
+                    j + 1,
+                    t.logprob
+                );
+                let mut best: Vec<f64> = (0..row.len() as u32).map(|id| logprob(row, id)).collect();
+                best.sort_by(|a, b| b.total_cmp(a));
+                assert_eq!(t.top_logprobs.len(), TOP);
+                for (k, &(id, lp)) in t.top_logprobs.iter().enumerate() {
+                    assert!((lp as f64 - logprob(row, id)).abs() < 1e-4);
+                    assert!((lp as f64 - best[k]).abs() < 1e-4, "{name}: rank {k}");
+                }
+            }
         }
     }
 }

@@ -123,3 +123,102 @@ async fn get_json(server: &Server, path: &str) -> (u16, Value) {
     let r = reqwest::get(server.url(path)).await.unwrap();
     (r.status().as_u16(), r.json().await.unwrap())
 }
+
+/// `log_softmax(row)[id]`, in f64.
+fn logprob(row: &Value, id: u32) -> f64 {
+    let row: Vec<f64> = row
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let lse = max + row.iter().map(|x| (x - max).exp()).sum::<f64>().ln();
+    row[id as usize] - lse
+}
+
+/// OpenAI's echo with logprobs: the prompt's tokens come first (the first
+/// unscored, null), scored with transformers' logits, offsets into the
+/// echoed text; streamed and whole answers agree.
+#[tokio::test(flavor = "multi_thread")]
+async fn echo_with_logprobs_scores_the_prompt_as_transformers_does() {
+    let dir = gpt2_dir();
+    let server = Server::start(&["--model", dir.to_str().unwrap()]);
+    let r = reference();
+    let input = ids(&r["inputs"][1]);
+    let max_tokens = 3;
+    let body = json!({
+        "prompt": input, "echo": true, "logprobs": 2, "max_tokens": max_tokens,
+        "temperature": 0, "ignore_eos": true,
+    });
+    let (status, resp) = post(&server, "/v1/completions", body.clone()).await;
+    assert_eq!(status, 200, "{resp}");
+    let choice = &resp["choices"][0];
+    let lp = &choice["logprobs"];
+    let tokens: Vec<&str> = lp["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(tokens.len(), input.len() + max_tokens, "{lp}");
+    assert!(lp["token_logprobs"][0].is_null() && lp["top_logprobs"][0].is_null());
+    for j in 1..input.len() {
+        let want = logprob(&r["logits"][1][j - 1], input[j]);
+        let got = lp["token_logprobs"][j].as_f64().unwrap();
+        assert!(
+            (got - want).abs() < 1e-4,
+            "prompt token {j}: {got} vs {want}"
+        );
+        // Up to 2 entries: distinct ids may decode to the same text key.
+        let row = &r["logits"][1][j - 1];
+        let mut best: Vec<f64> = (0..row.as_array().unwrap().len() as u32)
+            .map(|id| logprob(row, id))
+            .collect();
+        best.sort_by(|a, b| b.total_cmp(a));
+        let top = lp["top_logprobs"][j].as_object().unwrap();
+        assert!((1..=2).contains(&top.len()), "{top:?}");
+        for v in top.values() {
+            let v = v.as_f64().unwrap();
+            assert!(
+                best[..2].iter().any(|b| (b - v).abs() < 1e-4),
+                "{v} vs {best:?}"
+            );
+        }
+    }
+    // Offsets walk the echoed prompt and then the completion.
+    let text = choice["text"].as_str().unwrap();
+    let mut offset = 0;
+    for (k, t) in tokens.iter().enumerate() {
+        assert_eq!(lp["text_offset"][k], offset, "token {k}");
+        offset += t.chars().count();
+    }
+    assert_eq!(tokens.concat(), text);
+
+    let mut stream_body = body;
+    stream_body["stream"] = json!(true);
+    let streamed = chunks(&sse(&server, "/v1/completions", stream_body).await);
+    let mut joined = Vec::new();
+    for c in &streamed {
+        if let Some(toks) = c["choices"][0]["logprobs"]["tokens"].as_array() {
+            let l = &c["choices"][0]["logprobs"];
+            for k in 0..toks.len() {
+                joined.push((
+                    toks[k].clone(),
+                    l["token_logprobs"][k].clone(),
+                    l["text_offset"][k].clone(),
+                ));
+            }
+        }
+    }
+    let whole: Vec<_> = (0..tokens.len())
+        .map(|k| {
+            (
+                lp["tokens"][k].clone(),
+                lp["token_logprobs"][k].clone(),
+                lp["text_offset"][k].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(joined, whole);
+}

@@ -22,8 +22,19 @@ pub struct SeqSlice {
     pub len: usize,
     pub first_pos: usize,
     pub block_table: Vec<BlockId>,
-    /// Whether the logits of this sequence's last row are wanted.
-    pub needs_logits: bool,
+    /// Which of its rows get logits.
+    pub logits: LogitRows,
+}
+
+/// Which rows of a sequence's slice the model computes logits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitRows {
+    /// None: a prefill chunk that does not end the prompt.
+    None,
+    /// The last row, to sample the next token from.
+    Last,
+    /// Every row, to score the prompt tokens (echo with logprobs) too.
+    All,
 }
 
 impl SeqSlice {
@@ -323,7 +334,7 @@ mod tests {
                         len: b - a,
                         first_pos: a,
                         block_table: tables[si].clone(),
-                        needs_logits: true,
+                        logits: LogitRows::Last,
                     });
                     start += b - a;
                 }

@@ -9,7 +9,7 @@ pub mod llama;
 
 use candle_core::{Device, Result, Tensor};
 
-pub use crate::attention::SeqSlice;
+pub use crate::attention::{LogitRows, SeqSlice};
 use crate::kv_cache::{KvCache, KvDtype};
 
 /// What the engine needs to know about a loaded model.
@@ -44,26 +44,31 @@ impl FlatBatch {
         tokens: &[u32],
         positions: std::ops::Range<usize>,
         block_table: Vec<crate::block_manager::BlockId>,
-        needs_logits: bool,
+        logits: LogitRows,
     ) {
         self.seqs.push(SeqSlice {
             start: self.tokens.len(),
             len: positions.len(),
             first_pos: positions.start,
             block_table,
-            needs_logits,
+            logits,
         });
         self.tokens.extend_from_slice(&tokens[positions.clone()]);
         self.positions.extend(positions.map(|p| p as u32));
     }
 
-    /// Rows whose logits are wanted: the last row of each sequence that asked.
+    /// Rows whose logits are wanted, in row order.
     pub fn logit_rows(&self) -> Vec<u32> {
-        self.seqs
-            .iter()
-            .filter(|s| s.needs_logits)
-            .map(|s| (s.start + s.len - 1) as u32)
-            .collect()
+        let mut rows = Vec::new();
+        for s in &self.seqs {
+            let end = (s.start + s.len) as u32;
+            match s.logits {
+                LogitRows::None => {}
+                LogitRows::Last => rows.push(end - 1),
+                LogitRows::All => rows.extend(s.start as u32..end),
+            }
+        }
+        rows
     }
 }
 
@@ -81,6 +86,6 @@ pub trait Model: Send {
     fn info(&self) -> &ModelInfo;
     fn device(&self) -> &Device;
     /// Writes the batch's K/V into `cache` and returns `[n, vocab]` f32 logits
-    /// for the `n` sequences with `needs_logits`, in batch order.
+    /// for the `n` rows of [`FlatBatch::logit_rows`], in that order.
     fn forward(&self, batch: &FlatBatch, cache: &mut KvCache) -> Result<Tensor>;
 }

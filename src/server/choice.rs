@@ -2,6 +2,7 @@
 //! (detokenized, stop strings held back) and logprobs out.
 
 use crate::engine::StepEvent;
+use crate::sampler::SampledToken;
 use crate::sequence::FinishReason;
 use crate::text_stream::TextStream;
 use crate::tokenizer::Tokenizer;
@@ -21,6 +22,9 @@ pub struct TokenLogprob {
 pub struct Delta {
     pub text: String,
     pub logprobs: Vec<TokenLogprob>,
+    /// Prompt tokens `1..` with their logprobs, on the first delta of a
+    /// choice whose request echoes the prompt with logprobs.
+    pub prompt_logprobs: Vec<TokenLogprob>,
     pub finish: Option<&'static str>,
     /// A stop string matched: the handler must abort the sequence.
     pub stopped_by_string: bool,
@@ -35,6 +39,18 @@ pub struct ChoiceOutput {
 
 fn token_text(tok: &Tokenizer, id: u32) -> String {
     tok.decode(&[id]).unwrap_or_default()
+}
+
+fn token_logprob(tok: &Tokenizer, t: &SampledToken) -> TokenLogprob {
+    TokenLogprob {
+        token: token_text(tok, t.id),
+        logprob: t.logprob,
+        top: t
+            .top_logprobs
+            .iter()
+            .map(|&(id, lp)| (token_text(tok, id), lp))
+            .collect(),
+    }
 }
 
 impl ChoiceOutput {
@@ -53,6 +69,13 @@ impl ChoiceOutput {
             self.finished = true;
             return Err(ApiError::internal(msg));
         }
+        if self.want_logprobs {
+            delta.prompt_logprobs = ev
+                .prompt_logprobs
+                .iter()
+                .map(|t| token_logprob(tok, t))
+                .collect();
+        }
         if let Some(t) = &ev.token {
             self.completion_tokens += 1;
             // A token that ends the sequence by Stop is EOS or a stop id: counted, not shown.
@@ -63,15 +86,7 @@ impl ChoiceOutput {
                     .map_err(|e| ApiError::internal(format!("{e:#}")))?;
                 delta.text = d.text;
                 if self.want_logprobs {
-                    delta.logprobs.push(TokenLogprob {
-                        token: token_text(tok, t.id),
-                        logprob: t.logprob,
-                        top: t
-                            .top_logprobs
-                            .iter()
-                            .map(|&(id, lp)| (token_text(tok, id), lp))
-                            .collect(),
-                    });
+                    delta.logprobs.push(token_logprob(tok, t));
                 }
                 if d.stopped {
                     delta.stopped_by_string = true;

@@ -172,6 +172,7 @@ impl Loop {
                     seq: id,
                     token: None,
                     finish: Some(FinishReason::Abort),
+                    prompt_logprobs: Vec::new(),
                 });
             }
             self.metrics.request_finished(FinishReason::Abort.as_str());

@@ -111,7 +111,11 @@ impl Generation {
                     .metrics
                     .observe_e2e(now.duration_since(self.start).as_secs_f64());
             }
-            if delta.text.is_empty() && delta.finish.is_none() && delta.logprobs.is_empty() {
+            if delta.text.is_empty()
+                && delta.finish.is_none()
+                && delta.logprobs.is_empty()
+                && delta.prompt_logprobs.is_empty()
+            {
                 continue;
             }
             return Some(Ok((i, delta)));

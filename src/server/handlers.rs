@@ -160,6 +160,20 @@ fn usage(g: &Generation) -> Usage {
     }
 }
 
+/// The echoed prompt's logprobs: its first token (nothing to score it on,
+/// so null, as OpenAI and vLLM report it) and the scored rest, offsets from 0.
+fn echo_logprobs(first_token: String, scored: &[TokenLogprob]) -> CompletionLogprobs {
+    let offset = first_token.chars().count();
+    let mut out = CompletionLogprobs {
+        tokens: vec![first_token],
+        token_logprobs: vec![None],
+        top_logprobs: vec![None],
+        text_offset: vec![0],
+    };
+    out.append(completion_logprobs(scored, offset));
+    out
+}
+
 /// Completions' logprobs for one delta; `offset` is the text length before it.
 fn completion_logprobs(lps: &[TokenLogprob], mut offset: usize) -> CompletionLogprobs {
     let mut out = CompletionLogprobs::default();
@@ -268,6 +282,14 @@ pub async fn completions(
     } else {
         vec![String::new(); g.num_choices()]
     };
+    // Per choice, the echoed prompt's first token until its logprobs go out.
+    let mut echo_first: Vec<Option<String>> = (0..g.num_choices())
+        .map(|i| {
+            let first = plan.prompts[i / plan.n].first()?;
+            (plan.echo && plan.logprobs.is_some())
+                .then(|| model.tokenizer.decode(&[*first]).unwrap_or_default())
+        })
+        .collect();
     let response = move |choices: Vec<CompletionChoice>, usage: Option<Usage>| CompletionResponse {
         id: id.clone(),
         object: "text_completion".into(),
@@ -286,9 +308,14 @@ pub async fn completions(
                 text.push_str(&echo[i]);
             }
             text.push_str(&d.text);
-            let logprobs = plan
-                .logprobs
-                .map(|_| completion_logprobs(&d.logprobs, offsets[i]));
+            let logprobs = plan.logprobs.map(|_| {
+                let mut lp = match echo_first[i].take() {
+                    Some(first) => echo_logprobs(first, &d.prompt_logprobs),
+                    None => CompletionLogprobs::default(),
+                };
+                lp.append(completion_logprobs(&d.logprobs, offsets[i]));
+                lp
+            });
             offsets[i] += d.text.chars().count();
             vec![sse_json(&r(
                 vec![CompletionChoice {
@@ -325,11 +352,10 @@ pub async fn completions(
         let (i, d) = item?;
         let c = &mut choices[i];
         if let Some(lp) = &mut c.logprobs {
-            let more = completion_logprobs(&d.logprobs, c.text.chars().count());
-            lp.tokens.extend(more.tokens);
-            lp.token_logprobs.extend(more.token_logprobs);
-            lp.top_logprobs.extend(more.top_logprobs);
-            lp.text_offset.extend(more.text_offset);
+            if let Some(first) = echo_first[i].take() {
+                lp.append(echo_logprobs(first, &d.prompt_logprobs));
+            }
+            lp.append(completion_logprobs(&d.logprobs, c.text.chars().count()));
         }
         c.text.push_str(&d.text);
         if let Some(f) = d.finish {

@@ -152,6 +152,16 @@ pub struct CompletionLogprobs {
     pub text_offset: Vec<usize>,
 }
 
+impl CompletionLogprobs {
+    /// Adds `more`'s tokens after this one's.
+    pub fn append(&mut self, more: CompletionLogprobs) {
+        self.tokens.extend(more.tokens);
+        self.token_logprobs.extend(more.token_logprobs);
+        self.top_logprobs.extend(more.top_logprobs);
+        self.text_offset.extend(more.text_offset);
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CompletionChoice {
     pub index: usize,

@@ -248,6 +248,7 @@ impl Common<'_> {
             stop_token_ids: self.stop_token_ids.cloned().unwrap_or_default(),
             ignore_eos: self.ignore_eos.unwrap_or(false),
             logprobs,
+            prompt_logprobs: None,
         };
         params.validate(ctx.vocab_size)?;
         Ok(params)
@@ -325,7 +326,11 @@ pub fn validate_completion(
         .max_tokens
         .map_or(DEFAULT_COMPLETION_MAX_TOKENS, |m| m as usize);
     let logprobs = req.logprobs.map(|k| k as usize);
-    let params = common.params(max_tokens, logprobs, ctx)?;
+    let mut params = common.params(max_tokens, logprobs, ctx)?;
+    // OpenAI's echo with logprobs scores the echoed prompt as well.
+    if echo {
+        params.prompt_logprobs = logprobs;
+    }
     for ids in &prompts {
         check_context(ids.len(), max_tokens, ctx, "prompt")?;
     }
@@ -617,6 +622,16 @@ mod tests {
     }
 
     #[test]
+    fn echo_with_logprobs_scores_the_prompt() {
+        let plan = completion(json!({"prompt": "a b", "echo": true, "logprobs": 2})).unwrap();
+        assert_eq!(plan.params.prompt_logprobs, Some(2));
+        let plan = completion(json!({"prompt": "a b", "logprobs": 2})).unwrap();
+        assert_eq!(plan.params.prompt_logprobs, None);
+        let plan = completion(json!({"prompt": "a b", "echo": true})).unwrap();
+        assert_eq!(plan.params.prompt_logprobs, None);
+    }
+
+    #[test]
     fn token_ids() {
         let ids = encode("The capital of France is");
         let plan = completion(json!({"prompt": ids, "echo": true})).unwrap();
@@ -657,6 +672,7 @@ mod tests {
             stop_token_ids: vec![2],
             ignore_eos: true,
             logprobs: Some(2),
+            prompt_logprobs: None,
         };
         assert_eq!(plan.params, expected);
         assert_eq!((plan.n, plan.stream, plan.include_usage), (3, true, true));
