@@ -38,8 +38,9 @@ const NUCLEUS_CHUNK: usize = 64;
 #[derive(Debug, Clone, PartialEq)]
 pub struct SampledToken {
     pub id: u32,
-    /// Log-softmax of the raw logits at `id`.
-    pub logprob: f32,
+    /// Log-softmax of the raw logits at `id`, when logprobs were requested
+    /// (a pass over the vocabulary that greedy decoding otherwise skips).
+    pub logprob: Option<f32>,
     /// The `logprobs` most likely tokens under the raw logits with their
     /// logprobs, most likely first (ties: lowest id first). Empty unless
     /// requested; the chosen token is included only if it is among them.
@@ -115,11 +116,13 @@ impl Sampler {
         output_tokens: &[u32],
     ) -> SampledToken {
         assert!(!logits.is_empty(), "cannot sample from empty logits");
-        self.raw.clear();
-        self.raw.extend_from_slice(logits);
-        let lse = log_sum_exp(logits, &mut self.weights);
-        let n = self.params.logprobs.unwrap_or(0);
-        let top_logprobs = top_logprobs(logits, n, lse, &mut self.cand, &mut self.scratch);
+        let scored = self.params.logprobs.map(|n| {
+            self.raw.clear();
+            self.raw.extend_from_slice(logits);
+            let lse = log_sum_exp(logits, &mut self.weights);
+            let top = top_logprobs(logits, n, lse, &mut self.cand, &mut self.scratch);
+            (lse, top)
+        });
 
         self.apply_processors(logits, prompt_tokens, output_tokens);
         let id = if self.params.temperature < GREEDY_TEMPERATURE {
@@ -127,9 +130,13 @@ impl Sampler {
         } else {
             self.draw(logits)
         };
+        let (logprob, top_logprobs) = match scored {
+            Some((lse, top)) => (Some(self.raw[id as usize] - lse), top),
+            None => (None, Vec::new()),
+        };
         SampledToken {
             id,
-            logprob: self.raw[id as usize] - lse,
+            logprob,
             top_logprobs,
         }
     }
@@ -374,7 +381,7 @@ pub fn score_token(logits: &[f32], token: u32, n: usize) -> SampledToken {
     let lse = log_sum_exp(logits, &mut weights);
     SampledToken {
         id: token,
-        logprob: logits[token as usize] - lse,
+        logprob: Some(logits[token as usize] - lse),
         top_logprobs: top_logprobs(logits, n, lse, &mut cand, &mut scratch),
     }
 }
@@ -698,7 +705,7 @@ mod tests {
         let t = s.sample(&mut raw.clone(), &[1], &[4]);
         // The bias makes token 2 all but certain, yet its raw logprob is reported.
         assert_eq!(t.id, 2);
-        assert!((t.logprob - expected[2]).abs() < 1e-5);
+        assert!((t.logprob.unwrap() - expected[2]).abs() < 1e-5);
         let ids: Vec<u32> = t.top_logprobs.iter().map(|x| x.0).collect();
         assert_eq!(ids, [1, 4, 5]);
         for &(id, lp) in &t.top_logprobs {
@@ -707,10 +714,13 @@ mod tests {
         let mass: f32 = t.top_logprobs.iter().map(|x| x.1.exp()).sum();
         assert!(mass <= 1.0 + 1e-6);
 
-        // Not requested: none reported, the chosen logprob still is.
-        let mut s = Sampler::new(&params(|p| p.temperature = 0.0));
+        // logprobs: 0 reports the chosen token's alone; not requested, none.
+        let mut s = Sampler::new(&params(|p| (p.temperature, p.logprobs) = (0.0, Some(0))));
         let t = s.sample(&mut raw.clone(), &[], &[]);
         assert!(t.top_logprobs.is_empty());
-        assert!((t.logprob - expected[1]).abs() < 1e-5);
+        assert!((t.logprob.unwrap() - expected[1]).abs() < 1e-5);
+        let mut s = Sampler::new(&params(|p| p.temperature = 0.0));
+        let t = s.sample(&mut raw.clone(), &[], &[]);
+        assert_eq!((t.id, t.logprob, t.top_logprobs.len()), (1, None, 0));
     }
 }

@@ -175,8 +175,7 @@ impl CustomOp1 for WickMatmul<'_> {
             candle_core::bail!("matmul input of {} values is not rows of {k}", x.len());
         }
         let m = x.len() / k;
-        let mut out = vec![0f32; m * n];
-        self.0.matmul(x, m, &mut out);
+        let out = self.0.matmul_to_vec(x, m);
         Ok((CpuStorage::F32(out), Shape::from((m, n))))
     }
 }

@@ -183,6 +183,7 @@ fn check_format(dtype: GgmlDType, seed: u64) {
             let mut generic_pub = vec![0.0; m * n];
             qm.matmul_with(Kernel::Generic, &x, m, &mut generic_pub);
             assert_eq!(auto, run(&qm, Isa::detect(), &x, m));
+            assert_eq!(qm.matmul_to_vec(&x, m), auto);
             assert_eq!(generic_pub, generic);
             // Called from a pool thread, smaller calls split too; the split
             // must not change a bit.

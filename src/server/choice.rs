@@ -44,7 +44,8 @@ fn token_text(tok: &Tokenizer, id: u32) -> String {
 fn token_logprob(tok: &Tokenizer, t: &SampledToken) -> TokenLogprob {
     TokenLogprob {
         token: token_text(tok, t.id),
-        logprob: t.logprob,
+        // Present whenever logprobs were requested, the only time this runs.
+        logprob: t.logprob.unwrap_or(f32::NAN),
         top: t
             .top_logprobs
             .iter()
