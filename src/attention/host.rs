@@ -62,28 +62,28 @@ fn tile(table: &[BlockId], pos: usize, kv_head: usize, dims: &AttnDims) -> usize
     (block * dims.num_kv_heads + kv_head) * dims.block_size * dims.head_dim
 }
 
-/// Stores this step's K and V rows (`[T, kv_heads * head_dim]`) in their slots.
+/// Stores the key and value heads of this step's stacked rows (`qkv`:
+/// `[T, qkv_width]`) in their slots.
 pub(super) fn write<T: KvElem>(
     k_pool: &mut [T],
     v_pool: &mut [T],
-    k: &[f32],
-    v: &[f32],
+    qkv: &[f32],
     seqs: &[SeqSlice],
     dims: AttnDims,
 ) {
     let (hd, bs) = (dims.head_dim, dims.block_size);
-    let kv_dim = dims.num_kv_heads * hd;
+    let (k_at, v_at) = dims.kv_offsets();
     for s in seqs {
         for i in 0..s.len {
-            let (pos, row) = (s.first_pos + i, (s.start + i) * kv_dim);
+            let (pos, row) = (s.first_pos + i, (s.start + i) * dims.qkv_width());
             let slot = pos % bs;
             for h in 0..dims.num_kv_heads {
                 let t = tile(&s.block_table, pos, h, &dims);
-                let src = row + h * hd;
-                for (d, &x) in k[src..src + hd].iter().enumerate() {
+                let (k, v) = (row + k_at + h * hd, row + v_at + h * hd);
+                for (d, &x) in qkv[k..k + hd].iter().enumerate() {
                     k_pool[t + d * bs + slot] = T::from_f32(x);
                 }
-                T::store(&mut v_pool[t + slot * hd..][..hd], &v[src..src + hd]);
+                T::store(&mut v_pool[t + slot * hd..][..hd], &qkv[v..v + hd]);
             }
         }
     }
@@ -101,11 +101,12 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
-/// `q`: `[T, num_heads * head_dim]`; returns the same shape. One work item per
+/// `qkv`: `[T, qkv_width]`, of which the query heads are read; returns
+/// `[T, num_heads * head_dim]`. One work item per
 /// (sequence, block of up to `ROW_BLOCK` rows, kv head). Every row is computed
 /// the same way whatever else is in its item or the batch.
 pub(super) fn attend<T: KvElem>(
-    q: &[f32],
+    qkv: &[f32],
     k_pool: &[T],
     v_pool: &[T],
     seqs: &[SeqSlice],
@@ -127,7 +128,7 @@ pub(super) fn attend<T: KvElem>(
             let rows = first..(first + ROW_BLOCK).min(s.len);
             SCRATCH.with(|scratch| {
                 let scratch = &mut scratch.borrow_mut();
-                attend_item(scratch, q, k_pool, v_pool, s, kv_head, rows, &dims)
+                attend_item(scratch, qkv, k_pool, v_pool, s, kv_head, rows, &dims)
             })
         })
         .collect();
@@ -149,7 +150,7 @@ pub(super) fn attend<T: KvElem>(
 #[allow(clippy::too_many_arguments)]
 fn attend_item<T: KvElem>(
     scratch: &mut Scratch,
-    q: &[f32],
+    qkv: &[f32],
     k_pool: &[T],
     v_pool: &[T],
     s: &SeqSlice,
@@ -159,7 +160,6 @@ fn attend_item<T: KvElem>(
 ) -> Vec<f32> {
     let (hd, bs) = (dims.head_dim, dims.block_size);
     let group = dims.group();
-    let q_dim = dims.num_heads * hd;
     let ctx = s.first_pos + rows.end;
     // Query vector `qi` belongs to row `rows.start + qi / group` and sees
     // positions `..visible(qi)`.
@@ -174,8 +174,8 @@ fn attend_item<T: KvElem>(
     } = scratch;
     queries.clear();
     for i in rows.clone() {
-        let at = (s.start + i) * q_dim + kv_head * group * hd;
-        queries.extend(q[at..at + group * hd].iter().map(|x| x * scale));
+        let at = (s.start + i) * dims.qkv_width() + kv_head * group * hd;
+        queries.extend(qkv[at..at + group * hd].iter().map(|x| x * scale));
     }
     scores.resize(n_queries * ctx, 0.0);
     widened.resize(bs * hd, 0.0);

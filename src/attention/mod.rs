@@ -7,7 +7,7 @@
 //! sequence's rows with `index_select`; it is the fallback for CUDA and is
 //! tested against the CPU kernel.
 
-use candle_core::{DType, Device, Result, Tensor};
+use candle_core::{DType, Device, Result, Storage, Tensor};
 
 use crate::block_manager::BlockId;
 use crate::kv_cache::{HostPool, LayerCache};
@@ -56,49 +56,74 @@ impl AttnDims {
     fn group(&self) -> usize {
         self.num_heads / self.num_kv_heads
     }
+
+    /// Width of a stacked q/k/v row: the query heads, then the key heads,
+    /// then the value heads.
+    pub fn qkv_width(&self) -> usize {
+        (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+    }
+
+    /// Offsets of the key and value heads within a stacked row.
+    fn kv_offsets(&self) -> (usize, usize) {
+        let k = self.num_heads * self.head_dim;
+        (k, k + self.num_kv_heads * self.head_dim)
+    }
 }
 
-/// `q`: `[T, num_heads * head_dim]`, `k`/`v`: `[T, num_kv_heads * head_dim]`
-/// (RoPE applied). Returns `[T, num_heads * head_dim]`.
+/// `qkv`: `[T, qkv_width]`, each row its token's query, key and value heads
+/// (RoPE applied), as the fused projection produces them: the host kernel
+/// reads them in place. Returns `[T, num_heads * head_dim]`.
 pub fn paged_attention(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
+    qkv: &Tensor,
     cache: &mut LayerCache,
     seqs: &[SeqSlice],
     dims: AttnDims,
 ) -> Result<Tensor> {
+    let (t, width) = qkv.dims2()?;
+    if width != dims.qkv_width() {
+        candle_core::bail!(
+            "attention input rows are {width} wide, not {}",
+            dims.qkv_width()
+        );
+    }
     match cache {
         LayerCache::Host {
             k: k_pool,
             v: v_pool,
         } => {
-            let rows = |x: &Tensor| x.flatten_all()?.to_vec1::<f32>();
-            let (q, k, v) = (rows(q)?, rows(k)?, rows(v)?);
+            let qkv = qkv.contiguous()?;
+            let (storage, layout) = qkv.storage_and_layout();
+            let Storage::Cpu(cpu) = &*storage else {
+                candle_core::bail!("the host KV pool needs its input on the CPU");
+            };
+            let (from, to) = layout
+                .contiguous_offsets()
+                .ok_or_else(|| candle_core::Error::Msg("attention input not contiguous".into()))?;
+            let rows = &cpu.as_slice::<f32>()?[from..to];
             let out = match (k_pool, v_pool) {
                 (HostPool::F16(kp), HostPool::F16(vp)) => {
-                    host::write(kp, vp, &k, &v, seqs, dims);
-                    host::attend(&q, kp, vp, seqs, dims)
+                    host::write(kp, vp, rows, seqs, dims);
+                    host::attend(rows, kp, vp, seqs, dims)
                 }
                 (HostPool::F32(kp), HostPool::F32(vp)) => {
-                    host::write(kp, vp, &k, &v, seqs, dims);
-                    host::attend(&q, kp, vp, seqs, dims)
+                    host::write(kp, vp, rows, seqs, dims);
+                    host::attend(rows, kp, vp, seqs, dims)
                 }
                 _ => candle_core::bail!("K and V pools of different dtypes"),
             };
-            Tensor::from_vec(
-                out,
-                (
-                    q.len() / (dims.num_heads * dims.head_dim),
-                    dims.num_heads * dims.head_dim,
-                ),
-                &Device::Cpu,
-            )
+            Tensor::from_vec(out, (t, dims.num_heads * dims.head_dim), &Device::Cpu)
         }
         LayerCache::Tensor {
             k: k_pool,
             v: v_pool,
-        } => attend_tensor(q, k, v, k_pool, v_pool, seqs, dims),
+        } => {
+            let (k_at, v_at) = dims.kv_offsets();
+            let kv_dim = dims.num_kv_heads * dims.head_dim;
+            let q = qkv.narrow(1, 0, k_at)?.contiguous()?;
+            let k = qkv.narrow(1, k_at, kv_dim)?.contiguous()?;
+            let v = qkv.narrow(1, v_at, kv_dim)?.contiguous()?;
+            attend_tensor(&q, &k, &v, k_pool, v_pool, seqs, dims)
+        }
     }
 }
 
@@ -339,15 +364,8 @@ mod tests {
                     start += b - a;
                 }
                 let cat = |xs: &[Tensor]| Tensor::cat(xs, 0).unwrap();
-                let out = paged_attention(
-                    &cat(&qs),
-                    &cat(&ks),
-                    &cat(&vs),
-                    cache.layer_mut(0),
-                    &seqs,
-                    dims,
-                )
-                .unwrap();
+                let qkv = Tensor::cat(&[cat(&qs), cat(&ks), cat(&vs)], 1).unwrap();
+                let out = paged_attention(&qkv, cache.layer_mut(0), &seqs, dims).unwrap();
                 for (si, s) in seqs.iter().enumerate() {
                     got[si].push(out.narrow(0, s.start, s.len).unwrap());
                 }

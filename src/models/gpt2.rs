@@ -205,7 +205,6 @@ impl Model for Gpt2 {
     }
 
     fn forward(&self, batch: &FlatBatch, cache: &mut KvCache) -> Result<Tensor> {
-        let d = self.config.n_embd;
         let dims = AttnDims {
             num_heads: self.config.n_head,
             num_kv_heads: self.config.n_head,
@@ -217,15 +216,7 @@ impl Model for Gpt2 {
         let mut x = (self.wte.index_select(&tokens, 0)? + self.wpe.index_select(&positions, 0)?)?;
         for (i, b) in self.blocks.iter().enumerate() {
             let qkv = b.qkv.forward(&b.ln_1.forward(&x)?)?;
-            let part = |n: usize| qkv.narrow(1, n * d, d)?.contiguous();
-            let attn = paged_attention(
-                &part(0)?,
-                &part(1)?,
-                &part(2)?,
-                cache.layer_mut(i),
-                &batch.seqs,
-                dims,
-            )?;
+            let attn = paged_attention(&qkv, cache.layer_mut(i), &batch.seqs, dims)?;
             x = elementwise::add(&x, &b.attn_proj.forward(&attn)?)?;
             let h = b.fc.forward(&b.ln_2.forward(&x)?)?;
             let h = match self.activation {

@@ -10,6 +10,7 @@ use serde::Deserialize;
 
 use super::elementwise;
 use super::linear::{stack_rows, Linear, WeightFormat};
+use super::rope::Rope;
 use super::{FlatBatch, Model, ModelInfo};
 use crate::attention::{paged_attention, AttnDims};
 use crate::kv_cache::{KvCache, KvDtype};
@@ -226,9 +227,7 @@ pub struct Llama {
     blocks: Vec<Block>,
     norm: Tensor,
     lm_head: Linear,
-    /// RoPE tables `[max_context, head_dim / 2]`, gathered by position.
-    cos: Tensor,
-    sin: Tensor,
+    rope: Rope,
 }
 
 impl Llama {
@@ -341,12 +340,12 @@ impl Llama {
         kv_dtype: KvDtype,
         device: &Device,
     ) -> Result<Self> {
-        let half = config.head_dim / 2;
-        let inv_freq = Tensor::from_vec(config.inv_freq(), (1, half), device)?;
-        let pos = Tensor::arange(0u32, config.max_context as u32, device)?
-            .to_dtype(candle_core::DType::F32)?
-            .reshape((config.max_context, 1))?;
-        let angles = pos.broadcast_mul(&inv_freq)?;
+        let rope = Rope::new(
+            &config.inv_freq(),
+            config.max_context,
+            config.rope_interleaved,
+            device,
+        )?;
         let info = ModelInfo {
             num_layers: config.num_layers,
             num_heads: config.num_heads,
@@ -363,8 +362,7 @@ impl Llama {
             blocks,
             norm,
             lm_head,
-            cos: angles.cos()?,
-            sin: angles.sin()?,
+            rope,
             config,
         })
     }
@@ -385,7 +383,6 @@ impl Model for Llama {
 
     fn forward(&self, batch: &FlatBatch, cache: &mut KvCache) -> Result<Tensor> {
         let c = &self.config;
-        let t = batch.tokens.len();
         let (hd, nh, nkv) = (c.head_dim, c.num_heads, c.num_kv_heads);
         let dims = AttnDims {
             num_heads: nh,
@@ -394,33 +391,13 @@ impl Model for Llama {
             block_size: cache.layout().block_size,
         };
         let tokens = Tensor::new(batch.tokens.as_slice(), &self.device)?;
-        let positions = Tensor::new(batch.positions.as_slice(), &self.device)?;
-        // Per-token RoPE rows, shaped `(b = T, t = 1, d / 2)` for `rope_i` on `(T, heads, 1, d)`.
-        let cos = self
-            .cos
-            .index_select(&positions, 0)?
-            .reshape((t, 1, hd / 2))?;
-        let sin = self
-            .sin
-            .index_select(&positions, 0)?
-            .reshape((t, 1, hd / 2))?;
-        let rope_fn = match c.rope_interleaved {
-            true => candle_nn::rotary_emb::rope_i,
-            false => candle_nn::rotary_emb::rope,
-        };
-        let rope = |x: Tensor, heads: usize| -> Result<Tensor> {
-            rope_fn(&x.contiguous()?.reshape((t, heads, 1, hd))?, &cos, &sin)?
-                .reshape((t, heads * hd))
-        };
-
         let mut x = self.embed.index_select(&tokens, 0)?;
         for (i, b) in self.blocks.iter().enumerate() {
             let h = candle_nn::ops::rms_norm(&x, &b.attn_norm, c.rms_norm_eps as f32)?;
-            let qkv = b.qkv.forward(&h)?;
-            let q = rope(qkv.narrow(1, 0, nh * hd)?, nh)?;
-            let k = rope(qkv.narrow(1, nh * hd, nkv * hd)?, nkv)?;
-            let v = qkv.narrow(1, (nh + nkv) * hd, nkv * hd)?.contiguous()?;
-            let attn = paged_attention(&q, &k, &v, cache.layer_mut(i), &batch.seqs, dims)?;
+            let qkv = self
+                .rope
+                .apply(&b.qkv.forward(&h)?, &batch.positions, nh + nkv)?;
+            let attn = paged_attention(&qkv, cache.layer_mut(i), &batch.seqs, dims)?;
             x = elementwise::add(&x, &b.o.forward(&attn)?)?;
             let h = candle_nn::ops::rms_norm(&x, &b.ffn_norm, c.rms_norm_eps as f32)?;
             let mlp = b

@@ -6,6 +6,7 @@ pub mod elementwise;
 pub mod gpt2;
 pub mod linear;
 pub mod llama;
+pub mod rope;
 
 use candle_core::{Device, Result, Tensor};
 
