@@ -27,17 +27,30 @@ const ROW_BLOCK: usize = 16;
 /// A value type the pool can hold: widened to f32 for the arithmetic.
 pub(super) trait KvElem: Copy + Send + Sync {
     fn from_f32(x: f32) -> Self;
+    fn to_f32(self) -> f32;
     fn store(dst: &mut [Self], src: &[f32]);
     fn widen(src: &[Self], dst: &mut [f32]);
+    /// One vector's worth, widened in registers.
+    #[inline(always)]
+    fn lanes(src: &[Self; LANES]) -> [f32; LANES] {
+        let mut out = [0f32; LANES];
+        Self::widen(src, &mut out);
+        out
+    }
 }
 
 impl KvElem for f16 {
     fn from_f32(x: f32) -> Self {
         f16::from_f32(x)
     }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
     fn store(dst: &mut [Self], src: &[f32]) {
         dst.convert_from_f32_slice(src)
     }
+    #[inline(always)]
     fn widen(src: &[Self], dst: &mut [f32]) {
         src.convert_to_f32_slice(dst)
     }
@@ -47,9 +60,14 @@ impl KvElem for f32 {
     fn from_f32(x: f32) -> Self {
         x
     }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
     fn store(dst: &mut [Self], src: &[f32]) {
         dst.copy_from_slice(src)
     }
+    #[inline(always)]
     fn widen(src: &[Self], dst: &mut [f32]) {
         dst.copy_from_slice(src)
     }
@@ -197,17 +215,20 @@ fn attend_item<T: KvElem>(
             true => prefetch(tile_of(k_pool, s, b0 + bs, kv_head, dims)),
             false => prefetch(tile_of(v_pool, s, 0, kv_head, dims)),
         }
-        T::widen(tile_of(k_pool, s, b0, kv_head, dims), widened);
+        let keys = tile_of(k_pool, s, b0, kv_head, dims);
+        // One group of queries (a decode row) widens in registers; more
+        // widen the tile once into scratch and share it.
+        if n_queries > QUERIES {
+            T::widen(keys, widened);
+        }
         for qs in query_groups(n_queries) {
             let (queries, scores) = (
                 &queries[qs.start * hd..qs.end * hd],
                 &mut scores[qs.start * ctx + b0..],
             );
-            match qs.len() {
-                1 => block_scores::<1>(queries, widened, bs, scores, ctx, n),
-                2 => block_scores::<2>(queries, widened, bs, scores, ctx, n),
-                3 => block_scores::<3>(queries, widened, bs, scores, ctx, n),
-                _ => block_scores::<QUERIES>(queries, widened, bs, scores, ctx, n),
+            match n_queries > QUERIES {
+                true => group_scores(queries, widened.as_slice(), bs, scores, ctx, n),
+                false => group_scores(queries, keys, bs, scores, ctx, n),
             }
         }
     }
@@ -229,7 +250,10 @@ fn attend_item<T: KvElem>(
         if b0 + bs < ctx {
             prefetch(tile_of(v_pool, s, b0 + bs, kv_head, dims));
         }
-        T::widen(tile_of(v_pool, s, b0, kv_head, dims), widened);
+        let values = tile_of(v_pool, s, b0, kv_head, dims);
+        if n_queries > QUERIES {
+            T::widen(values, widened);
+        }
         for qs in query_groups(n_queries) {
             let seen = visible(qs.end - 1).saturating_sub(b0).min(bs);
             if seen == 0 {
@@ -239,12 +263,9 @@ fn attend_item<T: KvElem>(
                 &mut out[qs.start * hd..qs.end * hd],
                 &scores[qs.start * ctx + b0..],
             );
-            let values = &widened[..seen * hd];
-            match qs.len() {
-                1 => accumulate::<1>(out, probs, ctx, seen, values),
-                2 => accumulate::<2>(out, probs, ctx, seen, values),
-                3 => accumulate::<3>(out, probs, ctx, seen, values),
-                _ => accumulate::<QUERIES>(out, probs, ctx, seen, values),
+            match n_queries > QUERIES {
+                true => group_accumulate(out, probs, ctx, seen, &widened[..seen * hd]),
+                false => group_accumulate(out, probs, ctx, seen, &values[..seen * hd]),
             }
         }
     }
@@ -273,6 +294,43 @@ fn prefetch<T>(data: &[T]) {
 /// chains the CPU overlaps.
 const QUERIES: usize = 4;
 
+/// [`block_scores`] for a group of 1..=`QUERIES` query vectors.
+#[inline]
+fn group_scores<E: KvElem>(
+    queries: &[f32],
+    keys: &[E],
+    bs: usize,
+    out: &mut [f32],
+    stride: usize,
+    n: usize,
+) {
+    let hd = keys.len() / bs;
+    match queries.len() / hd {
+        1 => block_scores::<E, 1>(queries, keys, bs, out, stride, n),
+        2 => block_scores::<E, 2>(queries, keys, bs, out, stride, n),
+        3 => block_scores::<E, 3>(queries, keys, bs, out, stride, n),
+        _ => block_scores::<E, QUERIES>(queries, keys, bs, out, stride, n),
+    }
+}
+
+/// [`accumulate`] for a group of 1..=`QUERIES` output rows.
+#[inline]
+fn group_accumulate<E: KvElem>(
+    out: &mut [f32],
+    probs: &[f32],
+    stride: usize,
+    seen: usize,
+    values: &[E],
+) {
+    let hd = values.len() / seen;
+    match out.len() / hd {
+        1 => accumulate::<E, 1>(out, probs, stride, seen, values),
+        2 => accumulate::<E, 2>(out, probs, stride, seen, values),
+        3 => accumulate::<E, 3>(out, probs, stride, seen, values),
+        _ => accumulate::<E, QUERIES>(out, probs, stride, seen, values),
+    }
+}
+
 /// `0..n` in runs of at most `QUERIES`.
 fn query_groups(n: usize) -> impl Iterator<Item = Range<usize>> {
     (0..n)
@@ -281,13 +339,13 @@ fn query_groups(n: usize) -> impl Iterator<Item = Range<usize>> {
 }
 
 /// For each of `Q` query vectors (`queries`: `[Q][head_dim]`) and the first
-/// `n` positions of a widened key tile `[head_dim][bs]`, writes
+/// `n` positions of a key tile `[head_dim][bs]`, writes
 /// `sum_d q[d] * keys[d][pos]` to `out[u * stride + pos]`, summing over `d` in
 /// order.
 #[inline]
-fn block_scores<const Q: usize>(
+fn block_scores<E: KvElem, const Q: usize>(
     queries: &[f32],
-    keys: &[f32],
+    keys: &[E],
     bs: usize,
     out: &mut [f32],
     stride: usize,
@@ -300,7 +358,7 @@ fn block_scores<const Q: usize>(
         if c0 + LANES <= bs {
             let mut acc = [[0f32; LANES]; Q];
             for (d, row) in keys.chunks_exact(bs).enumerate() {
-                let k: &[f32; LANES] = row[c0..c0 + LANES].try_into().unwrap();
+                let k = E::lanes(row[c0..c0 + LANES].try_into().unwrap());
                 for u in 0..Q {
                     let qd = q[u][d];
                     for l in 0..LANES {
@@ -317,7 +375,7 @@ fn block_scores<const Q: usize>(
                 for l in 0..width {
                     let mut x = 0.0;
                     for (d, &qd) in q.iter().enumerate() {
-                        x += qd * keys[d * bs + c0 + l];
+                        x += qd * keys[d * bs + c0 + l].to_f32();
                     }
                     out[u * stride + c0 + l] = x;
                 }
@@ -327,15 +385,15 @@ fn block_scores<const Q: usize>(
 }
 
 /// For each of `Q` output rows (`out`: `[Q][head_dim]`), adds
-/// `sum_j probs[u * stride + j] * values[j]` over the `seen` rows of a widened
-/// value tile `[slot][head_dim]`, summing over `j` in order.
+/// `sum_j probs[u * stride + j] * values[j]` over the `seen` rows of a value
+/// tile `[slot][head_dim]`, summing over `j` in order.
 #[inline]
-fn accumulate<const Q: usize>(
+fn accumulate<E: KvElem, const Q: usize>(
     out: &mut [f32],
     probs: &[f32],
     stride: usize,
     seen: usize,
-    values: &[f32],
+    values: &[E],
 ) {
     let hd = out.len() / Q;
     let p: [&[f32]; Q] = std::array::from_fn(|u| &probs[u * stride..][..seen]);
@@ -344,7 +402,7 @@ fn accumulate<const Q: usize>(
         let mut acc: [[f32; LANES]; Q] =
             std::array::from_fn(|u| out[u * hd + c0..][..LANES].try_into().unwrap());
         for (j, row) in values.chunks_exact(hd).enumerate() {
-            let v: &[f32; LANES] = row[c0..c0 + LANES].try_into().unwrap();
+            let v = E::lanes(row[c0..c0 + LANES].try_into().unwrap());
             for u in 0..Q {
                 let pj = p[u][j];
                 for l in 0..LANES {
@@ -360,7 +418,7 @@ fn accumulate<const Q: usize>(
     for c in vector_dims..hd {
         for (u, p) in p.iter().enumerate() {
             for (j, &pj) in p.iter().enumerate() {
-                out[u * hd + c] += pj * values[j * hd + c];
+                out[u * hd + c] += pj * values[j * hd + c].to_f32();
             }
         }
     }
