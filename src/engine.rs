@@ -8,7 +8,7 @@ use rayon::prelude::*;
 
 use crate::block_manager::BlockManager;
 use crate::error::{Result, WickError};
-use crate::kv_cache::{KvCache, KvLayout};
+use crate::kv_cache::{KvCache, KvDtype, KvLayout};
 use crate::model_runner::ModelRunner;
 use crate::models::LogitRows;
 use crate::models::Model;
@@ -25,6 +25,8 @@ pub struct EngineConfig {
     pub kv_cache_bytes: usize,
     pub max_num_seqs: usize,
     pub max_num_batched_tokens: usize,
+    /// How K/V are stored; `None` takes the model's choice.
+    pub kv_dtype: Option<KvDtype>,
     /// Use the candle-tensor KV pool and attention even on the CPU (tests the
     /// path other devices take).
     pub force_tensor_kv: bool,
@@ -37,6 +39,7 @@ impl Default for EngineConfig {
             kv_cache_bytes: 512 << 20,
             max_num_seqs: 256,
             max_num_batched_tokens: 512,
+            kv_dtype: None,
             force_tensor_kv: false,
         }
     }
@@ -74,12 +77,13 @@ pub struct Engine {
 impl Engine {
     pub fn new(model: Box<dyn Model>, eos_ids: Vec<u32>, cfg: &EngineConfig) -> Result<Self> {
         let info = model.info().clone();
+        let kv_dtype = cfg.kv_dtype.unwrap_or(info.kv_dtype);
         let layout = KvLayout::from_budget(
             info.num_layers,
             info.num_kv_heads,
             info.head_dim,
             cfg.block_size,
-            info.kv_dtype,
+            kv_dtype,
             cfg.kv_cache_bytes,
         );
         if layout.num_blocks == 0 {
@@ -87,7 +91,7 @@ impl Engine {
                 "a KV budget of {} bytes holds no block of {} tokens ({} bytes); raise --kv-cache-memory",
                 cfg.kv_cache_bytes,
                 cfg.block_size,
-                KvLayout::bytes_per_block(info.num_layers, info.num_kv_heads, info.head_dim, cfg.block_size, info.kv_dtype)
+                KvLayout::bytes_per_block(info.num_layers, info.num_kv_heads, info.head_dim, cfg.block_size, kv_dtype)
             )));
         }
         let cache = KvCache::new(layout, model.device(), cfg.force_tensor_kv)?;

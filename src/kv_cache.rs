@@ -8,6 +8,11 @@
 //! computed in f32. Models with f32 weights keep f32 K/V, as vLLM's "auto"
 //! cache dtype does, so their outputs match the reference implementation's.
 //!
+//! `--kv-cache-dtype int8` stores each token's head vector as int8 with one
+//! f32 scale (group-wise quantization, a group being one head of one token):
+//! about half the bytes of f16, and decode attention at many streams is bound
+//! by reading K/V. It is a host-pool format (CPU only).
+//!
 //! Two storages: on the CPU the pool is a plain `Vec<f16>` of
 //! `[block][kv_head]` tiles, keys transposed within a tile (see
 //! `attention::host`), so the attention kernel reads one head's keys and
@@ -20,24 +25,32 @@ use candle_core::{DType, Device, Tensor};
 use half::f16;
 
 /// How K and V values are stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum KvDtype {
     F16,
     F32,
+    /// int8 with an f32 scale per token and head.
+    Int8,
 }
 
 impl KvDtype {
-    pub fn size(self) -> usize {
+    /// Bytes holding one token's vector of one head.
+    pub fn head_bytes(self, head_dim: usize) -> usize {
         match self {
-            KvDtype::F16 => 2,
-            KvDtype::F32 => 4,
+            KvDtype::F16 => 2 * head_dim,
+            KvDtype::F32 => 4 * head_dim,
+            KvDtype::Int8 => head_dim + 4,
         }
     }
 
-    fn dtype(self) -> DType {
+    /// The candle dtype of the tensor storage; int8 has none.
+    fn dtype(self) -> candle_core::Result<DType> {
         match self {
-            KvDtype::F16 => DType::F16,
-            KvDtype::F32 => DType::F32,
+            KvDtype::F16 => Ok(DType::F16),
+            KvDtype::F32 => Ok(DType::F32),
+            KvDtype::Int8 => candle_core::bail!(
+                "--kv-cache-dtype int8 is a CPU cache format; use f16 or f32 on this device"
+            ),
         }
     }
 }
@@ -62,7 +75,7 @@ impl KvLayout {
         block_size: usize,
         dtype: KvDtype,
     ) -> usize {
-        2 * num_layers * num_kv_heads * head_dim * block_size * dtype.size()
+        2 * num_layers * num_kv_heads * block_size * dtype.head_bytes(head_dim)
     }
 
     /// A layout using at most `budget_bytes` of memory.
@@ -100,13 +113,16 @@ impl KvLayout {
 pub enum HostPool {
     F16(Vec<f16>),
     F32(Vec<f32>),
+    /// Values, and one scale per `[block][kv_head][slot]`.
+    Int8(Vec<i8>, Vec<f32>),
 }
 
 impl HostPool {
-    fn zeros(dtype: KvDtype, len: usize) -> Self {
+    fn zeros(dtype: KvDtype, len: usize, head_dim: usize) -> Self {
         match dtype {
             KvDtype::F16 => HostPool::F16(vec![f16::ZERO; len]),
             KvDtype::F32 => HostPool::F32(vec![0.0; len]),
+            KvDtype::Int8 => HostPool::Int8(vec![0; len], vec![0.0; len / head_dim]),
         }
     }
 }
@@ -131,14 +147,14 @@ impl KvCache {
             .map(|_| {
                 if device.is_cpu() && !force_tensor {
                     Ok(LayerCache::Host {
-                        k: HostPool::zeros(layout.dtype, layout.layer_elems()),
-                        v: HostPool::zeros(layout.dtype, layout.layer_elems()),
+                        k: HostPool::zeros(layout.dtype, layout.layer_elems(), layout.head_dim),
+                        v: HostPool::zeros(layout.dtype, layout.layer_elems(), layout.head_dim),
                     })
                 } else {
                     let shape = (layout.num_blocks * layout.block_size, layout.kv_dim());
                     Ok(LayerCache::Tensor {
-                        k: Tensor::zeros(shape, layout.dtype.dtype(), device)?,
-                        v: Tensor::zeros(shape, layout.dtype.dtype(), device)?,
+                        k: Tensor::zeros(shape, layout.dtype.dtype()?, device)?,
+                        v: Tensor::zeros(shape, layout.dtype.dtype()?, device)?,
                     })
                 }
             })

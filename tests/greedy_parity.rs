@@ -6,7 +6,7 @@
 //! tokens, and at every step llama.cpp's token must be wick's argmax or within
 //! `MAX_MARGIN` nats of it, with at most `MAX_DISAGREEMENT` of the steps
 //! differing. Both KV storages (the CPU kernel and the candle-op fallback)
-//! are checked.
+//! are checked, and the CPU pool's int8 format.
 //!
 //! Exact agreement is not a usable test on this model: both programs quantize
 //! activations to 8 bits before every Q4_1 matmul, which amplifies float
@@ -30,6 +30,12 @@ use wick::models::{FlatBatch, LogitRows};
 const MAX_MARGIN: f32 = 0.75;
 /// At most this fraction of all steps may disagree (near ties included).
 const MAX_DISAGREEMENT: f64 = 0.05;
+/// The int8 K/V format rounds every cached value to one of 255 steps of its
+/// head vector's largest magnitude, on top of the above. Measured: 12 of 225
+/// steps (f16: 10), every one at a near-tie (llama.cpp's gap ≤ 0.41, wick's
+/// margin ≤ 0.32); a broken int8 path moves logits by whole nats and fails
+/// `MAX_MARGIN` instead.
+const MAX_DISAGREEMENT_INT8: f64 = 0.08;
 
 #[derive(serde::Deserialize)]
 struct Case {
@@ -58,12 +64,23 @@ fn greedy_choices_match_llama_cpp_within_quantization_noise() {
         .collect();
     assert_eq!(cases.len(), 8);
     let loaded = common::load_default(WeightFormat::Native);
-    for force_tensor_kv in [false, true] {
-        check_storage(&loaded, &cases, force_tensor_kv);
+    // Both storages, and the CPU pool's int8 format (llama.cpp's reference
+    // ran with f16 K/V, so int8 must keep within the same bounds).
+    for (force_tensor_kv, dtype) in [
+        (false, KvDtype::F16),
+        (true, KvDtype::F16),
+        (false, KvDtype::Int8),
+    ] {
+        check_storage(&loaded, &cases, force_tensor_kv, dtype);
     }
 }
 
-fn check_storage(loaded: &wick::loader::LoadedModel, cases: &[Case], force_tensor_kv: bool) {
+fn check_storage(
+    loaded: &wick::loader::LoadedModel,
+    cases: &[Case],
+    force_tensor_kv: bool,
+    dtype: KvDtype,
+) {
     let info = loaded.model.info().clone();
     let layout = KvLayout {
         num_layers: info.num_layers,
@@ -71,7 +88,7 @@ fn check_storage(loaded: &wick::loader::LoadedModel, cases: &[Case], force_tenso
         head_dim: info.head_dim,
         block_size: 16,
         num_blocks: 64,
-        dtype: KvDtype::F16,
+        dtype,
     };
     let mut cache = KvCache::new(layout, &Device::Cpu, force_tensor_kv).unwrap();
     let mut blocks = BlockManager::new(64, 16);
@@ -129,7 +146,7 @@ fn check_storage(loaded: &wick::loader::LoadedModel, cases: &[Case], force_tenso
                 let margin = row[got as usize] - row[want as usize];
                 assert!(
                     margin <= MAX_MARGIN,
-                    "prompt {:?} step {step} (tensor KV: {force_tensor_kv}): wick picks {got}, \
+                    "prompt {:?} step {step} ({dtype:?}, tensor KV: {force_tensor_kv}): wick picks {got}, \
                      llama.cpp's {want} (its top-2 gap {gap}) trails it by {margin}",
                     cases[i].prompt
                 );
@@ -137,14 +154,18 @@ fn check_storage(loaded: &wick::loader::LoadedModel, cases: &[Case], force_tenso
             }
         }
     }
+    let max_disagreement = match dtype {
+        KvDtype::Int8 => MAX_DISAGREEMENT_INT8,
+        _ => MAX_DISAGREEMENT,
+    };
     eprintln!(
-        "tensor KV {force_tensor_kv}: {} of {total} steps differ from llama.cpp \
+        "{dtype:?} tensor KV {force_tensor_kv}: {} of {total} steps differ from llama.cpp \
          (prompt, step, llama.cpp's gap, wick's margin): {disagreements:?}",
         disagreements.len()
     );
     assert!(
-        (disagreements.len() as f64) <= MAX_DISAGREEMENT * total as f64,
-        "tensor KV {force_tensor_kv}: {} of {total} steps differ",
+        (disagreements.len() as f64) <= max_disagreement * total as f64,
+        "{dtype:?} tensor KV {force_tensor_kv}: {} of {total} steps differ",
         disagreements.len()
     );
 }

@@ -370,3 +370,29 @@ async fn sigterm_finishes_in_flight_requests_and_exits_zero() {
     let status = s.child.wait().unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+/// `--kv-cache-dtype int8` stores head_dim + 4 bytes per token and head
+/// instead of f16's 2 * head_dim, so a budget holds that many more blocks,
+/// and the server answers from it.
+#[tokio::test(flavor = "multi_thread")]
+async fn int8_kv_cache_fits_more_blocks_and_serves() {
+    // The pool's size shows in /metrics after the first step.
+    async fn blocks_after_a_request(s: &Server) -> f64 {
+        let body = json!({"prompt": "The capital of France is", "max_tokens": 8,
+                          "temperature": 0, "ignore_eos": true});
+        let (st, body) = post(s, "/v1/completions", body).await;
+        assert_eq!(st, 200, "{body}");
+        assert_eq!(body["usage"]["completion_tokens"], 8);
+        metric(s, "wick:kv_blocks_total").await
+    }
+    let budget = ["--kv-cache-memory", "16"];
+    let f16_blocks = blocks_after_a_request(&Server::start(&budget)).await;
+    let s = Server::start(&[budget[0], budget[1], "--kv-cache-dtype", "int8"]);
+    let int8_blocks = blocks_after_a_request(&s).await;
+    // SmolLM2: head_dim 64, so 128 against 68 bytes per token and head.
+    let ratio = int8_blocks / f16_blocks;
+    assert!(
+        (ratio - 128.0 / 68.0).abs() < 0.01,
+        "{int8_blocks} vs {f16_blocks}"
+    );
+}

@@ -1,11 +1,14 @@
 //! The CPU attention kernel over the host pool.
 //!
 //! A `(block, kv_head)` tile of the pool holds `block_size * head_dim` f16
-//! (or f32) values: keys as `[head_dim][slot]`, so one block's keys for a dimension sit
+//! (or f32, or int8) values: keys as `[head_dim][slot]`, so one block's keys for a dimension sit
 //! side by side and a query scores 16 positions per vector operation with no
 //! horizontal sums; values as `[slot][head_dim]`, so an output row accumulates
 //! 16 dimensions per vector operation, held in registers across positions.
-//! Work items widen each tile to f32 once for all the query heads they hold.
+//! Work items widen each tile to f32 once for all the query heads they hold
+//! (a decode row's single group of queries widens in registers instead).
+//! int8 tiles carry one scale per slot, applied to a position's score (keys)
+//! and to its softmax weight (values) rather than to every value.
 
 use std::cell::RefCell;
 use std::ops::Range;
@@ -25,10 +28,12 @@ const LANES: usize = 16;
 const ROW_BLOCK: usize = 16;
 
 /// A value type the pool can hold: widened to f32 for the arithmetic.
-pub(super) trait KvElem: Copy + Send + Sync {
-    fn from_f32(x: f32) -> Self;
+pub(super) trait KvElem: Copy + Default + Send + Sync {
+    /// Each token's head vector carries a scale (its values are `scale * x`).
+    const SCALED: bool;
+    /// Encodes one token's head vector; returns its scale (1 if unscaled).
+    fn encode(src: &[f32], dst: &mut [Self]) -> f32;
     fn to_f32(self) -> f32;
-    fn store(dst: &mut [Self], src: &[f32]);
     fn widen(src: &[Self], dst: &mut [f32]);
     /// One vector's worth, widened in registers.
     #[inline(always)]
@@ -40,15 +45,14 @@ pub(super) trait KvElem: Copy + Send + Sync {
 }
 
 impl KvElem for f16 {
-    fn from_f32(x: f32) -> Self {
-        f16::from_f32(x)
+    const SCALED: bool = false;
+    fn encode(src: &[f32], dst: &mut [Self]) -> f32 {
+        dst.convert_from_f32_slice(src);
+        1.0
     }
     #[inline(always)]
     fn to_f32(self) -> f32 {
         f16::to_f32(self)
-    }
-    fn store(dst: &mut [Self], src: &[f32]) {
-        dst.convert_from_f32_slice(src)
     }
     #[inline(always)]
     fn widen(src: &[Self], dst: &mut [f32]) {
@@ -57,20 +61,58 @@ impl KvElem for f16 {
 }
 
 impl KvElem for f32 {
-    fn from_f32(x: f32) -> Self {
-        x
+    const SCALED: bool = false;
+    fn encode(src: &[f32], dst: &mut [Self]) -> f32 {
+        dst.copy_from_slice(src);
+        1.0
     }
     #[inline(always)]
     fn to_f32(self) -> f32 {
         self
     }
-    fn store(dst: &mut [Self], src: &[f32]) {
-        dst.copy_from_slice(src)
-    }
     #[inline(always)]
     fn widen(src: &[Self], dst: &mut [f32]) {
         dst.copy_from_slice(src)
     }
+}
+
+/// Group-wise int8: the group is one token's head vector, scaled so its
+/// largest magnitude maps to 127.
+impl KvElem for i8 {
+    const SCALED: bool = true;
+    fn encode(src: &[f32], dst: &mut [Self]) -> f32 {
+        let amax = src.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let scale = amax / 127.0;
+        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        for (d, &x) in dst.iter_mut().zip(src) {
+            // `as` saturates (and maps NaN to 0).
+            *d = (x * inv).round() as i8;
+        }
+        scale
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self as f32
+    }
+    #[inline(always)]
+    fn widen(src: &[Self], dst: &mut [f32]) {
+        for (d, &x) in dst.iter_mut().zip(src) {
+            *d = x as f32;
+        }
+    }
+}
+
+/// One layer's K or V pool as the kernels see it: the values, and for scaled
+/// types one scale per `[block][kv_head][slot]` (else empty).
+#[derive(Clone, Copy)]
+pub(super) struct Pool<'a, T> {
+    pub values: &'a [T],
+    pub scales: &'a [f32],
+}
+
+pub(super) struct PoolMut<'a, T> {
+    pub values: &'a mut [T],
+    pub scales: &'a mut [f32],
 }
 
 /// Start of the tile holding `pos` of a sequence for `kv_head`.
@@ -83,14 +125,15 @@ fn tile(table: &[BlockId], pos: usize, kv_head: usize, dims: &AttnDims) -> usize
 /// Stores the key and value heads of this step's stacked rows (`qkv`:
 /// `[T, qkv_width]`) in their slots.
 pub(super) fn write<T: KvElem>(
-    k_pool: &mut [T],
-    v_pool: &mut [T],
+    k_pool: PoolMut<T>,
+    v_pool: PoolMut<T>,
     qkv: &[f32],
     seqs: &[SeqSlice],
     dims: AttnDims,
 ) {
     let (hd, bs) = (dims.head_dim, dims.block_size);
     let (k_at, v_at) = dims.kv_offsets();
+    let mut key = vec![T::default(); hd];
     for s in seqs {
         for i in 0..s.len {
             let (pos, row) = (s.first_pos + i, (s.start + i) * dims.qkv_width());
@@ -98,10 +141,15 @@ pub(super) fn write<T: KvElem>(
             for h in 0..dims.num_kv_heads {
                 let t = tile(&s.block_table, pos, h, &dims);
                 let (k, v) = (row + k_at + h * hd, row + v_at + h * hd);
-                for (d, &x) in qkv[k..k + hd].iter().enumerate() {
-                    k_pool[t + d * bs + slot] = T::from_f32(x);
+                let k_scale = T::encode(&qkv[k..k + hd], &mut key);
+                for (d, &x) in key.iter().enumerate() {
+                    k_pool.values[t + d * bs + slot] = x;
                 }
-                T::store(&mut v_pool[t + slot * hd..][..hd], &qkv[v..v + hd]);
+                let v_scale = T::encode(&qkv[v..v + hd], &mut v_pool.values[t + slot * hd..][..hd]);
+                if T::SCALED {
+                    k_pool.scales[t / hd + slot] = k_scale;
+                    v_pool.scales[t / hd + slot] = v_scale;
+                }
             }
         }
     }
@@ -125,8 +173,8 @@ thread_local! {
 /// the same way whatever else is in its item or the batch.
 pub(super) fn attend<T: KvElem>(
     qkv: &[f32],
-    k_pool: &[T],
-    v_pool: &[T],
+    k_pool: Pool<T>,
+    v_pool: Pool<T>,
     seqs: &[SeqSlice],
     dims: AttnDims,
 ) -> Vec<f32> {
@@ -169,8 +217,8 @@ pub(super) fn attend<T: KvElem>(
 fn attend_item<T: KvElem>(
     scratch: &mut Scratch,
     qkv: &[f32],
-    k_pool: &[T],
-    v_pool: &[T],
+    k_pool: Pool<T>,
+    v_pool: Pool<T>,
     s: &SeqSlice,
     kv_head: usize,
     rows: Range<usize>,
@@ -198,24 +246,49 @@ fn attend_item<T: KvElem>(
     scores.resize(n_queries * ctx, 0.0);
     widened.resize(bs * hd, 0.0);
 
-    fn tile_of<'p, T>(
-        pool: &'p [T],
+    /// The tile holding `pos`, and its per-slot scales (empty if unscaled).
+    fn tile_of<'p, T: KvElem>(
+        pool: Pool<'p, T>,
         s: &SeqSlice,
         pos: usize,
         kv_head: usize,
         dims: &AttnDims,
-    ) -> &'p [T] {
-        &pool[tile(&s.block_table, pos, kv_head, dims)..][..dims.block_size * dims.head_dim]
+    ) -> Pool<'p, T> {
+        let (bs, hd) = (dims.block_size, dims.head_dim);
+        let t = tile(&s.block_table, pos, kv_head, dims);
+        Pool {
+            values: &pool.values[t..][..bs * hd],
+            scales: match T::SCALED {
+                true => &pool.scales[t / hd..][..bs],
+                false => &[],
+            },
+        }
     }
+    /// Asks for a tile (and its scales) ahead of use.
+    fn fetch<T>(tile: Pool<T>) {
+        prefetch(tile.values);
+        prefetch(tile.scales);
+    }
+    // Multiplies each query's weights at positions `b0..b0 + n` by the
+    // tile's scales (scaled storage only).
+    let rescale = |scores: &mut [f32], scales: &[f32], b0: usize, n: usize| {
+        for qi in 0..n_queries {
+            let row = &mut scores[qi * ctx + b0..][..n];
+            row.iter_mut().zip(scales).for_each(|(x, s)| *x *= s);
+        }
+    };
     for b0 in (0..ctx).step_by(bs) {
         let n = bs.min(ctx - b0);
         // Tiles are scattered, so the hardware prefetcher cannot run ahead:
         // ask for the next one while this one is scored.
         match b0 + bs < ctx {
-            true => prefetch(tile_of(k_pool, s, b0 + bs, kv_head, dims)),
-            false => prefetch(tile_of(v_pool, s, 0, kv_head, dims)),
+            true => fetch(tile_of(k_pool, s, b0 + bs, kv_head, dims)),
+            false => fetch(tile_of(v_pool, s, 0, kv_head, dims)),
         }
-        let keys = tile_of(k_pool, s, b0, kv_head, dims);
+        let Pool {
+            values: keys,
+            scales,
+        } = tile_of(k_pool, s, b0, kv_head, dims);
         // One group of queries (a decode row) widens in registers; more
         // widen the tile once into scratch and share it.
         if n_queries > QUERIES {
@@ -230,6 +303,9 @@ fn attend_item<T: KvElem>(
                 true => group_scores(queries, widened.as_slice(), bs, scores, ctx, n),
                 false => group_scores(queries, keys, bs, scores, ctx, n),
             }
+        }
+        if T::SCALED {
+            rescale(scores, scales, b0, n);
         }
     }
 
@@ -248,9 +324,14 @@ fn attend_item<T: KvElem>(
     let mut out = vec![0f32; n_queries * hd];
     for b0 in (0..ctx).step_by(bs) {
         if b0 + bs < ctx {
-            prefetch(tile_of(v_pool, s, b0 + bs, kv_head, dims));
+            fetch(tile_of(v_pool, s, b0 + bs, kv_head, dims));
         }
-        let values = tile_of(v_pool, s, b0, kv_head, dims);
+        let Pool { values, scales } = tile_of(v_pool, s, b0, kv_head, dims);
+        // A value row's scale folds into its weight (the softmax sums are
+        // already taken).
+        if T::SCALED {
+            rescale(scores, scales, b0, bs.min(ctx - b0));
+        }
         if n_queries > QUERIES {
             T::widen(values, widened);
         }
