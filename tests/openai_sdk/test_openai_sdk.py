@@ -5,6 +5,7 @@ Run by .ci/run with WICK_BASE_URL pointing at a started `wick serve`.
 import asyncio
 import os
 
+import httpx
 import openai
 import pytest
 
@@ -51,6 +52,20 @@ def test_completion_n_stop_seed_logprobs(client, model):
         model=model, prompt="List colours:", max_tokens=20, n=2, seed=7, temperature=0.9, logprobs=3, stop=["\n\n"]
     )
     assert [c.text for c in again.choices] == [c.text for c in r.choices], "seeded requests repeat"
+
+
+def test_completion_echo_scores_the_prompt(client, model):
+    prompt = "The capital of France is"
+    tokenized = httpx.post(os.environ["WICK_BASE_URL"] + "/tokenize", json={"prompt": prompt})
+    n_prompt = len(tokenized.json()["tokens"])
+    r = client.completions.create(model=model, prompt=prompt, max_tokens=3, temperature=0, echo=True, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert r.choices[0].text.startswith(prompt)
+    assert len(lp.tokens) == n_prompt + r.usage.completion_tokens
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(x <= 0 for x in lp.token_logprobs[1:])
+    assert "".join(lp.tokens) == r.choices[0].text
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
 
 
 def test_chat_sync_and_stream(client, model):
