@@ -12,14 +12,19 @@ use serde_json::{json, Value};
 
 use common::{assert_error, chunks, post, sse, Server};
 
-async fn metric(server: &Server, name: &str) -> f64 {
-    let text = reqwest::get(server.url("/metrics"))
+async fn metrics_text(server: &Server) -> String {
+    reqwest::get(server.url("/metrics"))
         .await
         .unwrap()
         .text()
         .await
-        .unwrap();
-    text.lines()
+        .unwrap()
+}
+
+async fn metric(server: &Server, name: &str) -> f64 {
+    metrics_text(server)
+        .await
+        .lines()
         .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
@@ -234,12 +239,7 @@ async fn tokenize_detokenize_models_health_metrics() {
         "wick:generation_tokens_total{{model_name={}}} 3",
         m["data"][0]["id"]
     );
-    let text = reqwest::get(s.url("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(&s).await;
     assert!(
         text.lines().any(|l| l == labelled),
         "{labelled} in:\n{text}"
