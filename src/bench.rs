@@ -34,6 +34,11 @@ pub struct BenchArgs {
     /// Path to llama.cpp's `llama-bench`; runs `-t 2 -p P -n N` on the same file.
     #[arg(long)]
     pub llama_bench: Option<PathBuf>,
+    /// One more argument for llama-bench (repeatable), e.g.
+    /// `--llama-bench-arg=--repack --llama-bench-arg=0` where its AMX repacking
+    /// crashes (CPUs that report AMX that the VM does not enable).
+    #[arg(long, allow_hyphen_values = true)]
+    pub llama_bench_arg: Vec<String>,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -123,6 +128,7 @@ fn llama_bench(
     model: &std::path::Path,
     p: usize,
     n: usize,
+    extra: &[String],
 ) -> anyhow::Result<(f64, f64)> {
     let mut cmd = std::process::Command::new(bin);
     cmd.args([
@@ -137,6 +143,7 @@ fn llama_bench(
         "-o",
         "json",
     ]);
+    cmd.args(extra);
     if let Some(dir) = bin.parent() {
         cmd.env("LD_LIBRARY_PATH", dir);
     }
@@ -145,8 +152,9 @@ fn llama_bench(
         .with_context(|| format!("running {}", bin.display()))?;
     anyhow::ensure!(
         out.status.success(),
-        "llama-bench failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+        "llama-bench failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
     );
     let runs: Vec<serde_json::Value> =
         serde_json::from_slice(&out.stdout).context("parsing llama-bench's JSON")?;
@@ -188,7 +196,13 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         rows.push(row);
     }
     if let Some(bin) = &args.llama_bench {
-        let (pp, tg) = llama_bench(bin, &path, args.prompt_tokens, args.decode_tokens)?;
+        let (pp, tg) = llama_bench(
+            bin,
+            &path,
+            args.prompt_tokens,
+            args.decode_tokens,
+            &args.llama_bench_arg,
+        )?;
         println!(
             "llama.cpp llama-bench: pp{} {pp:.1} tok/s, tg{} {tg:.1} tok/s",
             args.prompt_tokens, args.decode_tokens
