@@ -320,10 +320,12 @@ fn score_prompt(seq: &mut Sequence, first: usize, rows: &[Vec<f32>]) {
     let Some(n) = seq.params.prompt_logprobs else {
         return;
     };
-    // The row at position p predicts token p + 1.
-    let from = seq.next_scored_prompt_token().max(first + 1);
+    // The row at position p predicts token p + 1, so these rows score
+    // tokens `first + 1..`; chunks are contiguous, so the owed token is never
+    // before them.
+    let from = seq.next_scored_prompt_token();
     let to = seq.prompt_len.min(first + rows.len() + 1);
-    if from != seq.next_scored_prompt_token() || from >= to {
+    if from <= first || from >= to {
         return;
     }
     let prompt = &seq.tokens[..seq.prompt_len];
