@@ -1,7 +1,7 @@
 //! `wick export-hf` on the default model: the directory has what a
 //! Hugging Face Llama checkpoint has, its tensors are the GGUF's (q/k rows
 //! back in HF order) under HF names, and loaded back through wick's
-//! safetensors path it continues `../shared/reference/greedy.jsonl`'s
+//! safetensors path it continues `tests/fixtures/llama-cpp/greedy.jsonl`'s
 //! prompts as the GGUF path does.
 
 mod common;

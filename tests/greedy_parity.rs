@@ -1,5 +1,5 @@
 //! wick's greedy choices against llama.cpp's on the default model
-//! (`../shared/reference/greedy.jsonl`: llama-server at temperature 0, with
+//! (`tests/fixtures/llama-cpp/greedy.jsonl`: llama-server at temperature 0, with
 //! the logprob gap between its top two tokens at each step).
 //!
 //! The comparison is teacher-forced: every sequence is fed llama.cpp's own

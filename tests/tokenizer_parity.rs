@@ -11,7 +11,7 @@ fn model_path() -> PathBuf {
 
 const REFERENCE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../shared/reference/tokenize.jsonl"
+    "/tests/fixtures/llama-cpp/tokenize.jsonl"
 );
 
 #[derive(serde::Deserialize)]

@@ -61,8 +61,9 @@ pub fn greedy_batch(engine: &mut Engine, requests: Vec<(Vec<u32>, usize)>) -> Ve
         .collect()
 }
 
+/// llama.cpp's outputs on the default model (see tests/fixtures/README.md).
 pub fn reference_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/reference")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama-cpp")
 }
 
 /// A `wick serve` child process on an ephemeral port, killed on drop.
@@ -74,7 +75,12 @@ pub struct Server {
 impl Server {
     pub fn start(extra: &[&str]) -> Server {
         model_path(); // fetch once, outside the server's start-up
-        let mut child = Command::new(env!("CARGO_BIN_EXE_wick"))
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_wick"));
+        if std::env::var_os("RUST_LOG").is_none() {
+            // The access log would drown the test output.
+            cmd.env("RUST_LOG", "warn");
+        }
+        let mut child = cmd
             .args(["serve", "--port", "0"])
             .args(extra)
             .stdout(Stdio::piped())
