@@ -229,7 +229,7 @@ async fn tokenize_detokenize_models_health_metrics() {
     assert_eq!(st, 200);
     assert!(metric(&s, "wick:prompt_tokens_total").await > 0.0);
     assert_eq!(metric(&s, "wick:generation_tokens_total").await, 3.0);
-    assert!(metric(&s, "wick:kv_blocks_total").await > 0.0);
+    assert!(metric(&s, "wick:kv_blocks_capacity").await > 0.0);
     assert_eq!(
         metric(&s, "wick:time_to_first_token_seconds_count").await,
         1.0
@@ -383,7 +383,7 @@ async fn int8_kv_cache_fits_more_blocks_and_serves() {
         let (st, body) = post(s, "/v1/completions", body).await;
         assert_eq!(st, 200, "{body}");
         assert_eq!(body["usage"]["completion_tokens"], 8);
-        metric(s, "wick:kv_blocks_total").await
+        metric(s, "wick:kv_blocks_capacity").await
     }
     let budget = ["--kv-cache-memory", "16"];
     let f16_blocks = blocks_after_a_request(&Server::start(&budget)).await;

@@ -123,7 +123,7 @@ impl Metrics {
                  under vLLM's older name.",
             ),
             blocks_used: int_gauge("wick:kv_blocks_used", "KV-cache blocks in use."),
-            blocks_total: int_gauge("wick:kv_blocks_total", "KV-cache blocks in the pool."),
+            blocks_total: int_gauge("wick:kv_blocks_capacity", "KV-cache blocks in the pool."),
             preemptions: counter(
                 "wick:num_preemptions_total",
                 "Cumulative number of preemptions from the engine.",
@@ -221,8 +221,8 @@ impl Metrics {
         self.e2e.observe(secs);
     }
 
-    /// One finished request (or choice); `reason` is stop, length, abort or
-    /// error.
+    /// One finished request, counted once whatever its `n`; `reason` is
+    /// stop, length, abort or error.
     pub fn request_finished(&self, reason: &str) {
         self.request_success.with_label_values(&[reason]).inc();
     }
@@ -276,7 +276,7 @@ mod tests {
             ("wick:kv_cache_usage_perc", "gauge"),
             ("wick:gpu_cache_usage_perc", "gauge"),
             ("wick:kv_blocks_used", "gauge"),
-            ("wick:kv_blocks_total", "gauge"),
+            ("wick:kv_blocks_capacity", "gauge"),
             ("wick:num_preemptions_total", "counter"),
             ("wick:prompt_tokens_total", "counter"),
             ("wick:generation_tokens_total", "counter"),
@@ -292,6 +292,30 @@ mod tests {
             let series = format!("wick:request_success_total{{finished_reason=\"{reason}\"}}");
             assert_eq!(sample(&text, &series), 0.0);
         }
+    }
+
+    /// promtool's type-versus-suffix rules: only counters end in `_total`,
+    /// and counters always do.
+    #[test]
+    fn names_follow_prometheus_suffix_rules() {
+        let text = Metrics::new().render();
+        let mut checked = 0;
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("# TYPE ") else {
+                continue;
+            };
+            let (name, kind) = rest.split_once(' ').unwrap();
+            assert_eq!(
+                name.ends_with("_total"),
+                kind == "counter",
+                "{name} is a {kind}"
+            );
+            for reserved in ["_count", "_sum", "_bucket"] {
+                assert!(!name.ends_with(reserved), "{name}");
+            }
+            checked += 1;
+        }
+        assert_eq!(checked, 14);
     }
 
     #[test]
@@ -313,7 +337,7 @@ mod tests {
         assert_eq!(v("wick:num_requests_running"), 3.0);
         assert_eq!(v("wick:num_requests_waiting"), 5.0);
         assert_eq!(v("wick:kv_blocks_used"), 30.0);
-        assert_eq!(v("wick:kv_blocks_total"), 120.0);
+        assert_eq!(v("wick:kv_blocks_capacity"), 120.0);
         assert_eq!(v("wick:kv_cache_usage_perc"), 0.25);
         assert_eq!(v("wick:gpu_cache_usage_perc"), 0.25);
         assert_eq!(v("wick:num_preemptions_total"), 2.0);
