@@ -12,6 +12,7 @@ use crate::kv_cache::{KvCache, KvDtype, KvLayout};
 use crate::model_runner::ModelRunner;
 use crate::models::LogitRows;
 use crate::models::Model;
+use crate::request_rules;
 use crate::sampler::{score_token, SampledToken};
 use crate::sampling_params::SamplingParams;
 use crate::scheduler::{Scheduler, SchedulerConfig};
@@ -62,6 +63,8 @@ pub struct StepEvent {
 pub struct EngineStats {
     pub running: usize,
     pub waiting: usize,
+    /// Waiting beyond the free sequence slots ([`Scheduler::num_queued`]).
+    pub queued: usize,
     pub blocks_used: usize,
     pub blocks_total: usize,
     pub preemptions: u64,
@@ -117,36 +120,14 @@ impl Engine {
     /// Queues a request after checking it can run at all.
     pub fn add_request(&mut self, prompt: Vec<u32>, params: SamplingParams) -> Result<SeqId> {
         let info = self.runner.model().info();
-        if prompt.is_empty() {
-            return Err(WickError::invalid(
-                "the prompt is empty",
-                Some("prompt".to_string()),
-            ));
-        }
-        if let Some(bad) = prompt.iter().find(|&&t| t as usize >= info.vocab_size) {
-            return Err(WickError::invalid(
-                format!(
-                    "token id {bad} is outside the vocabulary (size {})",
-                    info.vocab_size
-                ),
-                Some("prompt".to_string()),
-            ));
-        }
+        request_rules::check_prompt(&prompt, info.vocab_size)?;
         params.validate(info.vocab_size)?;
-        if prompt.len() + params.max_tokens > info.max_context {
-            return Err(WickError::ContextLengthExceeded(format!(
-                "This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the prompt, {} for the completion).",
-                info.max_context,
-                prompt.len() + params.max_tokens,
-                prompt.len(),
-                params.max_tokens
-            )));
-        }
+        request_rules::check_context(prompt.len(), params.max_tokens, info.max_context)?;
         let id = self.next_id;
         let seq = Sequence::new(id, prompt, params, info.max_context, &self.eos_ids);
         if !self.scheduler.fits(&seq) {
             let bs = self.scheduler.blocks.block_size();
-            return Err(WickError::ContextLengthExceeded(format!(
+            return Err(WickError::KvCacheTooSmall(format!(
                 "the request needs up to {} tokens of KV cache but the pool holds {} ({} blocks of {bs}); raise --kv-cache-memory or lower max_tokens",
                 seq.max_len,
                 self.scheduler.blocks.num_blocks() * bs,
@@ -173,6 +154,7 @@ impl Engine {
         EngineStats {
             running: self.scheduler.running.len(),
             waiting: self.scheduler.waiting.len(),
+            queued: self.scheduler.num_queued(),
             blocks_used: b.num_used(),
             blocks_total: b.num_blocks(),
             preemptions: self.scheduler.num_preemptions,

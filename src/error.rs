@@ -11,9 +11,20 @@ pub enum WickError {
         message: String,
         param: Option<String>,
     },
-    /// Prompt plus max_tokens do not fit the model's context (or the KV budget).
+    /// Prompt plus max_tokens do not fit the model's context.
+    #[error(
+        "This model's maximum context length is {max_context} tokens. However, you requested \
+         {} tokens ({prompt_tokens} in the prompt, {max_tokens} for the completion).",
+        prompt_tokens + max_tokens
+    )]
+    ContextLengthExceeded {
+        max_context: usize,
+        prompt_tokens: usize,
+        max_tokens: usize,
+    },
+    /// The KV pool could not hold the request even with nothing else running.
     #[error("{0}")]
-    ContextLengthExceeded(String),
+    KvCacheTooSmall(String),
     /// The waiting queue is full; the client should retry later.
     #[error("{0}")]
     Overloaded(String),

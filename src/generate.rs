@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 
 use crate::engine::Engine;
 use crate::error::{Result, WickError};
+use crate::output::SequenceOutput;
 use crate::sampling_params::SamplingParams;
 use crate::sequence::FinishReason;
-use crate::text_stream::TextStream;
 use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -45,10 +45,8 @@ impl GenerateStats {
 }
 
 struct Pending {
-    index: usize,
-    stream: TextStream,
+    output: SequenceOutput,
     completion: Completion,
-    first_token: bool,
 }
 
 /// Runs every request to completion. Requests that fail validation return
@@ -63,7 +61,7 @@ pub fn generate(
     let n = requests.len();
     for (index, (prompt, params)) in requests.into_iter().enumerate() {
         stats.prompt_tokens += prompt.len();
-        let stream = TextStream::new(params.stop.clone());
+        let output = SequenceOutput::new(params.stop.clone(), false);
         let prompt_tokens = prompt.len();
         let id = engine.add_request(prompt, params)?;
         let completion = Completion {
@@ -73,54 +71,44 @@ pub fn generate(
             finish_reason: "",
             prompt_tokens,
         };
-        pending.insert(
-            id,
-            Pending {
-                index,
-                stream,
-                completion,
-                first_token: false,
-            },
-        );
+        pending.insert(id, Pending { output, completion });
     }
     let start = Instant::now();
     let mut firsts = 0;
     let mut done: Vec<Option<Completion>> = vec![None; n];
     while engine.has_work() {
         for ev in engine.step() {
-            let Some(p) = pending.get_mut(&ev.seq) else {
+            let id = ev.seq;
+            let Some(p) = pending.get_mut(&id) else {
                 continue;
             };
-            let mut finish = ev.finish.clone();
-            if let Some(tok) = &ev.token {
+            let Some(delta) = p.output.on_event(tokenizer, ev)? else {
+                continue;
+            };
+            if let Some(token) = delta.token {
                 stats.generated_tokens += 1;
-                p.completion.token_ids.push(tok.id);
-                if !p.first_token {
-                    p.first_token = true;
+                if p.completion.token_ids.is_empty() {
                     firsts += 1;
                     if firsts == n {
                         stats.prefill_time = start.elapsed();
                     }
                 }
-                if finish != Some(FinishReason::Stop) {
-                    let delta = p.stream.push(tokenizer, tok.id)?;
-                    p.completion.text.push_str(&delta.text);
-                    if delta.stopped && finish.is_none() {
-                        engine.abort(ev.seq);
-                        finish = Some(FinishReason::Stop);
-                    }
-                }
+                p.completion.token_ids.push(token);
             }
-            if let Some(reason) = finish {
-                let mut p = pending.remove(&ev.seq).expect("pending request");
-                let tail = p.stream.finish(tokenizer)?;
-                p.completion.text.push_str(&tail);
-                if let FinishReason::Error(msg) = &reason {
-                    return Err(WickError::Internal(msg.clone()));
-                }
-                p.completion.finish_reason = reason.as_str();
-                done[p.index] = Some(p.completion);
+            p.completion.text.push_str(&delta.text);
+            if delta.abort_in_engine {
+                engine.abort(id);
             }
+            let Some(reason) = delta.finish else {
+                continue;
+            };
+            if let FinishReason::Error(msg) = &reason {
+                return Err(WickError::Internal(msg.clone()));
+            }
+            let mut p = pending.remove(&id).expect("pending request");
+            p.completion.finish_reason = reason.as_str();
+            let index = p.completion.index;
+            done[index] = Some(p.completion);
         }
     }
     stats.decode_time = start.elapsed().saturating_sub(stats.prefill_time);

@@ -7,6 +7,7 @@ use wick::chat_template::ChatMessage;
 use wick::cli::ModelArgs;
 use wick::engine::Engine;
 use wick::sampling_params::SamplingParams;
+use wick::server::config::LogFormat;
 
 #[derive(Parser)]
 #[command(
@@ -96,24 +97,29 @@ fn keep_freed_memory() {
     }
 }
 
+/// Logs to stderr; `RUST_LOG` overrides `default_filter`.
+fn init_logging(default_filter: &str, format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| default_filter.into());
+    let fmt = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => fmt.init(),
+        LogFormat::Json => fmt.json().flatten_event(true).init(),
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     keep_freed_memory();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let matches = Cli::command().get_matches();
-    match Cli::from_arg_matches(&matches)?.command {
-        Command::Serve(_) => {
-            // The config file fills whatever the command line and env left at defaults.
-            let sub = matches
-                .subcommand_matches("serve")
-                .expect("serve subcommand");
-            let args = wick::server::config::load_serve_config(sub)?;
-            tokio::runtime::Runtime::new()?.block_on(wick::server::serve(args))
-        }
+    let command = Cli::from_arg_matches(&matches)?.command;
+    // serve sets up its own logging, from its options.
+    if !matches!(command, Command::Serve(_)) {
+        init_logging("warn", LogFormat::Text);
+    }
+    match command {
+        Command::Serve(_) => serve(&matches),
         Command::Generate(args) => generate(args),
         Command::Tokenize { model, text } => {
             let path = wick::model_fetch::resolve_model(model.as_deref())?;
@@ -129,6 +135,21 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+fn serve(matches: &clap::ArgMatches) -> anyhow::Result<()> {
+    // The config file fills whatever the command line and env left at defaults.
+    let sub = matches
+        .subcommand_matches("serve")
+        .context("serve subcommand")?;
+    let args = wick::server::config::load_serve_config(sub)?;
+    // wick's own info lines are the access log and start-up notes.
+    init_logging("warn,wick=info", args.log_format);
+    let runtime = tokio::runtime::Runtime::new()?;
+    let served = runtime.block_on(wick::server::serve(args));
+    // A tokenization still running on the blocking pool must not hold the exit.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    served
 }
 
 fn generate(args: GenerateArgs) -> anyhow::Result<()> {

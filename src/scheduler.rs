@@ -44,6 +44,14 @@ impl Scheduler {
         self.blocks.blocks_for(seq.max_len) <= self.blocks.num_blocks()
     }
 
+    /// Waiting sequences beyond the free sequence slots: those the next
+    /// step could not admit even with tokens and blocks to spare. A burst
+    /// that fits the free slots is not a queue.
+    pub fn num_queued(&self) -> usize {
+        let free = self.cfg.max_num_seqs.saturating_sub(self.running.len());
+        self.waiting.len().saturating_sub(free)
+    }
+
     pub fn has_work(&self) -> bool {
         !self.waiting.is_empty() || !self.running.is_empty()
     }
@@ -197,6 +205,20 @@ mod tests {
         s.schedule();
         assert_eq!(s.running.len(), 2);
         assert_eq!(s.waiting.len(), 1);
+    }
+
+    #[test]
+    fn only_waiting_beyond_the_free_slots_counts_as_queued() {
+        let mut s = scheduler(64, 3, 100);
+        for id in 0..5 {
+            s.waiting.push_back(seq(id, 2, 4));
+        }
+        assert_eq!(s.num_queued(), 2, "3 of the 5 have a free slot");
+        s.schedule();
+        assert_eq!((s.running.len(), s.waiting.len()), (3, 2));
+        assert_eq!(s.num_queued(), 2);
+        s.remove(0);
+        assert_eq!(s.num_queued(), 1);
     }
 
     #[test]

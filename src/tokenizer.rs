@@ -40,7 +40,7 @@ const DIGITS_THEN_GPT2_PRE: &[&str] = &[
     "mellum2",
 ];
 
-/// Token texts llama.cpp (the build behind `shared/reference`) treats as
+/// Token texts llama.cpp (the build behind `tests/fixtures/llama-cpp`) treats as
 /// end-of-generation wherever they occur in a vocabulary: its text-based EOG
 /// list plus its FIM pad/repo/separator candidates, which it also adds. (It
 /// keeps only the first FIM candidate found per kind and has a few
@@ -95,6 +95,8 @@ pub struct Tokenizer {
     eos_ids: Vec<u32>,
     bos_id: Option<u32>,
     add_bos: bool,
+    /// Longest vocabulary string, in bytes.
+    max_piece_bytes: usize,
 }
 
 impl Tokenizer {
@@ -225,12 +227,31 @@ impl Tokenizer {
         bos_id: Option<u32>,
         add_bos: bool,
     ) -> Tokenizer {
+        let max_piece_bytes = inner
+            .get_vocab(true)
+            .keys()
+            .map(String::len)
+            .max()
+            .unwrap_or(1);
         Tokenizer {
             inner,
             eos_ids,
             bos_id,
             add_bos,
+            max_piece_bytes,
         }
+    }
+
+    /// Bytes of text beyond which the text surely encodes to more than
+    /// `tokens` tokens, so it can be refused without encoding it. A token
+    /// covers at most as many input bytes as its vocabulary string has
+    /// (byte-level pieces spell each byte as one or two bytes, SentencePiece
+    /// pieces add `▁`); the factor 4 leaves room for normalizers that
+    /// shorten text.
+    pub fn max_text_bytes(&self, tokens: usize) -> usize {
+        tokens
+            .saturating_mul(self.max_piece_bytes)
+            .saturating_mul(4)
     }
 
     /// Encodes `text`, parsing special-token text (e.g. `<|im_start|>`) as the
@@ -335,6 +356,27 @@ pub(crate) fn test_tokenizer() -> Tokenizer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The bound holds on text made of the longest pieces, the worst case.
+    #[test]
+    fn max_text_bytes_bounds_real_text() {
+        let tok = test_tokenizer();
+        let longest = (0..tok.vocab_size() as u32)
+            .map(|id| tok.decode(&[id]).unwrap())
+            .max_by_key(String::len)
+            .unwrap();
+        let text = longest.repeat(50);
+        let n = tok.encode(&text).unwrap().len();
+        assert!(
+            text.len() <= tok.max_text_bytes(n),
+            "{} bytes, {n} tokens",
+            text.len()
+        );
+        assert!(
+            tok.max_text_bytes(8192) < 8 << 20,
+            "an 8 MB prompt is refused unread"
+        );
+    }
 
     #[test]
     fn special_tokens_and_eog() {

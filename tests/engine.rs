@@ -164,10 +164,7 @@ fn kv_budget_too_small_is_an_error_not_a_hang() {
             },
         )
         .unwrap_err();
-    assert!(
-        matches!(err, WickError::ContextLengthExceeded(_)),
-        "{err:?}"
-    );
+    assert!(matches!(err, WickError::KvCacheTooSmall(_)), "{err:?}");
     assert!(!engine.has_work());
     // A request that fits still runs in the same engine.
     let out = drive(
@@ -223,7 +220,7 @@ fn prompt_and_params_are_validated() {
     };
     assert!(matches!(
         engine.add_request(vec![1, 2], too_long),
-        Err(WickError::ContextLengthExceeded(_))
+        Err(WickError::ContextLengthExceeded { .. })
     ));
     let bad = SamplingParams {
         temperature: -1.0,

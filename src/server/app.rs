@@ -1,6 +1,8 @@
 //! `wick serve`: binds first (so `/health` answers 503 while the model
 //! loads), loads the model on a blocking thread, starts the scheduler
-//! thread, and shuts down gracefully on SIGINT/SIGTERM.
+//! thread, and shuts down gracefully on SIGINT/SIGTERM. The router and its
+//! layers (request id, tracing, access log, CORS, API key, panic guard) are
+//! assembled here.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,14 +11,27 @@ use std::time::Duration;
 
 use anyhow::Context;
 use axum::extract::DefaultBodyLimit;
+use axum::http::{HeaderName, HeaderValue};
+use axum::middleware;
+use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::Router;
+use tower::ServiceBuilder;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::cors::{AllowOrigin, Any, CorsLayer};
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
 
+use super::access;
+use super::auth::{self, ApiKeys};
 use super::config::ServeArgs;
 use super::engine_loop::{self, EngineHandle};
-use super::handlers;
+use super::error::ApiError;
+use super::listener::{self, ConnectionLimits};
 use super::metrics::Metrics;
-use super::validation::ModelContext;
+use super::respond::StreamShape;
+use super::validation::{GenerationPlan, ModelContext};
+use super::{chat, completions, handlers};
 use crate::chat_template::ChatTemplate;
 use crate::engine::Engine;
 use crate::tokenizer::Tokenizer;
@@ -28,6 +43,9 @@ pub struct ModelState {
     pub chat_template: Option<ChatTemplate>,
     pub vocab_size: usize,
     pub max_context: usize,
+    /// Most sequences (prompts times n) one request may ask for: what the
+    /// batch and the queue hold together.
+    pub max_choices: usize,
     pub engine: EngineHandle,
     pub metrics: Arc<Metrics>,
 }
@@ -38,6 +56,7 @@ impl ModelState {
             name: &self.name,
             vocab_size: self.vocab_size,
             max_context: self.max_context,
+            max_choices: self.max_choices,
             tokenizer: &self.tokenizer,
             chat_template: self.chat_template.as_ref(),
         }
@@ -50,13 +69,41 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub created: u64,
     pub shutting_down: AtomicBool,
-    pub max_body_bytes: usize,
+    pub limits: RequestLimits,
 }
 
-pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
-    Router::new()
-        .route("/v1/completions", post(handlers::completions))
-        .route("/v1/chat/completions", post(handlers::chat_completions))
+/// The per-request limits handlers enforce.
+#[derive(Debug, Clone)]
+pub struct RequestLimits {
+    pub max_body_bytes: usize,
+    /// Longest wait for a whole request body.
+    pub client_timeout: Duration,
+    /// Longest a generation may run.
+    pub request_timeout: Option<Duration>,
+    pub sse_keep_alive: Duration,
+}
+
+impl RequestLimits {
+    pub fn stream_shape(&self, plan: &GenerationPlan) -> StreamShape {
+        StreamShape {
+            stream: plan.stream,
+            include_usage: plan.include_usage,
+            keep_alive: self.sse_keep_alive,
+        }
+    }
+}
+
+/// Everything between a connection and the handlers.
+pub struct RouterConfig {
+    pub api_keys: Vec<String>,
+    /// `*` alone allows any origin.
+    pub allowed_origins: Vec<String>,
+}
+
+pub fn router(state: Arc<AppState>, cfg: &RouterConfig) -> anyhow::Result<Router> {
+    let mut api = Router::new()
+        .route("/v1/completions", post(completions::completions))
+        .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/models", get(handlers::models))
         .route("/health", get(handlers::health))
         .route("/metrics", get(handlers::metrics))
@@ -64,8 +111,56 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
         .route("/detokenize", post(handlers::detokenize))
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)
-        .layer(DefaultBodyLimit::max(max_body_bytes))
-        .with_state(state)
+        .layer(DefaultBodyLimit::max(state.limits.max_body_bytes))
+        .with_state(state);
+    if !cfg.api_keys.is_empty() {
+        let keys = ApiKeys::new(cfg.api_keys.clone());
+        api = api.layer(middleware::from_fn_with_state(keys, auth::require_api_key));
+    }
+    // Listed outermost first: every request gets an id before anything
+    // logs, and CORS headers go on refusals (401, panics) too, so a browser
+    // page can read them.
+    let layers = ServiceBuilder::new()
+        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+        .layer(PropagateRequestIdLayer::x_request_id())
+        .layer(TraceLayer::new_for_http().make_span_with(|req: &axum::http::Request<_>| {
+            tracing::info_span!("request", id = %access::request_id(req.headers()))
+        }))
+        .layer(middleware::from_fn(access::log_access))
+        .layer(cors(&cfg.allowed_origins)?)
+        .layer(CatchPanicLayer::custom(panic_response));
+    Ok(api.layer(layers))
+}
+
+fn cors(origins: &[String]) -> anyhow::Result<CorsLayer> {
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        let list = origins
+            .iter()
+            .map(|o| {
+                HeaderValue::from_str(o)
+                    .with_context(|| format!("bad --allowed-origins entry {o:?}"))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        AllowOrigin::list(list)
+    };
+    Ok(CorsLayer::new()
+        .allow_origin(allow)
+        .allow_methods(Any)
+        .allow_headers(Any)
+        .expose_headers([HeaderName::from_static("x-request-id")]))
+}
+
+/// A panicking handler fails its own request with a 500, never the server.
+fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> axum::response::Response {
+    let detail = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("unknown panic");
+    tracing::error!("handler panicked: {detail}");
+    ApiError::internal("internal error while handling the request").into_response()
 }
 
 fn load(args: &ServeArgs, metrics: Arc<Metrics>) -> anyhow::Result<ModelState> {
@@ -81,12 +176,14 @@ fn load(args: &ServeArgs, metrics: Arc<Metrics>) -> anyhow::Result<ModelState> {
     let name = args.served_model_name.clone().unwrap_or(loaded.name);
     metrics.set_model_name(&name);
     let (handle, _join) = engine_loop::spawn(engine, metrics.clone(), args.max_waiting);
+    let max_num_seqs = args.model.engine.max_num_seqs;
     Ok(ModelState {
         name,
         tokenizer: loaded.tokenizer,
         chat_template: loaded.chat_template,
         vocab_size: info.vocab_size,
         max_context: info.max_context,
+        max_choices: max_num_seqs + args.max_waiting,
         engine: handle,
         metrics,
     })
@@ -110,14 +207,63 @@ async fn shutdown_signal() {
     tokio::select! { _ = ctrl_c => {}, _ = term => {} }
 }
 
+/// Raises the soft open-file limit to the hard one (many systems start
+/// servers at 1024) and returns it.
+fn raise_fd_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 1024;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                lim = raised;
+            }
+        }
+    }
+    lim.rlim_cur
+}
+
+/// File descriptors kept for everything but client connections (the model
+/// files, the listener, blocking threads' files, refusals in flight).
+const RESERVED_FDS: u64 = 128;
+
+/// What the response to a cut-off shutdown still needs after the grace
+/// period: the engine's aborts reach their handlers and are written out.
+const SHUTDOWN_SLACK: Duration = Duration::from_secs(2);
+
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let addr: SocketAddr = format!("{}:{}", args.host, args.port)
         .parse()
         .context("bad --host/--port")?;
+    let fd_limit = raise_fd_limit();
+    let max_connections = if args.max_connections as u64 + RESERVED_FDS > fd_limit {
+        let fit = fd_limit.saturating_sub(RESERVED_FDS).max(1) as usize;
+        tracing::warn!(
+            "--max-connections {} does not fit the open-file limit {fd_limit}: using {fit}",
+            args.max_connections
+        );
+        fit
+    } else {
+        args.max_connections
+    };
+    let router_cfg = RouterConfig {
+        api_keys: args.api_keys()?,
+        allowed_origins: args.allowed_origins.clone(),
+    };
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
     let metrics = Arc::new(Metrics::new());
+    let client_timeout = Duration::from_secs(args.client_timeout_secs);
     let state = Arc::new(AppState {
         model: OnceLock::new(),
         metrics: metrics.clone(),
@@ -126,8 +272,14 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .map(|d| d.as_secs())
             .unwrap_or(0),
         shutting_down: AtomicBool::new(false),
-        max_body_bytes: args.max_body_bytes,
+        limits: RequestLimits {
+            max_body_bytes: args.max_body_bytes,
+            client_timeout,
+            request_timeout: args.request_timeout_secs.map(Duration::from_secs),
+            sse_keep_alive: Duration::from_secs(args.sse_keep_alive_secs.max(1)),
+        },
     });
+    let app = router(state.clone(), &router_cfg)?;
     // Tests and scripts read the bound address (the port may be 0) from here.
     println!("wick listening on http://{}", listener.local_addr()?);
 
@@ -140,23 +292,33 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             Ok(())
         })
     };
-    let app = router(state.clone(), args.max_body_bytes);
     let grace = Duration::from_secs(args.shutdown_grace_secs);
-    let server = {
+    let limits = ConnectionLimits {
+        max_connections,
+        client_timeout,
+        max_header_bytes: args.max_header_bytes,
+    };
+    let shutdown = {
         let state = state.clone();
-        axum::serve(listener, app).with_graceful_shutdown(async move {
+        async move {
             shutdown_signal().await;
             tracing::info!("shutting down: finishing in-flight requests (up to {grace:?})");
             state.shutting_down.store(true, Ordering::Relaxed);
             if let Some(m) = state.model.get() {
                 m.engine.shutdown(grace);
             }
-        })
+        }
     };
-    let mut server = tokio::spawn(async move { server.await });
+    let mut server = tokio::spawn(listener::serve(
+        listener,
+        app,
+        limits,
+        shutdown,
+        grace + SHUTDOWN_SLACK,
+    ));
     tokio::select! {
-        r = &mut server => return r.context("server task")?.context("serving"),
+        r = &mut server => return r.context("server task"),
         r = loader => r.context("model loader")?.context("loading the model")?,
     }
-    server.await.context("server task")?.context("serving")
+    server.await.context("server task")
 }

@@ -27,18 +27,94 @@ pub struct ServeArgs {
     /// The model name clients send and see; default: the model file's stem.
     #[arg(long, env = "WICK_SERVED_MODEL_NAME")]
     pub served_model_name: Option<String>,
-    /// Most requests queued for admission; beyond it requests get 503.
+    /// Most sequences queued beyond the free batch slots; a request that
+    /// would queue more gets 503.
     #[arg(long, default_value_t = 1024, env = "WICK_MAX_WAITING")]
     pub max_waiting: usize,
     /// Largest request body in bytes; beyond it requests get 413.
     #[arg(long, default_value_t = 8 << 20, env = "WICK_MAX_BODY_BYTES")]
     pub max_body_bytes: usize,
-    /// Longest a request may take, in seconds; unset means no limit.
+    /// Largest request line plus headers in bytes; beyond it requests get 431.
+    #[arg(long, default_value_t = 32 << 10, env = "WICK_MAX_HEADER_BYTES")]
+    pub max_header_bytes: usize,
+    /// Longest a generation may run, in seconds, from its arrival: then each
+    /// unfinished choice ends with finish_reason "length". Unset: no limit.
     #[arg(long, env = "WICK_REQUEST_TIMEOUT_SECS")]
     pub request_timeout_secs: Option<u64>,
+    /// Seconds a client may take to send a request head (after connecting
+    /// or after its last response: idle keep-alive connections close then),
+    /// to send a whole body (else 408), or to accept what it is sent.
+    #[arg(long, default_value_t = 30, env = "WICK_CLIENT_TIMEOUT_SECS")]
+    pub client_timeout_secs: u64,
+    /// Most open connections. At the limit the oldest idle one is closed to
+    /// make room; with none idle, new connections get 503.
+    #[arg(long, default_value_t = 4096, env = "WICK_MAX_CONNECTIONS")]
+    pub max_connections: usize,
+    /// Seconds between SSE comments on a stream with nothing to send, so
+    /// proxies and load balancers keep it open through a long prefill.
+    #[arg(long, default_value_t = 15, env = "WICK_SSE_KEEP_ALIVE_SECS")]
+    pub sse_keep_alive_secs: u64,
     /// Seconds to let in-flight requests finish after SIGINT/SIGTERM.
     #[arg(long, default_value_t = 30, env = "WICK_SHUTDOWN_GRACE_SECS")]
     pub shutdown_grace_secs: u64,
+    /// Require `Authorization: Bearer KEY` on /v1, /tokenize and
+    /// /detokenize (not /health or /metrics). Repeat for several keys;
+    /// WICK_API_KEY takes a comma-separated list.
+    #[arg(
+        long,
+        env = "WICK_API_KEY",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub api_key: Vec<String>,
+    /// A file of API keys, one per line (blank lines and `#` comments
+    /// skipped), in addition to --api-key.
+    #[arg(long, env = "WICK_API_KEY_FILE")]
+    pub api_key_file: Option<PathBuf>,
+    /// Origins a browser page may call wick from (CORS), comma-separated;
+    /// `*` allows any, as vLLM's default does.
+    #[arg(
+        long,
+        default_value = "*",
+        value_delimiter = ',',
+        env = "WICK_ALLOWED_ORIGINS"
+    )]
+    pub allowed_origins: Vec<String>,
+    /// `text`, or `json`: one JSON object per log line, the access lines
+    /// included.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "WICK_LOG_FORMAT")]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl ServeArgs {
+    /// Every accepted API key: --api-key, WICK_API_KEY and --api-key-file.
+    pub fn api_keys(&self) -> anyhow::Result<Vec<String>> {
+        let mut keys: Vec<String> = self
+            .api_key
+            .iter()
+            .filter(|k| !k.is_empty())
+            .cloned()
+            .collect();
+        if let Some(path) = &self.api_key_file {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading --api-key-file {}", path.display()))?;
+            let from_file = text
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with('#'));
+            keys.extend(from_file.map(str::to_string));
+            if keys.is_empty() {
+                bail!("--api-key-file {} holds no key", path.display());
+            }
+        }
+        Ok(keys)
+    }
 }
 
 /// Builds the options from `wick serve`'s parsed arguments, then takes from
@@ -69,17 +145,26 @@ fn apply_file(args: &mut ServeArgs, matches: &ArgMatches, path: &Path) -> anyhow
             .get_arguments()
             .find(|a| a.get_id() == key.as_str() && !is_builtin(a.get_action()))
             .ok_or_else(|| anyhow!("{file}: unknown key `{key}`"))?;
-        let value = match value {
-            toml::Value::String(s) => s.clone(),
+        let scalar = |value: &toml::Value| match value {
+            toml::Value::String(s) => Ok(s.clone()),
             toml::Value::Integer(_) | toml::Value::Float(_) | toml::Value::Boolean(_) => {
-                value.to_string()
+                Ok(value.to_string())
             }
-            _ => bail!("{file}: `{key}` must be a string or a number"),
+            _ => Err(anyhow!(
+                "{file}: `{key}` must be a string, a number or a list of them"
+            )),
+        };
+        // A list is the option repeated (--api-key a --api-key b).
+        let values = match value {
+            toml::Value::Array(items) => items.iter().map(scalar).collect::<Result<Vec<_>, _>>()?,
+            _ => vec![scalar(value)?],
         };
         let long = arg.get_long().context("config options are long options")?;
+        let argv = std::iter::once("wick serve".to_string())
+            .chain(values.iter().map(|v| format!("--{long}={v}")));
         let one = file_cmd
             .clone()
-            .try_get_matches_from(["wick serve".to_string(), format!("--{long}={value}")])
+            .try_get_matches_from(argv)
             .map_err(|e| anyhow!("{file}: `{key}`: {}", clap_message(&e)))?;
         // Checked above even when overridden, so a bad file fails everywhere.
         let set_by_user = matches
@@ -161,6 +246,9 @@ mod tests {
         assert_eq!(a.model.engine.kv_cache_memory, 512);
         assert_eq!((a.max_waiting, a.max_body_bytes), (1024, 8 << 20));
         assert_eq!((a.request_timeout_secs, a.shutdown_grace_secs), (None, 30));
+        assert_eq!((a.client_timeout_secs, a.max_connections), (30, 4096));
+        assert_eq!(a.allowed_origins, ["*"]);
+        assert_eq!(a.log_format, LogFormat::Text);
         assert!(a.model.model.is_none() && a.served_model_name.is_none());
     }
 
@@ -178,6 +266,48 @@ mod tests {
         // Options the file leaves out keep their defaults.
         assert_eq!(a.model.engine.block_size, 16);
         assert_eq!(a.shutdown_grace_secs, 30);
+    }
+
+    #[test]
+    fn lists_repeat_the_option() {
+        let f = toml_file("api_key = [\"k1\", \"k2\"]\nallowed_origins = \"https://a.example,https://b.example\"\n");
+        let path = f.path().to_str().unwrap();
+        let a = load(command_no_env(), &["--config", path]).unwrap();
+        assert_eq!(a.api_keys().unwrap(), ["k1", "k2"]);
+        assert_eq!(
+            a.allowed_origins,
+            ["https://a.example", "https://b.example"]
+        );
+        let a = load(command_no_env(), &["--config", path, "--api-key", "k3"]).unwrap();
+        assert_eq!(
+            a.api_keys().unwrap(),
+            ["k3"],
+            "the command line replaces the file's list"
+        );
+    }
+
+    #[test]
+    fn api_key_file_adds_keys() {
+        let f = toml_file("# keys\n\nfile-key-1\n  file-key-2  \n");
+        let path = f.path().to_str().unwrap();
+        let a = load(
+            command_no_env(),
+            &["--api-key", "cli-key", "--api-key-file", path],
+        )
+        .unwrap();
+        assert_eq!(
+            a.api_keys().unwrap(),
+            ["cli-key", "file-key-1", "file-key-2"]
+        );
+        let empty = toml_file("# none\n");
+        let path = empty.path().to_str().unwrap();
+        let a = load(command_no_env(), &["--api-key-file", path]).unwrap();
+        assert!(a.api_keys().is_err(), "a key file with no key is a mistake");
+        assert!(load(command_no_env(), &[])
+            .unwrap()
+            .api_keys()
+            .unwrap()
+            .is_empty());
     }
 
     #[test]
@@ -199,7 +329,8 @@ mod tests {
             "port = \"eighty\"",
             "port = 70000",
             "weights = \"q5\"",
-            "host = [1]",
+            "host = [[1]]",
+            "log_format = \"xml\"",
         ] {
             let f = toml_file(text);
             let path = f.path().to_str().unwrap();

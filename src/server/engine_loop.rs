@@ -15,11 +15,11 @@ use crate::sampling_params::SamplingParams;
 use crate::sequence::{FinishReason, SeqId};
 
 pub enum Command {
+    /// A request's sequences (one per choice), queued or refused together.
     Add {
-        prompt: Vec<u32>,
-        params: SamplingParams,
+        seqs: Vec<(Vec<u32>, SamplingParams)>,
         events: mpsc::UnboundedSender<StepEvent>,
-        reply: oneshot::Sender<Result<SeqId, WickError>>,
+        reply: oneshot::Sender<Result<Vec<SeqId>, WickError>>,
     },
     Abort(SeqId),
     /// Stop admitting; abort whatever is left after `grace`, then exit.
@@ -35,25 +35,24 @@ pub struct EngineHandle {
 }
 
 impl EngineHandle {
+    /// Submits a request's sequences; their events all arrive on the one
+    /// receiver returned, tagged with their ids.
     pub async fn add(
         &self,
-        prompt: Vec<u32>,
-        params: SamplingParams,
-    ) -> Result<(SeqId, mpsc::UnboundedReceiver<StepEvent>), WickError> {
+        seqs: Vec<(Vec<u32>, SamplingParams)>,
+    ) -> Result<(Vec<SeqId>, mpsc::UnboundedReceiver<StepEvent>), WickError> {
         let (events, rx) = mpsc::unbounded_channel();
         let (reply, answer) = oneshot::channel();
+        let stopped = || WickError::Unavailable("the engine has stopped".into());
         self.tx
             .send(Command::Add {
-                prompt,
-                params,
+                seqs,
                 events,
                 reply,
             })
-            .map_err(|_| WickError::Unavailable("the engine has stopped".into()))?;
-        let id = answer
-            .await
-            .map_err(|_| WickError::Unavailable("the engine has stopped".into()))??;
-        Ok((id, rx))
+            .map_err(|_| stopped())?;
+        let ids = answer.await.map_err(|_| stopped())??;
+        Ok((ids, rx))
     }
 
     pub fn abort(&self, id: SeqId) {
@@ -125,37 +124,68 @@ impl Loop {
     fn handle(&mut self, cmd: Command) {
         match cmd {
             Command::Add {
-                prompt,
-                params,
+                seqs,
                 events,
                 reply,
             } => {
-                let result = if self.shutdown_at.is_some() {
-                    Err(WickError::Unavailable("the server is shutting down".into()))
-                } else if self.engine.stats().waiting >= self.max_waiting {
-                    Err(WickError::Overloaded(format!(
-                        "{} requests are already waiting",
-                        self.max_waiting
-                    )))
-                } else {
-                    let n = prompt.len();
-                    self.engine
-                        .add_request(prompt, params)
-                        .inspect(|_| self.metrics.add_prompt_tokens(n as u64))
-                };
-                if let Ok(id) = &result {
-                    self.outputs.insert(*id, events);
+                let result = self.add(seqs);
+                if let Ok(ids) = &result {
+                    for id in ids {
+                        self.outputs.insert(*id, events.clone());
+                    }
                 }
-                // A handler that gave up before the reply leaves an orphan: drop it.
-                if let Err(Ok(id)) = reply.send(result) {
-                    self.abort(id);
+                // Before the reply: whoever sees the answer sees the queue it joined.
+                self.publish_stats();
+                // A handler that gave up before the reply leaves orphans: drop them.
+                if let Err(Ok(ids)) = reply.send(result) {
+                    for id in ids {
+                        self.abort(id);
+                    }
                 }
             }
-            Command::Abort(id) => self.abort(id),
+            Command::Abort(id) => {
+                self.abort(id);
+                self.publish_stats();
+            }
             Command::Shutdown { grace } => {
                 self.shutdown_at = Some(std::time::Instant::now() + grace)
             }
         }
+    }
+
+    /// Queues all of a request's sequences, or none: the request is refused
+    /// if the server is stopping, if any sequence is invalid, or if it would
+    /// leave more than `max_waiting` sequences queued beyond the free slots.
+    fn add(&mut self, seqs: Vec<(Vec<u32>, SamplingParams)>) -> Result<Vec<SeqId>, WickError> {
+        if self.shutdown_at.is_some() {
+            return Err(WickError::Unavailable("the server is shutting down".into()));
+        }
+        let prompt_tokens: usize = seqs.iter().map(|(p, _)| p.len()).sum();
+        let mut ids = Vec::with_capacity(seqs.len());
+        let mut refusal = None;
+        for (prompt, params) in seqs {
+            match self.engine.add_request(prompt, params) {
+                Ok(id) => ids.push(id),
+                Err(e) => {
+                    refusal = Some(e);
+                    break;
+                }
+            }
+        }
+        if refusal.is_none() && self.engine.stats().queued > self.max_waiting {
+            refusal = Some(WickError::Overloaded(format!(
+                "{} requests are already waiting",
+                self.max_waiting
+            )));
+        }
+        if let Some(e) = refusal {
+            for id in ids {
+                self.engine.abort(id);
+            }
+            return Err(e);
+        }
+        self.metrics.add_prompt_tokens(prompt_tokens as u64);
+        Ok(ids)
     }
 
     /// Drops a sequence; whoever asked records why (client gone, stop string).
@@ -175,35 +205,38 @@ impl Loop {
                     prompt_logprobs: Vec::new(),
                 });
             }
-            self.metrics.request_finished(FinishReason::Abort.as_str());
             self.abort(id);
         }
     }
 
     /// One engine step; events go to their requests. A request whose
     /// receiver is gone (client disconnected) is aborted here, freeing its
-    /// blocks before the next step.
+    /// blocks before the next step; the handler counted it when it let go.
     fn step(&mut self) {
         let events = self.engine.step();
         let mut generated = 0;
         let mut gone = Vec::new();
         for ev in events {
             generated += ev.token.is_some() as u64;
-            let finished = ev.finish.clone();
+            let finished = ev.finish.is_some();
             let id = ev.seq;
             let delivered = self.outputs.get(&id).is_some_and(|tx| tx.send(ev).is_ok());
-            if let Some(reason) = finished {
+            if finished {
                 self.outputs.remove(&id);
-                self.metrics.request_finished(reason.as_str());
             } else if !delivered {
                 gone.push(id);
             }
         }
-        // The handler records the abort when it drops its end.
         for id in gone {
             self.abort(id);
         }
         self.metrics.add_generation_tokens(generated);
+        self.publish_stats();
+    }
+
+    /// The gauges follow every change: a step, and also an add or abort
+    /// while the engine is idle, when no step would come to update them.
+    fn publish_stats(&self) {
         let s = self.engine.stats();
         self.metrics.set_engine_stats(
             s.running,

@@ -2,6 +2,8 @@
 //! `{"error": {"message", "type", "param", "code"}}` with its status, sent
 //! either as a whole response or, once a stream has started, as one SSE event.
 
+use std::time::Duration;
+
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
@@ -29,11 +31,25 @@ pub struct ApiError {
 const INVALID_REQUEST: &str = "invalid_request_error";
 const SERVER_ERROR: &str = "server_error";
 
+/// Longest value from a request (a model name, a header) quoted back.
+pub const MAX_ECHO_CHARS: usize = 256;
+/// Longest error message: messages quote parts of the request (serde's
+/// type errors quote the offending value), which may be megabytes.
+const MAX_MESSAGE_CHARS: usize = 1024;
+
+/// `s` cut to `max_chars` characters, marked with `…` where it was cut.
+pub fn clip(s: &str, max_chars: usize) -> String {
+    match s.char_indices().nth(max_chars) {
+        Some((end, _)) => format!("{}…", &s[..end]),
+        None => s.to_string(),
+    }
+}
+
 impl ApiError {
     fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
         ApiError {
             status,
-            message: message.into(),
+            message: clip(&message.into(), MAX_MESSAGE_CHARS),
             kind,
             param: None,
             code: None,
@@ -45,7 +61,7 @@ impl ApiError {
     /// names the offending field.
     pub fn bad_request(message: impl Into<String>, param: Option<&str>) -> Self {
         ApiError {
-            param: param.map(str::to_string),
+            param: param.map(|p| clip(p, MAX_ECHO_CHARS)),
             ..Self::new(StatusCode::BAD_REQUEST, INVALID_REQUEST, message)
         }
     }
@@ -68,7 +84,7 @@ impl ApiError {
             ..Self::new(
                 StatusCode::NOT_FOUND,
                 INVALID_REQUEST,
-                format!("The model `{name}` does not exist."),
+                format!("The model `{}` does not exist.", clip(name, MAX_ECHO_CHARS)),
             )
         }
     }
@@ -96,6 +112,54 @@ impl ApiError {
             INVALID_REQUEST,
             format!("Request body is larger than the limit of {limit_bytes} bytes"),
         )
+    }
+
+    /// 415: request bodies are JSON, declared as such.
+    pub fn unsupported_media_type(content_type: Option<&str>) -> Self {
+        let got = match content_type {
+            Some(t) => format!("got `{}`", clip(t, MAX_ECHO_CHARS)),
+            None => "none was given".to_string(),
+        };
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            INVALID_REQUEST,
+            format!("Content-Type must be application/json; {got}"),
+        )
+    }
+
+    /// 408: the client did not send its whole body in time.
+    pub fn body_timeout(limit: Duration) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            INVALID_REQUEST,
+            format!(
+                "the request body did not arrive within {} s",
+                limit.as_secs_f64()
+            ),
+        )
+    }
+
+    /// 431: the request line and headers exceed the limit.
+    pub fn headers_too_large(limit_bytes: usize) -> Self {
+        Self::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            INVALID_REQUEST,
+            format!("Request headers are larger than the limit of {limit_bytes} bytes"),
+        )
+    }
+
+    /// 401, worded as OpenAI's: `provided` says whether a key was sent at all.
+    pub fn unauthorized(provided: bool) -> Self {
+        let message = if provided {
+            "Incorrect API key provided."
+        } else {
+            "You didn't provide an API key. You need to provide your API key in an \
+             Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+        };
+        ApiError {
+            code: Some("invalid_api_key".into()),
+            ..Self::new(StatusCode::UNAUTHORIZED, INVALID_REQUEST, message)
+        }
     }
 
     /// 503 with `Retry-After`: the waiting queue is full (vLLM answers
@@ -151,13 +215,46 @@ struct ErrorDetail<'a> {
     code: Option<&'a str>,
 }
 
+impl ApiError {
+    /// An engine error about the request's prompt, told in the words of
+    /// the field the client sent it as: OpenAI words a context overflow
+    /// differently for chat (`messages`) and completions (`prompt`).
+    pub fn for_prompt(e: WickError, param: &str) -> Self {
+        let WickError::ContextLengthExceeded {
+            max_context: n,
+            prompt_tokens: p,
+            max_tokens: m,
+        } = e
+        else {
+            return e.into();
+        };
+        let total = p + m;
+        let message = if param == "messages" {
+            format!(
+                "This model's maximum context length is {n} tokens. However, you requested \
+                 {total} tokens ({p} in the messages, {m} in the completion). Please reduce the \
+                 length of the messages or completion."
+            )
+        } else {
+            format!(
+                "This model's maximum context length is {n} tokens, however you requested \
+                 {total} tokens ({p} in your prompt; {m} for the completion). Please reduce your \
+                 prompt; or completion length."
+            )
+        };
+        ApiError::context_length_exceeded(message, Some(param))
+    }
+}
+
 impl From<WickError> for ApiError {
     fn from(e: WickError) -> Self {
         match e {
             WickError::InvalidRequest { message, param } => {
                 ApiError::bad_request(message, param.as_deref())
             }
-            WickError::ContextLengthExceeded(m) => ApiError::context_length_exceeded(m, None),
+            e @ (WickError::ContextLengthExceeded { .. } | WickError::KvCacheTooSmall(_)) => {
+                ApiError::context_length_exceeded(e.to_string(), None)
+            }
             WickError::Overloaded(m) => ApiError {
                 message: m,
                 ..ApiError::queue_full(DEFAULT_RETRY_AFTER_SECS)
@@ -272,6 +369,30 @@ mod tests {
                 None,
             ),
             (ApiError::queue_full(3), 503, "server_error", None),
+            (
+                ApiError::unsupported_media_type(Some("text/plain")),
+                415,
+                "invalid_request_error",
+                None,
+            ),
+            (
+                ApiError::body_timeout(Duration::from_secs(3)),
+                408,
+                "invalid_request_error",
+                None,
+            ),
+            (
+                ApiError::headers_too_large(100),
+                431,
+                "invalid_request_error",
+                None,
+            ),
+            (
+                ApiError::unauthorized(true),
+                401,
+                "invalid_request_error",
+                Some("invalid_api_key"),
+            ),
             (ApiError::unavailable("loading"), 503, "server_error", None),
             (ApiError::internal("boom"), 500, "server_error", None),
         ];
@@ -287,6 +408,28 @@ mod tests {
         let e = ApiError::model_not_found("gpt-4");
         assert_eq!(e.message, "The model `gpt-4` does not exist.");
         assert_eq!(e.param.as_deref(), Some("model"));
+    }
+
+    #[test]
+    fn echoed_values_are_clipped() {
+        let huge = "m".repeat(8 << 20);
+        let e = ApiError::model_not_found(&huge);
+        assert!(
+            e.message.chars().count() < MAX_ECHO_CHARS + 40,
+            "{}",
+            e.message.len()
+        );
+        assert!(
+            e.message.starts_with("The model `mmm") && e.message.ends_with("…` does not exist.")
+        );
+        let e = ApiError::bad_request(format!("invalid type: string {huge:?}"), Some(&huge));
+        assert_eq!(e.message.chars().count(), MAX_MESSAGE_CHARS + 1);
+        assert_eq!(e.param.unwrap().chars().count(), MAX_ECHO_CHARS + 1);
+        let e = ApiError::unsupported_media_type(Some(&huge));
+        assert!(e.message.len() < 400);
+        // Short values and multi-byte text are left whole or cut on a character.
+        assert_eq!(clip("héllo", 10), "héllo");
+        assert_eq!(clip("héllo", 2), "hé…");
     }
 
     #[test]
@@ -309,10 +452,35 @@ mod tests {
         let e = ApiError::from(WickError::invalid("bad top_p", "top_p".to_string()));
         assert_eq!(e, ApiError::bad_request("bad top_p", Some("top_p")));
 
-        let e = ApiError::from(WickError::ContextLengthExceeded("too long".into()));
+        let too_long = || WickError::ContextLengthExceeded {
+            max_context: 10,
+            prompt_tokens: 6,
+            max_tokens: 5,
+        };
+        let e = ApiError::from(too_long());
         assert_eq!(e.status, StatusCode::BAD_REQUEST);
         assert_eq!(e.code.as_deref(), Some("context_length_exceeded"));
-        assert_eq!(e.message, "too long");
+        assert_eq!(e.param, None);
+        assert!(
+            e.message
+                .contains("11 tokens (6 in the prompt, 5 for the completion)"),
+            "{}",
+            e.message
+        );
+        let e = ApiError::for_prompt(too_long(), "messages");
+        assert_eq!(e.param.as_deref(), Some("messages"));
+        assert!(
+            e.message
+                .contains("(6 in the messages, 5 in the completion)"),
+            "{}",
+            e.message
+        );
+        let e = ApiError::for_prompt(WickError::invalid("x", "prompt".to_string()), "messages");
+        assert_eq!(
+            e.param.as_deref(),
+            Some("prompt"),
+            "other errors keep their own field"
+        );
 
         let e = ApiError::from(WickError::Overloaded("queue full".into()));
         assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);

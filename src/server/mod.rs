@@ -1,14 +1,21 @@
 //! The OpenAI-compatible HTTP front end over the engine.
 
+pub mod access;
 pub mod app;
-pub mod choice;
+pub mod auth;
+pub mod body_guard;
+pub mod chat;
+pub mod completions;
 pub mod config;
 pub mod engine_loop;
 pub mod error;
 pub mod generation;
 pub mod handlers;
+pub mod json_body;
+pub mod listener;
 pub mod metrics;
 pub mod protocol;
+pub mod respond;
 pub mod validation;
 
 pub use app::{serve, AppState, ModelState};

@@ -14,6 +14,7 @@ use super::protocol::{
     ChatCompletionRequest, CompletionRequest, MessageContent, Prompt, Stop, StreamOptions,
 };
 use crate::chat_template::{ChatMessage, ChatTemplate};
+use crate::request_rules;
 use crate::sampling_params::{SamplingParams, MAX_LOGPROBS};
 use crate::tokenizer::Tokenizer;
 
@@ -32,6 +33,8 @@ pub struct ModelContext<'a> {
     pub vocab_size: usize,
     /// Prompt plus completion tokens must fit in this.
     pub max_context: usize,
+    /// Most sequences (prompts times `n`) in one request.
+    pub max_choices: usize,
     pub tokenizer: &'a Tokenizer,
     pub chat_template: Option<&'a ChatTemplate>,
 }
@@ -255,36 +258,20 @@ impl Common<'_> {
     }
 }
 
-fn check_max_tokens(value: Option<u32>, param: &str) -> Result<(), ApiError> {
-    match value {
-        Some(0) => Err(ApiError::bad_request(
-            format!("{param} must be at least 1, got 0"),
+/// Tokenizes, after refusing text too long to fit the context without
+/// spending the time to encode it.
+fn encode(text: &str, ctx: &ModelContext, param: &str) -> Result<Vec<u32>, ApiError> {
+    if text.len() > ctx.tokenizer.max_text_bytes(ctx.max_context) {
+        return Err(ApiError::context_length_exceeded(
+            format!(
+                "This model's maximum context length is {} tokens, and your {param} ({} bytes) \
+                 is far longer than that. Please reduce the length of the {param}.",
+                ctx.max_context,
+                text.len()
+            ),
             Some(param),
-        )),
-        _ => Ok(()),
-    }
-}
-
-fn check_ids(ids: &[u32], ctx: &ModelContext) -> Result<(), ApiError> {
-    if ids.is_empty() {
-        return Err(ApiError::bad_request(
-            "prompt must not be empty",
-            Some("prompt"),
         ));
     }
-    match ids.iter().find(|&&id| id as usize >= ctx.vocab_size) {
-        Some(id) => Err(ApiError::bad_request(
-            format!(
-                "prompt token id {id} is out of vocabulary (size {})",
-                ctx.vocab_size
-            ),
-            Some("prompt"),
-        )),
-        None => Ok(()),
-    }
-}
-
-fn encode(text: &str, ctx: &ModelContext, param: &str) -> Result<Vec<u32>, ApiError> {
     ctx.tokenizer
         .encode(text)
         .map_err(|e| ApiError::bad_request(format!("cannot tokenize {param}: {e:#}"), Some(param)))
@@ -298,8 +285,13 @@ pub fn validate_completion(
 ) -> Result<GenerationPlan, ApiError> {
     let common = Common::from(req);
     let shape = common.check(ctx)?;
-    check_max_tokens(req.max_tokens, "max_tokens")?;
     let echo = req.echo.unwrap_or(false);
+    let num_prompts = match &req.prompt {
+        Prompt::Texts(texts) => texts.len(),
+        Prompt::TokenBatches(batches) => batches.len(),
+        Prompt::Text(_) | Prompt::Tokens(_) => 1,
+    };
+    check_choices(num_prompts, shape.n, ctx)?;
 
     let (prompts, texts): (Vec<Vec<u32>>, Vec<Option<&str>>) = match &req.prompt {
         Prompt::Text(t) => (vec![encode(t, ctx, "prompt")?], vec![Some(t)]),
@@ -319,7 +311,7 @@ pub fn validate_completion(
         ));
     }
     for ids in &prompts {
-        check_ids(ids, ctx)?;
+        request_rules::check_prompt(ids, ctx.vocab_size)?;
     }
 
     let max_tokens = req
@@ -376,7 +368,6 @@ pub fn validate_chat(
         Some(m) => (Some(m), "max_completion_tokens"),
         None => (req.max_tokens, "max_tokens"),
     };
-    check_max_tokens(requested_max, max_param)?;
     let logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
         (_, Some(k)) if k as usize > MAX_LOGPROBS => {
             return Err(ApiError::bad_request(
@@ -394,6 +385,7 @@ pub fn validate_chat(
         (false, None) => None,
     };
 
+    check_choices(1, shape.n, ctx)?;
     let template = ctx.chat_template.ok_or_else(|| {
         ApiError::bad_request(
             format!(
@@ -433,7 +425,14 @@ pub fn validate_chat(
             ))
         }
     };
-    let params = common.params(max_tokens, logprobs, ctx)?;
+    let mut params = common.params(max_tokens, logprobs, ctx);
+    if let Err(e) = &mut params {
+        // The rule is max_tokens'; the client may have sent it under chat's newer name.
+        if e.param.as_deref() == Some("max_tokens") {
+            e.param = Some(max_param.to_string());
+        }
+    }
+    let params = params?;
     check_context(ids.len(), max_tokens, ctx, "messages")?;
     Ok(GenerationPlan {
         prompts: vec![ids],
@@ -496,32 +495,31 @@ fn chat_messages(req: &ChatCompletionRequest) -> Result<Vec<ChatMessage>, ApiErr
         .collect()
 }
 
-/// OpenAI's wording, so clients that parse it keep working.
+/// A request's sequences (each prompt `n` times) must fit what the server
+/// runs and queues at once, or it could never be admitted.
+fn check_choices(num_prompts: usize, n: usize, ctx: &ModelContext) -> Result<(), ApiError> {
+    let total = num_prompts.saturating_mul(n);
+    if total <= ctx.max_choices {
+        return Ok(());
+    }
+    Err(ApiError::bad_request(
+        format!(
+            "the request asks for {total} sequences ({num_prompts} prompts, n = {n}); the server \
+             runs and queues at most {} at once",
+            ctx.max_choices
+        ),
+        Some(if num_prompts > 1 { "prompt" } else { "n" }),
+    ))
+}
+
 fn check_context(
     prompt_len: usize,
     max_tokens: usize,
     ctx: &ModelContext,
     param: &str,
 ) -> Result<(), ApiError> {
-    let total = prompt_len.saturating_add(max_tokens);
-    if total <= ctx.max_context {
-        return Ok(());
-    }
-    let n = ctx.max_context;
-    let message = if param == "messages" {
-        format!(
-            "This model's maximum context length is {n} tokens. However, you requested {total} \
-             tokens ({prompt_len} in the messages, {max_tokens} in the completion). Please \
-             reduce the length of the messages or completion."
-        )
-    } else {
-        format!(
-            "This model's maximum context length is {n} tokens, however you requested {total} \
-             tokens ({prompt_len} in your prompt; {max_tokens} for the completion). Please \
-             reduce your prompt; or completion length."
-        )
-    };
-    Err(ApiError::context_length_exceeded(message, Some(param)))
+    request_rules::check_context(prompt_len, max_tokens, ctx.max_context)
+        .map_err(|e| ApiError::for_prompt(e, param))
 }
 
 #[cfg(test)]
@@ -562,6 +560,7 @@ mod tests {
             name: NAME,
             vocab_size: tokenizer.vocab_size(),
             max_context: 8192,
+            max_choices: 1280,
             tokenizer,
             chat_template: Some(template),
         }
@@ -888,6 +887,46 @@ mod tests {
         let edges = json!({"prompt": "x", "temperature": 2, "top_p": 1, "n": MAX_N, "max_tokens": 1,
                            "presence_penalty": -2, "frequency_penalty": 2, "logprobs": 20});
         completion(edges).unwrap();
+    }
+
+    #[test]
+    fn prompts_times_n_are_bounded() {
+        let max = ctx().max_choices;
+        let prompts = vec!["a"; max / 2 + 1];
+        let e = assert_rejects(completion(json!({"prompt": prompts, "n": 2})), "prompt");
+        assert!(
+            e.message
+                .contains(&format!("{} sequences", (max / 2 + 1) * 2)),
+            "{}",
+            e.message
+        );
+        completion(json!({"prompt": vec!["a"; max / 2], "n": 2})).unwrap();
+        let small = ModelContext {
+            max_choices: 2,
+            ..ctx()
+        };
+        let req: ChatCompletionRequest =
+            serde_json::from_value(with(user("x"), json!({"n": 3}))).unwrap();
+        assert_eq!(
+            validate_chat(&req, &small).unwrap_err().param.as_deref(),
+            Some("n")
+        );
+    }
+
+    /// A prompt far past the context is refused by its length alone (the
+    /// message counts bytes, not tokens: it was never encoded), as OpenAI's
+    /// context error.
+    #[test]
+    fn huge_prompts_are_refused_unread() {
+        let huge = "word ".repeat(2 << 20);
+        for (result, param) in [
+            (completion(json!({"prompt": huge})), "prompt"),
+            (chat(user(&huge)), "messages"),
+        ] {
+            let e = assert_rejects(result, param);
+            assert_eq!(e.code.as_deref(), Some("context_length_exceeded"));
+            assert!(e.message.contains("bytes)"), "{}", e.message);
+        }
     }
 
     #[test]

@@ -72,19 +72,33 @@ pub struct Server {
     pub base: String,
 }
 
+/// The wick binary under test: this build's, or `WICK_TEST_BIN` (to show a
+/// test fails on another build, such as the one before a fix).
+pub fn wick_bin() -> PathBuf {
+    std::env::var_os("WICK_TEST_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_wick")))
+}
+
 impl Server {
     pub fn start(extra: &[&str]) -> Server {
+        // The access log would drown the test output.
+        let quiet = std::env::var_os("RUST_LOG")
+            .is_none()
+            .then_some(("RUST_LOG", "warn"));
+        Server::start_with(extra, quiet.as_slice(), Stdio::inherit())
+    }
+
+    /// With extra environment variables and the server's stderr going to
+    /// `stderr` (piped, to read its log).
+    pub fn start_with(extra: &[&str], env: &[(&str, &str)], stderr: Stdio) -> Server {
         model_path(); // fetch once, outside the server's start-up
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_wick"));
-        if std::env::var_os("RUST_LOG").is_none() {
-            // The access log would drown the test output.
-            cmd.env("RUST_LOG", "warn");
-        }
-        let mut child = cmd
+        let mut child = Command::new(wick_bin())
             .args(["serve", "--port", "0"])
             .args(extra)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("spawn wick serve");
         let mut line = String::new();
@@ -117,6 +131,62 @@ impl Server {
 
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
+    }
+
+    /// host:port, for raw TCP.
+    pub fn addr(&self) -> &str {
+        self.base.strip_prefix("http://").unwrap()
+    }
+
+    /// Sends SIGTERM.
+    pub fn terminate(&self) {
+        let pid = self.child.id().to_string();
+        let ok = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        assert!(ok.success());
+    }
+
+    /// Waits up to `limit` for the process to exit; its status, or None if
+    /// it is still running.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Whether the peer closes `stream` within `limit`: a read returns end of
+/// file or an error (reset). Bytes it sends first are returned too.
+pub fn closed_within(stream: &mut std::net::TcpStream, limit: Duration) -> (bool, Vec<u8>) {
+    use std::io::Read;
+    let deadline = Instant::now() + limit;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return (false, got);
+        }
+        stream.set_read_timeout(Some(left)).unwrap();
+        match stream.read(&mut buf) {
+            Ok(0) => return (true, got),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return (false, got)
+            }
+            Err(_) => return (true, got),
+        }
     }
 }
 

@@ -1,0 +1,147 @@
+//! `POST /v1/completions`: the handler and the builder that shapes its
+//! chunks (the echoed prompt, legacy logprobs with text offsets).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::Response;
+use axum::Extension;
+
+use super::access::{request_id, AccessRecord};
+use super::error::ApiError;
+use super::generation;
+use super::json_body::JsonBody;
+use super::protocol::{CompletionChoice, CompletionLogprobs, CompletionRequest};
+use super::respond::{respond, Envelope, OutputBuilder};
+use super::validation::{validate_completion, GenerationPlan};
+use super::AppState;
+use crate::output::{Delta, TokenLogprob};
+use crate::tokenizer::Tokenizer;
+
+pub async fn completions(
+    State(state): State<Arc<AppState>>,
+    Extension(access): Extension<AccessRecord>,
+    headers: HeaderMap,
+    JsonBody(req): JsonBody<CompletionRequest>,
+) -> Result<Response, ApiError> {
+    let (g, plan) = generation::begin(&state, req, validate_completion, access).await?;
+    let model = g.model().clone();
+    let builder = CompletionBuilder::new(&plan, &model.tokenizer, g.num_choices());
+    let env = Envelope::new(format!("cmpl-{}", request_id(&headers)), &model.name);
+    respond(g, builder, env, state.limits.stream_shape(&plan)).await
+}
+
+pub struct CompletionBuilder {
+    want_logprobs: bool,
+    /// Per choice: the echoed prompt, sent with its first chunk.
+    echo: Vec<String>,
+    /// Per choice, the echoed prompt's first token until its logprobs go out.
+    echo_first: Vec<Option<String>>,
+    /// Per choice: characters of text sent so far (logprobs' `text_offset`).
+    offsets: Vec<usize>,
+}
+
+impl CompletionBuilder {
+    pub fn new(plan: &GenerationPlan, tok: &Tokenizer, num_choices: usize) -> Self {
+        let prompt_of = |i: usize| i / plan.n;
+        let echo: Vec<String> = (0..num_choices)
+            .map(|i| match plan.echo {
+                true => plan.prompt_texts[prompt_of(i)].clone(),
+                false => String::new(),
+            })
+            .collect();
+        let echo_first = (0..num_choices)
+            .map(|i| {
+                let first = *plan.prompts[prompt_of(i)].first()?;
+                (plan.echo && plan.logprobs.is_some())
+                    .then(|| tok.decode(&[first]).unwrap_or_default())
+            })
+            .collect();
+        CompletionBuilder {
+            want_logprobs: plan.logprobs.is_some(),
+            offsets: echo.iter().map(|e| e.chars().count()).collect(),
+            echo,
+            echo_first,
+        }
+    }
+}
+
+impl OutputBuilder for CompletionBuilder {
+    type Chunk = CompletionChoice;
+    type Choice = CompletionChoice;
+    const CHUNK_OBJECT: &'static str = "text_completion";
+    const OBJECT: &'static str = "text_completion";
+
+    fn chunks(&mut self, i: usize, d: Delta) -> Vec<CompletionChoice> {
+        let mut text = std::mem::take(&mut self.echo[i]);
+        text.push_str(&d.text);
+        let logprobs = self.want_logprobs.then(|| {
+            let mut lp = match self.echo_first[i].take() {
+                Some(first) => echo_logprobs(first, &d.prompt_logprobs),
+                None => CompletionLogprobs::default(),
+            };
+            lp.append(completion_logprobs(&d.logprobs, self.offsets[i]));
+            lp
+        });
+        self.offsets[i] += d.text.chars().count();
+        vec![CompletionChoice {
+            index: i,
+            text,
+            logprobs,
+            finish_reason: d.finish.map(|f| f.as_str().to_string()),
+        }]
+    }
+
+    fn empty_choice(&self, index: usize) -> CompletionChoice {
+        CompletionChoice {
+            index,
+            text: String::new(),
+            logprobs: self.want_logprobs.then(CompletionLogprobs::default),
+            finish_reason: None,
+        }
+    }
+
+    fn chunk_index(chunk: &CompletionChoice) -> usize {
+        chunk.index
+    }
+
+    fn merge(choice: &mut CompletionChoice, chunk: CompletionChoice) {
+        choice.text.push_str(&chunk.text);
+        if let (Some(all), Some(more)) = (&mut choice.logprobs, chunk.logprobs) {
+            all.append(more);
+        }
+        if chunk.finish_reason.is_some() {
+            choice.finish_reason = chunk.finish_reason;
+        }
+    }
+}
+
+/// The echoed prompt's logprobs: its first token (nothing to score it on,
+/// so null, as OpenAI and vLLM report it) and the scored rest, offsets from 0.
+fn echo_logprobs(first_token: String, scored: &[TokenLogprob]) -> CompletionLogprobs {
+    let offset = first_token.chars().count();
+    let mut out = CompletionLogprobs {
+        tokens: vec![first_token],
+        token_logprobs: vec![None],
+        top_logprobs: vec![None],
+        text_offset: vec![0],
+    };
+    out.append(completion_logprobs(scored, offset));
+    out
+}
+
+/// Completions' logprobs for one delta; `offset` is the text length before it.
+fn completion_logprobs(lps: &[TokenLogprob], mut offset: usize) -> CompletionLogprobs {
+    let mut out = CompletionLogprobs::default();
+    for lp in lps {
+        out.tokens.push(lp.token.clone());
+        out.token_logprobs.push(Some(lp.logprob));
+        out.top_logprobs
+            .push(Some(lp.top.iter().cloned().collect::<HashMap<_, _>>()));
+        out.text_offset.push(offset);
+        offset += lp.token.chars().count();
+    }
+    out
+}

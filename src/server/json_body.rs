@@ -1,0 +1,73 @@
+//! The one way a handler takes a request body: `Content-Type:
+//! application/json` or 415 (a `text/plain` body is what a cross-origin page
+//! can send without a CORS preflight), the whole body within the client
+//! timeout or 408, at most `--max-body-bytes` or 413, then JSON parsed with
+//! field-named errors.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use axum::http::{header, StatusCode};
+use serde::de::DeserializeOwned;
+
+use super::error::ApiError;
+use super::validation::parse_json;
+use super::AppState;
+
+pub struct JsonBody<T>(pub T);
+
+impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
+        let content_type = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+        if !content_type.as_deref().is_some_and(is_json) {
+            return Err(ApiError::unsupported_media_type(content_type.as_deref()));
+        }
+        let limits = &state.limits;
+        let body = tokio::time::timeout(limits.client_timeout, Bytes::from_request(req, state))
+            .await
+            .map_err(|_| ApiError::body_timeout(limits.client_timeout))?
+            .map_err(|e| match e.status() {
+                StatusCode::PAYLOAD_TOO_LARGE => ApiError::payload_too_large(limits.max_body_bytes),
+                _ => ApiError::bad_request(e.body_text(), None),
+            })?;
+        parse_json(&body).map(JsonBody)
+    }
+}
+
+/// `application/json`, with or without parameters such as `charset`.
+fn is_json(content_type: &str) -> bool {
+    let essence = content_type.split(';').next().unwrap_or_default().trim();
+    essence.eq_ignore_ascii_case("application/json")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_json;
+
+    #[test]
+    fn json_content_types() {
+        for ok in [
+            "application/json",
+            "application/json; charset=utf-8",
+            "Application/JSON",
+        ] {
+            assert!(is_json(ok), "{ok}");
+        }
+        for bad in [
+            "text/plain",
+            "text/plain;charset=UTF-8",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data; boundary=x",
+            "application/jsonx",
+            "",
+        ] {
+            assert!(!is_json(bad), "{bad}");
+        }
+    }
+}
