@@ -1,5 +1,5 @@
 //! Runs the official `openai` Python SDK (tests/openai_sdk/) against a
-//! started `wick serve`: a real client, sync and async.
+//! started `wick serve` behind an API key: a real client, sync and async.
 
 mod common;
 
@@ -37,11 +37,14 @@ fn ensure_packages() {
 #[test]
 fn openai_python_sdk_against_wick() {
     ensure_packages();
-    let server = common::Server::start(&[]);
+    // Every SDK call goes through the API-key check, as on a real deployment.
+    let key = "sk-wick-sdk-test";
+    let server = common::Server::start(&["--api-key", key]);
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_sdk");
     let status = Command::new(python())
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", dir])
         .env("WICK_BASE_URL", &server.base)
+        .env("WICK_API_KEY", key)
         .status()
         .expect("running pytest");
     assert!(status.success(), "the openai SDK tests failed");

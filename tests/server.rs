@@ -21,11 +21,19 @@ async fn metrics_text(server: &Server) -> String {
         .unwrap()
 }
 
+/// A sample's value; `name` may end in `{label="value"}` to pick a series
+/// (the `model_name` label every series carries is left out).
 async fn metric(server: &Server, name: &str) -> f64 {
+    let (base, label) = match name.split_once('{') {
+        Some((base, label)) => (base, label.trim_end_matches('}')),
+        None => (name, ""),
+    };
     metrics_text(server)
         .await
         .lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .find(|l| {
+            l.starts_with(base) && l[base.len()..].starts_with([' ', '{']) && l.contains(label)
+        })
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("metric {name} missing"))
@@ -395,4 +403,181 @@ async fn int8_kv_cache_fits_more_blocks_and_serves() {
         (ratio - 128.0 / 68.0).abs() < 0.01,
         "{int8_blocks} vs {f16_blocks}"
     );
+}
+
+/// The request_success_total series by finish reason, summed.
+async fn finished_requests(s: &Server) -> f64 {
+    let text = metrics_text(s).await;
+    text.lines()
+        .filter(|l| l.starts_with("wick:request_success_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A stop string ends its choice once: one finish chunk, no text or tokens
+/// after it, and one finished request in the metrics (n > 1 included).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stop_string_finishes_once_with_usage_to_match() {
+    let s = Server::start(&[]);
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 64, "temperature": 0,
+                      "stop": ["."], "n": 2});
+    let before = finished_requests(&s).await;
+    let (st, whole) = post(&s, "/v1/completions", body.clone()).await;
+    assert_eq!(st, 200, "{whole}");
+    let text = whole["choices"][0]["text"].as_str().unwrap().to_string();
+    assert_eq!(whole["choices"][0]["finish_reason"], "stop");
+    // The same request without the stop string shows where it would match:
+    // the text before it, and the tokens up to the one completing it are all
+    // that may be counted.
+    let mut free = body.clone();
+    free["stop"] = json!(null);
+    free["logprobs"] = json!(0);
+    let (_, free) = post(&s, "/v1/completions", free).await;
+    let free_text = free["choices"][0]["text"].as_str().unwrap();
+    assert_eq!(text, free_text[..free_text.find('.').unwrap()]);
+    let tokens = free["choices"][0]["logprobs"]["tokens"].as_array().unwrap();
+    let mut seen = String::new();
+    let upto = 1 + tokens
+        .iter()
+        .position(|t| {
+            seen.push_str(t.as_str().unwrap());
+            seen.contains('.')
+        })
+        .unwrap();
+    assert_eq!(whole["usage"]["completion_tokens"], 2 * upto as u64);
+
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let cs = chunks(&sse(&s, "/v1/completions", streamed).await);
+    for index in 0..2 {
+        let mine: Vec<&Value> = cs
+            .iter()
+            .flat_map(|c| c["choices"].as_array().unwrap())
+            .filter(|c| c["index"] == index)
+            .collect();
+        let finishes: Vec<usize> = (0..mine.len())
+            .filter(|&i| !mine[i]["finish_reason"].is_null())
+            .collect();
+        assert_eq!(finishes, [mine.len() - 1], "one finish, and last");
+        let joined: String = mine.iter().map(|c| c["text"].as_str().unwrap()).collect();
+        assert_eq!(joined, whole["choices"][index]["text"].as_str().unwrap());
+    }
+    assert_eq!(cs.last().unwrap()["usage"], whole["usage"]);
+    assert_eq!(
+        finished_requests(&s).await - before,
+        3.0,
+        "three requests, each counted once"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_request_timeout_ends_a_long_generation_as_length() {
+    let s = Server::start(&["--request-timeout-secs", "1"]);
+    let body = json!({"prompt": "Count:", "max_tokens": 4000, "ignore_eos": true});
+    let (st, whole) = post(&s, "/v1/completions", body.clone()).await;
+    assert_eq!(st, 200, "{whole}");
+    assert_eq!(whole["choices"][0]["finish_reason"], "length");
+    let n = whole["usage"]["completion_tokens"].as_u64().unwrap();
+    assert!((1..4000).contains(&n), "{n}");
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    let cs = chunks(&sse(&s, "/v1/completions", streamed).await);
+    let last = &cs.last().unwrap()["choices"][0];
+    assert_eq!(last["finish_reason"], "length");
+    assert_eq!(metric(&s, "wick:num_requests_running").await, 0.0);
+    assert_eq!(metric(&s, "wick:kv_blocks_used").await, 0.0);
+}
+
+/// --max-waiting counts what waits beyond the free batch slots: a burst
+/// the slots can take is admitted whole.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_burst_is_admitted_while_batch_slots_are_free() {
+    let s = Server::start(&["--max-waiting", "2"]);
+    let body = json!({"prompt": "Hi", "max_tokens": 4});
+    let all =
+        futures::future::join_all((0..60).map(|_| post(&s, "/v1/completions", body.clone()))).await;
+    let refused = all.iter().filter(|(st, _)| *st != 200).count();
+    assert_eq!(refused, 0, "{:?}", all.iter().find(|(st, _)| *st != 200));
+}
+
+/// A streaming client that leaves while its request is still queued frees
+/// it at once, without waiting for it to be scheduled.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_gone_while_queued_is_dropped_from_the_queue() {
+    let s = Server::start(&["--max-num-seqs", "1"]);
+    let client = reqwest::Client::new();
+    let long = json!({"prompt": "Count:", "max_tokens": 3000, "ignore_eos": true, "stream": true});
+    let running = client
+        .post(s.url("/v1/completions"))
+        .json(&long)
+        .send()
+        .await
+        .unwrap();
+    let mut running = running.bytes_stream();
+    running.next().await.unwrap().unwrap();
+    let aborted_before = metric(&s, "wick:request_success_total{finished_reason=\"abort\"}").await;
+    let queued = client
+        .post(s.url("/v1/completions"))
+        .json(&long)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(queued.status(), 200);
+    assert_eq!(metric(&s, "wick:num_requests_waiting").await, 1.0);
+    drop(queued);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while metric(&s, "wick:num_requests_waiting").await > 0.0 {
+        assert!(Instant::now() < deadline, "the queued request was kept");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let aborted = metric(&s, "wick:request_success_total{finished_reason=\"abort\"}").await;
+    assert_eq!(aborted - aborted_before, 1.0);
+    // The running one was untouched.
+    assert!(running.next().await.unwrap().is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn request_values_are_not_echoed_back_whole() {
+    let s = Server::start(&[]);
+    let huge = "m".repeat(1 << 20);
+    let (st, b) = post(&s, "/v1/completions", json!({"model": huge, "prompt": "x"})).await;
+    assert_error(st, &b, 404, Some("model"));
+    assert!(b.to_string().len() < 2048, "{} bytes", b.to_string().len());
+    let (st, b) = post(
+        &s,
+        "/v1/completions",
+        json!({"prompt": "x", "temperature": huge}),
+    )
+    .await;
+    assert_error(st, &b, 400, Some("temperature"));
+    assert!(b.to_string().len() < 2048, "{} bytes", b.to_string().len());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn oversized_requests_are_refused_before_they_run() {
+    let s = Server::start(&["--max-body-bytes", "20000000"]);
+    // Far past the context: refused by its length, not tokenized.
+    let (st, b) = post(
+        &s,
+        "/v1/completions",
+        json!({"prompt": "word ".repeat(3 << 20)}),
+    )
+    .await;
+    assert_error(st, &b, 400, Some("prompt"));
+    assert_eq!(b["error"]["code"], "context_length_exceeded");
+    // More sequences than the server runs and queues at once.
+    let prompts = vec!["a"; 700];
+    let (st, b) = post(&s, "/v1/completions", json!({"prompt": prompts, "n": 2})).await;
+    assert_error(st, &b, 400, Some("prompt"));
+    let r = reqwest::Client::new()
+        .post(s.url("/v1/completions"))
+        .header("content-type", "text/plain")
+        .body(r#"{"prompt": "x"}"#)
+        .send()
+        .await
+        .unwrap();
+    let st = r.status().as_u16();
+    assert_error(st, &r.json().await.unwrap(), 415, None);
+    assert_eq!(metric(&s, "wick:num_requests_waiting").await, 0.0);
 }

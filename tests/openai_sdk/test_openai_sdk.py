@@ -1,6 +1,7 @@
 """wick against the official `openai` Python SDK: a real client, sync and async.
 
-Run by .ci/run with WICK_BASE_URL pointing at a started `wick serve`.
+Run by tests/openai_sdk.rs with WICK_BASE_URL pointing at a started `wick
+serve` that requires the API key WICK_API_KEY.
 """
 import asyncio
 import os
@@ -10,11 +11,12 @@ import openai
 import pytest
 
 BASE = os.environ["WICK_BASE_URL"] + "/v1"
+KEY = os.environ["WICK_API_KEY"]
 
 
 @pytest.fixture(scope="module")
 def client():
-    return openai.OpenAI(base_url=BASE, api_key="unused")
+    return openai.OpenAI(base_url=BASE, api_key=KEY)
 
 
 @pytest.fixture(scope="module")
@@ -22,6 +24,21 @@ def model(client):
     models = client.models.list().data
     assert len(models) == 1
     return models[0].id
+
+
+def test_a_wrong_key_is_an_authentication_error():
+    wrong = openai.OpenAI(base_url=BASE, api_key="sk-wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as e:
+        wrong.models.list()
+    assert e.value.code == "invalid_api_key"
+
+
+def test_request_ids_reach_the_response(client, model):
+    raw = client.completions.with_raw_response.create(
+        model=model, prompt="Hi", max_tokens=2, extra_headers={"X-Request-Id": "sdk-trace-7"}
+    )
+    assert raw.headers["x-request-id"] == "sdk-trace-7"
+    assert raw.parse().id == "cmpl-sdk-trace-7"
 
 
 def test_completion_sync(client, model):
@@ -56,7 +73,9 @@ def test_completion_n_stop_seed_logprobs(client, model):
 
 def test_completion_echo_scores_the_prompt(client, model):
     prompt = "The capital of France is"
-    tokenized = httpx.post(os.environ["WICK_BASE_URL"] + "/tokenize", json={"prompt": prompt})
+    tokenized = httpx.post(
+        os.environ["WICK_BASE_URL"] + "/tokenize", json={"prompt": prompt}, headers={"Authorization": f"Bearer {KEY}"}
+    )
     n_prompt = len(tokenized.json()["tokens"])
     r = client.completions.create(model=model, prompt=prompt, max_tokens=3, temperature=0, echo=True, logprobs=2)
     lp = r.choices[0].logprobs
@@ -87,7 +106,7 @@ def test_chat_sync_and_stream(client, model):
 
 def test_async_client(model):
     async def run():
-        client = openai.AsyncOpenAI(base_url=BASE, api_key="unused")
+        client = openai.AsyncOpenAI(base_url=BASE, api_key=KEY)
         rs = await asyncio.gather(
             *[
                 client.chat.completions.create(

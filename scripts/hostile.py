@@ -1,0 +1,980 @@
+"""Measures how a running wick server copes with hostile and heavy clients.
+
+    pip install httpx
+    python3 scripts/hostile.py [SCENARIO ...] [--only a,b] [options]
+
+SCENARIO is any of soak, storm, idle, slow (or `--only soak,storm`); with
+none given, all four run in that order. Common options: `--base-url`
+(default http://127.0.0.1:8000), `--server-pid PID` (RSS is read from
+/proc/PID/status VmRSS; without it RSS is reported as null) and `--seed`.
+Each scenario prints a human summary and then ends with exactly one line of
+JSON, `{"scenario": NAME, "ok": BOOL, ...}`, so `grep '^{'` collects results.
+"ok" is whether the scenario saw what a healthy server should give; the exit
+status is 0 when every scenario run was ok, 1 otherwise, 2 when the server
+never became healthy. Failures are measurements, not crashes of this script.
+
+soak  (-n/--requests 1500, -c/--concurrency 32)
+    A random mix of /v1/completions and /v1/chat/completions, streamed (with
+    stream_options.include_usage) or not, max_tokens 8-48, temperature 0 or
+    0.8, about a third with stop ["."] or ["\\n"], about a fifth with n=2.
+    Numbers:
+      requests            requests sent
+      ok                  requests with HTTP 200 and no failed check
+      completed           HTTP 200 with the whole body read (ok or not)
+      failures            requests per failure kind (a request may count
+                          under several kinds):
+        transport         connection error or timeout
+        http_5xx/http_4xx any other status than 200
+        bad_json          a body or SSE payload that is not JSON
+        stream_error      an SSE payload carrying an "error" object
+        no_done           the stream did not end with `data: [DONE]`
+        missing_finish    a choice index with no chunk carrying a non-null
+                          finish_reason (streams)
+        duplicate_finish  a choice index with more than one such chunk
+        bad_finish_reason a finish_reason outside {stop, length}
+        wrong_choices     not exactly n choice indices
+        missing_usage     a stream asked include_usage and got no usage
+        bad_usage         usage.completion_tokens outside [1, max_tokens*n]
+      duplicate_finish_streams  streams with a duplicated finish (same as
+                          failures.duplicate_finish, given on its own)
+      metrics_success_delta     change of wick:request_success_total summed
+                          over all label sets (by_reason: per finished_reason)
+      expected_success_requests completed requests: the delta should equal
+                          this (wick counts per choice, so with n=2 requests
+                          it may equal expected_success_choices instead; both
+                          are reported, and metrics_match is true on either)
+      client_finish_reasons     each choice's first finish_reason as the
+                          client saw it, to set against by_reason
+      rss_mib_before/after, wall_s, req_per_s, latency_s (p50/p99/max)
+
+storm (-m/--clients 200)
+    M clients open connections, then all at once send a streaming completion
+    with max_tokens 256 and ignore_eos. Even-numbered clients close right
+    after sending (before any byte arrives); odd ones close right after the
+    first SSE event. Numbers:
+      first_event_clients   how many of the second half saw an event, and the
+                            max/median seconds they waited for it
+      drain_s               seconds from the last disconnect until /metrics
+                            shows num_requests_running == 0,
+                            num_requests_waiting == 0 and kv_blocks_used == 0
+                            (polled every 50 ms, null after 60 s; last_gauges
+                            holds the last values seen)
+      after_status/after_latency_s  a normal completion sent afterwards
+      abort_delta           change of request_success_total{reason=abort}
+      rss_mib_before/after
+
+idle  (-k/--connections 2000, --idle-wait 40)
+    The script first raises its RLIMIT_NOFILE soft limit to the hard limit.
+    K raw TCP connections are opened that send nothing. While they are open,
+    GET /health and a completion with max_tokens 4 go over fresh connections
+    (a failure is non-200 or no answer within 10 s). After --idle-wait
+    seconds it counts how many of the K sockets the server closed (a read
+    gave b'' or an error). Numbers: opened, open_errors, probes (status and
+    latency_s of each), closed_by_server, still_open, close_after_s (seconds
+    from a socket's connect to its close: min/median/max).
+
+slow  (-s/--slow-conns 50, --slow-interval 5, --slow-max-wait 90)
+    Slowloris: S connections send `POST /v1/completions HTTP/1.1`, a Host
+    header, then one byte of a never-ending header every interval; S more
+    send complete headers with Content-Length: 1000 and then one body byte
+    every interval. Each is watched until the server closes it (read gives
+    b''/error, or a write fails) or max-wait passes. /health is probed over
+    a fresh connection every 2 s meanwhile. Numbers per kind (head, body):
+    closed, still_open, close_after_s (min/median/max), responses (the
+    status lines the server sent before closing, counted); and health:
+    probes, failures, max_latency_s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import re
+import resource
+import statistics
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+SCENARIOS = ("soak", "storm", "idle", "slow")
+
+# ----------------------------------------------------------------------------
+# shared helpers
+# ----------------------------------------------------------------------------
+
+_SAMPLE_RE = re.compile(
+    r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)"
+    r"(?:\{(?P<labels>.*)\})?"
+    r"\s+(?P<value>\S+)(?:\s+-?\d+)?\s*$"
+)
+_LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
+
+
+def parse_metrics(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Prometheus text format -> {name: [(labels, value), ...]}."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE_RE.match(line)
+        if not m:
+            continue
+        try:
+            value = float(m["value"])
+        except ValueError:
+            continue
+        labels = dict(_LABEL_RE.findall(m["labels"] or ""))
+        out.setdefault(m["name"], []).append((labels, value))
+    return out
+
+
+def metric_sum(metrics: dict, name: str, **match: str) -> float | None:
+    """Sum of every series of `name` whose labels include `match`; None when
+    the metric is absent."""
+    series = metrics.get(name)
+    if series is None:
+        return None
+    return sum(v for labels, v in series if all(labels.get(k) == x for k, x in match.items()))
+
+
+def metric_by_label(metrics: dict, name: str, label: str) -> dict[str, float]:
+    acc: Counter = Counter()
+    for labels, v in metrics.get(name, []):
+        acc[labels.get(label, "")] += v
+    return dict(acc)
+
+
+async def fetch_metrics(client: httpx.AsyncClient) -> dict:
+    r = await client.get("/metrics", timeout=10)
+    r.raise_for_status()
+    return parse_metrics(r.text)
+
+
+def read_rss_mib(pid: int | None) -> float | None:
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None
+
+
+def stats(xs: list[float]) -> dict[str, float] | None:
+    """min/median/p99/max of a list, rounded; None when empty."""
+    if not xs:
+        return None
+    s = sorted(xs)
+    p99 = s[min(len(s) - 1, math.ceil(0.99 * len(s)) - 1)]
+    return {
+        "min": round(s[0], 3),
+        "p50": round(statistics.median(s), 3),
+        "p99": round(p99, 3),
+        "max": round(s[-1], 3),
+    }
+
+
+def host_port(base_url: str) -> tuple[str, int]:
+    u = urlsplit(base_url)
+    if u.scheme != "http":
+        raise SystemExit("raw-socket scenarios need an http:// base URL")
+    return u.hostname or "127.0.0.1", u.port or 80
+
+
+def raise_nofile_limit() -> tuple[int, int]:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+async def probe(base_url: str, method: str, path: str, body: Any = None,
+                timeout: float = 10.0) -> dict[str, Any]:
+    """One request over a fresh connection: status, latency, error."""
+    t0 = time.monotonic()
+    try:
+        async with httpx.AsyncClient(base_url=base_url, timeout=timeout) as c:
+            r = await c.request(method, path, json=body)
+            status, error = r.status_code, None
+    except Exception as e:  # noqa: BLE001 - every failure is a measurement
+        status, error = None, type(e).__name__
+    latency = time.monotonic() - t0
+    return {
+        "path": path,
+        "status": status,
+        "latency_s": round(latency, 3),
+        "error": error,
+        "ok": status == 200 and latency <= timeout,
+    }
+
+
+SMALL_COMPLETION = {"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}
+
+
+def emit(result: dict[str, Any], lines: list[str]) -> None:
+    print(f"== {result['scenario']} ==")
+    for line in lines:
+        print("  " + line)
+    print(json.dumps(result), flush=True)
+
+
+async def close_writer(w: asyncio.StreamWriter) -> None:
+    w.close()
+    try:
+        await asyncio.wait_for(w.wait_closed(), 2)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+# ----------------------------------------------------------------------------
+# soak
+# ----------------------------------------------------------------------------
+
+PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, in a small village,",
+    "List three colours. 1.",
+    "def fibonacci(n):\n",
+    "Water boils at",
+    "The quick brown fox",
+    "In 1969, the first humans",
+    "My favourite recipe is",
+]
+CHAT_PROMPTS = [
+    "Name three planets.",
+    "Tell me a joke.",
+    "What is 2 + 2?",
+    "Write one sentence about the sea.",
+    "Say hello in French.",
+    "Give me a word that rhymes with cat.",
+]
+FINISH_OK = {"stop", "length"}
+
+
+@dataclass
+class SoakSpec:
+    chat: bool
+    stream: bool
+    max_tokens: int
+    n: int
+    body: dict[str, Any]
+
+    @property
+    def path(self) -> str:
+        return "/v1/chat/completions" if self.chat else "/v1/completions"
+
+
+def soak_spec(rng: random.Random) -> SoakSpec:
+    chat = rng.random() < 0.5
+    stream = rng.random() < 0.5
+    max_tokens = rng.randint(8, 48)
+    n = 2 if rng.random() < 0.2 else 1
+    body: dict[str, Any] = {
+        "max_tokens": max_tokens,
+        "temperature": rng.choice([0.0, 0.8]),
+        "n": n,
+    }
+    if chat:
+        body["messages"] = [{"role": "user", "content": rng.choice(CHAT_PROMPTS)}]
+    else:
+        body["prompt"] = rng.choice(PROMPTS)
+    if rng.random() < 1 / 3:
+        body["stop"] = [rng.choice([".", "\n"])]
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    return SoakSpec(chat, stream, max_tokens, n, body)
+
+
+def check_usage(usage: Any, spec: SoakSpec, problems: set[str]) -> None:
+    ct = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    if not isinstance(ct, int) or not 1 <= ct <= spec.max_tokens * spec.n:
+        problems.add("bad_usage")
+
+
+async def soak_one(client: httpx.AsyncClient, spec: SoakSpec, reasons: Counter,
+                   ) -> tuple[set[str], bool, float]:
+    """Sends one request; returns (failure kinds, completed, latency) and
+    adds each choice's (first) finish_reason to `reasons`."""
+    problems: set[str] = set()
+    completed = False
+    t0 = time.monotonic()
+    try:
+        if spec.stream:
+            async with client.stream("POST", spec.path, json=spec.body) as r:
+                if r.status_code != 200:
+                    await r.aread()
+                    problems.add("http_5xx" if r.status_code >= 500 else "http_4xx")
+                else:
+                    payloads = [
+                        line[5:].strip()
+                        async for line in r.aiter_lines()
+                        if line.startswith("data:")
+                    ]
+                    completed = True
+                    check_stream(payloads, spec, problems, reasons)
+        else:
+            r = await client.post(spec.path, json=spec.body)
+            if r.status_code != 200:
+                problems.add("http_5xx" if r.status_code >= 500 else "http_4xx")
+            else:
+                completed = True
+                check_plain(r.content, spec, problems, reasons)
+    except Exception:  # noqa: BLE001 - connection errors, timeouts, protocol errors
+        problems.add("transport")
+        completed = False
+    return problems, completed, time.monotonic() - t0
+
+
+def check_stream(payloads: list[str], spec: SoakSpec, problems: set[str],
+                 reasons: Counter) -> None:
+    if not payloads or payloads[-1] != "[DONE]":
+        problems.add("no_done")
+    finishes: Counter = Counter()
+    seen: set[int] = set()
+    usage = None
+    for p in payloads:
+        if p == "[DONE]":
+            continue
+        try:
+            obj = json.loads(p)
+        except ValueError:
+            problems.add("bad_json")
+            continue
+        if "error" in obj:
+            problems.add("stream_error")
+            continue
+        if obj.get("usage"):
+            usage = obj["usage"]
+        for ch in obj.get("choices") or []:
+            idx = ch.get("index")
+            seen.add(idx)
+            fr = ch.get("finish_reason")
+            if fr is not None:
+                if finishes[idx] == 0:
+                    reasons[fr] += 1
+                finishes[idx] += 1
+                if fr not in FINISH_OK:
+                    problems.add("bad_finish_reason")
+    if seen != set(range(spec.n)):
+        problems.add("wrong_choices")
+    for i in range(spec.n):
+        if finishes[i] == 0:
+            problems.add("missing_finish")
+        elif finishes[i] > 1:
+            problems.add("duplicate_finish")
+    if usage is None:
+        problems.add("missing_usage")
+    else:
+        check_usage(usage, spec, problems)
+
+
+def check_plain(content: bytes, spec: SoakSpec, problems: set[str],
+                reasons: Counter) -> None:
+    try:
+        obj = json.loads(content)
+    except ValueError:
+        problems.add("bad_json")
+        return
+    choices = obj.get("choices") or []
+    if sorted(c.get("index") for c in choices) != list(range(spec.n)):
+        problems.add("wrong_choices")
+    for c in choices:
+        reasons[str(c.get("finish_reason"))] += 1
+        if c.get("finish_reason") not in FINISH_OK:
+            problems.add("bad_finish_reason")
+    if obj.get("usage") is not None:
+        check_usage(obj["usage"], spec, problems)
+
+
+async def wait_idle(client: httpx.AsyncClient, timeout: float) -> dict | None:
+    """Polls /metrics until nothing runs or waits; returns the last parse."""
+    deadline = time.monotonic() + timeout
+    m = None
+    while True:
+        try:
+            m = await fetch_metrics(client)
+            if (metric_sum(m, "wick:num_requests_running") or 0) == 0 and (
+                metric_sum(m, "wick:num_requests_waiting") or 0
+            ) == 0:
+                return m
+        except Exception:  # noqa: BLE001
+            pass
+        if time.monotonic() > deadline:
+            return m
+        await asyncio.sleep(0.05)
+
+
+async def scenario_soak(args: argparse.Namespace) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    specs = [soak_spec(rng) for _ in range(args.requests)]
+    limits = httpx.Limits(max_connections=args.concurrency + 4,
+                          max_keepalive_connections=args.concurrency + 4)
+    async with httpx.AsyncClient(base_url=args.base_url, limits=limits,
+                                 timeout=args.request_timeout) as client:
+        rss_before = read_rss_mib(args.server_pid)
+        m_before = await fetch_metrics(client)
+        queue: asyncio.Queue[SoakSpec] = asyncio.Queue()
+        for s in specs:
+            queue.put_nowait(s)
+        failures: Counter = Counter()
+        reasons: Counter = Counter()
+        latencies: list[float] = []
+        ok = completed = choices_completed = 0
+
+        async def worker() -> None:
+            nonlocal ok, completed, choices_completed
+            while True:
+                try:
+                    spec = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                problems, done, lat = await soak_one(client, spec, reasons)
+                latencies.append(lat)
+                failures.update(problems)
+                completed += done
+                choices_completed += spec.n if done else 0
+                ok += done and not problems
+
+        t0 = time.monotonic()
+        await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+        wall = time.monotonic() - t0
+        m_after = await wait_idle(client, 5) or await fetch_metrics(client)
+        rss_after = read_rss_mib(args.server_pid)
+
+    name = "wick:request_success_total"
+    before, after = metric_sum(m_before, name), metric_sum(m_after, name)
+    delta = None if before is None or after is None else after - before
+    rb, ra = metric_by_label(m_before, name, "finished_reason"), metric_by_label(
+        m_after, name, "finished_reason")
+    by_reason = {k: ra.get(k, 0) - rb.get(k, 0) for k in sorted(set(ra) | set(rb))}
+    metrics_match = delta is not None and delta in (completed, choices_completed)
+    mix = Counter(
+        ("chat" if s.chat else "cmpl") + ("/stream" if s.stream else "") for s in specs
+    )
+    result = {
+        "scenario": "soak",
+        "ok": ok == len(specs) and metrics_match,
+        "requests": len(specs),
+        "concurrency": args.concurrency,
+        "ok_requests": ok,
+        "completed": completed,
+        "failures": dict(sorted(failures.items())),
+        "duplicate_finish_streams": failures.get("duplicate_finish", 0),
+        "mix": dict(sorted(mix.items())),
+        "with_stop": sum("stop" in s.body for s in specs),
+        "with_n2": sum(s.n == 2 for s in specs),
+        "metrics_success_delta": delta,
+        "metrics_success_by_reason": by_reason,
+        "expected_success_requests": completed,
+        "expected_success_choices": choices_completed,
+        "metrics_match": metrics_match,
+        "client_finish_reasons": dict(sorted(reasons.items())),
+        "rss_mib_before": rss_before,
+        "rss_mib_after": rss_after,
+        "wall_s": round(wall, 2),
+        "req_per_s": round(len(specs) / wall, 2) if wall else None,
+        "latency_s": stats(latencies),
+    }
+    lines = [
+        f"{len(specs)} requests at concurrency {args.concurrency} in {wall:.1f} s "
+        f"({result['req_per_s']} req/s); mix {result['mix']}, "
+        f"{result['with_stop']} with stop, {result['with_n2']} with n=2",
+        f"ok {ok}, completed {completed}, failures {result['failures'] or 'none'}",
+        f"duplicate-finish streams: {result['duplicate_finish_streams']}",
+        f"request_success_total delta {delta} {by_reason} vs {completed} completed "
+        f"requests / {choices_completed} choices -> "
+        f"{'match' if metrics_match else 'MISMATCH'}; clients saw {dict(sorted(reasons.items()))}",
+        f"RSS {rss_before} -> {rss_after} MiB; latency {result['latency_s']}",
+    ]
+    emit(result, lines)
+    return result
+
+
+# ----------------------------------------------------------------------------
+# storm
+# ----------------------------------------------------------------------------
+
+
+def raw_request(host: str, port: int, path: str, body: dict[str, Any]) -> bytes:
+    data = json.dumps(body).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        "Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+        f"Content-Length: {len(data)}\r\n\r\n"
+    )
+    return head.encode() + data
+
+
+async def read_first_event(reader: asyncio.StreamReader) -> int | None:
+    """Reads a response head and its body up to the first complete SSE event;
+    returns the HTTP status (None if the head never came). Handles chunked
+    transfer encoding."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    try:
+        status = int(lines[0].split()[1])
+    except (IndexError, ValueError):
+        return None
+    headers = {
+        k.strip().lower(): v.strip()
+        for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)
+    }
+    if status != 200:
+        return status
+    chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+    body = b""
+    while b"\n\n" not in body and b"\r\n\r\n" not in body:
+        if chunked:
+            size = int((await reader.readuntil(b"\r\n")).split(b";")[0].strip(), 16)
+            if size == 0:
+                break
+            body += await reader.readexactly(size)
+            await reader.readexactly(2)
+        else:
+            more = await reader.read(4096)
+            if not more:
+                break
+            body += more
+    return status
+
+
+async def scenario_storm(args: argparse.Namespace) -> dict[str, Any]:
+    host, port = host_port(args.base_url)
+    body = {
+        "prompt": "Write a long story about a lighthouse keeper.",
+        "max_tokens": 256,
+        "ignore_eos": True,
+        "temperature": 0.8,
+        "stream": True,
+    }
+    request = raw_request(host, port, "/v1/completions", body)
+    async with httpx.AsyncClient(base_url=args.base_url, timeout=10) as client:
+        rss_before = read_rss_mib(args.server_pid)
+        m_before = await fetch_metrics(client)
+
+        conns = await asyncio.gather(
+            *(asyncio.open_connection(host, port) for _ in range(args.clients)),
+            return_exceptions=True,
+        )
+        open_errors = Counter(type(c).__name__ for c in conns if isinstance(c, BaseException))
+        live = [c for c in conns if not isinstance(c, BaseException)]
+        close_times: list[float] = []
+        first_waits: list[float] = []
+        first_status: Counter = Counter()
+        send_errors = 0
+
+        async def client_task(i: int, reader: asyncio.StreamReader,
+                              writer: asyncio.StreamWriter) -> None:
+            nonlocal send_errors
+            t0 = time.monotonic()
+            try:
+                writer.write(request)
+                await writer.drain()
+            except OSError:
+                send_errors += 1
+            if i % 2 == 1:
+                try:
+                    st = await asyncio.wait_for(read_first_event(reader), args.first_event_timeout)
+                    first_status[str(st)] += 1
+                    if st == 200:
+                        first_waits.append(time.monotonic() - t0)
+                except Exception as e:  # noqa: BLE001
+                    first_status[type(e).__name__] += 1
+            await close_writer(writer)
+            close_times.append(time.monotonic())
+
+        t_start = time.monotonic()
+        await asyncio.gather(*(client_task(i, r, w) for i, (r, w) in enumerate(live)))
+        last_disconnect = max(close_times) if close_times else time.monotonic()
+
+        # drain: poll every 50 ms until nothing runs, waits or holds KV blocks
+        drain = None
+        gauges: dict[str, float | None] = {}
+        while time.monotonic() - last_disconnect < args.drain_timeout:
+            try:
+                m = await fetch_metrics(client)
+                gauges = {
+                    k: metric_sum(m, f"wick:{k}")
+                    for k in ("num_requests_running", "num_requests_waiting", "kv_blocks_used")
+                }
+                if all(v == 0 for v in gauges.values()):
+                    drain = time.monotonic() - last_disconnect
+                    break
+            except Exception:  # noqa: BLE001
+                pass
+            await asyncio.sleep(0.05)
+        rss_after = read_rss_mib(args.server_pid)
+        after = await probe(args.base_url, "POST", "/v1/completions", SMALL_COMPLETION,
+                            timeout=args.request_timeout)
+        m_after = await fetch_metrics(client)
+
+    name = "wick:request_success_total"
+    abort_delta = (metric_sum(m_after, name, finished_reason="abort") or 0) - (
+        metric_sum(m_before, name, finished_reason="abort") or 0)
+    half = sum(1 for i in range(len(live)) if i % 2 == 1)
+    result = {
+        "scenario": "storm",
+        "ok": drain is not None and after["ok"] and not open_errors,
+        "clients": args.clients,
+        "connected": len(live),
+        "open_errors": dict(open_errors),
+        "send_errors": send_errors,
+        "closed_before_reply": len(live) - half,
+        "closed_after_first_event": half,
+        "first_event_status": dict(first_status),
+        "first_event_wait_s": stats(first_waits),
+        "storm_s": round(last_disconnect - t_start, 3),
+        "drain_s": None if drain is None else round(drain, 3),
+        "drain_timeout_s": args.drain_timeout,
+        "last_gauges": gauges,
+        "abort_delta": abort_delta,
+        "after_status": after["status"],
+        "after_latency_s": after["latency_s"],
+        "after_error": after["error"],
+        "rss_mib_before": rss_before,
+        "rss_mib_after": rss_after,
+    }
+    lines = [
+        f"{len(live)}/{args.clients} clients connected; {len(live) - half} closed right "
+        f"after sending, {half} after the first event (status {dict(first_status)}, "
+        f"wait {result['first_event_wait_s']})",
+        f"last disconnect {result['storm_s']} s after the start; drain "
+        + (f"{result['drain_s']} s" if drain is not None
+           else f"NOT reached within {args.drain_timeout} s (last {gauges})"),
+        f"aborts counted by /metrics: {abort_delta}",
+        f"completion afterwards: status {after['status']} in {after['latency_s']} s"
+        + (f" ({after['error']})" if after["error"] else ""),
+        f"RSS {rss_before} -> {rss_after} MiB",
+    ]
+    emit(result, lines)
+    return result
+
+
+# ----------------------------------------------------------------------------
+# idle
+# ----------------------------------------------------------------------------
+
+
+@dataclass
+class Watched:
+    """A raw connection whose closing by the server is being watched."""
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    opened: float
+    closed: float | None = None
+    received: bytes = b""
+    task: asyncio.Task | None = field(default=None, repr=False)
+
+    def watch(self) -> None:
+        self.task = asyncio.create_task(self._watch())
+
+    async def _watch(self) -> None:
+        try:
+            while True:
+                data = await self.reader.read(65536)
+                if not data:
+                    break
+                if len(self.received) < 256:
+                    self.received += data[: 256 - len(self.received)]
+        except Exception:  # noqa: BLE001 - reset counts as closed
+            pass
+        self.closed = time.monotonic()
+
+    def status_line(self) -> str | None:
+        if not self.received:
+            return None
+        return self.received.split(b"\r\n", 1)[0].decode("latin-1")[:60]
+
+    async def close(self) -> None:
+        if self.task:
+            self.task.cancel()
+        await close_writer(self.writer)
+
+
+async def open_watched(host: str, port: int, count: int, parallel: int = 256,
+                       ) -> tuple[list[Watched], Counter]:
+    sem = asyncio.Semaphore(parallel)
+    errors: Counter = Counter()
+
+    async def one() -> Watched | None:
+        async with sem:
+            try:
+                r, w = await asyncio.wait_for(asyncio.open_connection(host, port), 10)
+            except Exception as e:  # noqa: BLE001
+                errors[type(e).__name__] += 1
+                return None
+            c = Watched(r, w, time.monotonic())
+            c.watch()
+            return c
+
+    conns = [c for c in await asyncio.gather(*(one() for _ in range(count))) if c]
+    return conns, errors
+
+
+async def scenario_idle(args: argparse.Namespace) -> dict[str, Any]:
+    host, port = host_port(args.base_url)
+    soft, hard = raise_nofile_limit()
+    rss_before = read_rss_mib(args.server_pid)
+    t0 = time.monotonic()
+    conns, open_errors = await open_watched(host, port, args.connections)
+    open_s = time.monotonic() - t0
+    probes = [
+        await probe(args.base_url, "GET", "/health"),
+        await probe(args.base_url, "POST", "/v1/completions", SMALL_COMPLETION),
+    ]
+    closed_early = sum(c.closed is not None for c in conns)
+    await asyncio.sleep(args.idle_wait)
+    closed = [c for c in conns if c.closed is not None]
+    rss_after = read_rss_mib(args.server_pid)
+    close_after = [c.closed - c.opened for c in closed]
+    responses = Counter(c.status_line() for c in closed if c.status_line())
+    await asyncio.gather(*(c.close() for c in conns))
+
+    result = {
+        "scenario": "idle",
+        "ok": all(p["ok"] for p in probes) and len(closed) == len(conns) and not open_errors,
+        "connections": args.connections,
+        "nofile_limit": [soft, hard],
+        "opened": len(conns),
+        "open_errors": dict(open_errors),
+        "open_s": round(open_s, 3),
+        "probes": probes,
+        "closed_during_probes": closed_early,
+        "idle_wait_s": args.idle_wait,
+        "closed_by_server": len(closed),
+        "still_open": len(conns) - len(closed),
+        "close_after_s": stats(close_after),
+        "responses": dict(responses),
+        "rss_mib_before": rss_before,
+        "rss_mib_after": rss_after,
+    }
+    lines = [
+        f"opened {len(conns)}/{args.connections} idle connections in {open_s:.2f} s "
+        f"(NOFILE {soft}/{hard}; errors {dict(open_errors) or 'none'})",
+        *(f"{p['path']}: status {p['status']} in {p['latency_s']} s"
+          + (f" ({p['error']})" if p["error"] else "") + ("" if p["ok"] else "  FAILED")
+          for p in probes),
+        f"after {args.idle_wait} s: server closed {len(closed)}, {len(conns) - len(closed)} "
+        f"still open; close after {result['close_after_s']}; responses {dict(responses) or 'none'}",
+        f"RSS {rss_before} -> {rss_after} MiB",
+    ]
+    emit(result, lines)
+    return result
+
+
+# ----------------------------------------------------------------------------
+# slow
+# ----------------------------------------------------------------------------
+
+
+def _trickle(prefix: bytes, filler: bytes):
+    yield from prefix
+    while True:
+        yield from filler
+
+
+async def slow_conn(host: str, port: int, kind: str, interval: float,
+                    max_wait: float) -> dict[str, Any]:
+    """One slowloris connection; returns when the server closed it or
+    max_wait passed."""
+    try:
+        r, w = await asyncio.wait_for(asyncio.open_connection(host, port), 10)
+    except Exception as e:  # noqa: BLE001
+        return {"kind": kind, "open_error": type(e).__name__}
+    c = Watched(r, w, time.monotonic())
+    c.watch()
+    if kind == "head":
+        first = f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\n".encode()
+        trickle = _trickle(b"X-Slowloris: ", b"a")
+    else:
+        first = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\n"
+                 "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n").encode()
+        trickle = _trickle(b'{"prompt": "', b"a")
+    write_error = None
+    deadline = c.opened + max_wait
+    try:
+        w.write(first)
+        await w.drain()
+        while c.closed is None and time.monotonic() < deadline:
+            await asyncio.wait([c.task], timeout=min(interval, max(0, deadline - time.monotonic())))
+            if c.closed is not None or time.monotonic() >= deadline:
+                break
+            w.write(bytes([next(trickle)]))
+            await w.drain()
+    except OSError as e:
+        write_error = type(e).__name__
+        if c.closed is None:
+            await asyncio.wait([c.task], timeout=1)
+            if c.closed is None:
+                c.closed = time.monotonic()
+    out = {
+        "kind": kind,
+        "closed_after": None if c.closed is None else c.closed - c.opened,
+        "status_line": c.status_line(),
+        "write_error": write_error,
+    }
+    await c.close()
+    return out
+
+
+async def scenario_slow(args: argparse.Namespace) -> dict[str, Any]:
+    host, port = host_port(args.base_url)
+    raise_nofile_limit()
+    rss_before = read_rss_mib(args.server_pid)
+    tasks = [
+        asyncio.create_task(slow_conn(host, port, kind, args.slow_interval, args.slow_max_wait))
+        for kind in ("head", "body") for _ in range(args.slow_conns)
+    ]
+    health: list[dict[str, Any]] = []
+    while not all(t.done() for t in tasks):
+        health.append(await probe(args.base_url, "GET", "/health"))
+        await asyncio.wait(tasks, timeout=2)
+    outs = [t.result() for t in tasks]
+    rss_after = read_rss_mib(args.server_pid)
+
+    kinds: dict[str, Any] = {}
+    for kind in ("head", "body"):
+        mine = [o for o in outs if o["kind"] == kind]
+        times = [o["closed_after"] for o in mine if o.get("closed_after") is not None]
+        kinds[kind] = {
+            "connections": len(mine),
+            "open_errors": sum("open_error" in o for o in mine),
+            "closed": len(times),
+            "still_open": len(mine) - len(times) - sum("open_error" in o for o in mine),
+            "close_after_s": stats(times),
+            "responses": dict(Counter(o["status_line"] for o in mine if o.get("status_line"))),
+            "write_errors": sum(bool(o.get("write_error")) for o in mine),
+        }
+    health_fail = [h for h in health if not h["ok"]]
+    result = {
+        "scenario": "slow",
+        "ok": not health_fail and all(k["still_open"] == 0 for k in kinds.values()),
+        "per_kind": args.slow_conns,
+        "interval_s": args.slow_interval,
+        "max_wait_s": args.slow_max_wait,
+        **kinds,
+        "health": {
+            "probes": len(health),
+            "failures": len(health_fail),
+            "max_latency_s": max((h["latency_s"] for h in health), default=None),
+            "statuses": dict(Counter(str(h["status"] or h["error"]) for h in health)),
+        },
+        "rss_mib_before": rss_before,
+        "rss_mib_after": rss_after,
+    }
+    lines = [
+        f"{args.slow_conns} connections of each kind, one byte every {args.slow_interval} s, "
+        f"watched up to {args.slow_max_wait} s",
+        *(f"{k:4s}: closed {v['closed']}/{v['connections']} (still open {v['still_open']}), "
+          f"close after {v['close_after_s']}, responses {v['responses'] or 'none'}"
+          for k, v in kinds.items()),
+        f"/health meanwhile: {len(health)} probes, {len(health_fail)} failed, "
+        f"max latency {result['health']['max_latency_s']} s",
+        f"RSS {rss_before} -> {rss_after} MiB",
+    ]
+    emit(result, lines)
+    return result
+
+
+# ----------------------------------------------------------------------------
+# main
+# ----------------------------------------------------------------------------
+
+RUNNERS = {
+    "soak": scenario_soak,
+    "storm": scenario_storm,
+    "idle": scenario_idle,
+    "slow": scenario_slow,
+}
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
+    p = argparse.ArgumentParser(
+        description="Hostile-client measurements against a wick server.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="See the module docstring for what each reported number means.",
+    )
+    p.add_argument("scenarios", nargs="*", metavar="SCENARIO",
+                   help=f"any of {', '.join(SCENARIOS)} (default: all)")
+    p.add_argument("--only", default="", help="comma-separated scenarios, same as positionals")
+    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    p.add_argument("--server-pid", type=int, default=None,
+                   help="server process id, for RSS from /proc/PID/status")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ready-timeout", type=float, default=30.0,
+                   help="seconds to wait for GET /health to be 200 first")
+    p.add_argument("--request-timeout", type=float, default=120.0,
+                   help="per-request timeout for generation requests")
+    g = p.add_argument_group("soak")
+    g.add_argument("-n", "--requests", type=int, default=1500)
+    g.add_argument("-c", "--concurrency", type=int, default=32)
+    g = p.add_argument_group("storm")
+    g.add_argument("-m", "--clients", type=int, default=200)
+    g.add_argument("--first-event-timeout", type=float, default=120.0)
+    g.add_argument("--drain-timeout", type=float, default=60.0)
+    g = p.add_argument_group("idle")
+    g.add_argument("-k", "--connections", type=int, default=2000)
+    g.add_argument("--idle-wait", type=float, default=40.0)
+    g = p.add_argument_group("slow")
+    g.add_argument("-s", "--slow-conns", type=int, default=50)
+    g.add_argument("--slow-interval", type=float, default=5.0)
+    g.add_argument("--slow-max-wait", type=float, default=90.0)
+    args = p.parse_args(argv)
+    chosen = list(args.scenarios) + [s for s in args.only.split(",") if s.strip()]
+    chosen = [s.strip() for s in chosen]
+    bad = [s for s in chosen if s not in SCENARIOS]
+    if bad:
+        p.error(f"unknown scenario(s) {bad}; choose from {', '.join(SCENARIOS)}")
+    order = [s for s in SCENARIOS if s in chosen] or list(SCENARIOS)
+    return args, order
+
+
+async def wait_ready(base_url: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient(base_url=base_url, timeout=5) as c:
+        while True:
+            try:
+                if (await c.get("/health")).status_code == 200:
+                    return True
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.5)
+
+
+async def amain(args: argparse.Namespace, order: list[str]) -> int:
+    if not await wait_ready(args.base_url, args.ready_timeout):
+        print(f"{args.base_url}/health did not answer 200 within {args.ready_timeout} s",
+              file=sys.stderr)
+        return 2
+    all_ok = True
+    for name in order:
+        result = await RUNNERS[name](args)
+        all_ok &= bool(result["ok"])
+    return 0 if all_ok else 1
+
+
+def main() -> None:
+    args, order = parse_args()
+    sys.exit(asyncio.run(amain(args, order)))
+
+
+if __name__ == "__main__":
+    main()

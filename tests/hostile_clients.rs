@@ -1,0 +1,188 @@
+//! `wick serve` against clients that connect and do nothing, send slowly,
+//! send too much, or hold a request open across a shutdown: none of them may
+//! lock others out or keep the process alive.
+
+mod common;
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use common::{closed_within, post, Server};
+
+/// Splits a raw HTTP/1.1 response into its status and JSON body.
+fn parse_response(raw: &[u8]) -> (u16, Value) {
+    let text = String::from_utf8_lossy(raw);
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {text:?}"));
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_connections_neither_lock_out_others_nor_stay_open() {
+    let s = Server::start(&["--max-connections", "32", "--client-timeout-secs", "2"]);
+    // Three times the cap, all idle: the oldest are closed to make room.
+    let mut idle: Vec<TcpStream> = (0..96)
+        .map(|_| TcpStream::connect(s.addr()).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let health = reqwest::get(s.url("/health")).await.unwrap();
+    assert_eq!(health.status(), 200);
+    let (st, b) = post(
+        &s,
+        "/v1/completions",
+        json!({"prompt": "Hi", "max_tokens": 4}),
+    )
+    .await;
+    assert_eq!(st, 200, "{b}");
+    // Every idle connection is gone once the client timeout has passed.
+    let start = Instant::now();
+    for conn in &mut idle {
+        let left = Duration::from_secs(5).saturating_sub(start.elapsed());
+        assert!(
+            closed_within(conn, left).0,
+            "an idle connection was left open"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn at_the_cap_with_every_connection_busy_new_ones_get_503() {
+    let s = Server::start(&["--max-connections", "2", "--max-num-seqs", "1"]);
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let long = json!({"prompt": "Count:", "max_tokens": 400, "ignore_eos": true, "stream": true});
+    let mut busy = Vec::new();
+    for _ in 0..2 {
+        let r = client
+            .post(s.url("/v1/completions"))
+            .json(&long)
+            .send()
+            .await
+            .unwrap();
+        busy.push(r);
+    }
+    let mut extra = TcpStream::connect(s.addr()).unwrap();
+    write!(extra, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let (closed, raw) = closed_within(&mut extra, Duration::from_secs(5));
+    assert!(closed);
+    let (status, body) = parse_response(&raw);
+    assert_eq!(status, 503);
+    common::assert_error(status, &body, 503, None);
+    drop(busy);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn slow_heads_and_bodies_are_cut_off() {
+    let s = Server::start(&["--client-timeout-secs", "2"]);
+    let mut head = TcpStream::connect(s.addr()).unwrap();
+    write!(head, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n").unwrap();
+    let mut body = TcpStream::connect(s.addr()).unwrap();
+    write!(
+        body,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n\
+         content-length: 1000\r\n\r\n{{\"prompt\""
+    )
+    .unwrap();
+    let (closed, _) = closed_within(&mut head, Duration::from_secs(5));
+    assert!(closed, "a half-sent head was kept open");
+    let (closed, raw) = closed_within(&mut body, Duration::from_secs(5));
+    assert!(closed, "a half-sent body was kept open");
+    let (status, json) = parse_response(&raw);
+    common::assert_error(status, &json, 408, None);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn oversized_headers_get_431_with_a_json_body() {
+    let s = Server::start(&["--max-header-bytes", "4096"]);
+    let r = reqwest::Client::new()
+        .get(s.url("/health"))
+        .header("x-filler", "a".repeat(5000))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    assert_eq!(r.headers()["content-type"], "application/json");
+    common::assert_error(status, &r.json().await.unwrap(), 431, None);
+    assert_eq!(reqwest::get(s.url("/health")).await.unwrap().status(), 200);
+}
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_exits_within_the_grace_period_despite_half_sent_requests() {
+    let mut s = Server::start(&["--shutdown-grace-secs", "2", "--client-timeout-secs", "60"]);
+    let mut head = TcpStream::connect(s.addr()).unwrap();
+    write!(head, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n").unwrap();
+    let mut body = TcpStream::connect(s.addr()).unwrap();
+    write!(
+        body,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n\
+         content-length: 1000\r\n\r\n{{"
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    s.terminate();
+    // The grace period, the 2 s the cut-off responses get to go out, and slack.
+    let status = s.wait_exit(Duration::from_secs(6));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+}
+
+/// In-flight requests cut off by the end of the grace period end with an
+/// error a client understands: 503 whole, an error event on a stream.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread")]
+async fn requests_cut_off_at_shutdown_get_an_error_not_a_made_up_finish() {
+    let mut s = Server::start(&["--shutdown-grace-secs", "1"]);
+    let long = |stream: bool| json!({"prompt": "Count:", "max_tokens": 4000, "ignore_eos": true, "stream": stream});
+    let whole = tokio::spawn(post_owned(s.url("/v1/completions"), long(false)));
+    let streamed = reqwest::Client::new()
+        .post(s.url("/v1/completions"))
+        .json(&long(true))
+        .send()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    s.terminate();
+    let (status, body) = whole.await.unwrap();
+    common::assert_error(status, &body, 503, None);
+    let text = streamed.text().await.unwrap();
+    let events: Vec<&str> = text
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .collect();
+    assert_eq!(events.last(), Some(&"[DONE]"));
+    let error: Value = serde_json::from_str(events[events.len() - 2]).unwrap();
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("shut down"),
+        "{error}"
+    );
+    assert!(
+        !text.contains("\"finish_reason\":\"abort\""),
+        "abort is not an OpenAI finish reason"
+    );
+    assert!(s
+        .wait_exit(Duration::from_secs(5))
+        .is_some_and(|s| s.success()));
+}
+
+async fn post_owned(url: String, body: Value) -> (u16, Value) {
+    let r = reqwest::Client::new()
+        .post(url)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}

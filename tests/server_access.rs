@@ -1,0 +1,216 @@
+//! What a server exposed beyond localhost needs, over real HTTP: API keys,
+//! CORS for browser front ends, request ids, SSE keep-alive comments for
+//! proxies, and a JSON access log.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::{json, Value};
+
+use common::{assert_error, Server};
+
+fn completion() -> Value {
+    json!({"prompt": "Hi", "max_tokens": 2})
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn api_keys_guard_the_api_and_not_the_probes() {
+    let keys = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(keys.path(), "# ops\nsk-from-file\n").unwrap();
+    let s = Server::start(&[
+        "--api-key",
+        "sk-one",
+        "--api-key-file",
+        keys.path().to_str().unwrap(),
+    ]);
+    let client = reqwest::Client::new();
+    let post = |auth: Option<&str>, path: &str, body: Value| {
+        let mut r = client.post(s.url(path)).json(&body);
+        if let Some(a) = auth {
+            r = r.header("authorization", a);
+        }
+        r.send()
+    };
+    for (auth, want) in [
+        (None, 401),
+        (Some("Bearer sk-wrong"), 401),
+        (Some("sk-one"), 401),
+        (Some("Bearer sk-one"), 200),
+        (Some("Bearer sk-from-file"), 200),
+    ] {
+        for (path, body) in [
+            ("/v1/completions", completion()),
+            ("/tokenize", json!({"prompt": "Hi"})),
+            ("/detokenize", json!({"tokens": [1]})),
+        ] {
+            let r = post(auth, path, body).await.unwrap();
+            let status = r.status().as_u16();
+            if want == 401 {
+                assert_eq!(r.headers()["www-authenticate"], "Bearer");
+                let body: Value = r.json().await.unwrap();
+                assert_error(status, &body, 401, None);
+                assert_eq!(body["error"]["code"], "invalid_api_key");
+            } else {
+                assert_eq!(status, want, "{auth:?} {path}");
+            }
+        }
+    }
+    let models = client.get(s.url("/v1/models")).send().await.unwrap();
+    assert_eq!(models.status(), 401);
+    for open in ["/health", "/metrics"] {
+        assert_eq!(
+            client.get(s.url(open)).send().await.unwrap().status(),
+            200,
+            "{open}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cors_preflight_and_allowed_origins() {
+    let any = Server::start(&["--api-key", "sk-one"]);
+    let client = reqwest::Client::new();
+    let preflight = |s: &Server, origin: &str| {
+        client
+            .request(reqwest::Method::OPTIONS, s.url("/v1/chat/completions"))
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .header(
+                "access-control-request-headers",
+                "authorization, content-type",
+            )
+            .send()
+    };
+    // No key on a preflight: browsers never send one.
+    let r = preflight(&any, "https://chat.example").await.unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    assert_eq!(r.headers()["access-control-allow-origin"], "*");
+    assert!(r.headers().contains_key("access-control-allow-methods"));
+    assert!(r.headers().contains_key("access-control-allow-headers"));
+    // A refusal carries CORS headers too, so the page can read the error.
+    let r = client
+        .post(any.url("/v1/completions"))
+        .header("origin", "https://chat.example")
+        .json(&completion())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(r.headers()["access-control-allow-origin"], "*");
+
+    let listed = Server::start(&["--allowed-origins", "https://a.example,https://b.example"]);
+    let r = preflight(&listed, "https://b.example").await.unwrap();
+    assert_eq!(
+        r.headers()["access-control-allow-origin"],
+        "https://b.example"
+    );
+    let r = preflight(&listed, "https://evil.example").await.unwrap();
+    assert!(!r.headers().contains_key("access-control-allow-origin"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn request_ids_are_echoed_or_made_unique() {
+    let s = Server::start(&[]);
+    let client = reqwest::Client::new();
+    let r = client
+        .post(s.url("/v1/completions"))
+        .header("x-request-id", "trace-42")
+        .json(&completion())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["x-request-id"], "trace-42");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["id"], "cmpl-trace-42");
+    let mut ids = std::collections::HashSet::new();
+    for _ in 0..20 {
+        let r = client
+            .post(s.url("/v1/chat/completions"))
+            .json(&json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}))
+            .send()
+            .await
+            .unwrap();
+        let header = r.headers()["x-request-id"].to_str().unwrap().to_string();
+        assert_eq!(header.len(), 36, "a UUID: {header}");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["id"], format!("chatcmpl-{header}"));
+        assert!(ids.insert(header));
+    }
+}
+
+/// A stream queued behind another gets SSE comments while it waits, so a
+/// proxy sees traffic before its first token.
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_streams_get_keep_alive_comments() {
+    let s = Server::start(&["--max-num-seqs", "1", "--sse-keep-alive-secs", "1"]);
+    let client = reqwest::Client::new();
+    let long = json!({"prompt": "Count:", "max_tokens": 3000, "ignore_eos": true, "stream": true});
+    let first = client
+        .post(s.url("/v1/completions"))
+        .json(&long)
+        .send()
+        .await
+        .unwrap();
+    let mut first = first.bytes_stream();
+    first.next().await.unwrap().unwrap();
+    let queued = client
+        .post(s.url("/v1/completions"))
+        .json(&long)
+        .send()
+        .await
+        .unwrap();
+    let mut queued = queued.bytes_stream();
+    let chunk = tokio::time::timeout(Duration::from_secs(5), queued.next())
+        .await
+        .expect("nothing within 5 s")
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8_lossy(&chunk);
+    assert!(text.starts_with(':'), "a comment, not data: {text:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn json_logs_have_one_access_line_per_request() {
+    let mut s = Server::start_with(
+        &["--log-format", "json"],
+        &[("RUST_LOG", "warn,wick=info")],
+        Stdio::piped(),
+    );
+    let r = reqwest::Client::new()
+        .post(s.url("/v1/completions"))
+        .header("x-request-id", "log-me")
+        .json(&json!({"prompt": "Hi", "max_tokens": 3, "ignore_eos": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.bytes().await.unwrap();
+    s.terminate();
+    s.wait_exit(Duration::from_secs(10));
+    let stderr = s.child.stderr.take().unwrap();
+    let lines: Vec<Value> = BufReader::new(stderr)
+        .lines()
+        .map(|l| serde_json::from_str(&l.unwrap()).expect("every log line is JSON"))
+        .collect();
+    let access: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["request_id"] == "log-me")
+        .collect();
+    assert_eq!(access.len(), 1, "{lines:?}");
+    let line = access[0];
+    assert_eq!(line["target"], "wick::access");
+    assert_eq!(line["status"], 200);
+    assert_eq!(line["path"], "/v1/completions");
+    assert_eq!(line["prompt_tokens"], 1);
+    assert_eq!(line["completion_tokens"], 3);
+    assert_eq!(line["complete"], true);
+    let (ttft, total) = (
+        line["ttft_ms"].as_f64().unwrap(),
+        line["total_ms"].as_f64().unwrap(),
+    );
+    assert!(0.0 < ttft && ttft <= total, "{line}");
+}
