@@ -11,7 +11,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::{json, Value};
 
-use common::{assert_error, Server};
+use common::{assert_error, long_stream, open_stream, Server};
 
 fn completion() -> Value {
     json!({"prompt": "Hi", "max_tokens": 2})
@@ -147,23 +147,9 @@ async fn request_ids_are_echoed_or_made_unique() {
 #[tokio::test(flavor = "multi_thread")]
 async fn idle_streams_get_keep_alive_comments() {
     let s = Server::start(&["--max-num-seqs", "1", "--sse-keep-alive-secs", "1"]);
-    let client = reqwest::Client::new();
-    let long = json!({"prompt": "Count:", "max_tokens": 3000, "ignore_eos": true, "stream": true});
-    let first = client
-        .post(s.url("/v1/completions"))
-        .json(&long)
-        .send()
-        .await
-        .unwrap();
-    let mut first = first.bytes_stream();
+    let mut first = open_stream(&s, &long_stream()).await.bytes_stream();
     first.next().await.unwrap().unwrap();
-    let queued = client
-        .post(s.url("/v1/completions"))
-        .json(&long)
-        .send()
-        .await
-        .unwrap();
-    let mut queued = queued.bytes_stream();
+    let mut queued = open_stream(&s, &long_stream()).await.bytes_stream();
     let chunk = tokio::time::timeout(Duration::from_secs(5), queued.next())
         .await
         .expect("nothing within 5 s")

@@ -5,7 +5,6 @@
 //! assembled here.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -16,6 +15,7 @@ use axum::middleware;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::Router;
+use tokio::sync::watch;
 use tower::ServiceBuilder;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::cors::{AllowOrigin, Any, CorsLayer};
@@ -68,8 +68,15 @@ pub struct AppState {
     pub model: OnceLock<Arc<ModelState>>,
     pub metrics: Arc<Metrics>,
     pub created: u64,
-    pub shutting_down: AtomicBool,
+    /// Becomes true on SIGINT/SIGTERM.
+    pub shutting_down: watch::Sender<bool>,
     pub limits: RequestLimits,
+}
+
+impl AppState {
+    pub fn is_shutting_down(&self) -> bool {
+        *self.shutting_down.borrow()
+    }
 }
 
 /// The per-request limits handlers enforce.
@@ -271,7 +278,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0),
-        shutting_down: AtomicBool::new(false),
+        shutting_down: watch::Sender::new(false),
         limits: RequestLimits {
             max_body_bytes: args.max_body_bytes,
             client_timeout,
@@ -303,7 +310,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         async move {
             shutdown_signal().await;
             tracing::info!("shutting down: finishing in-flight requests (up to {grace:?})");
-            state.shutting_down.store(true, Ordering::Relaxed);
+            state.shutting_down.send_replace(true);
             if let Some(m) = state.model.get() {
                 m.engine.shutdown(grace);
             }

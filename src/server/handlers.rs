@@ -15,12 +15,13 @@ use super::protocol::*;
 use super::validation::{GenerationPlan, ModelContext};
 use super::{AppState, ModelState};
 
+pub fn shutting_down() -> ApiError {
+    ApiError::unavailable("the server is shutting down")
+}
+
 pub fn ready(state: &AppState) -> Result<Arc<ModelState>, ApiError> {
-    if state
-        .shutting_down
-        .load(std::sync::atomic::Ordering::Relaxed)
-    {
-        return Err(ApiError::unavailable("the server is shutting down"));
+    if state.is_shutting_down() {
+        return Err(shutting_down());
     }
     state
         .model

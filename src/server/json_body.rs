@@ -1,7 +1,8 @@
 //! The one way a handler takes a request body: `Content-Type:
 //! application/json` or 415 (a `text/plain` body is what a cross-origin page
 //! can send without a CORS preflight), the whole body within the client
-//! timeout or 408, at most `--max-body-bytes` or 413, then JSON parsed with
+//! timeout or 408 (or 503 at once if the server starts shutting down
+//! meanwhile), at most `--max-body-bytes` or 413, then JSON parsed with
 //! field-named errors.
 
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
 use super::validation::parse_json;
-use super::AppState;
+use super::{handlers, AppState};
 
 pub struct JsonBody<T>(pub T);
 
@@ -29,8 +30,15 @@ impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for JsonBody<T> {
             return Err(ApiError::unsupported_media_type(content_type.as_deref()));
         }
         let limits = &state.limits;
-        let body = tokio::time::timeout(limits.client_timeout, Bytes::from_request(req, state))
-            .await
+        let read = tokio::time::timeout(limits.client_timeout, Bytes::from_request(req, state));
+        // A request still arriving at shutdown would be refused once read:
+        // refuse it now rather than hold the exit for its body.
+        let mut stopping = state.shutting_down.subscribe();
+        let read = tokio::select! {
+            read = read => read,
+            _ = stopping.wait_for(|&stop| stop) => return Err(handlers::shutting_down()),
+        };
+        let body = read
             .map_err(|_| ApiError::body_timeout(limits.client_timeout))?
             .map_err(|e| match e.status() {
                 StatusCode::PAYLOAD_TOO_LARGE => ApiError::payload_too_large(limits.max_body_bytes),

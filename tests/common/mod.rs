@@ -220,14 +220,47 @@ fn get_status(url: &str) -> std::io::Result<u16> {
 }
 
 pub async fn post(server: &Server, path: &str, body: Value) -> (u16, Value) {
+    post_url(server.url(path), body).await
+}
+
+/// `post` without borrowing the server, for spawned tasks.
+pub async fn post_url(url: String, body: Value) -> (u16, Value) {
     let r = reqwest::Client::new()
-        .post(server.url(path))
+        .post(url)
         .json(&body)
         .send()
         .await
         .unwrap();
     let status = r.status().as_u16();
     (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// A streamed completion long enough to keep the server busy for the test.
+pub fn long_stream() -> Value {
+    serde_json::json!({"prompt": "Count:", "max_tokens": 3000, "ignore_eos": true, "stream": true})
+}
+
+/// Posts `body` on a connection of its own; the response once its headers
+/// are in, its body still streaming.
+pub async fn open_stream(server: &Server, body: &Value) -> reqwest::Response {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap()
+        .post(server.url("/v1/completions"))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// One choice's entries across stream chunks, in order.
+pub fn choice_chunks(chunks: &[Value], index: usize) -> Vec<&Value> {
+    chunks
+        .iter()
+        .flat_map(|c| c["choices"].as_array().unwrap())
+        .filter(|c| c["index"] == index)
+        .collect()
 }
 
 /// The `data:` payloads of an SSE response, `[DONE]` included.
