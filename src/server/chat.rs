@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::Extension;
@@ -11,7 +11,6 @@ use axum::Extension;
 use super::access::{request_id, AccessRecord};
 use super::error::ApiError;
 use super::generation;
-use super::json_body::JsonBody;
 use super::protocol::{
     ChatChoice, ChatCompletionRequest, ChatDelta, ChatLogprobs, ChatTokenLogprob, ChunkChoice,
     ResponseMessage, TopLogprob,
@@ -25,9 +24,10 @@ pub async fn chat_completions(
     State(state): State<Arc<AppState>>,
     Extension(access): Extension<AccessRecord>,
     headers: HeaderMap,
-    JsonBody(req): JsonBody<ChatCompletionRequest>,
+    body: Request,
 ) -> Result<Response, ApiError> {
-    let (g, plan) = generation::begin(&state, req, validate_chat, access).await?;
+    let (g, plan) =
+        generation::begin::<ChatCompletionRequest>(&state, body, validate_chat, access).await?;
     let model = g.model().clone();
     let builder = ChatBuilder {
         want_logprobs: plan.logprobs.is_some(),

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::Extension;
@@ -12,7 +12,6 @@ use axum::Extension;
 use super::access::{request_id, AccessRecord};
 use super::error::ApiError;
 use super::generation;
-use super::json_body::JsonBody;
 use super::protocol::{CompletionChoice, CompletionLogprobs, CompletionRequest};
 use super::respond::{respond, Envelope, OutputBuilder};
 use super::validation::{validate_completion, GenerationPlan};
@@ -24,9 +23,10 @@ pub async fn completions(
     State(state): State<Arc<AppState>>,
     Extension(access): Extension<AccessRecord>,
     headers: HeaderMap,
-    JsonBody(req): JsonBody<CompletionRequest>,
+    body: Request,
 ) -> Result<Response, ApiError> {
-    let (g, plan) = generation::begin(&state, req, validate_completion, access).await?;
+    let (g, plan) =
+        generation::begin::<CompletionRequest>(&state, body, validate_completion, access).await?;
     let model = g.model().clone();
     let builder = CompletionBuilder::new(&plan, &model.tokenizer, g.num_choices());
     let env = Envelope::new(format!("cmpl-{}", request_id(&headers)), &model.name);

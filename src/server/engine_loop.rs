@@ -214,10 +214,12 @@ impl Loop {
     /// blocks before the next step; the handler counted it when it let go.
     fn step(&mut self) {
         let events = self.engine.step();
-        let mut generated = 0;
+        // Counted before anyone can see the tokens, so a client that reads
+        // /metrics after its answer finds them there.
+        let generated = events.iter().filter(|ev| ev.token.is_some()).count();
+        self.metrics.add_generation_tokens(generated as u64);
         let mut gone = Vec::new();
         for ev in events {
-            generated += ev.token.is_some() as u64;
             let finished = ev.finish.is_some();
             let id = ev.seq;
             let delivered = self.outputs.get(&id).is_some_and(|tx| tx.send(ev).is_ok());
@@ -230,7 +232,6 @@ impl Loop {
         for id in gone {
             self.abort(id);
         }
-        self.metrics.add_generation_tokens(generated);
         self.publish_stats();
     }
 

@@ -8,10 +8,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use axum::extract::{FromRequest, Request};
+use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
 use super::access::AccessRecord;
 use super::error::ApiError;
+use super::json_body::JsonBody;
 use super::metrics::Metrics;
 use super::protocol::Usage;
 use super::validation::{GenerationPlan, ModelContext};
@@ -37,13 +40,13 @@ pub struct Generation {
     timed_out: bool,
 }
 
-/// Validates a generation request and submits it, what completions and
+/// Reads, validates and submits a generation request, what completions and
 /// chat share. A request refused here (a 4xx, an overload) is not counted
-/// as finished; one whose client leaves while it is being set up counts as
-/// aborted.
-pub async fn begin<R: Send + 'static>(
+/// as finished; one whose client leaves from the moment its body is read
+/// on counts as aborted.
+pub async fn begin<R: DeserializeOwned + Send + 'static>(
     state: &Arc<AppState>,
-    req: R,
+    body: Request,
     validate: fn(&R, &ModelContext) -> Result<GenerationPlan, ApiError>,
     access: AccessRecord,
 ) -> Result<(Generation, GenerationPlan), ApiError> {
@@ -53,6 +56,7 @@ pub async fn begin<R: Send + 'static>(
         counted: false,
     };
     let set_up = async {
+        let JsonBody(req) = JsonBody::<R>::from_request(body, state).await?;
         let model = handlers::ready(state)?;
         let plan = handlers::plan(&model, req, validate).await?;
         Ok::<_, ApiError>((model, plan))
