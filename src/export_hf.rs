@@ -11,8 +11,8 @@ use candle_core::{Device, Tensor};
 use serde_json::json;
 use tokenizers::processors::PostProcessorWrapper;
 
-use crate::loader::open_llama_gguf;
-use crate::models::llama::Config;
+use crate::loader::open_model_gguf;
+use crate::models::llama::{Config, GgufArch};
 use crate::tokenizer::Tokenizer;
 
 /// The HF name of a GGUF Llama tensor.
@@ -64,7 +64,10 @@ pub fn export(gguf: &Path, out: &Path) -> Result<()> {
             gguf.display()
         );
     }
-    let (content, mut reader) = open_llama_gguf(gguf)?;
+    let (content, mut reader, arch) = open_model_gguf(gguf)?;
+    if arch != GgufArch::Llama {
+        bail!("export-hf writes Llama checkpoints; this file's architecture is {arch:?}");
+    }
     let config = Config::from_gguf(&content)?;
     let tokenizer = Tokenizer::from_gguf(&content)?;
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;

@@ -13,7 +13,7 @@ use candle_core::{DType, Device};
 use crate::chat_template::ChatTemplate;
 use crate::hf_dir;
 use crate::models::linear::WeightFormat;
-use crate::models::llama::Llama;
+use crate::models::llama::{GgufArch, Llama};
 use crate::models::Model;
 use crate::tokenizer::Tokenizer;
 
@@ -103,21 +103,13 @@ fn open_gguf(path: &Path) -> anyhow::Result<(gguf_file::Content, BufReader<File>
     Ok((content, reader))
 }
 
-/// A GGUF file whose architecture wick runs (llama).
-pub(crate) fn open_llama_gguf(
+/// A GGUF file whose architecture wick runs.
+pub(crate) fn open_model_gguf(
     path: &Path,
-) -> anyhow::Result<(gguf_file::Content, BufReader<File>)> {
+) -> anyhow::Result<(gguf_file::Content, BufReader<File>, GgufArch)> {
     let (content, reader) = open_gguf(path)?;
-    let arch = content
-        .metadata
-        .get("general.architecture")
-        .and_then(|v| v.to_string().ok())
-        .cloned()
-        .unwrap_or_default();
-    if arch != "llama" {
-        bail!("GGUF architecture {arch:?} is not supported; wick runs llama-family GGUF files");
-    }
-    Ok((content, reader))
+    let arch = GgufArch::of(&content)?;
+    Ok((content, reader, arch))
 }
 
 /// Just the tokenizer, without loading any weights.
@@ -160,7 +152,7 @@ fn load_gguf(path: &Path, format: WeightFormat, device: &Device) -> anyhow::Resu
         .and_then(|s| s.to_str())
         .unwrap_or("model")
         .to_string();
-    let (content, mut reader) = open_llama_gguf(path)?;
+    let (content, mut reader, _) = open_model_gguf(path)?;
     let tokenizer =
         Tokenizer::from_gguf(&content).context("building the tokenizer from the GGUF metadata")?;
     let chat_template = match content.metadata.get("tokenizer.chat_template") {

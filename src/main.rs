@@ -110,8 +110,23 @@ fn init_logging(default_filter: &str, format: LogFormat) {
     }
 }
 
-fn main() -> anyhow::Result<()> {
+/// Errors print on one line, causes joined by `: `; the full chain and
+/// backtrace only when RUST_BACKTRACE asks for them.
+fn main() -> std::process::ExitCode {
     keep_freed_memory();
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            match std::env::var("RUST_BACKTRACE") {
+                Ok(v) if v != "0" => eprintln!("error: {e:?}"),
+                _ => eprintln!("error: {e:#}"),
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     let matches = Cli::command().get_matches();
     let command = Cli::from_arg_matches(&matches)?.command;
     // serve sets up its own logging, from its options.

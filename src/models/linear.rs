@@ -50,11 +50,49 @@ enum Weights {
     Candle(QMatMul),
     /// `[out, in]`, in the dtype the product runs in.
     Dense(Tensor),
+    /// Matrices of different block types side by side: each multiplies on
+    /// its own and the outputs are concatenated.
+    Parts(Vec<Weights>),
 }
 
 impl Linear {
+    /// From quantized (GGUF) matrices with the same input size, their
+    /// outputs side by side (q/k/v, gate/up). Stacked into one matrix, one
+    /// matmul call, when their block types match; files that mix types per
+    /// tensor (`*_K_M`) multiply each on its own.
+    pub fn stacked(ws: Vec<QTensor>, format: WeightFormat, device: &Device) -> Result<Self> {
+        let weights = if ws.iter().all(|w| w.dtype() == ws[0].dtype()) {
+            Self::weights(stack_rows(&ws, device)?, format, device)?
+        } else {
+            Weights::Parts(
+                ws.into_iter()
+                    .map(|w| Self::weights(w, format, device))
+                    .collect::<Result<_>>()?,
+            )
+        };
+        Ok(Linear {
+            weights,
+            bias: None,
+        })
+    }
+
     /// From a quantized (GGUF) matrix, held as `format` says.
     pub fn new(w: QTensor, format: WeightFormat, device: &Device) -> Result<Self> {
+        Ok(Linear {
+            weights: Self::weights(w, format, device)?,
+            bias: None,
+        })
+    }
+
+    /// Adds `bias` (`[out]`) to every output row.
+    pub fn with_bias(self, bias: Tensor) -> Result<Self> {
+        Ok(Linear {
+            bias: Some(bias.to_dtype(DType::F32)?),
+            ..self
+        })
+    }
+
+    fn weights(w: QTensor, format: WeightFormat, device: &Device) -> Result<Weights> {
         let dense = |dtype: DType| -> Result<Weights> {
             Ok(Weights::Dense(w.dequantize(device)?.to_dtype(dtype)?))
         };
@@ -84,10 +122,7 @@ impl Linear {
                 }
             }
         };
-        Ok(Linear {
-            weights,
-            bias: None,
-        })
+        Ok(weights)
     }
 
     /// From a dense `[out, in]` matrix (safetensors checkpoints): kept in its
@@ -116,17 +151,30 @@ impl Linear {
 
     /// `x`: `[rows, in]` f32. Returns `[rows, out]` f32.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = match &self.weights {
-            Weights::Wick(m) => x.contiguous()?.apply_op1_no_bwd(&WickMatmul(m))?,
-            Weights::Candle(m) => m.forward(x)?,
-            Weights::Dense(w) => {
-                let xs = x.to_dtype(w.dtype())?;
-                xs.matmul(&w.t()?)?.to_dtype(DType::F32)?
-            }
-        };
+        let y = self.weights.forward(x)?;
         match &self.bias {
             Some(b) => y.broadcast_add(b),
             None => Ok(y),
+        }
+    }
+}
+
+impl Weights {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Weights::Wick(m) => x.contiguous()?.apply_op1_no_bwd(&WickMatmul(m)),
+            Weights::Candle(m) => m.forward(x),
+            Weights::Dense(w) => {
+                let xs = x.to_dtype(w.dtype())?;
+                xs.matmul(&w.t()?)?.to_dtype(DType::F32)
+            }
+            Weights::Parts(parts) => {
+                let outs = parts
+                    .iter()
+                    .map(|p| p.forward(x))
+                    .collect::<Result<Vec<_>>>()?;
+                Tensor::cat(&outs, 1)
+            }
         }
     }
 }

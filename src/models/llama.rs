@@ -1,5 +1,7 @@
 //! Llama-family decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU)
-//! over a flat batch, with K/V in the paged pool.
+//! over a flat batch, with K/V in the paged pool. Llama 2 and 3.x, Mistral,
+//! TinyLlama and Qwen2/2.5 (q/k/v biases, half-split RoPE) are this one
+//! forward with different settings.
 
 use std::io::{Read, Seek};
 
@@ -9,7 +11,7 @@ use candle_nn::VarBuilder;
 use serde::Deserialize;
 
 use super::elementwise;
-use super::linear::{stack_rows, Linear, WeightFormat};
+use super::linear::{Linear, WeightFormat};
 use super::rope::Rope;
 use super::{FlatBatch, Model, ModelInfo};
 use crate::attention::{paged_attention, AttnDims};
@@ -26,6 +28,8 @@ pub struct Config {
     pub rms_norm_eps: f64,
     pub rope_theta: f32,
     pub rope_scaling: Option<RopeScaling>,
+    /// Llama 3.1's per-frequency divisors (GGUF `rope_freqs.weight`).
+    pub rope_freq_factors: Option<Vec<f32>>,
     /// RoPE rotates adjacent pairs (GGUF: llama.cpp's converter permutes the
     /// q/k rows for it) rather than the two halves of each head (HF).
     pub rope_interleaved: bool,
@@ -75,19 +79,68 @@ fn default_rope_theta() -> f32 {
     10_000.0
 }
 
+/// The GGUF architectures this forward runs (`general.architecture`).
+/// Mistral and TinyLlama files say `llama`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GgufArch {
+    Llama,
+    /// Qwen2 and Qwen2.5: q/k/v biases, RoPE on the halves of each head.
+    Qwen2,
+}
+
+impl GgufArch {
+    /// The file's architecture, or an error naming it and what wick runs.
+    pub fn of(content: &gguf_file::Content) -> anyhow::Result<Self> {
+        let arch = content
+            .metadata
+            .get("general.architecture")
+            .and_then(|v| v.to_string().ok())
+            .map_or("", String::as_str);
+        match arch {
+            "llama" => Ok(GgufArch::Llama),
+            "qwen2" => Ok(GgufArch::Qwen2),
+            other => anyhow::bail!(
+                "GGUF architecture {other:?} is not supported; wick runs \"llama\" (Llama 2 and \
+                 3.x, Mistral, TinyLlama) and \"qwen2\" (Qwen2, Qwen2.5) files"
+            ),
+        }
+    }
+
+    /// The prefix of its metadata keys.
+    fn key_prefix(self) -> &'static str {
+        match self {
+            GgufArch::Llama => "llama",
+            GgufArch::Qwen2 => "qwen2",
+        }
+    }
+}
+
 impl Config {
-    pub fn from_gguf(content: &gguf_file::Content) -> Result<Self> {
+    pub fn from_gguf(content: &gguf_file::Content) -> anyhow::Result<Self> {
+        let arch = GgufArch::of(content)?;
+        let prefix = arch.key_prefix();
         let md = |key: &str| {
             content
                 .metadata
-                .get(&format!("llama.{key}"))
-                .ok_or_else(|| candle_core::Error::Msg(format!("GGUF lacks llama.{key}")))
+                .get(&format!("{prefix}.{key}"))
+                .ok_or_else(|| anyhow::anyhow!("GGUF lacks {prefix}.{key}"))
         };
         let hidden_size = md("embedding_length")?.to_u32()? as usize;
         let num_heads = md("attention.head_count")?.to_u32()? as usize;
-        let head_dim = match md("rope.dimension_count") {
+        let head_dim = match md("attention.key_length").or_else(|_| md("rope.dimension_count")) {
             Ok(v) => v.to_u32()? as usize,
             Err(_) => hidden_size / num_heads,
+        };
+        let rope_scaling = match md("rope.scaling.type").and_then(|v| Ok(v.to_string()?.clone())) {
+            Err(_) => None,
+            Ok(kind) if kind == "none" => None,
+            Ok(kind) if kind == "linear" => Some(RopeScaling::Linear {
+                factor: md("rope.scaling.factor")?.to_f32()?,
+            }),
+            Ok(kind) => anyhow::bail!(
+                "{prefix}.rope.scaling.type {kind:?} is not supported; wick supports \"linear\" \
+                 (and Llama 3.1's rope_freqs)"
+            ),
         };
         let vocab_size = match md("vocab_size") {
             Ok(v) => v.to_u32()? as usize,
@@ -102,10 +155,13 @@ impl Config {
             head_dim,
             rms_norm_eps: md("attention.layer_norm_rms_epsilon")?.to_f32()? as f64,
             rope_theta: md("rope.freq_base")
-                .and_then(|v| v.to_f32())
+                .and_then(|v| Ok(v.to_f32()?))
                 .unwrap_or(10_000.0),
-            rope_scaling: None,
-            rope_interleaved: true,
+            rope_scaling,
+            rope_freq_factors: None,
+            // llama.cpp's converter permutes Llama's q/k rows for pairwise
+            // RoPE; Qwen2's stay in HF order (NEOX-style halves).
+            rope_interleaved: arch == GgufArch::Llama,
             max_context: md("context_length")?.to_u32()? as usize,
             vocab_size,
         })
@@ -142,6 +198,7 @@ impl Config {
             rms_norm_eps: c.rms_norm_eps,
             rope_theta,
             rope_scaling,
+            rope_freq_factors: None,
             rope_interleaved: false,
             max_context: c.max_position_embeddings,
             vocab_size: c.vocab_size,
@@ -152,7 +209,11 @@ impl Config {
     /// RoPE inverse frequencies, one per pair of head dimensions.
     fn inv_freq(&self) -> Vec<f32> {
         let dim = self.head_dim as f32;
-        let base = (0..self.head_dim / 2).map(|i| 1.0 / self.rope_theta.powf(2.0 * i as f32 / dim));
+        let factors = self.rope_freq_factors.as_deref();
+        let base = (0..self.head_dim / 2).map(|i| {
+            let f = 1.0 / self.rope_theta.powf(2.0 * i as f32 / dim);
+            factors.map_or(f, |fs| f / fs[i])
+        });
         match self.rope_scaling {
             None => base.collect(),
             Some(RopeScaling::Linear { factor }) => base.map(|f| f / factor).collect(),
@@ -236,25 +297,61 @@ impl Llama {
         reader: &mut R,
         format: WeightFormat,
         device: &Device,
-    ) -> Result<Self> {
-        let config = Config::from_gguf(content)?;
-        let mut qt = |name: &str| content.tensor(reader, name, device);
+    ) -> anyhow::Result<Self> {
+        let mut config = Config::from_gguf(content)?;
+        // Every tensor error names the tensor and its block type.
+        let mut qt = |name: &str| -> anyhow::Result<QTensor> {
+            let kind = content
+                .tensor_infos
+                .get(name)
+                .map(|i| format!("{:?}", i.ggml_dtype));
+            content
+                .tensor(reader, name, device)
+                .map_err(|e| match kind {
+                    Some(kind) => anyhow::anyhow!("tensor {name} ({kind}): {e}"),
+                    None => anyhow::anyhow!("the file has no tensor {name}"),
+                })
+        };
+        if content.tensor_infos.contains_key("rope_freqs.weight") {
+            let factors = qt("rope_freqs.weight")?
+                .dequantize(device)?
+                .to_vec1::<f32>()?;
+            anyhow::ensure!(
+                factors.len() == config.head_dim / 2,
+                "rope_freqs.weight has {} factors for head size {}",
+                factors.len(),
+                config.head_dim
+            );
+            config.rope_freq_factors = Some(factors);
+        }
         let embed_q = qt("token_embd.weight")?;
         let embed = embed_q.dequantize(device)?;
         let mut blocks = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
             let p = format!("blk.{i}");
-            let mut stacked = |names: &[&str]| -> Result<Linear> {
+            let mut linear = |names: &[&str]| -> anyhow::Result<Linear> {
                 let ws = names
                     .iter()
                     .map(|n| qt(&format!("{p}.{n}.weight")))
-                    .collect::<Result<Vec<QTensor>>>()?;
-                Linear::new(stack_rows(&ws, device)?, format, device)
+                    .collect::<anyhow::Result<Vec<QTensor>>>()?;
+                let what = || format!("{p}.{}", names.join("+"));
+                let linear = Linear::stacked(ws, format, device)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", what()))?;
+                // Qwen2's q/k/v carry biases; Llama's layers have none.
+                let biases: Vec<String> = names.iter().map(|n| format!("{p}.{n}.bias")).collect();
+                if !biases.iter().all(|b| content.tensor_infos.contains_key(b)) {
+                    return Ok(linear);
+                }
+                let bias = biases
+                    .iter()
+                    .map(|b| Ok(qt(b)?.dequantize(device)?))
+                    .collect::<anyhow::Result<Vec<Tensor>>>()?;
+                Ok(linear.with_bias(Tensor::cat(&bias, 0)?)?)
             };
-            let qkv = stacked(&["attn_q", "attn_k", "attn_v"])?;
-            let gate_up = stacked(&["ffn_gate", "ffn_up"])?;
-            let o = stacked(&["attn_output"])?;
-            let down = stacked(&["ffn_down"])?;
+            let qkv = linear(&["attn_q", "attn_k", "attn_v"])?;
+            let gate_up = linear(&["ffn_gate", "ffn_up"])?;
+            let o = linear(&["attn_output"])?;
+            let down = linear(&["ffn_down"])?;
             blocks.push(Block {
                 attn_norm: qt(&format!("{p}.attn_norm.weight"))?.dequantize(device)?,
                 qkv,
@@ -271,7 +368,15 @@ impl Llama {
             false => embed_q,
         };
         let lm_head = Linear::new(lm_head, format, device)?;
-        Self::assemble(config, embed, blocks, norm, lm_head, KvDtype::F16, device)
+        Ok(Self::assemble(
+            config,
+            embed,
+            blocks,
+            norm,
+            lm_head,
+            KvDtype::F16,
+            device,
+        )?)
     }
 
     /// From a Hugging Face checkpoint: `config.json` text and its weights.

@@ -150,6 +150,26 @@ impl Layout for Q8_0Layout {
     }
 }
 
+/// Q4_0 blocks (`d`, 16 bytes of nibbles; value `d * (q - 8)`) as Q4_1
+/// blocks (`d`, `m`, the same nibbles; value `d * q + m`) with `m = -8d`,
+/// which f16 holds exactly: scaling by a power of two only moves the
+/// exponent. `None` if some `-8d` overflows f16 (then the caller keeps the
+/// tensor as it is).
+fn q4_0_as_q4_1(raw: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(raw.len() / 18 * 20);
+    for block in raw.chunks_exact(18) {
+        let d = f16::from_le_bytes([block[0], block[1]]);
+        let m = f16::from_f32(-8.0 * d.to_f32());
+        if m.is_infinite() && !d.is_infinite() {
+            return None;
+        }
+        out.extend_from_slice(&block[..2]);
+        out.extend_from_slice(&m.to_le_bytes());
+        out.extend_from_slice(&block[2..]);
+    }
+    Some(out)
+}
+
 fn f16_at(bytes: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
 }
@@ -181,16 +201,20 @@ thread_local! {
 }
 
 impl QuantMatrix {
-    /// Repacks a 2-D Q4_1 or Q8_0 tensor of shape (n, k); `None` for other
-    /// dtypes.
+    /// Repacks a 2-D Q4_0, Q4_1 or Q8_0 tensor of shape (n, k); `None` for
+    /// other dtypes.
     pub fn from_qtensor(t: &QTensor) -> candle_core::Result<Option<QuantMatrix>> {
-        let format = match t.dtype() {
-            GgmlDType::Q4_1 => Format::Q4_1,
-            GgmlDType::Q8_0 => Format::Q8_0,
-            _ => return Ok(None),
-        };
         let (n, k) = t.shape().dims2()?;
-        Self::from_ggml(format, n, k, &t.data()?).map(Some)
+        let data = t.data()?;
+        match t.dtype() {
+            GgmlDType::Q4_1 => Self::from_ggml(Format::Q4_1, n, k, &data).map(Some),
+            GgmlDType::Q8_0 => Self::from_ggml(Format::Q8_0, n, k, &data).map(Some),
+            GgmlDType::Q4_0 => match q4_0_as_q4_1(&data) {
+                Some(q4_1) => Self::from_ggml(Format::Q4_1, n, k, &q4_1).map(Some),
+                None => Ok(None),
+            },
+            _ => Ok(None),
+        }
     }
 
     /// Quantizes row-major `n x k` f32 weights to Q8_0 (GGML's rounding).

@@ -201,6 +201,11 @@ fn q4_1_matches_dequantized_reference() {
 }
 
 #[test]
+fn q4_0_matches_dequantized_reference() {
+    check_format(GgmlDType::Q4_0, 6);
+}
+
+#[test]
 fn q8_0_matches_dequantized_reference() {
     check_format(GgmlDType::Q8_0, 2);
 }
@@ -226,7 +231,7 @@ fn dequantize_row_is_bit_exact() {
     let mut rng = ChaCha8Rng::seed_from_u64(4);
     let (n, k) = (37, 96);
     let w = weights(&mut rng, n, k);
-    for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
+    for dtype in [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q8_0] {
         let (_, deq, qm) = candle_matrix(&w, n, k, dtype);
         let mut row = vec![0.0; k];
         for r in 0..n {
@@ -253,8 +258,8 @@ fn quantize_q8_0_matches_candle() {
 
 #[test]
 fn unsupported_dtype_is_none() {
-    let t = Tensor::zeros((4, 32), candle_core::DType::F32, &Device::Cpu).unwrap();
-    let qt = QTensor::quantize(&t, GgmlDType::Q4_0).unwrap();
+    let t = Tensor::zeros((4, 256), candle_core::DType::F32, &Device::Cpu).unwrap();
+    let qt = QTensor::quantize(&t, GgmlDType::Q2K).unwrap();
     assert!(QuantMatrix::from_qtensor(&qt).unwrap().is_none());
 }
 
