@@ -8,12 +8,16 @@ use super::{Isa, QK};
 /// over the pool.
 const PAR_MIN_VALUES: usize = 1 << 15;
 
-/// `m x k` activations as blocks of 32 `i8` with, per block, `[d, d * Σq]` in
-/// f32 (f32 rather than GGML's f16 keeps the only rounding in `q`).
+/// Per block of 32: `d`, `d * Σq`, and `d * Σq` over the first 16 (for
+/// types that scale per 16 inputs).
+pub(crate) type ActScales = [f32; 3];
+
+/// `m x k` activations as blocks of 32 `i8` with their [`ActScales`] in f32
+/// (f32 rather than GGML's f16 keeps the only rounding in `q`).
 #[derive(Default)]
 pub(crate) struct QuantActs {
     qs: Vec<i8>,
-    scales: Vec<[f32; 2]>,
+    scales: Vec<ActScales>,
     m: usize,
     k: usize,
 }
@@ -24,8 +28,8 @@ impl QuantActs {
         self.m = m;
         self.k = k;
         self.qs.resize(m * k, 0);
-        self.scales.resize(m * k / QK, [0.0; 2]);
-        let quantize_row = |x: &[f32], q: &mut [i8], s: &mut [[f32; 2]]| match isa {
+        self.scales.resize(m * k / QK, [0.0; 3]);
+        let quantize_row = |x: &[f32], q: &mut [i8], s: &mut [ActScales]| match isa {
             Isa::Generic => quantize_row(x, q, s),
             // SAFETY (x86 arms): these `Isa`s are only chosen after runtime
             // detection of their features.
@@ -62,7 +66,7 @@ impl QuantActs {
     }
 
     /// All block scales, row-major `m x k/32`.
-    pub(crate) fn scales(&self) -> &[[f32; 2]] {
+    pub(crate) fn scales(&self) -> &[ActScales] {
         &self.scales
     }
 
@@ -71,8 +75,8 @@ impl QuantActs {
         &self.qs[i * self.k..(i + 1) * self.k]
     }
 
-    /// `[d, d * Σq]` per block of row `i`.
-    pub(crate) fn row_scales(&self, i: usize) -> &[[f32; 2]] {
+    /// The scales of each block of row `i`.
+    pub(crate) fn row_scales(&self, i: usize) -> &[ActScales] {
         let nb = self.k / QK;
         &self.scales[i * nb..(i + 1) * nb]
     }
@@ -80,17 +84,22 @@ impl QuantActs {
 
 /// The reference rounding: every SIMD variant produces identical bytes
 /// (`d = amax / 127`, `q = round_ties_even(x * (1 / d))`).
-pub(crate) fn quantize_row(x: &[f32], qs: &mut [i8], scales: &mut [[f32; 2]]) {
+pub(crate) fn quantize_row(x: &[f32], qs: &mut [i8], scales: &mut [ActScales]) {
     for ((x, q), s) in x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)).zip(scales) {
         let amax = x.iter().fold(0f32, |a, &v| a.max(v.abs()));
         let d = amax / 127.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        let mut sum = 0i32;
-        for (q, &v) in q.iter_mut().zip(x) {
+        let mut sums = [0i32; 2];
+        for (i, (q, &v)) in q.iter_mut().zip(x).enumerate() {
             let r = (v * id).round_ties_even() as i32;
             *q = r as i8;
-            sum += r;
+            sums[i / 16] += r;
         }
-        *s = [d, d * sum as f32];
+        *s = scales_of(d, sums);
     }
+}
+
+/// The block's scales from `d` and its two half sums of quants.
+pub(crate) fn scales_of(d: f32, [lo, hi]: [i32; 2]) -> ActScales {
+    [d, d * (lo + hi) as f32, d * lo as f32]
 }

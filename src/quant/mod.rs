@@ -1,15 +1,16 @@
-//! Quantized weight matrices (GGML Q4_1 / Q8_0) with integer matmul kernels.
+//! Quantized weight matrices (the GGUF block types of [`formats`]) with
+//! integer matmul kernels.
 //!
 //! Layout: at load, weights are repacked into tiles of 16 output rows whose
 //! 32-value blocks are interleaved 4 bytes at a time, so one 512-bit register
 //! holds 4 inputs of all 16 rows and one broadcast activation word feeds 16
-//! dot products (`vpdpbusd`). Scales stay f16 (converted in registers), so a
-//! Q4_1 tile costs the file's 20 bytes per row and block: at batch 1 the
-//! kernel is bound by memory bandwidth.
+//! dot products (`vpdpbusd`). Scales stay in the file's f16 and small
+//! integers (converted in registers), so a tile costs about the file's bytes
+//! per row and block: at batch 1 the kernel is bound by memory bandwidth.
 //!
-//! Arithmetic: activations are quantized per call to 8-bit blocks carrying
-//! `d` and `d * Σq`, which folds Q4_1's per-block minimum (and Q8_0's +128
-//! storage offset) into one multiply-add per block.
+//! Arithmetic: activations are quantized per call to 8-bit blocks of 32
+//! carrying `d`, `d * Σq` and `d * Σq` over the first 16, which fold each
+//! type's per-group minimum (or offset) into one multiply-add per group.
 //!
 //! Tiling and threads: a tile (16 x k weights, ≤ 16 KiB for the model's
 //! shapes) stays in L1 while 8 activation rows at a time run against it, so a
@@ -20,6 +21,7 @@
 //! driven from a pool thread (e.g. inside `rayon::scope`).
 
 mod act;
+pub(crate) mod formats;
 mod generic;
 #[cfg(test)]
 mod tests;
@@ -30,10 +32,11 @@ use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::quantized::QTensor;
 use half::f16;
 
 use act::QuantActs;
+use formats::{Format, Geometry};
 
 /// Output rows per interleaved tile: one 512-bit register of i32 lanes.
 pub(crate) const TILE: usize = 16;
@@ -86,95 +89,43 @@ impl Isa {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Format {
-    Q4_1,
-    Q8_0,
-}
-
-/// How one tile-block (16 rows x 32 inputs) of a format is stored.
-///
-/// Q4_1: `d: [f16; 16]`, `m: [f16; 16]`, then 4 x 64 bytes where chunk `j`
-/// holds, per row, bytes `4j..4j+4` of the row's GGML nibbles (low nibble =
-/// input `4j+i`, high = input `16+4j+i`), 320 bytes.
-/// Q8_0: `d: [f16; 16]`, then 8 x 64 bytes where chunk `g` holds, per row,
-/// inputs `4g..4g+4` stored as `q + 128`, 544 bytes.
-pub(crate) trait Layout {
-    const BLOCK_BYTES: usize;
-    /// Q8_0 (offset unsigned values, min = -128 d) rather than Q4_1.
-    const Q8: bool;
-    /// Unsigned quants of block `blk` as `w[input][row]`, and per-row scale
-    /// and min (value = d * w + m).
-    fn unpack(blk: &[u8], w: &mut [[u8; TILE]; QK], d: &mut [f32; TILE], m: &mut [f32; TILE]);
-}
-
-pub(crate) struct Q4_1Layout;
-pub(crate) struct Q8_0Layout;
-
-impl Layout for Q4_1Layout {
-    const BLOCK_BYTES: usize = 4 * TILE + TILE * QK / 2;
-    const Q8: bool = false;
-    fn unpack(blk: &[u8], w: &mut [[u8; TILE]; QK], d: &mut [f32; TILE], m: &mut [f32; TILE]) {
-        for r in 0..TILE {
-            d[r] = f16_at(blk, 2 * r);
-            m[r] = f16_at(blk, 2 * (TILE + r));
-        }
-        let qs = &blk[4 * TILE..Self::BLOCK_BYTES];
-        for (j, chunk) in qs.chunks_exact(4 * TILE).enumerate() {
-            for (r, bytes) in chunk.chunks_exact(4).enumerate() {
-                for (i, &b) in bytes.iter().enumerate() {
-                    w[4 * j + i][r] = b & 0x0F;
-                    w[QK / 2 + 4 * j + i][r] = b >> 4;
-                }
+/// Runs `$body` with `$L` the tile layout of `$format`.
+macro_rules! with_layout {
+    ($format:expr, $L:ident => $body:expr) => {
+        match $format {
+            Format::Q4_0 | Format::Q4_1 => {
+                type $L = formats::NibDirect;
+                $body
+            }
+            Format::Q5_0 | Format::Q5_1 => {
+                type $L = formats::Nib5Direct;
+                $body
+            }
+            Format::Q8_0 => {
+                type $L = formats::ByteDirect;
+                $body
+            }
+            Format::Q4K => {
+                type $L = formats::NibSuper32;
+                $body
+            }
+            Format::Q5K => {
+                type $L = formats::Nib5Super32;
+                $body
+            }
+            Format::Q6K => {
+                type $L = formats::Nib6Super16;
+                $body
+            }
+            Format::Q2K | Format::Q3K => {
+                type $L = formats::NibSuper16;
+                $body
             }
         }
-    }
+    };
 }
 
-impl Layout for Q8_0Layout {
-    const BLOCK_BYTES: usize = 2 * TILE + TILE * QK;
-    const Q8: bool = true;
-    fn unpack(blk: &[u8], w: &mut [[u8; TILE]; QK], d: &mut [f32; TILE], m: &mut [f32; TILE]) {
-        for r in 0..TILE {
-            d[r] = f16_at(blk, 2 * r);
-            m[r] = -128.0 * d[r];
-        }
-        let qs = &blk[2 * TILE..Self::BLOCK_BYTES];
-        for (g, chunk) in qs.chunks_exact(4 * TILE).enumerate() {
-            for (r, bytes) in chunk.chunks_exact(4).enumerate() {
-                for (i, &b) in bytes.iter().enumerate() {
-                    w[4 * g + i][r] = b;
-                }
-            }
-        }
-    }
-}
-
-/// Q4_0 blocks (`d`, 16 bytes of nibbles; value `d * (q - 8)`) as Q4_1
-/// blocks (`d`, `m`, the same nibbles; value `d * q + m`) with `m = -8d`,
-/// which f16 holds exactly: scaling by a power of two only moves the
-/// exponent. `None` if some `-8d` overflows f16 (then the caller keeps the
-/// tensor as it is).
-fn q4_0_as_q4_1(raw: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(raw.len() / 18 * 20);
-    for block in raw.chunks_exact(18) {
-        let d = f16::from_le_bytes([block[0], block[1]]);
-        let m = f16::from_f32(-8.0 * d.to_f32());
-        if m.is_infinite() && !d.is_infinite() {
-            return None;
-        }
-        out.extend_from_slice(&block[..2]);
-        out.extend_from_slice(&m.to_le_bytes());
-        out.extend_from_slice(&block[2..]);
-    }
-    Some(out)
-}
-
-fn f16_at(bytes: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
-}
-
-/// Cache-line aligned storage so every Q4_1 tile-block (5 lines) starts a line.
+/// Cache-line aligned storage so tiles start on a line.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct Line([u8; 64]);
@@ -184,6 +135,7 @@ struct Line([u8; 64]);
 #[derive(Clone)]
 pub struct QuantMatrix {
     format: Format,
+    geom: Geometry,
     n: usize,
     k: usize,
     data: Vec<Line>,
@@ -201,19 +153,13 @@ thread_local! {
 }
 
 impl QuantMatrix {
-    /// Repacks a 2-D Q4_0, Q4_1 or Q8_0 tensor of shape (n, k); `None` for
-    /// other dtypes.
+    /// Repacks a 2-D tensor of shape (n, k) of one of the [`formats`];
+    /// `None` for other dtypes, or when a block cannot be held exactly.
     pub fn from_qtensor(t: &QTensor) -> candle_core::Result<Option<QuantMatrix>> {
         let (n, k) = t.shape().dims2()?;
-        let data = t.data()?;
-        match t.dtype() {
-            GgmlDType::Q4_1 => Self::from_ggml(Format::Q4_1, n, k, &data).map(Some),
-            GgmlDType::Q8_0 => Self::from_ggml(Format::Q8_0, n, k, &data).map(Some),
-            GgmlDType::Q4_0 => match q4_0_as_q4_1(&data) {
-                Some(q4_1) => Self::from_ggml(Format::Q4_1, n, k, &q4_1).map(Some),
-                None => Ok(None),
-            },
-            _ => Ok(None),
+        match Format::of(t.dtype()) {
+            Some(format) => Self::from_ggml(format, n, k, &t.data()?),
+            None => Ok(None),
         }
     }
 
@@ -230,53 +176,49 @@ impl QuantMatrix {
             raw.extend_from_slice(&f16::from_f32(d).to_le_bytes());
             raw.extend(block.iter().map(|&v| (v * id).round() as i8 as u8));
         }
-        Self::from_ggml(Format::Q8_0, n, k, &raw)
+        Self::from_ggml(Format::Q8_0, n, k, &raw)?
+            .ok_or_else(|| candle_core::Error::Msg("Q8_0 blocks are always held".into()))
     }
 
     /// Repacks GGML row-major blocks into tiles, zero-padding the last tile.
-    fn from_ggml(format: Format, n: usize, k: usize, raw: &[u8]) -> candle_core::Result<Self> {
-        let (ggml_block, tile_block) = match format {
-            Format::Q4_1 => (20, Q4_1Layout::BLOCK_BYTES),
-            Format::Q8_0 => (34, Q8_0Layout::BLOCK_BYTES),
-        };
-        let nb = k / QK;
-        if k == 0 || !k.is_multiple_of(QK) || raw.len() != n * nb * ggml_block {
+    fn from_ggml(
+        format: Format,
+        n: usize,
+        k: usize,
+        raw: &[u8],
+    ) -> candle_core::Result<Option<Self>> {
+        let (inputs, ggml_block) = (format.block_inputs(), format.ggml_block_bytes());
+        let nb = k / inputs;
+        if k == 0 || !k.is_multiple_of(inputs) || raw.len() != n * nb * ggml_block {
             candle_core::bail!(
                 "{format:?} matrix {n}x{k}: expected {} bytes, got {}",
                 n * nb * ggml_block,
                 raw.len()
             );
         }
+        let geom = format.geometry();
         let tiles = n.div_ceil(TILE);
-        let bytes = tiles * nb * tile_block;
+        let bytes = tiles * nb * geom.block_bytes;
         let mut data = vec![Line([0; 64]); bytes.div_ceil(64)];
         let packed = lines_as_bytes_mut(&mut data);
         for row in 0..n {
             let (t, r) = (row / TILE, row % TILE);
             for b in 0..nb {
                 let src = &raw[(row * nb + b) * ggml_block..][..ggml_block];
-                let dst = &mut packed[(t * nb + b) * tile_block..][..tile_block];
-                // Scales first (d, then Q4_1's m), 16 rows of each.
-                dst[2 * r..2 * r + 2].copy_from_slice(&src[..2]);
-                match format {
-                    Format::Q4_1 => {
-                        dst[2 * (TILE + r)..][..2].copy_from_slice(&src[2..4]);
-                        for (j, four) in src[4..].chunks_exact(4).enumerate() {
-                            dst[4 * TILE + j * 4 * TILE + 4 * r..][..4].copy_from_slice(four);
-                        }
-                    }
-                    Format::Q8_0 => {
-                        for (g, four) in src[2..].chunks_exact(4).enumerate() {
-                            let at = 2 * TILE + g * 4 * TILE + 4 * r;
-                            for (o, &q) in dst[at..at + 4].iter_mut().zip(four) {
-                                *o = q ^ 0x80;
-                            }
-                        }
-                    }
-                }
+                let Some(decoded) = format.decode(src) else {
+                    return Ok(None);
+                };
+                let dst = &mut packed[(t * nb + b) * geom.block_bytes..][..geom.block_bytes];
+                geom.encode(&decoded, r, dst);
             }
         }
-        Ok(Self { format, n, k, data })
+        Ok(Some(Self {
+            format,
+            geom,
+            n,
+            k,
+            data,
+        }))
     }
 
     /// Output rows.
@@ -294,42 +236,30 @@ impl QuantMatrix {
         unsafe { std::slice::from_raw_parts(self.data.as_ptr().cast(), self.data.len() * 64) }
     }
 
-    fn tile_block_bytes(&self) -> usize {
-        match self.format {
-            Format::Q4_1 => Q4_1Layout::BLOCK_BYTES,
-            Format::Q8_0 => Q8_0Layout::BLOCK_BYTES,
-        }
-    }
-
-    /// The `k / 32` tile-blocks of tile `t`.
+    /// The tile-blocks of tile `t`.
     fn tile(&self, t: usize) -> &[u8] {
-        let len = self.k / QK * self.tile_block_bytes();
+        let len = self.k / (self.geom.subs * QK) * self.geom.block_bytes;
         &self.bytes()[t * len..(t + 1) * len]
     }
 
-    /// Dequantizes weight row `row` (an embedding lookup when this is a token
-    /// table) into `out[..k]`, bit-identical to GGML's dequantization.
+    /// Dequantizes weight row `row` into `out[..k]`, bit-identical to GGML's
+    /// dequantization.
     pub fn dequantize_row(&self, row: usize, out: &mut [f32]) {
         assert!(row < self.n, "row {row} out of {}", self.n);
         assert_eq!(out.len(), self.k, "dequantize_row: output length");
-        let mut w = [[0u8; TILE]; QK];
-        let (mut d, mut m) = ([0f32; TILE], [0f32; TILE]);
         let r = row % TILE;
-        let blocks = self.tile(row / TILE).chunks_exact(self.tile_block_bytes());
-        for (blk, o) in blocks.zip(out.chunks_exact_mut(QK)) {
-            match self.format {
-                Format::Q4_1 => {
-                    Q4_1Layout::unpack(blk, &mut w, &mut d, &mut m);
-                    for (o, w) in o.iter_mut().zip(&w) {
-                        *o = w[r] as f32 * d[r] + m[r];
-                    }
-                }
-                Format::Q8_0 => {
-                    Q8_0Layout::unpack(blk, &mut w, &mut d, &mut m);
-                    for (o, w) in o.iter_mut().zip(&w) {
-                        *o = (w[r] as i32 - 128) as f32 * d[r];
-                    }
-                }
+        let offset = self.format.offset();
+        let blocks = self.tile(row / TILE).chunks_exact(self.geom.block_bytes);
+        let subs = blocks.flat_map(|blk| (0..self.geom.subs).map(move |j| (blk, j)));
+        for ((blk, j), o) in subs.zip(out.chunks_exact_mut(QK)) {
+            let sub = self.geom.decode_row(blk, j, r);
+            for (i, (o, &q)) in o.iter_mut().zip(&sub.q).enumerate() {
+                let (s, m) = (sub.s[i / 16], sub.m[i / 16]);
+                // GGML scales an offset quant in one step: s * (q - 32).
+                *o = match offset {
+                    Some(off) => s * (q as f32 - off),
+                    None => q as f32 * s + m,
+                };
             }
         }
     }
@@ -431,24 +361,15 @@ impl QuantMatrix {
                         cols: (self.n - t * TILE).min(TILE),
                     },
                 };
-                match (isa, self.format) {
-                    (Isa::Generic, Format::Q4_1) => generic::tile::<Q4_1Layout>(&job),
-                    (Isa::Generic, Format::Q8_0) => generic::tile::<Q8_0Layout>(&job),
+                with_layout!(self.format, L => match isa {
+                    Isa::Generic => generic::tile::<L>(&job),
                     // SAFETY (x86 arms): these `Isa`s are only chosen after
                     // runtime detection of their features.
                     #[cfg(target_arch = "x86_64")]
-                    (Isa::Avx2, Format::Q4_1) => unsafe { x86::tile_avx2::<Q4_1Layout>(&job) },
+                    Isa::Avx2 => unsafe { x86::tile_avx2::<L>(&job) },
                     #[cfg(target_arch = "x86_64")]
-                    (Isa::Avx2, Format::Q8_0) => unsafe { x86::tile_avx2::<Q8_0Layout>(&job) },
-                    #[cfg(target_arch = "x86_64")]
-                    (Isa::Avx512Vnni, Format::Q4_1) => unsafe {
-                        x86::tile_avx512::<Q4_1Layout>(&job)
-                    },
-                    #[cfg(target_arch = "x86_64")]
-                    (Isa::Avx512Vnni, Format::Q8_0) => unsafe {
-                        x86::tile_avx512::<Q8_0Layout>(&job)
-                    },
-                }
+                    Isa::Avx512Vnni => unsafe { x86::tile_avx512::<L>(&job) },
+                });
             }
         }
     }

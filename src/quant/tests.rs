@@ -154,8 +154,10 @@ fn run(qm: &QuantMatrix, isa: Isa, x: &[f32], m: usize) -> Vec<f32> {
 
 fn check_format(dtype: GgmlDType, seed: u64) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    // n values straddle the 16-row tile; 200 x 1536 with m ≥ 2 takes the parallel path.
-    for (n, k) in [(75, 576), (200, 1536), (16, 576), (5, 1536)] {
+    // n values straddle the 16-row tile; 200 x 1536 with m ≥ 2 takes the
+    // parallel path. K-quant blocks span 256 inputs.
+    let k_small = if dtype.block_size() == 256 { 512 } else { 576 };
+    for (n, k) in [(75, k_small), (200, 1536), (16, k_small), (5, 1536)] {
         let w = weights(&mut rng, n, k);
         let (_, deq, qm) = candle_matrix(&w, n, k, dtype);
         assert_eq!((qm.n(), qm.k()), (n, k));
@@ -206,6 +208,41 @@ fn q4_0_matches_dequantized_reference() {
 }
 
 #[test]
+fn q5_0_matches_dequantized_reference() {
+    check_format(GgmlDType::Q5_0, 7);
+}
+
+#[test]
+fn q5_1_matches_dequantized_reference() {
+    check_format(GgmlDType::Q5_1, 8);
+}
+
+#[test]
+fn q2_k_matches_dequantized_reference() {
+    check_format(GgmlDType::Q2K, 9);
+}
+
+#[test]
+fn q3_k_matches_dequantized_reference() {
+    check_format(GgmlDType::Q3K, 10);
+}
+
+#[test]
+fn q4_k_matches_dequantized_reference() {
+    check_format(GgmlDType::Q4K, 11);
+}
+
+#[test]
+fn q5_k_matches_dequantized_reference() {
+    check_format(GgmlDType::Q5K, 12);
+}
+
+#[test]
+fn q6_k_matches_dequantized_reference() {
+    check_format(GgmlDType::Q6K, 13);
+}
+
+#[test]
 fn q8_0_matches_dequantized_reference() {
     check_format(GgmlDType::Q8_0, 2);
 }
@@ -226,12 +263,14 @@ fn more_rows_than_an_m_block() {
     }
 }
 
+/// Every format's repacking keeps GGML's values to the bit: layouts and
+/// bit planes are exercised by all 16 rows of a tile and every input.
 #[test]
 fn dequantize_row_is_bit_exact() {
     let mut rng = ChaCha8Rng::seed_from_u64(4);
-    let (n, k) = (37, 96);
+    let (n, k) = (37, 512);
     let w = weights(&mut rng, n, k);
-    for dtype in [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q8_0] {
+    for dtype in ALL {
         let (_, deq, qm) = candle_matrix(&w, n, k, dtype);
         let mut row = vec![0.0; k];
         for r in 0..n {
@@ -256,11 +295,29 @@ fn quantize_q8_0_matches_candle() {
     assert!(QuantMatrix::quantize_q8_0(&w, n, k - 1).is_err());
 }
 
+const ALL: [GgmlDType; 10] = [
+    GgmlDType::Q4_0,
+    GgmlDType::Q4_1,
+    GgmlDType::Q5_0,
+    GgmlDType::Q5_1,
+    GgmlDType::Q8_0,
+    GgmlDType::Q2K,
+    GgmlDType::Q3K,
+    GgmlDType::Q4K,
+    GgmlDType::Q5K,
+    GgmlDType::Q6K,
+];
+
 #[test]
 fn unsupported_dtype_is_none() {
     let t = Tensor::zeros((4, 256), candle_core::DType::F32, &Device::Cpu).unwrap();
-    let qt = QTensor::quantize(&t, GgmlDType::Q2K).unwrap();
-    assert!(QuantMatrix::from_qtensor(&qt).unwrap().is_none());
+    for dtype in [GgmlDType::F16, GgmlDType::Q8K] {
+        let qt = QTensor::quantize(&t, dtype).unwrap();
+        assert!(
+            QuantMatrix::from_qtensor(&qt).unwrap().is_none(),
+            "{dtype:?}"
+        );
+    }
 }
 
 /// One tensor of the default model, fetched through the users' code path.

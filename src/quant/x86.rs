@@ -3,7 +3,9 @@
 
 use std::arch::x86_64::*;
 
-use super::{Layout, TileJob, QK, TILE};
+use super::act::{scales_of, ActScales};
+use super::formats::{Bits, Layout, Scales};
+use super::{TileJob, QK, TILE};
 
 /// Activation rows kept in registers per pass over a tile's blocks: each needs
 /// an i32 block sum and an f32 accumulator beside the 8 weight registers.
@@ -56,39 +58,46 @@ unsafe fn rows_avx512<L: Layout, const C: usize>(job: &TileJob, i0: usize, prefe
     assert!(i0 + C <= acts.m());
     let xq = acts.qs().as_ptr().add(i0 * k);
     let sc = acts.scales().as_ptr().add(i0 * nb);
-    let nibble = _mm512_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); C];
     for (b, blk) in job.tile.chunks_exact(L::BLOCK_BYTES).enumerate() {
         if prefetch {
             prefetch_block::<L>(job.next, b);
         }
         let p = blk.as_ptr();
-        let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()));
-        let mut w = [_mm512_setzero_si512(); 8];
-        let mn = if L::Q8 {
-            for (g, w) in w.iter_mut().enumerate() {
-                *w = _mm512_loadu_si512(p.add(2 * TILE + 64 * g).cast());
-            }
-            // Values are stored +128; Σ(q+128)x - 128Σx restores the signed dot.
-            _mm512_mul_ps(d, _mm512_set1_ps(-128.0))
-        } else {
-            for j in 0..4 {
-                let q = _mm512_loadu_si512(p.add(4 * TILE + 64 * j).cast());
-                w[j] = _mm512_and_si512(q, nibble);
-                w[j + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(q), nibble);
-            }
-            _mm512_cvtph_ps(_mm256_loadu_si256(p.add(2 * TILE).cast()))
+        let hd = _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()));
+        let he = match L::SCALES {
+            Scales::DirectD => _mm512_mul_ps(hd, _mm512_set1_ps(-128.0)),
+            _ => _mm512_cvtph_ps(_mm256_loadu_si256(p.add(2 * TILE).cast())),
         };
-        for (c, acc) in acc.iter_mut().enumerate() {
-            let x = xq.add(c * k + b * QK).cast::<i32>();
-            let mut s = _mm512_setzero_si512();
-            for (g, &w) in w.iter().enumerate() {
-                s = _mm512_dpbusd_epi32(s, w, _mm512_set1_epi32(x.add(g).read_unaligned()));
+        for j in 0..L::SUBS {
+            let (s, m) = scales_avx512::<L>(p, j, hd, he);
+            let w = quants_avx512::<L>(p, j);
+            let ab = b * L::SUBS + j;
+            for (c, acc) in acc.iter_mut().enumerate() {
+                let x = xq.add(c * k + ab * QK).cast::<i32>();
+                let dot = |groups: std::ops::Range<usize>| {
+                    let mut s = _mm512_setzero_si512();
+                    for g in groups {
+                        s = _mm512_dpbusd_epi32(
+                            s,
+                            w[g],
+                            _mm512_set1_epi32(x.add(g).read_unaligned()),
+                        );
+                    }
+                    _mm512_cvtepi32_ps(s)
+                };
+                let [dx, sx, sx_lo] = *sc.add(c * nb + ab);
+                let dx = _mm512_set1_ps(dx);
+                if L::HALVES {
+                    *acc = _mm512_fmadd_ps(s[0], _mm512_mul_ps(dot(0..4), dx), *acc);
+                    *acc = _mm512_fmadd_ps(s[1], _mm512_mul_ps(dot(4..8), dx), *acc);
+                    *acc = _mm512_fmadd_ps(m[0], _mm512_set1_ps(sx_lo), *acc);
+                    *acc = _mm512_fmadd_ps(m[1], _mm512_set1_ps(sx - sx_lo), *acc);
+                } else {
+                    *acc = _mm512_fmadd_ps(s[0], _mm512_mul_ps(dot(0..8), dx), *acc);
+                    *acc = _mm512_fmadd_ps(m[0], _mm512_set1_ps(sx), *acc);
+                }
             }
-            let [dx, sx] = *sc.add(c * nb + b);
-            let t = _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(dx));
-            *acc = _mm512_fmadd_ps(d, t, *acc);
-            *acc = _mm512_fmadd_ps(mn, _mm512_set1_ps(sx), *acc);
         }
     }
     for (c, acc) in acc.iter().enumerate() {
@@ -96,6 +105,73 @@ unsafe fn rows_avx512<L: Layout, const C: usize>(job: &TileJob, i0: usize, prefe
         _mm512_storeu_ps(v.as_mut_ptr(), *acc);
         job.out.write(i0 + c, &v);
     }
+}
+
+/// Sub-block `j`'s scales and minima of the tile's 16 rows, per half
+/// (both halves equal unless the layout scales per 16 inputs). `hd` and
+/// `he` are the block header's two f16 vectors.
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+unsafe fn scales_avx512<L: Layout>(
+    p: *const u8,
+    j: usize,
+    hd: __m512,
+    he: __m512,
+) -> ([__m512; 2], [__m512; 2]) {
+    let sub = p.add(L::SCALES.header_bytes() + j * L::SCALES.sub_bytes());
+    let ints = |at: usize| {
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+            sub.add(at * TILE).cast(),
+        )))
+    };
+    match L::SCALES {
+        Scales::Direct | Scales::DirectD => ([hd; 2], [he; 2]),
+        Scales::Super32 => {
+            let (s, m) = (_mm512_mul_ps(hd, ints(0)), _mm512_mul_ps(he, ints(1)));
+            ([s; 2], [m; 2])
+        }
+        Scales::Super16 => (
+            [_mm512_mul_ps(hd, ints(0)), _mm512_mul_ps(hd, ints(1))],
+            [_mm512_mul_ps(he, ints(2)), _mm512_mul_ps(he, ints(3))],
+        ),
+    }
+}
+
+/// Sub-block `j`'s quants as 8 registers, group `g` (inputs `4g..4g + 4`
+/// of all 16 rows) in register `g`.
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+unsafe fn quants_avx512<L: Layout>(p: *const u8, j: usize) -> [__m512i; 8] {
+    let q = p.add(L::SCALES.header_bytes() + L::SUBS * L::SCALES.sub_bytes() + j * L::BITS.bytes());
+    let mut w = [_mm512_setzero_si512(); 8];
+    if L::BITS == Bits::Byte {
+        for (g, w) in w.iter_mut().enumerate() {
+            *w = _mm512_loadu_si512(q.add(64 * g).cast());
+        }
+        return w;
+    }
+    let nibble = _mm512_set1_epi8(0x0F);
+    for c in 0..4 {
+        let v = _mm512_loadu_si512(q.add(64 * c).cast());
+        w[c] = _mm512_and_si512(v, nibble);
+        w[c + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble);
+    }
+    let planes = match L::BITS {
+        Bits::Nib5 => 1,
+        Bits::Nib6 => 2,
+        _ => 0,
+    };
+    for (g, w) in w.iter_mut().enumerate() {
+        for plane in 0..planes {
+            let mask = q
+                .add(256 + 8 * (planes * g + plane))
+                .cast::<u64>()
+                .read_unaligned();
+            let bit = _mm512_set1_epi8(0x10 << plane);
+            *w = _mm512_or_si512(*w, _mm512_maskz_mov_epi8(mask, bit));
+        }
+    }
+    w
 }
 
 /// Pulls block `b` of the next tile towards L2 while this one computes: the
@@ -140,8 +216,6 @@ unsafe fn rows_avx2<L: Layout, const C: usize>(job: &TileJob, i0: usize, prefetc
     assert!(i0 + C <= acts.m());
     let xq = acts.qs().as_ptr().add(i0 * k);
     let sc = acts.scales().as_ptr().add(i0 * nb);
-    let nibble = _mm256_set1_epi8(0x0F);
-    let ones = _mm256_set1_epi16(1);
     let mut v = [[0f32; TILE]; C];
     for h in 0..2 {
         let mut acc = [_mm256_setzero_ps(); C];
@@ -150,47 +224,35 @@ unsafe fn rows_avx2<L: Layout, const C: usize>(job: &TileJob, i0: usize, prefetc
                 prefetch_block::<L>(job.next, b);
             }
             let p = blk.as_ptr();
-            let d = _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * h).cast()));
-            if L::Q8 {
-                for (c, acc) in acc.iter_mut().enumerate() {
-                    let x = xq.add(c * k + b * QK).cast::<i32>();
-                    let mut s = _mm256_setzero_si256();
-                    for g in 0..8 {
-                        let q = _mm256_loadu_si256(p.add(2 * TILE + 64 * g + 32 * h).cast());
-                        // Undo the +128 offset: u8 255 x i8 pairs would saturate
-                        // vpmaddubsw, so multiply |w| by x carrying w's sign.
-                        let w = _mm256_xor_si256(q, _mm256_set1_epi8(-128));
-                        let xb = _mm256_set1_epi32(x.add(g).read_unaligned());
-                        let prod =
-                            _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xb, w));
-                        s = _mm256_add_epi32(s, _mm256_madd_epi16(prod, ones));
-                    }
-                    let dx = (*sc.add(c * nb + b))[0];
-                    let t = _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dx));
-                    *acc = _mm256_fmadd_ps(d, t, *acc);
+            let hd = _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * h).cast()));
+            let he = match L::SCALES {
+                Scales::DirectD => _mm256_mul_ps(hd, _mm256_set1_ps(-128.0)),
+                _ => _mm256_cvtph_ps(_mm_loadu_si128(p.add(2 * TILE + 16 * h).cast())),
+            };
+            for j in 0..L::SUBS {
+                let ab = b * L::SUBS + j;
+                let x_at = |c: usize| xq.add(c * k + ab * QK).cast::<i32>();
+                let act = |c: usize| -> ActScales { *sc.add(c * nb + ab) };
+                if L::BITS == Bits::Byte {
+                    byte_rows_avx2(p, h, hd, &mut acc, x_at, act);
+                    continue;
                 }
-            } else {
-                let mn = _mm256_cvtph_ps(_mm_loadu_si128(p.add(2 * TILE + 16 * h).cast()));
-                let mut w = [_mm256_setzero_si256(); 8];
-                for j in 0..4 {
-                    let q = _mm256_loadu_si256(p.add(4 * TILE + 64 * j + 32 * h).cast());
-                    w[j] = _mm256_and_si256(q, nibble);
-                    w[j + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(q), nibble);
-                }
+                let (s, m) = scales_avx2::<L>(p, j, h, hd, he);
+                let w = quants_avx2::<L>(p, j, h);
                 for (c, acc) in acc.iter_mut().enumerate() {
-                    let x = xq.add(c * k + b * QK).cast::<i32>();
-                    // 8 pair sums of 15 x 127 stay below i16::MAX, so add in
-                    // i16 and widen once.
-                    let mut s16 = _mm256_setzero_si256();
-                    for (g, &w) in w.iter().enumerate() {
-                        let xb = _mm256_set1_epi32(x.add(g).read_unaligned());
-                        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w, xb));
+                    let x = x_at(c);
+                    let [dx, sx, sx_lo] = act(c);
+                    let dx = _mm256_set1_ps(dx);
+                    let dot = |g: std::ops::Range<usize>| dot_avx2(&w, x, g, L::BITS);
+                    if L::HALVES {
+                        *acc = _mm256_fmadd_ps(s[0], _mm256_mul_ps(dot(0..4), dx), *acc);
+                        *acc = _mm256_fmadd_ps(s[1], _mm256_mul_ps(dot(4..8), dx), *acc);
+                        *acc = _mm256_fmadd_ps(m[0], _mm256_set1_ps(sx_lo), *acc);
+                        *acc = _mm256_fmadd_ps(m[1], _mm256_set1_ps(sx - sx_lo), *acc);
+                    } else {
+                        *acc = _mm256_fmadd_ps(s[0], _mm256_mul_ps(dot(0..8), dx), *acc);
+                        *acc = _mm256_fmadd_ps(m[0], _mm256_set1_ps(sx), *acc);
                     }
-                    let s = _mm256_madd_epi16(s16, ones);
-                    let [dx, sx] = *sc.add(c * nb + b);
-                    let t = _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dx));
-                    *acc = _mm256_fmadd_ps(d, t, *acc);
-                    *acc = _mm256_fmadd_ps(mn, _mm256_set1_ps(sx), *acc);
                 }
             }
         }
@@ -203,12 +265,142 @@ unsafe fn rows_avx2<L: Layout, const C: usize>(job: &TileJob, i0: usize, prefetc
     }
 }
 
+/// Byte quants (Q8_0, stored `q + 128`) of half `h` against the rows:
+/// vpmaddubsw would saturate on u8 255 x i8 pairs, so this multiplies `|q|`
+/// by `x` carrying `q`'s sign, which also makes the minimum term vanish.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn byte_rows_avx2<const C: usize>(
+    p: *const u8,
+    h: usize,
+    d: __m256,
+    acc: &mut [__m256; C],
+    x_at: impl Fn(usize) -> *const i32,
+    act: impl Fn(usize) -> ActScales,
+) {
+    let ones = _mm256_set1_epi16(1);
+    for (c, acc) in acc.iter_mut().enumerate() {
+        let x = x_at(c);
+        let mut s = _mm256_setzero_si256();
+        for g in 0..8 {
+            let q = _mm256_loadu_si256(p.add(2 * TILE + 64 * g + 32 * h).cast());
+            let w = _mm256_xor_si256(q, _mm256_set1_epi8(-128));
+            let xb = _mm256_set1_epi32(x.add(g).read_unaligned());
+            let prod = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xb, w));
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(prod, ones));
+        }
+        let t = _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(act(c)[0]));
+        *acc = _mm256_fmadd_ps(d, t, *acc);
+    }
+}
+
+/// Σ over groups `groups` of quants times activations, for 8 rows.
+/// vpmaddubsw pairs sum in i16, so as many groups are added in i16 as the
+/// quants' range allows before widening to i32.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn dot_avx2(
+    w: &[__m256i; 8],
+    x: *const i32,
+    groups: std::ops::Range<usize>,
+    bits: Bits,
+) -> __m256 {
+    // Each group adds up to 2 pairs of max * 127 per i16 lane.
+    let per_i16 = (i16::MAX as u32 / (2 * bits.max() * 127)) as usize;
+    let ones = _mm256_set1_epi16(1);
+    let mut s32 = _mm256_setzero_si256();
+    let mut g = groups.start;
+    while g < groups.end {
+        let end = (g + per_i16).min(groups.end);
+        let mut s16 = _mm256_setzero_si256();
+        for (g, &w) in w.iter().enumerate().take(end).skip(g) {
+            let xb = _mm256_set1_epi32(x.add(g).read_unaligned());
+            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w, xb));
+        }
+        s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(s16, ones));
+        g = end;
+    }
+    _mm256_cvtepi32_ps(s32)
+}
+
+/// [`scales_avx512`] for rows `8h..8h + 8`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn scales_avx2<L: Layout>(
+    p: *const u8,
+    j: usize,
+    h: usize,
+    hd: __m256,
+    he: __m256,
+) -> ([__m256; 2], [__m256; 2]) {
+    let sub = p.add(L::SCALES.header_bytes() + j * L::SCALES.sub_bytes());
+    let ints = |at: usize| {
+        let v = _mm_loadl_epi64(sub.add(at * TILE + 8 * h).cast());
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))
+    };
+    match L::SCALES {
+        Scales::Direct | Scales::DirectD => ([hd; 2], [he; 2]),
+        Scales::Super32 => {
+            let (s, m) = (_mm256_mul_ps(hd, ints(0)), _mm256_mul_ps(he, ints(1)));
+            ([s; 2], [m; 2])
+        }
+        Scales::Super16 => (
+            [_mm256_mul_ps(hd, ints(0)), _mm256_mul_ps(hd, ints(1))],
+            [_mm256_mul_ps(he, ints(2)), _mm256_mul_ps(he, ints(3))],
+        ),
+    }
+}
+
+/// [`quants_avx512`] for rows `8h..8h + 8` (bytes `32h..32h + 32` of each
+/// group, bits `32h..` of its masks).
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn quants_avx2<L: Layout>(p: *const u8, j: usize, h: usize) -> [__m256i; 8] {
+    let q = p.add(L::SCALES.header_bytes() + L::SUBS * L::SCALES.sub_bytes() + j * L::BITS.bytes());
+    let nibble = _mm256_set1_epi8(0x0F);
+    let mut w = [_mm256_setzero_si256(); 8];
+    for c in 0..4 {
+        let v = _mm256_loadu_si256(q.add(64 * c + 32 * h).cast());
+        w[c] = _mm256_and_si256(v, nibble);
+        w[c + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nibble);
+    }
+    let planes = match L::BITS {
+        Bits::Nib5 => 1,
+        Bits::Nib6 => 2,
+        _ => 0,
+    };
+    for (g, w) in w.iter_mut().enumerate() {
+        for plane in 0..planes {
+            let at = 256 + 8 * (planes * g + plane) + 4 * h;
+            let mask = q.add(at).cast::<u32>().read_unaligned();
+            let bit = _mm256_set1_epi8(0x10 << plane);
+            *w = _mm256_or_si256(*w, _mm256_and_si256(expand_bits_avx2(mask), bit));
+        }
+    }
+    w
+}
+
+/// Byte `i` all ones where bit `i` of `mask` is set.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn expand_bits_avx2(mask: u32) -> __m256i {
+    // Each byte takes the mask byte holding its bit (shuffles stay within
+    // 128-bit lanes, and every lane has all four), then tests that bit.
+    let spread = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
+        3, 3,
+    );
+    let v = _mm256_shuffle_epi8(_mm256_set1_epi32(mask as i32), spread);
+    let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+    _mm256_cmpeq_epi8(_mm256_and_si256(v, bits), bits)
+}
+
 /// [`super::act::quantize_row`] with AVX-512, bit-identical to it.
 ///
 /// # Safety
 /// The CPU must support AVX-512 F and BW.
 #[target_feature(enable = "avx512f,avx512bw")]
-pub(crate) unsafe fn quantize_row_avx512(x: &[f32], qs: &mut [i8], scales: &mut [[f32; 2]]) {
+pub(crate) unsafe fn quantize_row_avx512(x: &[f32], qs: &mut [i8], scales: &mut [ActScales]) {
     for ((x, q), s) in x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)).zip(scales) {
         let a = _mm512_loadu_ps(x.as_ptr());
         let b = _mm512_loadu_ps(x.as_ptr().add(16));
@@ -220,8 +412,10 @@ pub(crate) unsafe fn quantize_row_avx512(x: &[f32], qs: &mut [i8], scales: &mut 
         let qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, id));
         _mm_storeu_si128(q.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(qa));
         _mm_storeu_si128(q.as_mut_ptr().add(16).cast(), _mm512_cvtepi32_epi8(qb));
-        let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
-        *s = [d, d * sum as f32];
+        *s = scales_of(
+            d,
+            [_mm512_reduce_add_epi32(qa), _mm512_reduce_add_epi32(qb)],
+        );
     }
 }
 
@@ -230,7 +424,7 @@ pub(crate) unsafe fn quantize_row_avx512(x: &[f32], qs: &mut [i8], scales: &mut 
 /// # Safety
 /// The CPU must support AVX2.
 #[target_feature(enable = "avx2")]
-pub(crate) unsafe fn quantize_row_avx2(x: &[f32], qs: &mut [i8], scales: &mut [[f32; 2]]) {
+pub(crate) unsafe fn quantize_row_avx2(x: &[f32], qs: &mut [i8], scales: &mut [ActScales]) {
     let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MAX));
     for ((x, q), s) in x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)).zip(scales) {
         let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(x.as_ptr().add(8 * i)));
@@ -249,13 +443,16 @@ pub(crate) unsafe fn quantize_row_avx2(x: &[f32], qs: &mut [i8], scales: &mut [[
         );
         let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256(q.as_mut_ptr().cast(), p);
-        let t = _mm256_add_epi32(
-            _mm256_add_epi32(qi[0], qi[1]),
-            _mm256_add_epi32(qi[2], qi[3]),
-        );
-        let t = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t));
-        let t = _mm_add_epi32(t, _mm_unpackhi_epi64(t, t));
-        let sum = _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32::<1>(t)));
-        *s = [d, d * sum as f32];
+        let lo = hsum_epi32_avx2(_mm256_add_epi32(qi[0], qi[1]));
+        let hi = hsum_epi32_avx2(_mm256_add_epi32(qi[2], qi[3]));
+        *s = scales_of(d, [lo, hi]);
     }
+}
+
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn hsum_epi32_avx2(v: __m256i) -> i32 {
+    let t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let t = _mm_add_epi32(t, _mm_unpackhi_epi64(t, t));
+    _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32::<1>(t)))
 }

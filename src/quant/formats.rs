@@ -1,0 +1,536 @@
+//! The GGUF block types wick's kernels multiply, and how each is held.
+//!
+//! Every type dequantizes as an affine map of small unsigned integers: per
+//! group of 32 (or 16) inputs, `value = s * q + m`. At load each GGML block
+//! is decoded into those integers and rewritten, exactly, in one of a few
+//! tile layouts (16 output rows interleaved, see [`Layout`]); the kernels
+//! then only differ in how they widen quants and form `s` and `m`:
+//!
+//! | type | quants | scales |
+//! | --- | --- | --- |
+//! | Q4_0, Q4_1 | 4 bits | `d`, `m` per 32 (Q4_0: `m = -8d`) |
+//! | Q5_0, Q5_1 | 5 bits | `d`, `m` per 32 (Q5_0: `m = -16d`) |
+//! | Q8_0 | 8 bits, stored `+128` | `d` per 32, `m = -128d` |
+//! | Q4_K, Q5_K | 4 / 5 bits | per 256: `d`, `e`; per 32: 6-bit `sc`, `mn`: `s = d sc`, `m = e mn` |
+//! | Q6_K | 6 bits | per 256: `d`, `e = -32d`; per 16: `sc`: `s = d sc`, `m = e sc` |
+//! | Q3_K | 3 bits (as 4) | per 256: `d`, `e = -4d`; per 16: signed 6-bit `sc` |
+//! | Q2_K | 2 bits (as 4) | per 256: `d`, `e = -dmin`; per 16: 4-bit `sc`, `mn` |
+//!
+//! Scales stay in the file's f16 and small integers (`e` is `-dmin` or a
+//! power-of-two multiple of `d`, exact in f16), so a tile costs about the
+//! file's bytes: the kernels stay bound by memory bandwidth as they are on
+//! the file itself. Q2_K and Q3_K quants are widened to 4 bits.
+
+use candle_core::quantized::GgmlDType;
+use half::f16;
+
+use super::{QK, TILE};
+
+/// Largest GGML block: 256 inputs (the K-quants).
+pub(crate) const QK_K: usize = 256;
+
+/// How a tile stores its quants, per 32 inputs of 16 rows. Inputs
+/// `4g..4g + 4` of every row form group `g` (0..8), 64 bytes: row `r`'s
+/// four at bytes `4r..4r + 4`, as one `vpdpbusd` operand wants them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Bits {
+    /// A 4-bit plane, 256 bytes: chunk `c` (64 bytes) holds groups `c`
+    /// (low nibbles) and `c + 4` (high nibbles).
+    Nib,
+    /// The 4-bit plane, then per group a 64-bit mask of the quants' bit 4
+    /// (bit `4r + i` for row `r`, input `4g + i`).
+    Nib5,
+    /// The 4-bit plane, then per group masks of bit 4 and of bit 5.
+    Nib6,
+    /// Bytes (`q + 128`), 512: group `g` at `64g`.
+    Byte,
+}
+
+impl Bits {
+    pub(crate) const fn bytes(self) -> usize {
+        match self {
+            Bits::Nib => 256,
+            Bits::Nib5 => 256 + 64,
+            Bits::Nib6 => 256 + 128,
+            Bits::Byte => 512,
+        }
+    }
+
+    /// Largest quant.
+    pub(crate) const fn max(self) -> u32 {
+        match self {
+            Bits::Nib => 15,
+            Bits::Nib5 => 31,
+            Bits::Nib6 => 63,
+            Bits::Byte => 255,
+        }
+    }
+}
+
+/// How a tile stores its scales.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Scales {
+    /// Per 32 inputs: `d[16]`, `m[16]` f16 (64 bytes).
+    Direct,
+    /// Per 32 inputs: `d[16]` f16; `m = -128d` (the `+128` of byte quants).
+    DirectD,
+    /// Per 256 inputs: `d[16]`, `e[16]` f16; per 32: `sc[16]`, `mn[16]` i8.
+    Super32,
+    /// Per 256 inputs: `d[16]`, `e[16]` f16; per 32: `sc` then `mn`, each
+    /// for inputs `0..16` (16 rows) then `16..32`.
+    Super16,
+}
+
+impl Scales {
+    pub(crate) const fn header_bytes(self) -> usize {
+        match self {
+            Scales::DirectD => 2 * TILE,
+            _ => 4 * TILE,
+        }
+    }
+
+    /// Bytes of per-sub-block scales (after the header).
+    pub(crate) const fn sub_bytes(self) -> usize {
+        match self {
+            Scales::Direct | Scales::DirectD => 0,
+            Scales::Super32 => 2 * TILE,
+            Scales::Super16 => 4 * TILE,
+        }
+    }
+
+    /// 32-input sub-blocks per block.
+    pub(crate) const fn subs(self) -> usize {
+        match self {
+            Scales::Direct | Scales::DirectD => 1,
+            Scales::Super32 | Scales::Super16 => QK_K / QK,
+        }
+    }
+}
+
+/// A tile layout: one block is 16 rows by `SUBS * 32` inputs, stored as the
+/// header, each sub-block's scales, then each sub-block's quants.
+pub(crate) trait Layout {
+    const BITS: Bits;
+    const SCALES: Scales;
+    const SUBS: usize = Self::SCALES.subs();
+    /// Scales per 16 inputs (each sub-block's two halves scale apart).
+    const HALVES: bool = matches!(Self::SCALES, Scales::Super16);
+    const BLOCK_BYTES: usize =
+        Self::SCALES.header_bytes() + Self::SUBS * (Self::SCALES.sub_bytes() + Self::BITS.bytes());
+}
+
+macro_rules! layout {
+    ($name:ident, $bits:ident, $scales:ident) => {
+        pub(crate) struct $name;
+        impl Layout for $name {
+            const BITS: Bits = Bits::$bits;
+            const SCALES: Scales = Scales::$scales;
+        }
+    };
+}
+
+layout!(NibDirect, Nib, Direct);
+layout!(Nib5Direct, Nib5, Direct);
+layout!(ByteDirect, Byte, DirectD);
+layout!(NibSuper32, Nib, Super32);
+layout!(Nib5Super32, Nib5, Super32);
+layout!(Nib6Super16, Nib6, Super16);
+layout!(NibSuper16, Nib, Super16);
+
+/// The GGUF types with kernels, each decoded into one layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Format {
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q2K,
+    Q3K,
+    Q4K,
+    Q5K,
+    Q6K,
+}
+
+/// Where a layout's pieces sit, for code that is not generic over it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Geometry {
+    pub bits: Bits,
+    pub scales: Scales,
+    pub subs: usize,
+    pub block_bytes: usize,
+}
+
+impl Geometry {
+    pub(crate) fn of<L: Layout>() -> Self {
+        Geometry {
+            bits: L::BITS,
+            scales: L::SCALES,
+            subs: L::SUBS,
+            block_bytes: L::BLOCK_BYTES,
+        }
+    }
+}
+
+impl Format {
+    pub(crate) fn of(dtype: GgmlDType) -> Option<Format> {
+        Some(match dtype {
+            GgmlDType::Q4_0 => Format::Q4_0,
+            GgmlDType::Q4_1 => Format::Q4_1,
+            GgmlDType::Q5_0 => Format::Q5_0,
+            GgmlDType::Q5_1 => Format::Q5_1,
+            GgmlDType::Q8_0 => Format::Q8_0,
+            GgmlDType::Q2K => Format::Q2K,
+            GgmlDType::Q3K => Format::Q3K,
+            GgmlDType::Q4K => Format::Q4K,
+            GgmlDType::Q5K => Format::Q5K,
+            GgmlDType::Q6K => Format::Q6K,
+            _ => return None,
+        })
+    }
+
+    pub(crate) fn geometry(self) -> Geometry {
+        match self {
+            Format::Q4_0 | Format::Q4_1 => Geometry::of::<NibDirect>(),
+            Format::Q5_0 | Format::Q5_1 => Geometry::of::<Nib5Direct>(),
+            Format::Q8_0 => Geometry::of::<ByteDirect>(),
+            Format::Q4K => Geometry::of::<NibSuper32>(),
+            Format::Q5K => Geometry::of::<Nib5Super32>(),
+            Format::Q6K => Geometry::of::<Nib6Super16>(),
+            Format::Q2K | Format::Q3K => Geometry::of::<NibSuper16>(),
+        }
+    }
+
+    /// Inputs per GGML block.
+    pub(crate) fn block_inputs(self) -> usize {
+        match self {
+            Format::Q4_0 | Format::Q4_1 | Format::Q5_0 | Format::Q5_1 | Format::Q8_0 => QK,
+            _ => QK_K,
+        }
+    }
+
+    /// Bytes per GGML block.
+    pub(crate) fn ggml_block_bytes(self) -> usize {
+        match self {
+            Format::Q4_0 => 18,
+            Format::Q4_1 => 20,
+            Format::Q5_0 => 22,
+            Format::Q5_1 => 24,
+            Format::Q8_0 => 34,
+            Format::Q2K => 84,
+            Format::Q3K => 110,
+            Format::Q4K => 144,
+            Format::Q5K => 176,
+            Format::Q6K => 210,
+        }
+    }
+
+    /// What each quant loses before scaling in GGML's own dequantization
+    /// (`s * (q - offset)`); types with a free minimum have none.
+    pub(crate) fn offset(self) -> Option<f32> {
+        match self {
+            Format::Q6K => Some(32.0),
+            Format::Q3K => Some(4.0),
+            _ => None,
+        }
+    }
+
+    /// Decodes one GGML block. `None` when a derived f16 (`m = -8d`, say)
+    /// would overflow: then the tensor is left to candle.
+    pub(crate) fn decode(self, raw: &[u8]) -> Option<Decoded> {
+        let mut out = Decoded::default();
+        let f = |at: usize| f16::from_le_bytes([raw[at], raw[at + 1]]);
+        match self {
+            Format::Q4_0 | Format::Q4_1 | Format::Q5_0 | Format::Q5_1 => {
+                let (has_m, has_qh) = (
+                    matches!(self, Format::Q4_1 | Format::Q5_1),
+                    matches!(self, Format::Q5_0 | Format::Q5_1),
+                );
+                let qs_at = 2 + 2 * has_m as usize + 4 * has_qh as usize;
+                let qh = if has_qh {
+                    let at = qs_at - 4;
+                    u32::from_le_bytes([raw[at], raw[at + 1], raw[at + 2], raw[at + 3]])
+                } else {
+                    0
+                };
+                for j in 0..QK / 2 {
+                    let b = raw[qs_at + j];
+                    out.q[j] = (b & 0x0F) | (((qh >> j) & 1) << 4) as u8;
+                    out.q[j + QK / 2] = (b >> 4) | (((qh >> (j + QK / 2)) & 1) << 4) as u8;
+                }
+                out.d = f(0);
+                out.e = match self {
+                    Format::Q4_1 | Format::Q5_1 => f(2),
+                    Format::Q4_0 => exact_multiple(out.d, -8.0)?,
+                    _ => exact_multiple(out.d, -16.0)?,
+                };
+            }
+            Format::Q8_0 => {
+                out.d = f(0);
+                for (q, &b) in out.q.iter_mut().zip(&raw[2..2 + QK]) {
+                    *q = b ^ 0x80;
+                }
+            }
+            Format::Q4K | Format::Q5K => {
+                out.d = f(0);
+                out.e = -f(2);
+                let scales = &raw[4..16];
+                for j in 0..QK_K / QK {
+                    let (sc, mn) = scale_min_k4(j, scales);
+                    out.sc[2 * j] = sc as i8;
+                    out.mn[2 * j] = mn as i8;
+                }
+                let (qh, qs) = match self {
+                    Format::Q5K => (Some(&raw[16..48]), &raw[48..176]),
+                    _ => (None, &raw[16..144]),
+                };
+                // 64 inputs per 32 bytes: low nibbles, then high nibbles.
+                for c in 0..QK_K / 64 {
+                    for l in 0..32 {
+                        let b = qs[32 * c + l];
+                        let (h0, h1) = qh.map_or((0, 0), |qh| {
+                            ((qh[l] >> (2 * c)) & 1, (qh[l] >> (2 * c + 1)) & 1)
+                        });
+                        out.q[64 * c + l] = (b & 0x0F) | (h0 << 4);
+                        out.q[64 * c + 32 + l] = (b >> 4) | (h1 << 4);
+                    }
+                }
+            }
+            Format::Q6K => {
+                let (ql, qh, sc) = (&raw[..128], &raw[128..192], &raw[192..208]);
+                out.d = f(208);
+                out.e = exact_multiple(out.d, -32.0)?;
+                for (h, &s) in sc.iter().enumerate() {
+                    out.sc[h] = s as i8;
+                    out.mn[h] = s as i8;
+                }
+                // 128 inputs per 64 low-nibble bytes and 32 high-bit bytes.
+                for half in 0..2 {
+                    let (ql, qh, q) =
+                        (&ql[64 * half..], &qh[32 * half..], &mut out.q[128 * half..]);
+                    for l in 0..32 {
+                        q[l] = (ql[l] & 0x0F) | ((qh[l] & 3) << 4);
+                        q[l + 32] = (ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4);
+                        q[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+                        q[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+                    }
+                }
+            }
+            Format::Q3K => {
+                let (hmask, qs, scales) = (&raw[..32], &raw[32..96], &raw[96..108]);
+                out.d = f(108);
+                out.e = exact_multiple(out.d, -4.0)?;
+                for h in 0..QK_K / 16 {
+                    let low = if h < 8 {
+                        scales[h] & 0x0F
+                    } else {
+                        scales[h - 8] >> 4
+                    };
+                    let high = (scales[8 + h % 4] >> (2 * (h / 4))) & 3;
+                    let s = (low | (high << 4)) as i8 - 32;
+                    out.sc[h] = s;
+                    out.mn[h] = s;
+                }
+                // Per 128 inputs: 32 bytes of 2-bit quants at shifts 0, 2,
+                // 4, 6; hmask bit set means the 4 is not subtracted.
+                for (i, q) in out.q.iter_mut().enumerate() {
+                    let (chunk, rest) = (i / 128, i % 128);
+                    let (shift, l) = (rest / 32, rest % 32);
+                    let low = (qs[32 * chunk + l] >> (2 * shift)) & 3;
+                    let high = (hmask[l] >> (4 * chunk + shift)) & 1;
+                    *q = low | (high << 2);
+                }
+            }
+            Format::Q2K => {
+                let (scales, qs) = (&raw[..16], &raw[16..80]);
+                out.d = f(80);
+                out.e = -f(82);
+                for (h, &s) in scales.iter().enumerate() {
+                    out.sc[h] = (s & 0x0F) as i8;
+                    out.mn[h] = (s >> 4) as i8;
+                }
+                for (i, q) in out.q.iter_mut().enumerate() {
+                    let (chunk, rest) = (i / 128, i % 128);
+                    let (shift, l) = (rest / 32, rest % 32);
+                    *q = (qs[32 * chunk + l] >> (2 * shift)) & 3;
+                }
+            }
+        }
+        Some(out)
+    }
+}
+
+/// `d * k` when f16 holds it exactly (`k` a power of two, no overflow).
+fn exact_multiple(d: f16, k: f32) -> Option<f16> {
+    let m = f16::from_f32(d.to_f32() * k);
+    (m.is_finite() || !d.is_finite()).then_some(m)
+}
+
+/// The 6-bit scale and minimum of sub-block `j` in Q4_K/Q5_K's 12 packed
+/// bytes: the first four pairs sit in the low 6 bits of bytes `j` and
+/// `j + 4`; the last four take 4 bits from byte `j + 4` and their top two
+/// from the spare bits of bytes `j - 4` and `j`.
+fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (s[j] & 63, s[j + 4] & 63)
+    } else {
+        (
+            (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4),
+            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+        )
+    }
+}
+
+/// One GGML block of one row as integers: `q` per input, and the scales.
+/// Direct layouts use `d` and `e` (as `m`) of the one sub-block; Super
+/// layouts use `d`, `e` and per 16 inputs `sc[h]`, `mn[h]` (Super32 reads
+/// the even halves).
+pub(crate) struct Decoded {
+    pub q: [u8; QK_K],
+    pub d: f16,
+    pub e: f16,
+    pub sc: [i8; QK_K / 16],
+    pub mn: [i8; QK_K / 16],
+}
+
+impl Default for Decoded {
+    fn default() -> Self {
+        Decoded {
+            q: [0; QK_K],
+            d: f16::ZERO,
+            e: f16::ZERO,
+            sc: [0; QK_K / 16],
+            mn: [0; QK_K / 16],
+        }
+    }
+}
+
+impl Geometry {
+    /// Writes row `r` of one decoded GGML block into its tile-block.
+    pub(crate) fn encode(&self, dec: &Decoded, r: usize, dst: &mut [u8]) {
+        dst[2 * r..2 * r + 2].copy_from_slice(&dec.d.to_le_bytes());
+        if self.scales != Scales::DirectD {
+            dst[2 * (TILE + r)..2 * (TILE + r) + 2].copy_from_slice(&dec.e.to_le_bytes());
+        }
+        let header = self.scales.header_bytes();
+        for j in 0..self.subs {
+            let sub = &mut dst[header + j * self.scales.sub_bytes()..];
+            match self.scales {
+                Scales::Super32 => {
+                    sub[r] = dec.sc[2 * j] as u8;
+                    sub[TILE + r] = dec.mn[2 * j] as u8;
+                }
+                Scales::Super16 => {
+                    for h in 0..2 {
+                        sub[h * TILE + r] = dec.sc[2 * j + h] as u8;
+                        sub[(2 + h) * TILE + r] = dec.mn[2 * j + h] as u8;
+                    }
+                }
+                Scales::Direct | Scales::DirectD => {}
+            }
+            let at = header + self.subs * self.scales.sub_bytes() + j * self.bits.bytes();
+            encode_quants(self.bits, &dec.q[QK * j..QK * (j + 1)], r, &mut dst[at..]);
+        }
+    }
+
+    /// Row `r`'s quants of sub-block `j` of a tile-block, and per input its
+    /// scale and minimum: the scalar reading of the layout (the portable
+    /// kernel and dequantization use it).
+    pub(crate) fn decode_row(&self, blk: &[u8], j: usize, r: usize) -> RowSub {
+        let f = |at: usize| f16::from_le_bytes([blk[at], blk[at + 1]]).to_f32();
+        let d = f(2 * r);
+        let e = match self.scales {
+            Scales::DirectD => -128.0 * d,
+            _ => f(2 * (TILE + r)),
+        };
+        let header = self.scales.header_bytes();
+        let sub = &blk[header + j * self.scales.sub_bytes()..];
+        let (s, m) = match self.scales {
+            Scales::Direct | Scales::DirectD => ([d; 2], [e; 2]),
+            Scales::Super32 => {
+                let (sc, mn) = (sub[r] as i8 as f32, sub[TILE + r] as i8 as f32);
+                ([d * sc; 2], [e * mn; 2])
+            }
+            Scales::Super16 => {
+                let at = |i: usize| sub[i * TILE + r] as i8 as f32;
+                ([d * at(0), d * at(1)], [e * at(2), e * at(3)])
+            }
+        };
+        let at = header + self.subs * self.scales.sub_bytes() + j * self.bits.bytes();
+        RowSub {
+            q: decode_quants(self.bits, &blk[at..], r),
+            s,
+            m,
+        }
+    }
+}
+
+/// One row's 32 quants of a sub-block, with the scale and minimum of each
+/// half (equal when the layout scales per 32).
+pub(crate) struct RowSub {
+    pub q: [u8; QK],
+    pub s: [f32; 2],
+    pub m: [f32; 2],
+}
+
+fn encode_quants(bits: Bits, q: &[u8], r: usize, dst: &mut [u8]) {
+    if bits == Bits::Byte {
+        for g in 0..8 {
+            dst[64 * g + 4 * r..][..4].copy_from_slice(&q[4 * g..4 * g + 4]);
+        }
+        return;
+    }
+    for c in 0..4 {
+        for i in 0..4 {
+            let (lo, hi) = (q[4 * c + i], q[16 + 4 * c + i]);
+            dst[64 * c + 4 * r + i] = (lo & 0x0F) | ((hi & 0x0F) << 4);
+        }
+    }
+    let planes = match bits {
+        Bits::Nib5 => 1,
+        Bits::Nib6 => 2,
+        _ => 0,
+    };
+    for g in 0..8 {
+        for p in 0..planes {
+            let at = 256 + 8 * (planes * g + p);
+            let mut mask = u64::from_le_bytes(dst[at..at + 8].try_into().expect("8 bytes"));
+            for i in 0..4 {
+                mask |= (((q[4 * g + i] >> (4 + p)) & 1) as u64) << (4 * r + i);
+            }
+            dst[at..at + 8].copy_from_slice(&mask.to_le_bytes());
+        }
+    }
+}
+
+fn decode_quants(bits: Bits, src: &[u8], r: usize) -> [u8; QK] {
+    let mut q = [0u8; QK];
+    if bits == Bits::Byte {
+        for (g, q) in q.chunks_exact_mut(4).enumerate() {
+            q.copy_from_slice(&src[64 * g + 4 * r..][..4]);
+        }
+        return q;
+    }
+    for c in 0..4 {
+        for i in 0..4 {
+            let b = src[64 * c + 4 * r + i];
+            q[4 * c + i] = b & 0x0F;
+            q[16 + 4 * c + i] = b >> 4;
+        }
+    }
+    let planes = match bits {
+        Bits::Nib5 => 1,
+        Bits::Nib6 => 2,
+        _ => 0,
+    };
+    for g in 0..8 {
+        for p in 0..planes {
+            let at = 256 + 8 * (planes * g + p);
+            let mask = u64::from_le_bytes(src[at..at + 8].try_into().expect("8 bytes"));
+            for i in 0..4 {
+                q[4 * g + i] |= (((mask >> (4 * r + i)) & 1) as u8) << (4 + p);
+            }
+        }
+    }
+    q
+}
