@@ -20,11 +20,8 @@
 
 mod common;
 
-use candle_core::Device;
-use wick::block_manager::BlockManager;
-use wick::kv_cache::{KvCache, KvDtype, KvLayout};
+use wick::kv_cache::KvDtype;
 use wick::models::linear::WeightFormat;
-use wick::models::{FlatBatch, LogitRows};
 
 /// llama.cpp's token may trail wick's best by at most this many nats.
 const MAX_MARGIN: f32 = 0.75;
@@ -42,16 +39,6 @@ struct Case {
     prompt: String,
     ids: Vec<u32>,
     top2_gap: Vec<f32>,
-}
-
-fn argmax(xs: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in xs.iter().enumerate() {
-        if x > xs[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 #[test]
@@ -81,18 +68,6 @@ fn check_storage(
     force_tensor_kv: bool,
     dtype: KvDtype,
 ) {
-    let info = loaded.model.info().clone();
-    let layout = KvLayout {
-        num_layers: info.num_layers,
-        num_kv_heads: info.num_kv_heads,
-        head_dim: info.head_dim,
-        block_size: 16,
-        num_blocks: 64,
-        dtype,
-    };
-    let mut cache = KvCache::new(layout, &Device::Cpu, force_tensor_kv).unwrap();
-    let mut blocks = BlockManager::new(64, 16);
-
     // Each sequence: prompt ids followed by llama.cpp's generated ids.
     let seqs: Vec<(usize, Vec<u32>)> = cases
         .iter()
@@ -104,43 +79,12 @@ fn check_storage(
             )
         })
         .collect();
-    let tables: Vec<Vec<u32>> = seqs
-        .iter()
-        .map(|(_, toks)| {
-            let mut t = Vec::new();
-            assert!(blocks.grow(&mut t, toks.len()));
-            t
-        })
-        .collect();
-
-    // All sequences share every forward: step 0 prefills each prompt, later
-    // steps feed each one llama.cpp's previous token.
-    let steps = cases.iter().map(|c| c.ids.len()).max().unwrap();
+    let logits = common::teacher_forced_logits(&*loaded.model, &seqs, dtype, force_tensor_kv);
     let (mut disagreements, mut total) = (Vec::new(), 0);
-    for step in 0..steps {
-        let mut batch = FlatBatch::default();
-        let mut active = Vec::new();
-        for (i, (prompt_len, toks)) in seqs.iter().enumerate() {
-            if step >= cases[i].ids.len() {
-                continue;
-            }
-            let (from, to) = if step == 0 {
-                (0, *prompt_len)
-            } else {
-                (prompt_len + step - 1, prompt_len + step)
-            };
-            batch.push(toks, from..to, tables[i].clone(), LogitRows::Last);
-            active.push(i);
-        }
-        let logits = loaded
-            .model
-            .forward(&batch, &mut cache)
-            .unwrap()
-            .to_vec2::<f32>()
-            .unwrap();
-        for (row, &i) in logits.iter().zip(&active) {
+    for (i, rows) in logits.iter().enumerate() {
+        for (step, row) in rows.iter().enumerate() {
             let (want, gap) = (cases[i].ids[step], cases[i].top2_gap[step]);
-            let got = argmax(row);
+            let got = common::argmax(row);
             total += 1;
             if got != want {
                 let margin = row[got as usize] - row[want as usize];

@@ -8,8 +8,8 @@
 //!
 //! | type | quants | scales |
 //! | --- | --- | --- |
-//! | Q4_0, Q4_1 | 4 bits | `d`, `m` per 32 (Q4_0: `m = -8d`) |
-//! | Q5_0, Q5_1 | 5 bits | `d`, `m` per 32 (Q5_0: `m = -16d`) |
+//! | Q4_0, Q5_0 | 4 / 5 bits | `d` per 32, `m = -8d` / `-16d` |
+//! | Q4_1, Q5_1 | 4 / 5 bits | `d`, `m` per 32 |
 //! | Q8_0 | 8 bits, stored `+128` | `d` per 32, `m = -128d` |
 //! | Q4_K, Q5_K | 4 / 5 bits | per 256: `d`, `e`; per 32: 6-bit `sc`, `mn`: `s = d sc`, `m = e mn` |
 //! | Q6_K | 6 bits | per 256: `d`, `e = -32d`; per 16: `sc`: `s = d sc`, `m = e sc` |
@@ -56,6 +56,12 @@ impl Bits {
         }
     }
 
+    /// The quants' midpoint, which symmetric types (Q4_0, Q5_0, Q8_0)
+    /// subtract: their minimum is `-midpoint * d`.
+    pub(crate) const fn midpoint(self) -> f32 {
+        (self.max() + 1) as f32 / 2.0
+    }
+
     /// Largest quant.
     pub(crate) const fn max(self) -> u32 {
         match self {
@@ -72,7 +78,7 @@ impl Bits {
 pub(crate) enum Scales {
     /// Per 32 inputs: `d[16]`, `m[16]` f16 (64 bytes).
     Direct,
-    /// Per 32 inputs: `d[16]` f16; `m = -128d` (the `+128` of byte quants).
+    /// Per 32 inputs: `d[16]` f16; `m = -midpoint * d` (symmetric types).
     DirectD,
     /// Per 256 inputs: `d[16]`, `e[16]` f16; per 32: `sc[16]`, `mn[16]` i8.
     Super32,
@@ -130,7 +136,9 @@ macro_rules! layout {
 }
 
 layout!(NibDirect, Nib, Direct);
+layout!(NibDirectD, Nib, DirectD);
 layout!(Nib5Direct, Nib5, Direct);
+layout!(Nib5DirectD, Nib5, DirectD);
 layout!(ByteDirect, Byte, DirectD);
 layout!(NibSuper32, Nib, Super32);
 layout!(Nib5Super32, Nib5, Super32);
@@ -191,8 +199,10 @@ impl Format {
 
     pub(crate) fn geometry(self) -> Geometry {
         match self {
-            Format::Q4_0 | Format::Q4_1 => Geometry::of::<NibDirect>(),
-            Format::Q5_0 | Format::Q5_1 => Geometry::of::<Nib5Direct>(),
+            Format::Q4_0 => Geometry::of::<NibDirectD>(),
+            Format::Q4_1 => Geometry::of::<NibDirect>(),
+            Format::Q5_0 => Geometry::of::<Nib5DirectD>(),
+            Format::Q5_1 => Geometry::of::<Nib5Direct>(),
             Format::Q8_0 => Geometry::of::<ByteDirect>(),
             Format::Q4K => Geometry::of::<NibSuper32>(),
             Format::Q5K => Geometry::of::<Nib5Super32>(),
@@ -235,7 +245,7 @@ impl Format {
         }
     }
 
-    /// Decodes one GGML block. `None` when a derived f16 (`m = -8d`, say)
+    /// Decodes one GGML block. `None` when a derived f16 (Q6_K's `e = -32d`)
     /// would overflow: then the tensor is left to candle.
     pub(crate) fn decode(self, raw: &[u8]) -> Option<Decoded> {
         let mut out = Decoded::default();
@@ -259,11 +269,9 @@ impl Format {
                     out.q[j + QK / 2] = (b >> 4) | (((qh >> (j + QK / 2)) & 1) << 4) as u8;
                 }
                 out.d = f(0);
-                out.e = match self {
-                    Format::Q4_1 | Format::Q5_1 => f(2),
-                    Format::Q4_0 => exact_multiple(out.d, -8.0)?,
-                    _ => exact_multiple(out.d, -16.0)?,
-                };
+                if has_m {
+                    out.e = f(2);
+                }
             }
             Format::Q8_0 => {
                 out.d = f(0);
@@ -440,7 +448,7 @@ impl Geometry {
         let f = |at: usize| f16::from_le_bytes([blk[at], blk[at + 1]]).to_f32();
         let d = f(2 * r);
         let e = match self.scales {
-            Scales::DirectD => -128.0 * d,
+            Scales::DirectD => -self.bits.midpoint() * d,
             _ => f(2 * (TILE + r)),
         };
         let header = self.scales.header_bytes();

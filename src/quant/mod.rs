@@ -93,11 +93,19 @@ impl Isa {
 macro_rules! with_layout {
     ($format:expr, $L:ident => $body:expr) => {
         match $format {
-            Format::Q4_0 | Format::Q4_1 => {
+            Format::Q4_0 => {
+                type $L = formats::NibDirectD;
+                $body
+            }
+            Format::Q4_1 => {
                 type $L = formats::NibDirect;
                 $body
             }
-            Format::Q5_0 | Format::Q5_1 => {
+            Format::Q5_0 => {
+                type $L = formats::Nib5DirectD;
+                $body
+            }
+            Format::Q5_1 => {
                 type $L = formats::Nib5Direct;
                 $body
             }

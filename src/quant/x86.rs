@@ -66,7 +66,7 @@ unsafe fn rows_avx512<L: Layout, const C: usize>(job: &TileJob, i0: usize, prefe
         let p = blk.as_ptr();
         let hd = _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()));
         let he = match L::SCALES {
-            Scales::DirectD => _mm512_mul_ps(hd, _mm512_set1_ps(-128.0)),
+            Scales::DirectD => _mm512_mul_ps(hd, _mm512_set1_ps(-L::BITS.midpoint())),
             _ => _mm512_cvtph_ps(_mm256_loadu_si256(p.add(2 * TILE).cast())),
         };
         for j in 0..L::SUBS {
@@ -226,7 +226,7 @@ unsafe fn rows_avx2<L: Layout, const C: usize>(job: &TileJob, i0: usize, prefetc
             let p = blk.as_ptr();
             let hd = _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * h).cast()));
             let he = match L::SCALES {
-                Scales::DirectD => _mm256_mul_ps(hd, _mm256_set1_ps(-128.0)),
+                Scales::DirectD => _mm256_mul_ps(hd, _mm256_set1_ps(-L::BITS.midpoint())),
                 _ => _mm256_cvtph_ps(_mm_loadu_si128(p.add(2 * TILE + 16 * h).cast())),
             };
             for j in 0..L::SUBS {

@@ -61,6 +61,81 @@ pub fn greedy_batch(engine: &mut Engine, requests: Vec<(Vec<u32>, usize)>) -> Ve
         .collect()
 }
 
+/// Teacher-forced logits: every sequence `(prompt_len, tokens)` runs through
+/// one shared batch per step; step 0 prefills its prompt and each later step
+/// feeds its next given token. Returns, per sequence, the logits row of each
+/// step (predicting `tokens[prompt_len + step]`).
+pub fn teacher_forced_logits(
+    model: &dyn wick::models::Model,
+    seqs: &[(usize, Vec<u32>)],
+    kv_dtype: wick::kv_cache::KvDtype,
+    force_tensor_kv: bool,
+) -> Vec<Vec<Vec<f32>>> {
+    use wick::block_manager::BlockManager;
+    use wick::kv_cache::{KvCache, KvLayout};
+    use wick::models::{FlatBatch, LogitRows};
+
+    let info = model.info().clone();
+    let block_size = 16;
+    let num_blocks: usize = seqs.iter().map(|(_, t)| t.len().div_ceil(block_size)).sum();
+    let layout = KvLayout {
+        num_layers: info.num_layers,
+        num_kv_heads: info.num_kv_heads,
+        head_dim: info.head_dim,
+        block_size,
+        num_blocks,
+        dtype: kv_dtype,
+    };
+    let mut cache = KvCache::new(layout, model.device(), force_tensor_kv).unwrap();
+    let mut blocks = BlockManager::new(num_blocks, block_size);
+    let tables: Vec<Vec<u32>> = seqs
+        .iter()
+        .map(|(_, toks)| {
+            let mut t = Vec::new();
+            assert!(blocks.grow(&mut t, toks.len()));
+            t
+        })
+        .collect();
+    let steps = seqs.iter().map(|(p, t)| t.len() - p).max().unwrap_or(0);
+    let mut out = vec![Vec::new(); seqs.len()];
+    for step in 0..steps {
+        let mut batch = FlatBatch::default();
+        let mut active = Vec::new();
+        for (i, (prompt_len, toks)) in seqs.iter().enumerate() {
+            if prompt_len + step >= toks.len() {
+                continue;
+            }
+            let from = if step == 0 { 0 } else { prompt_len + step - 1 };
+            batch.push(
+                toks,
+                from..prompt_len + step,
+                tables[i].clone(),
+                LogitRows::Last,
+            );
+            active.push(i);
+        }
+        let logits = model
+            .forward(&batch, &mut cache)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
+        for (row, &i) in logits.into_iter().zip(&active) {
+            out[i].push(row);
+        }
+    }
+    out
+}
+
+pub fn argmax(xs: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in xs.iter().enumerate() {
+        if x > xs[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
 /// llama.cpp's outputs on the default model (see tests/fixtures/README.md).
 pub fn reference_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama-cpp")

@@ -1,0 +1,114 @@
+"""Writes a random-weight GGUF of Llama-3.2-1B's shape, for benchmarks at a
+realistic size: hidden 2048, 16 layers, 32 heads over 8 KV heads, FFN 8192,
+with the default model's tokenizer (vocabulary 49152) and chat template.
+
+    pip install gguf==0.17.1 numpy
+    python3 scripts/make_random_gguf.py --tokenizer-from SmolLM2-135M-Instruct.Q4_1.gguf \
+        --out /tmp/llama1b-F16.gguf [--llama-quantize PATH --types Q4_K_M,Q4_0]
+
+The weights are N(0, 0.02) in f16 (norms are 1), so the model says nothing
+useful; only its shape and block types matter. With --llama-quantize each
+type is written beside the f16 file as llama.cpp's own llama-quantize makes
+it (e.g. /tmp/llama1b-Q4_K_M.gguf).
+"""
+
+import argparse
+import os
+import subprocess
+
+import gguf
+import numpy as np
+
+HIDDEN, LAYERS, HEADS, KV_HEADS, FFN = 2048, 16, 32, 8, 8192
+HEAD_DIM = HIDDEN // HEADS
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokenizer-from", required=True, help="a GGUF whose tokenizer.* keys are copied")
+    ap.add_argument("--out", required=True, help="the f16 GGUF to write")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--llama-quantize", help="llama.cpp's llama-quantize, to make --types")
+    ap.add_argument("--types", default="Q4_K_M,Q4_0")
+    args = ap.parse_args()
+
+    src = gguf.GGUFReader(args.tokenizer_from)
+    vocab = len(src.fields["tokenizer.ggml.tokens"].data)
+    w = gguf.GGUFWriter(args.out, "llama")
+    w.add_name("random-llama-1b")
+    w.add_context_length(8192)
+    w.add_embedding_length(HIDDEN)
+    w.add_block_count(LAYERS)
+    w.add_feed_forward_length(FFN)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV_HEADS)
+    w.add_rope_dimension_count(HEAD_DIM)
+    w.add_rope_freq_base(500000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(vocab)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    for name, field in src.fields.items():
+        if name.startswith("tokenizer."):
+            copy_field(w, name, field)
+
+    rng = np.random.default_rng(args.seed)
+
+    def rand(*shape):
+        return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16)
+
+    ones = np.ones(HIDDEN, dtype=np.float32)
+    w.add_tensor("token_embd.weight", rand(vocab, HIDDEN))
+    for i in range(LAYERS):
+        p = f"blk.{i}"
+        w.add_tensor(f"{p}.attn_norm.weight", ones)
+        w.add_tensor(f"{p}.attn_q.weight", rand(HIDDEN, HIDDEN))
+        w.add_tensor(f"{p}.attn_k.weight", rand(KV_HEADS * HEAD_DIM, HIDDEN))
+        w.add_tensor(f"{p}.attn_v.weight", rand(KV_HEADS * HEAD_DIM, HIDDEN))
+        w.add_tensor(f"{p}.attn_output.weight", rand(HIDDEN, HIDDEN))
+        w.add_tensor(f"{p}.ffn_norm.weight", ones)
+        w.add_tensor(f"{p}.ffn_gate.weight", rand(FFN, HIDDEN))
+        w.add_tensor(f"{p}.ffn_up.weight", rand(FFN, HIDDEN))
+        w.add_tensor(f"{p}.ffn_down.weight", rand(HIDDEN, FFN))
+    w.add_tensor("output_norm.weight", ones)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file(progress=False)
+    w.close()
+    print(f"wrote {args.out}")
+
+    if args.llama_quantize:
+        env = dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(args.llama_quantize))
+        for t in args.types.split(","):
+            out = args.out.replace("F16", t) if "F16" in args.out else f"{args.out}.{t}.gguf"
+            done = subprocess.run([args.llama_quantize, args.out, out, t], env=env, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise SystemExit(f"llama-quantize {t} failed:\n{done.stderr}")
+            print(f"wrote {out}")
+
+
+def copy_field(w: "gguf.GGUFWriter", name: str, field) -> None:
+    """Copies one metadata key with its type (strings, numbers, arrays)."""
+    kind = field.types[0]
+    if kind == gguf.GGUFValueType.ARRAY:
+        item = field.types[1]
+        values = [field.parts[i] for i in field.data]
+        if item == gguf.GGUFValueType.STRING:
+            w.add_array(name, [bytes(v).decode("utf-8", errors="surrogateescape") for v in values])
+        else:
+            w.add_array(name, [v.tolist()[0] for v in values])
+        return
+    value = field.parts[field.data[0]]
+    if kind == gguf.GGUFValueType.STRING:
+        w.add_string(name, bytes(value).decode("utf-8"))
+    elif kind == gguf.GGUFValueType.BOOL:
+        w.add_bool(name, bool(value[0]))
+    elif kind in (gguf.GGUFValueType.UINT32, gguf.GGUFValueType.UINT64, gguf.GGUFValueType.INT32):
+        w.add_uint32(name, int(value[0]))
+    elif kind == gguf.GGUFValueType.FLOAT32:
+        w.add_float32(name, float(value[0]))
+    else:
+        raise SystemExit(f"{name}: metadata type {kind} not copied")
+
+
+if __name__ == "__main__":
+    main()
