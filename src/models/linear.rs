@@ -3,6 +3,7 @@
 //! matmul, or dense f32/bf16 weights through candle's gemm.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Module, Result, Shape, Tensor};
@@ -46,7 +47,8 @@ pub struct Linear {
 }
 
 enum Weights {
-    Wick(QuantMatrix),
+    /// Shared with a tied embedding table when the head is tied.
+    Wick(Arc<QuantMatrix>),
     Candle(QMatMul),
     /// `[out, in]`, in the dtype the product runs in.
     Dense(Tensor),
@@ -84,6 +86,14 @@ impl Linear {
         })
     }
 
+    /// Multiplies by matrix tiles already held (a tied embedding table's).
+    pub fn shared(m: Arc<QuantMatrix>) -> Self {
+        Linear {
+            weights: Weights::Wick(m),
+            bias: None,
+        }
+    }
+
     /// Adds `bias` (`[out]`) to every output row.
     pub fn with_bias(self, bias: Tensor) -> Result<Self> {
         Ok(Linear {
@@ -100,7 +110,7 @@ impl Linear {
             if !device.is_cpu() {
                 return Ok(None);
             }
-            Ok(QuantMatrix::from_qtensor(w)?.map(Weights::Wick))
+            Ok(QuantMatrix::from_qtensor(w)?.map(|m| Weights::Wick(Arc::new(m))))
         };
         let weights = match format {
             WeightFormat::F32 => dense(DType::F32)?,
@@ -134,7 +144,7 @@ impl Linear {
             WeightFormat::Q8_0 if w.device().is_cpu() => {
                 let (n, k) = w.dims2()?;
                 let values = w.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-                Weights::Wick(QuantMatrix::quantize_q8_0(&values, n, k)?)
+                Weights::Wick(Arc::new(QuantMatrix::quantize_q8_0(&values, n, k)?))
             }
             WeightFormat::Q8_0 => {
                 let q = QTensor::quantize(&w.to_dtype(DType::F32)?, GgmlDType::Q8_0)?;

@@ -11,6 +11,7 @@ use candle_nn::VarBuilder;
 use serde::Deserialize;
 
 use super::elementwise;
+use super::embedding::Embedding;
 use super::linear::{Linear, WeightFormat};
 use super::rope::Rope;
 use super::{FlatBatch, Model, ModelInfo};
@@ -284,7 +285,7 @@ pub struct Llama {
     config: Config,
     info: ModelInfo,
     device: Device,
-    embed: Tensor,
+    embed: Embedding,
     blocks: Vec<Block>,
     norm: Tensor,
     lm_head: Linear,
@@ -325,7 +326,7 @@ impl Llama {
             config.rope_freq_factors = Some(factors);
         }
         let embed_q = qt("token_embd.weight")?;
-        let embed = embed_q.dequantize(device)?;
+        let embed = Embedding::new(&embed_q, format, device)?;
         let mut blocks = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
             let p = format!("blk.{i}");
@@ -363,11 +364,14 @@ impl Llama {
         }
         let norm = qt("output_norm.weight")?.dequantize(device)?;
         // Tied embeddings when the file has no separate output matrix.
-        let lm_head = match content.tensor_infos.contains_key("output.weight") {
-            true => qt("output.weight")?,
-            false => embed_q,
+        let lm_head = match (
+            content.tensor_infos.contains_key("output.weight"),
+            embed.shared(),
+        ) {
+            (true, _) => Linear::new(qt("output.weight")?, format, device)?,
+            (false, Some(table)) => Linear::shared(table),
+            (false, None) => Linear::new(embed_q, format, device)?,
         };
-        let lm_head = Linear::new(lm_head, format, device)?;
         Ok(Self::assemble(
             config,
             embed,
@@ -423,7 +427,7 @@ impl Llama {
                 down: linear(&format!("{p}.mlp"), &["down_proj"])?,
             });
         }
-        let embed = f32_tensor("model.embed_tokens.weight")?;
+        let embed = Embedding::Dense(f32_tensor("model.embed_tokens.weight")?);
         let head = match tied {
             true => "model.embed_tokens.weight",
             false => "lm_head.weight",
@@ -438,7 +442,7 @@ impl Llama {
 
     fn assemble(
         config: Config,
-        embed: Tensor,
+        embed: Embedding,
         blocks: Vec<Block>,
         norm: Tensor,
         lm_head: Linear,
@@ -495,8 +499,7 @@ impl Model for Llama {
             head_dim: hd,
             block_size: cache.layout().block_size,
         };
-        let tokens = Tensor::new(batch.tokens.as_slice(), &self.device)?;
-        let mut x = self.embed.index_select(&tokens, 0)?;
+        let mut x = self.embed.forward(&batch.tokens, &self.device)?;
         for (i, b) in self.blocks.iter().enumerate() {
             let h = candle_nn::ops::rms_norm(&x, &b.attn_norm, c.rms_norm_eps as f32)?;
             let qkv = self

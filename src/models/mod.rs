@@ -3,6 +3,7 @@
 //! KV pool, and gets back the logits of the rows that asked for them.
 
 pub mod elementwise;
+pub mod embedding;
 pub mod gpt2;
 pub mod linear;
 pub mod llama;
