@@ -127,12 +127,24 @@ pub fn load(path: &Path, options: &LoadOptions, device: &Device) -> anyhow::Resu
         true => load_hf(path, options, device)?,
         false => load_gguf(path, options.weights, device)?,
     };
+    release_freed_memory();
     if let Some(file) = &options.chat_template {
         let text = std::fs::read_to_string(file)
             .with_context(|| format!("reading chat template {}", file.display()))?;
         loaded.chat_template = Some(hf_dir::template_for(&loaded.tokenizer, text)?);
     }
     Ok(loaded)
+}
+
+/// Reading and repacking the weights frees about as much memory as the
+/// model holds; `wick` tunes the allocator to keep freed memory for the
+/// next step's buffers, which would keep those pages resident for good.
+fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free heap memory to the kernel.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 fn load_hf(dir: &Path, options: &LoadOptions, device: &Device) -> anyhow::Result<LoadedModel> {
