@@ -41,16 +41,33 @@ struct Case {
     top2_gap: Vec<f32>,
 }
 
+/// The default model and its fixture; `WICK_PARITY_MODEL` and
+/// `WICK_PARITY_REFERENCE` check another GGUF against a reference made by
+/// `scripts/llama_greedy_reference.py` from llama-server on that file.
 #[test]
 fn greedy_choices_match_llama_cpp_within_quantization_noise() {
-    let text = std::fs::read_to_string(common::reference_dir().join("greedy.jsonl"))
-        .expect("reference file");
+    let (model, reference) = match (
+        std::env::var_os("WICK_PARITY_MODEL"),
+        std::env::var_os("WICK_PARITY_REFERENCE"),
+    ) {
+        (Some(m), Some(r)) => (m.into(), r.into()),
+        _ => (
+            common::model_path(),
+            common::reference_dir().join("greedy.jsonl"),
+        ),
+    };
+    let text = std::fs::read_to_string(&reference).expect("reference file");
     let cases: Vec<Case> = text
         .lines()
         .map(|l| serde_json::from_str(l).expect("json line"))
         .collect();
     assert_eq!(cases.len(), 8);
-    let loaded = common::load_default(WeightFormat::Native);
+    let loaded = wick::loader::load(
+        &model,
+        &WeightFormat::Native.into(),
+        &candle_core::Device::Cpu,
+    )
+    .expect("loading the model");
     // Both storages, and the CPU pool's int8 format (llama.cpp's reference
     // ran with f16 K/V, so int8 must keep within the same bounds).
     for (force_tensor_kv, dtype) in [
