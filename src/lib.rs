@@ -14,6 +14,7 @@ pub mod engine;
 pub mod error;
 pub mod export_hf;
 pub mod generate;
+pub mod gguf_header;
 pub mod hf_dir;
 pub mod hub;
 pub mod kv_cache;

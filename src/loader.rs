@@ -98,9 +98,20 @@ fn open_gguf(path: &Path) -> anyhow::Result<(gguf_file::Content, BufReader<File>
     let file =
         File::open(path).with_context(|| format!("cannot open model file {}", path.display()))?;
     let mut reader = BufReader::new(file);
-    let content = gguf_file::Content::read(&mut reader)
-        .with_context(|| format!("{} is not a readable GGUF file", path.display()))?;
-    Ok((content, reader))
+    match gguf_file::Content::read(&mut reader) {
+        Ok(content) => Ok((content, reader)),
+        Err(e) => {
+            // candle names neither the tensor nor the type it cannot read.
+            let named = File::open(path)
+                .ok()
+                .and_then(|f| crate::gguf_header::unreadable_tensor(&mut BufReader::new(f)));
+            match named {
+                Some(why) => bail!("{}: {why}", path.display()),
+                None => Err(anyhow::Error::new(e)
+                    .context(format!("{} is not a readable GGUF file", path.display()))),
+            }
+        }
+    }
 }
 
 /// A GGUF file whose architecture wick runs.
