@@ -6,18 +6,16 @@
 //! is Python's `json.dumps`). The environment here mirrors that so templates
 //! render byte for byte as they do there.
 
-use anyhow::{Context, Result};
+mod message;
+
+use anyhow::Context;
 use minijinja::value::Kwargs;
 use minijinja::{Environment, Error, ErrorKind, Value};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
+
+pub use message::{ChatMessage, FunctionCall, Message, ToolCall};
 
 const TEMPLATE_NAME: &str = "chat";
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ChatMessage {
-    pub role: String,
-    pub content: String,
-}
 
 #[derive(Clone, Debug)]
 pub struct ChatTemplate {
@@ -26,10 +24,22 @@ pub struct ChatTemplate {
     eos_token: String,
 }
 
+/// Why a conversation could not be rendered.
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    /// The template refused the conversation with `raise_exception(message)`
+    /// (e.g. roles out of order): the message is the template's own.
+    #[error("{0}")]
+    Rejected(String),
+    /// The template failed on this conversation in some other way.
+    #[error("rendering chat template: {0}")]
+    Failed(Error),
+}
+
 impl ChatTemplate {
     /// Compiles `template`; `bos_token`/`eos_token` are the texts exposed to
     /// it as `bos_token`/`eos_token`, as transformers does.
-    pub fn new(template: String, bos_token: String, eos_token: String) -> Result<Self> {
+    pub fn new(template: String, bos_token: String, eos_token: String) -> anyhow::Result<Self> {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
@@ -45,26 +55,57 @@ impl ChatTemplate {
         })
     }
 
-    /// Renders the conversation; `add_generation_prompt` appends the header
-    /// that opens the assistant's turn.
-    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
-        let template = self.env.get_template(TEMPLATE_NAME)?;
+    /// Renders a plain text conversation; `add_generation_prompt` appends
+    /// the header that opens the assistant's turn.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, RenderError> {
+        let messages: Vec<Message> = messages.iter().map(Message::from).collect();
+        self.render_with_tools(&messages, None, add_generation_prompt)
+    }
+
+    /// Renders a conversation that may carry tool calls and results, with
+    /// the tool definitions (a list of OpenAI function tools) the template
+    /// shows the model, if any.
+    pub fn render_with_tools(
+        &self,
+        messages: &[Message],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, RenderError> {
+        let template = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(RenderError::Failed)?;
+        // transformers passes `tools` and `documents` as None when absent:
+        // defined, so `tools is defined` holds and `tools is not none` decides.
         let ctx = minijinja::context! {
             messages => messages,
+            tools => tools,
+            documents => (),
             add_generation_prompt => add_generation_prompt,
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
         };
-        template
-            .render(ctx)
-            .map_err(|e| anyhow::anyhow!("rendering chat template: {e:#}"))
+        template.render(ctx).map_err(|e| {
+            match std::error::Error::source(&e).and_then(|s| s.downcast_ref::<Raised>()) {
+                Some(Raised(message)) => RenderError::Rejected(message.clone()),
+                None => RenderError::Failed(e),
+            }
+        })
     }
 }
 
-/// Templates call this to reject conversations they cannot format (e.g.
-/// roles out of order); the message reaches the caller as the render error.
+/// The message of a `raise_exception` call, carried as the render error's
+/// source so it can be told from the template's other failures.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Raised(String);
+
 fn raise_exception(message: String) -> Result<Value, Error> {
-    Err(Error::new(ErrorKind::InvalidOperation, message))
+    Err(Error::new(ErrorKind::InvalidOperation, message.clone()).with_source(Raised(message)))
 }
 
 /// Python `json.dumps` output (what transformers' `tojson` produces): `", "`
