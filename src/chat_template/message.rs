@@ -1,0 +1,61 @@
+//! The conversation a chat template renders.
+
+use serde::{Deserialize, Serialize};
+
+/// A plain text turn.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+/// A turn as chat templates expect it, tool calls and tool results included:
+/// OpenAI's message shape. Fields that are `None` are absent from what the
+/// template sees (not `none`), as transformers drops them: templates test
+/// `'tool_calls' in message` or `message.content is defined`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    pub role: String,
+    /// Absent on an assistant turn that only calls tools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    /// The calls an assistant turn made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
+    /// On a `tool` turn, the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// On a `tool` turn, the function that answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Always `"function"` in OpenAI's API.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionCall,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FunctionCall {
+    pub name: String,
+    /// An object for most templates (they `tojson` it); OpenAI's wire format
+    /// sends it as a JSON string, which templates then quote as a string.
+    pub arguments: serde_json::Value,
+}
+
+impl From<&ChatMessage> for Message {
+    fn from(m: &ChatMessage) -> Self {
+        Message {
+            role: m.role.clone(),
+            content: Some(m.content.clone()),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
+        }
+    }
+}

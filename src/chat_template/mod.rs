@@ -1,0 +1,137 @@
+//! Chat prompts from a model's Jinja chat template.
+//!
+//! Templates are written for Hugging Face transformers' `apply_chat_template`,
+//! which renders them with Python Jinja2 in a sandbox with `trim_blocks`,
+//! `lstrip_blocks` and loop controls, and adds `raise_exception`,
+//! `strftime_now` and its own `tojson`. The environment here mirrors that,
+//! with Python's string and dict methods (minijinja-contrib's pycompat) and
+//! Python's way of printing values, so templates render byte for byte as
+//! they do there (checked in `tests/chat_templates.rs` against Jinja2).
+
+mod clock;
+mod message;
+mod pyjson;
+mod pystr;
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use chrono::NaiveDateTime;
+use minijinja::{Environment, Error, ErrorKind, Value};
+
+pub use message::{ChatMessage, FunctionCall, Message, ToolCall};
+
+const TEMPLATE_NAME: &str = "chat";
+
+#[derive(Clone, Debug)]
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+}
+
+/// Why a conversation could not be rendered.
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    /// The template refused the conversation with `raise_exception(message)`
+    /// (e.g. roles out of order): the message is the template's own.
+    #[error("{0}")]
+    Rejected(String),
+    /// The template failed on this conversation in some other way.
+    #[error("rendering chat template: {0}")]
+    Failed(Error),
+}
+
+impl ChatTemplate {
+    /// Compiles `template`; `bos_token`/`eos_token` are the texts exposed to
+    /// it as `bos_token`/`eos_token`, as transformers does.
+    pub fn new(template: String, bos_token: String, eos_token: String) -> anyhow::Result<Self> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_formatter(|out, _state, value| {
+            out.write_str(&pystr::py_str(value)).map_err(Error::from)
+        });
+        env.add_filter("string", |value: Value| pystr::py_str(&value));
+        env.add_filter("tojson", pyjson::tojson);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", clock::strftime_now(clock::local_clock()));
+        env.add_template_owned(TEMPLATE_NAME, template)
+            .context("invalid chat template")?;
+        Ok(ChatTemplate {
+            env,
+            bos_token,
+            eos_token,
+        })
+    }
+
+    /// Makes `strftime_now` read `now` instead of the local clock.
+    pub fn with_clock(mut self, now: impl Fn() -> NaiveDateTime + Send + Sync + 'static) -> Self {
+        self.env
+            .add_function("strftime_now", clock::strftime_now(Arc::new(now)));
+        self
+    }
+
+    /// Renders a plain text conversation; `add_generation_prompt` appends
+    /// the header that opens the assistant's turn.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, RenderError> {
+        let messages: Vec<Message> = messages.iter().map(Message::from).collect();
+        self.render_with_tools(&messages, None, add_generation_prompt)
+    }
+
+    /// Renders a conversation that may carry tool calls and results, with
+    /// the tool definitions (a list of OpenAI function tools) the template
+    /// shows the model, if any.
+    pub fn render_with_tools(
+        &self,
+        messages: &[Message],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, RenderError> {
+        let template = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(RenderError::Failed)?;
+        // transformers passes `tools` and `documents` as None when absent:
+        // defined, so `tools is defined` holds and `tools is not none` decides.
+        let ctx = minijinja::context! {
+            messages => messages,
+            tools => tools,
+            documents => (),
+            add_generation_prompt => add_generation_prompt,
+            bos_token => &self.bos_token,
+            eos_token => &self.eos_token,
+        };
+        template.render(ctx).map_err(|e| {
+            match std::error::Error::source(&e).and_then(|s| s.downcast_ref::<Raised>()) {
+                Some(Raised(message)) => RenderError::Rejected(message.clone()),
+                None => RenderError::Failed(e),
+            }
+        })
+    }
+}
+
+/// The message of a `raise_exception` call, carried as the render error's
+/// source so it can be told from the template's other failures.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Raised(String);
+
+fn raise_exception(message: String) -> Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, message.clone()).with_source(Raised(message)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_template_is_an_error() {
+        assert!(ChatTemplate::new("{% for %}".into(), String::new(), String::new()).is_err());
+    }
+}
