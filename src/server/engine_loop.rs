@@ -214,10 +214,11 @@ impl Loop {
     /// blocks before the next step; the handler counted it when it let go.
     fn step(&mut self) {
         let events = self.engine.step();
-        // Counted before anyone can see the tokens, so a client that reads
-        // /metrics after its answer finds them there.
+        // Counted, and the gauges set, before anyone can see the tokens, so
+        // a client that reads /metrics after its answer finds them there.
         let generated = events.iter().filter(|ev| ev.token.is_some()).count();
         self.metrics.add_generation_tokens(generated as u64);
+        self.publish_stats();
         let mut gone = Vec::new();
         for ev in events {
             let finished = ev.finish.is_some();
@@ -229,10 +230,13 @@ impl Loop {
                 gone.push(id);
             }
         }
-        for id in gone {
-            self.abort(id);
+        // Aborts free blocks: the gauges follow.
+        if !gone.is_empty() {
+            for id in gone {
+                self.abort(id);
+            }
+            self.publish_stats();
         }
-        self.publish_stats();
     }
 
     /// The gauges follow every change: a step, and also an add or abort
