@@ -53,6 +53,19 @@ pub struct EngineArgs {
     /// bandwidth, which speeds up decoding many streams.
     #[arg(long, value_enum, env = "WICK_KV_CACHE_DTYPE")]
     pub kv_cache_dtype: Option<KvDtype>,
+    /// Compute every prompt in full instead of reusing the cached K/V of a
+    /// prefix seen before (automatic prefix caching is on by default).
+    /// Also `--no-prefix-caching=false` (how a config file states it).
+    #[arg(
+        long,
+        env = "WICK_NO_PREFIX_CACHING",
+        num_args = 0..=1,
+        require_equals = true,
+        default_value_t = false,
+        default_missing_value = "true",
+        value_parser = clap::builder::BoolishValueParser::new(),
+    )]
+    pub no_prefix_caching: bool,
 }
 
 impl EngineArgs {
@@ -64,6 +77,7 @@ impl EngineArgs {
             max_num_batched_tokens: self.max_num_batched_tokens,
             kv_dtype: self.kv_cache_dtype,
             force_tensor_kv: false,
+            prefix_caching: !self.no_prefix_caching,
         }
     }
 }

@@ -15,8 +15,8 @@ use crate::models::Model;
 use crate::request_rules;
 use crate::sampler::{score_token, SampledToken};
 use crate::sampling_params::SamplingParams;
-use crate::scheduler::{Scheduler, SchedulerConfig};
-use crate::sequence::{FinishReason, SeqId, Sequence};
+use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
+use crate::sequence::{SeqId, Sequence, StepEvent};
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -31,6 +31,9 @@ pub struct EngineConfig {
     /// Use the candle-tensor KV pool and attention even on the CPU (tests the
     /// path other devices take).
     pub force_tensor_kv: bool,
+    /// Reuse cached K/V of prompt prefixes seen before (vLLM's automatic
+    /// prefix caching).
+    pub prefix_caching: bool,
 }
 
 impl Default for EngineConfig {
@@ -42,33 +45,13 @@ impl Default for EngineConfig {
             max_num_batched_tokens: 512,
             kv_dtype: None,
             force_tensor_kv: false,
+            prefix_caching: true,
         }
     }
 }
 
-/// What happened to one sequence in a step. A token that comes with
-/// `finish == Some(Stop)` is the stop token itself (EOS or a stop id): it is
-/// reported for the record but is not part of the visible text.
-#[derive(Debug, Clone)]
-pub struct StepEvent {
-    pub seq: SeqId,
-    pub token: Option<SampledToken>,
-    pub finish: Option<FinishReason>,
-    /// With the first token, when `prompt_logprobs` was asked for: the
-    /// scores of prompt tokens `1..` (token 0 has nothing to be scored on).
-    pub prompt_logprobs: Vec<SampledToken>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EngineStats {
-    pub running: usize,
-    pub waiting: usize,
-    /// Waiting beyond the free sequence slots ([`Scheduler::num_queued`]).
-    pub queued: usize,
-    pub blocks_used: usize,
-    pub blocks_total: usize,
-    pub preemptions: u64,
-}
+/// The scheduler's state, as the metrics report it.
+pub type EngineStats = SchedulerStats;
 
 pub struct Engine {
     runner: ModelRunner,
@@ -103,7 +86,7 @@ impl Engine {
                 max_num_seqs: cfg.max_num_seqs,
                 max_num_batched_tokens: cfg.max_num_batched_tokens,
             },
-            BlockManager::new(layout.num_blocks, cfg.block_size),
+            BlockManager::new(layout.num_blocks, cfg.block_size).with_caching(cfg.prefix_caching),
         );
         Ok(Engine {
             runner: ModelRunner::new(model, cache),
@@ -126,23 +109,22 @@ impl Engine {
         let id = self.next_id;
         let seq = Sequence::new(id, prompt, params, info.max_context, &self.eos_ids);
         if !self.scheduler.fits(&seq) {
-            let bs = self.scheduler.blocks.block_size();
+            let (bs, blocks) = (self.scheduler.block_size(), self.scheduler.num_blocks());
             return Err(WickError::KvCacheTooSmall(format!(
-                "the request needs up to {} tokens of KV cache but the pool holds {} ({} blocks of {bs}); raise --kv-cache-memory or lower max_tokens",
+                "the request needs up to {} tokens of KV cache but the pool holds {} ({blocks} blocks of {bs}); raise --kv-cache-memory or lower max_tokens",
                 seq.max_len,
-                self.scheduler.blocks.num_blocks() * bs,
-                self.scheduler.blocks.num_blocks()
+                blocks * bs,
             )));
         }
         self.next_id += 1;
-        self.scheduler.waiting.push_back(seq);
+        self.scheduler.add(seq);
         Ok(id)
     }
 
     /// Drops a request wherever it is and frees its blocks. False if unknown
     /// (already finished).
     pub fn abort(&mut self, id: SeqId) -> bool {
-        self.scheduler.remove(id).is_some()
+        self.scheduler.abort(id)
     }
 
     pub fn has_work(&self) -> bool {
@@ -150,22 +132,14 @@ impl Engine {
     }
 
     pub fn stats(&self) -> EngineStats {
-        let b = &self.scheduler.blocks;
-        EngineStats {
-            running: self.scheduler.running.len(),
-            waiting: self.scheduler.waiting.len(),
-            queued: self.scheduler.num_queued(),
-            blocks_used: b.num_used(),
-            blocks_total: b.num_blocks(),
-            preemptions: self.scheduler.num_preemptions,
-        }
+        self.scheduler.stats()
     }
 
     /// One continuous-batching step: schedule, run one forward over the flat
-    /// batch, sample, and retire finished sequences.
+    /// batch, sample, and let the scheduler append, finish and free.
     pub fn step(&mut self) -> Vec<StepEvent> {
         self.scheduler.schedule();
-        let batch = ModelRunner::build_batch(self.scheduler.running.iter());
+        let batch = ModelRunner::build_batch(self.scheduler.scheduled());
         if batch.tokens.is_empty() {
             return Vec::new();
         }
@@ -175,18 +149,18 @@ impl Engine {
         let result = rayon::scope(|_| catch_unwind(AssertUnwindSafe(|| runner.run(&batch))));
         let logits = match result {
             Ok(Ok(logits)) => logits,
-            Ok(Err(e)) => return self.fail_scheduled(e.to_string()),
+            Ok(Err(e)) => return self.fail_scheduled(&e.to_string()),
             Err(panic) => {
                 let msg = panic
                     .downcast_ref::<String>()
                     .cloned()
                     .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
                     .unwrap_or_else(|| "unknown panic".to_string());
-                return self.fail_scheduled(format!("model step panicked: {msg}"));
+                return self.fail_scheduled(&format!("model step panicked: {msg}"));
             }
         };
         let sampled = rayon::scope(|_| self.sample(logits));
-        self.retire(sampled)
+        self.scheduler.postprocess(sampled, &self.eos_ids)
     }
 
     /// Advances the cache cursors, scores prompt tokens where asked, and
@@ -196,7 +170,7 @@ impl Engine {
     fn sample(&mut self, logits: Vec<Vec<f32>>) -> Vec<(SeqId, SampledToken)> {
         let mut rows = logits.into_iter();
         let mut targets: Vec<(&mut Sequence, Vec<f32>)> = Vec::new();
-        for seq in self.scheduler.running.iter_mut().filter(|s| s.chunk > 0) {
+        for seq in self.scheduler.scheduled_mut() {
             let wanted = seq.logit_rows();
             let mut mine: Vec<Vec<f32>> = match wanted {
                 LogitRows::None => Vec::new(),
@@ -230,69 +204,10 @@ impl Engine {
             .collect()
     }
 
-    fn retire(&mut self, sampled: Vec<(SeqId, SampledToken)>) -> Vec<StepEvent> {
-        let mut events = Vec::with_capacity(sampled.len());
-        let mut sampled = sampled.into_iter().peekable();
-        let mut i = 0;
-        while i < self.scheduler.running.len() {
-            let seq = &mut self.scheduler.running[i];
-            let Some((_, token)) = sampled.next_if(|(id, _)| *id == seq.id) else {
-                i += 1;
-                continue;
-            };
-            seq.tokens.push(token.id);
-            let finish = self.finish_reason(&self.scheduler.running[i], token.id);
-            let seq = &mut self.scheduler.running[i];
-            events.push(StepEvent {
-                seq: seq.id,
-                token: Some(token),
-                finish: finish.clone(),
-                prompt_logprobs: std::mem::take(&mut seq.prompt_logprobs),
-            });
-            if finish.is_some() {
-                let mut seq = self.scheduler.running.remove(i);
-                self.scheduler.blocks.release(&mut seq.block_table);
-            } else {
-                i += 1;
-            }
-        }
-        events
-    }
-
-    fn finish_reason(&self, seq: &Sequence, token: u32) -> Option<FinishReason> {
-        let p = &seq.params;
-        let may_stop = seq.output().len() > p.min_tokens;
-        let is_eos = !p.ignore_eos && self.eos_ids.contains(&token);
-        if may_stop && (is_eos || p.stop_token_ids.contains(&token)) {
-            Some(FinishReason::Stop)
-        } else if seq.len() >= seq.max_len {
-            Some(FinishReason::Length)
-        } else {
-            None
-        }
-    }
-
     /// A failed forward fails exactly the sequences that were in it.
-    fn fail_scheduled(&mut self, msg: String) -> Vec<StepEvent> {
+    fn fail_scheduled(&mut self, msg: &str) -> Vec<StepEvent> {
         tracing::error!("engine step failed: {msg}");
-        let ids: Vec<SeqId> = self
-            .scheduler
-            .running
-            .iter()
-            .filter(|s| s.chunk > 0)
-            .map(|s| s.id)
-            .collect();
-        ids.into_iter()
-            .map(|id| {
-                self.scheduler.remove(id);
-                StepEvent {
-                    seq: id,
-                    token: None,
-                    finish: Some(FinishReason::Error(msg.clone())),
-                    prompt_logprobs: Vec::new(),
-                }
-            })
-            .collect()
+        self.scheduler.fail_scheduled(msg)
     }
 }
 

@@ -8,9 +8,9 @@
 //! had already scheduled the next step) are ignored, so a choice finishes
 //! once and counts no token past its end.
 
-use crate::engine::StepEvent;
 use crate::sampler::SampledToken;
 use crate::sequence::FinishReason;
+use crate::sequence::StepEvent;
 use crate::text_stream::TextStream;
 use crate::tokenizer::Tokenizer;
 
@@ -157,6 +157,7 @@ mod tests {
             }),
             finish,
             prompt_logprobs: Vec::new(),
+            cached_prompt_tokens: None,
         }
     }
 

@@ -1,14 +1,23 @@
-//! Continuous-batching policy: which sequences run this step and with how
-//! many tokens. Running sequences go first (a decode token each, or the next
+//! Continuous-batching policy, and the one owner of every sequence's life:
+//! [`Scheduler::add`] queues it, [`Scheduler::schedule`] decides which
+//! sequences run this step and with how many tokens, and
+//! [`Scheduler::postprocess`] appends what was sampled, finishes sequences
+//! and frees their blocks. Blocks are given back in one place, [`release`].
+//!
+//! Each step running sequences go first (a decode token each, or the next
 //! chunk of a long prompt), then waiting ones are admitted while the token
-//! budget, the sequence cap and the KV pool allow. When the pool runs dry the
-//! most recently admitted sequence is preempted: its blocks are freed and it
-//! goes back to the head of the queue to be recomputed later.
+//! budget, the sequence cap and the KV pool allow. An admitted sequence
+//! first takes the longest run of its leading full blocks the prefix cache
+//! holds, and computes only the rest (at least its last token, whose logits
+//! it samples from). When the pool runs dry the most recently admitted
+//! sequence is preempted: its blocks are freed (their content stays cached
+//! while the pool allows) and it goes back to the head of the queue.
 
 use std::collections::VecDeque;
 
 use crate::block_manager::BlockManager;
-use crate::sequence::{SeqId, Sequence};
+use crate::sampler::SampledToken;
+use crate::sequence::{FinishReason, SeqId, Sequence, StepEvent};
 
 #[derive(Debug, Clone, Copy)]
 pub struct SchedulerConfig {
@@ -18,13 +27,29 @@ pub struct SchedulerConfig {
     pub max_num_batched_tokens: usize,
 }
 
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SchedulerStats {
+    pub running: usize,
+    pub waiting: usize,
+    /// Waiting beyond the free sequence slots ([`Scheduler::num_queued`]).
+    pub queued: usize,
+    pub blocks_used: usize,
+    pub blocks_total: usize,
+    pub preemptions: u64,
+    /// Prompt tokens looked up in the prefix cache, and found there.
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
+}
+
 pub struct Scheduler {
     cfg: SchedulerConfig,
-    pub blocks: BlockManager,
-    pub waiting: VecDeque<Sequence>,
+    blocks: BlockManager,
+    waiting: VecDeque<Sequence>,
     /// In admission order: the last one is the first to be preempted.
-    pub running: Vec<Sequence>,
-    pub num_preemptions: u64,
+    running: Vec<Sequence>,
+    num_preemptions: u64,
+    prefix_queries: u64,
+    prefix_hits: u64,
 }
 
 impl Scheduler {
@@ -35,13 +60,31 @@ impl Scheduler {
             waiting: VecDeque::new(),
             running: Vec::new(),
             num_preemptions: 0,
+            prefix_queries: 0,
+            prefix_hits: 0,
         }
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.blocks.block_size()
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.blocks.num_blocks()
     }
 
     /// Whether a sequence could ever run: its longest possible length fits
     /// the whole pool (so alone it can never be preempted).
     pub fn fits(&self, seq: &Sequence) -> bool {
         self.blocks.blocks_for(seq.max_len) <= self.blocks.num_blocks()
+    }
+
+    pub fn add(&mut self, seq: Sequence) {
+        self.waiting.push_back(seq);
+    }
+
+    pub fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
     }
 
     /// Waiting sequences beyond the free sequence slots: those the next
@@ -52,8 +95,26 @@ impl Scheduler {
         self.waiting.len().saturating_sub(free)
     }
 
-    pub fn has_work(&self) -> bool {
-        !self.waiting.is_empty() || !self.running.is_empty()
+    pub fn stats(&self) -> SchedulerStats {
+        SchedulerStats {
+            running: self.running.len(),
+            waiting: self.waiting.len(),
+            queued: self.num_queued(),
+            blocks_used: self.blocks.num_used(),
+            blocks_total: self.blocks.num_blocks(),
+            preemptions: self.num_preemptions,
+            prefix_queries: self.prefix_queries,
+            prefix_hits: self.prefix_hits,
+        }
+    }
+
+    /// The sequences this step runs (a non-zero `chunk`), in batch order.
+    pub fn scheduled(&self) -> impl Iterator<Item = &Sequence> {
+        self.running.iter().filter(|s| s.chunk > 0)
+    }
+
+    pub fn scheduled_mut(&mut self) -> impl Iterator<Item = &mut Sequence> {
+        self.running.iter_mut().filter(|s| s.chunk > 0)
     }
 
     /// Sets `chunk` on every running sequence for this step (0 = sits out),
@@ -76,6 +137,7 @@ impl Scheduler {
                     .grow(&mut seq.block_table, seq.num_cached + chunk)
                 {
                     seq.chunk = chunk;
+                    register_full_blocks(&mut self.blocks, seq);
                     budget -= chunk;
                     i += 1;
                     break;
@@ -99,14 +161,22 @@ impl Scheduler {
             let Some(seq) = self.waiting.front_mut() else {
                 break;
             };
+            let hit = match_prefix(&mut self.blocks, seq);
             let chunk = seq.pending().min(budget);
             if !self
                 .blocks
                 .grow(&mut seq.block_table, seq.num_cached + chunk)
             {
+                // Holding the matched blocks while waiting would pin them.
+                release(&mut self.blocks, seq);
                 break;
             }
+            self.prefix_queries += hit.queried as u64;
+            self.prefix_hits += hit.found as u64;
+            seq.cached_prompt_tokens
+                .get_or_insert(hit.found.min(seq.prompt_len));
             seq.chunk = chunk;
+            register_full_blocks(&mut self.blocks, seq);
             budget -= chunk;
             let seq = self.waiting.pop_front().expect("front exists");
             self.running.push(seq);
@@ -115,25 +185,144 @@ impl Scheduler {
 
     fn preempt(&mut self, index: usize) -> SeqId {
         let mut seq = self.running.remove(index);
-        self.blocks.release(&mut seq.block_table);
-        seq.num_cached = 0;
-        seq.chunk = 0;
+        release(&mut self.blocks, &mut seq);
         self.num_preemptions += 1;
         let id = seq.id;
         self.waiting.push_front(seq);
         id
     }
 
-    /// Removes a sequence wherever it is, freeing its blocks.
-    pub fn remove(&mut self, id: SeqId) -> Option<Sequence> {
-        let mut seq = if let Some(i) = self.running.iter().position(|s| s.id == id) {
-            self.running.remove(i)
+    /// Appends each sampled token to its sequence, and retires the ones it
+    /// finishes. `sampled` is in batch order.
+    pub fn postprocess(
+        &mut self,
+        sampled: Vec<(SeqId, SampledToken)>,
+        eos_ids: &[u32],
+    ) -> Vec<StepEvent> {
+        let mut events = Vec::with_capacity(sampled.len());
+        let mut sampled = sampled.into_iter().peekable();
+        let mut i = 0;
+        while i < self.running.len() {
+            let seq = &mut self.running[i];
+            let Some((_, token)) = sampled.next_if(|(id, _)| *id == seq.id) else {
+                i += 1;
+                continue;
+            };
+            let first = seq.output().is_empty();
+            seq.tokens.push(token.id);
+            let finish = seq.finish_reason(token.id, eos_ids);
+            events.push(StepEvent {
+                seq: seq.id,
+                token: Some(token),
+                finish: finish.clone(),
+                prompt_logprobs: std::mem::take(&mut seq.prompt_logprobs),
+                cached_prompt_tokens: if first {
+                    seq.cached_prompt_tokens
+                } else {
+                    None
+                },
+            });
+            if finish.is_some() {
+                let mut seq = self.running.remove(i);
+                release(&mut self.blocks, &mut seq);
+            } else {
+                i += 1;
+            }
+        }
+        events
+    }
+
+    /// Drops a sequence wherever it is and frees its blocks. False if
+    /// unknown (already finished).
+    pub fn abort(&mut self, id: SeqId) -> bool {
+        let seq = if let Some(i) = self.running.iter().position(|s| s.id == id) {
+            Some(self.running.remove(i))
         } else {
-            let i = self.waiting.iter().position(|s| s.id == id)?;
-            self.waiting.remove(i)?
+            let i = self.waiting.iter().position(|s| s.id == id);
+            i.and_then(|i| self.waiting.remove(i))
         };
-        self.blocks.release(&mut seq.block_table);
-        Some(seq)
+        match seq {
+            Some(mut seq) => {
+                release(&mut self.blocks, &mut seq);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A failed forward fails exactly the sequences that were in it. What
+    /// this step registered in the prefix cache was never computed, so the
+    /// cache is dropped.
+    pub fn fail_scheduled(&mut self, msg: &str) -> Vec<StepEvent> {
+        let ids: Vec<SeqId> = self.scheduled().map(|s| s.id).collect();
+        for &id in &ids {
+            self.abort(id);
+        }
+        self.blocks.forget_all();
+        ids.into_iter()
+            .map(|id| StepEvent::ended(id, FinishReason::Error(msg.to_string())))
+            .collect()
+    }
+}
+
+/// Gives back a sequence's blocks; its cache cursor and hashes reset.
+fn release(blocks: &mut BlockManager, seq: &mut Sequence) {
+    blocks.release(&mut seq.block_table);
+    seq.block_hashes.clear();
+    seq.num_cached = 0;
+    seq.chunk = 0;
+}
+
+/// Prompt tokens an admission looked up in the prefix cache, and found.
+struct PrefixHit {
+    queried: usize,
+    found: usize,
+}
+
+/// Shares the longest run of `seq`'s leading full blocks the cache holds
+/// and moves its cache cursor past them. At least the last token is left
+/// to compute, for the logits to sample from. Sequences that score their
+/// prompt need every prompt row, so they take nothing.
+fn match_prefix(blocks: &mut BlockManager, seq: &mut Sequence) -> PrefixHit {
+    let bs = blocks.block_size();
+    if !blocks.caching() || !seq.block_table.is_empty() || seq.params.prompt_logprobs.is_some() {
+        return PrefixHit {
+            queried: 0,
+            found: 0,
+        };
+    }
+    let usable = (seq.len() - 1) / bs;
+    let mut parent = None;
+    for i in 0..usable {
+        let tokens = &seq.tokens[i * bs..(i + 1) * bs];
+        let hash = blocks.hash(seq.block_hashes.last().copied(), tokens);
+        let Some(block) = blocks.lookup(hash, parent, tokens) else {
+            break;
+        };
+        blocks.share(block);
+        seq.block_table.push(block);
+        seq.block_hashes.push(hash);
+        parent = Some(block);
+    }
+    seq.num_cached = seq.block_table.len() * bs;
+    PrefixHit {
+        queried: seq.len(),
+        found: seq.num_cached,
+    }
+}
+
+/// Registers the blocks this step's chunk fills, so later sequences (and
+/// ones admitted after this in the same step: every K/V of a step is
+/// written before any is read) can share them.
+fn register_full_blocks(blocks: &mut BlockManager, seq: &mut Sequence) {
+    let bs = blocks.block_size();
+    let full = (seq.num_cached + seq.chunk) / bs;
+    for i in seq.block_hashes.len()..full {
+        let tokens = &seq.tokens[i * bs..(i + 1) * bs];
+        let hash = blocks.hash(seq.block_hashes.last().copied(), tokens);
+        let parent = i.checked_sub(1).map(|p| seq.block_table[p]);
+        blocks.register(seq.block_table[i], hash, parent, tokens);
+        seq.block_hashes.push(hash);
     }
 }
 
@@ -142,13 +331,24 @@ mod tests {
     use super::*;
     use crate::sampling_params::SamplingParams;
 
-    fn seq(id: SeqId, prompt_len: usize, max_tokens: usize) -> Sequence {
+    fn seq_of(id: SeqId, prompt: Vec<u32>, max_tokens: usize) -> Sequence {
         let params = SamplingParams {
             max_tokens,
             temperature: 0.0,
             ..Default::default()
         };
-        Sequence::new(id, vec![1; prompt_len], params, 1 << 20, &[])
+        Sequence::new(id, prompt, params, 1 << 20, &[])
+    }
+
+    fn seq(id: SeqId, prompt_len: usize, max_tokens: usize) -> Sequence {
+        // Distinct prompts, so the prefix cache plays no part.
+        seq_of(
+            id,
+            (0..prompt_len as u32)
+                .map(|t| t + 1000 * id as u32)
+                .collect(),
+            max_tokens,
+        )
     }
 
     fn scheduler(num_blocks: usize, max_num_seqs: usize, max_tokens: usize) -> Scheduler {
@@ -161,93 +361,96 @@ mod tests {
         )
     }
 
-    /// Pretends the step ran: cached tokens advance and finished prompts get a
-    /// sampled token.
-    fn run_step(s: &mut Scheduler) {
-        for seq in s.running.iter_mut() {
+    fn token(id: u32) -> SampledToken {
+        SampledToken {
+            id,
+            logprob: None,
+            top_logprobs: Vec::new(),
+        }
+    }
+
+    /// Pretends the step ran: cached tokens advance, and sequences whose
+    /// pending tokens are all cached get token 7.
+    fn run_step(s: &mut Scheduler) -> Vec<StepEvent> {
+        let mut sampled = Vec::new();
+        for seq in s.scheduled_mut() {
             seq.num_cached += seq.chunk;
-            if seq.chunk > 0 && seq.num_cached == seq.len() {
-                seq.tokens.push(7);
+            if seq.num_cached == seq.len() {
+                sampled.push((seq.id, token(7)));
             }
         }
+        s.postprocess(sampled, &[])
+    }
+
+    fn chunks(s: &Scheduler) -> Vec<(SeqId, usize)> {
+        s.running.iter().map(|q| (q.id, q.chunk)).collect()
     }
 
     #[test]
     fn long_prompts_are_chunked_under_the_token_budget() {
         let mut s = scheduler(64, 8, 10);
-        s.waiting.push_back(seq(1, 25, 4));
-        s.waiting.push_back(seq(2, 3, 4));
+        s.add(seq(1, 25, 4));
+        s.add(seq(2, 3, 4));
         s.schedule();
-        assert_eq!(s.running.len(), 1);
-        assert_eq!(s.running[0].chunk, 10);
+        assert_eq!(chunks(&s), [(1, 10)]);
         run_step(&mut s);
         s.schedule();
-        assert_eq!(s.running[0].chunk, 10);
+        assert_eq!(chunks(&s), [(1, 10)]);
         run_step(&mut s);
         s.schedule();
         // 5 prompt tokens left for seq 1, then seq 2 is admitted with its 3.
-        assert_eq!((s.running[0].chunk, s.running[1].chunk), (5, 3));
+        assert_eq!(chunks(&s), [(1, 5), (2, 3)]);
         run_step(&mut s);
         s.schedule();
-        assert_eq!(
-            (s.running[0].chunk, s.running[1].chunk),
-            (1, 1),
-            "both decode"
-        );
+        assert_eq!(chunks(&s), [(1, 1), (2, 1)], "both decode");
     }
 
     #[test]
     fn max_num_seqs_caps_the_batch() {
         let mut s = scheduler(64, 2, 100);
         for id in 0..3 {
-            s.waiting.push_back(seq(id, 2, 4));
+            s.add(seq(id, 2, 4));
         }
         s.schedule();
-        assert_eq!(s.running.len(), 2);
-        assert_eq!(s.waiting.len(), 1);
+        assert_eq!((s.running.len(), s.waiting.len()), (2, 1));
     }
 
     #[test]
     fn only_waiting_beyond_the_free_slots_counts_as_queued() {
         let mut s = scheduler(64, 3, 100);
         for id in 0..5 {
-            s.waiting.push_back(seq(id, 2, 4));
+            s.add(seq(id, 2, 4));
         }
         assert_eq!(s.num_queued(), 2, "3 of the 5 have a free slot");
         s.schedule();
         assert_eq!((s.running.len(), s.waiting.len()), (3, 2));
         assert_eq!(s.num_queued(), 2);
-        s.remove(0);
+        s.abort(0);
         assert_eq!(s.num_queued(), 1);
     }
 
     #[test]
     fn out_of_blocks_preempts_the_newest_and_requeues_it_first() {
-        // 3 blocks of 4 tokens; two sequences of 4 prompt tokens fill 2 blocks.
+        // 3 blocks of 4 tokens; three sequences of 4 prompt tokens fill them.
         let mut s = scheduler(3, 8, 100);
-        s.waiting.push_back(seq(1, 4, 8));
-        s.waiting.push_back(seq(2, 4, 8));
-        s.waiting.push_back(seq(3, 4, 8));
+        for id in 1..=3 {
+            s.add(seq(id, 4, 8));
+        }
         s.schedule();
         assert_eq!(s.running.len(), 3);
         run_step(&mut s);
         // Each now needs a second block for its 5th token: only seq 1 gets one
         // after seqs 3 and 2 are preempted, newest first.
-        let preempted = s.schedule();
-        assert_eq!(preempted, vec![3, 2]);
-        assert_eq!(s.running.len(), 1);
-        assert_eq!(s.running[0].chunk, 1);
-        assert_eq!(
-            s.waiting.iter().map(|q| q.id).collect::<Vec<_>>(),
-            vec![2, 3]
-        );
+        assert_eq!(s.schedule(), [3, 2]);
+        assert_eq!(chunks(&s), [(1, 1)]);
+        assert_eq!(s.waiting.iter().map(|q| q.id).collect::<Vec<_>>(), [2, 3]);
         assert!(s
             .waiting
             .iter()
             .all(|q| q.num_cached == 0 && q.block_table.is_empty()));
-        assert_eq!(s.num_preemptions, 2);
+        assert_eq!(s.stats().preemptions, 2);
         // No admissions in a step that preempted.
-        assert_eq!(s.blocks.num_used(), 2);
+        assert_eq!(s.stats().blocks_used, 2);
     }
 
     #[test]
@@ -255,7 +458,7 @@ mod tests {
         let mut s = scheduler(2, 8, 100);
         let q = seq(1, 4, 4);
         assert!(s.fits(&q));
-        s.waiting.push_back(q);
+        s.add(q);
         for _ in 0..5 {
             assert!(s.schedule().is_empty());
             run_step(&mut s);
@@ -264,16 +467,141 @@ mod tests {
     }
 
     #[test]
-    fn remove_frees_blocks_from_either_queue() {
+    fn finished_and_aborted_sequences_free_their_blocks() {
         let mut s = scheduler(8, 1, 100);
-        s.waiting.push_back(seq(1, 5, 4));
-        s.waiting.push_back(seq(2, 5, 4));
+        s.add(seq(1, 5, 1));
+        s.add(seq(2, 5, 4));
         s.schedule();
-        assert_eq!(s.blocks.num_used(), 2);
-        assert!(s.remove(1).is_some());
-        assert!(s.remove(2).is_some());
-        assert!(s.remove(3).is_none());
-        assert_eq!(s.blocks.num_free(), 8);
+        assert_eq!(s.stats().blocks_used, 2);
+        let events = run_step(&mut s);
+        assert_eq!(events[0].finish, Some(FinishReason::Length));
+        assert_eq!(s.stats().blocks_used, 0, "max_tokens 1: done and freed");
+        s.schedule();
+        assert!(s.abort(2));
+        assert!(!s.abort(3));
+        assert_eq!(s.stats().blocks_used, 0);
         assert!(!s.has_work());
+    }
+
+    #[test]
+    fn a_shared_prefix_is_computed_once_and_reused_after_its_owner_left() {
+        let mut s = scheduler(16, 8, 100);
+        let prefix: Vec<u32> = (100..110).collect();
+        let with = |tail: &[u32]| [prefix.clone(), tail.to_vec()].concat();
+        // Same step: the second sequence takes the first's two full blocks.
+        s.add(seq_of(1, with(&[1, 2]), 1));
+        s.add(seq_of(2, with(&[3]), 1));
+        s.schedule();
+        assert_eq!(chunks(&s), [(1, 12), (2, 3)]);
+        assert_eq!(s.running[1].block_table[..2], s.running[0].block_table[..2]);
+        let events = run_step(&mut s);
+        assert_eq!(events[0].cached_prompt_tokens, Some(0));
+        assert_eq!(events[1].cached_prompt_tokens, Some(8));
+        assert_eq!(s.stats().blocks_used, 0);
+        // Later, after both finished: found again in the freed blocks.
+        s.add(seq_of(3, with(&[4, 5, 6]), 1));
+        s.schedule();
+        assert_eq!(chunks(&s), [(3, 5)]);
+        run_step(&mut s);
+        // A prompt that is whole blocks still computes its last token.
+        s.add(seq_of(4, prefix[..8].to_vec(), 1));
+        s.schedule();
+        assert_eq!(chunks(&s), [(4, 4)]);
+        run_step(&mut s);
+        let st = s.stats();
+        assert_eq!(
+            (st.prefix_queries, st.prefix_hits),
+            (12 + 11 + 13 + 8, 8 + 8 + 4)
+        );
+        assert_eq!(st.blocks_used, 0);
+    }
+
+    #[test]
+    fn a_preempted_sequence_reuses_what_is_still_cached() {
+        // 4 blocks of 4: two sequences of 8 prompt tokens fill them.
+        let mut s = scheduler(4, 8, 100);
+        s.add(seq(1, 8, 4));
+        s.add(seq(2, 8, 8));
+        s.schedule();
+        run_step(&mut s);
+        // Seq 1's third block preempts seq 2, and evicts its tail block.
+        assert_eq!(s.schedule(), [2]);
+        run_step(&mut s);
+        // Seq 2 comes back once seq 1 is done, with its head block.
+        let readmitted = loop {
+            s.schedule();
+            if let Some(q) = s.scheduled().find(|q| q.id == 2) {
+                break (q.num_cached, q.chunk);
+            }
+            run_step(&mut s);
+        };
+        assert_eq!(readmitted, (4, 5));
+        assert!(s.stats().prefix_hits >= 4);
+    }
+
+    #[test]
+    fn prompt_scoring_and_caching_off_take_nothing_from_the_cache() {
+        let prompt: Vec<u32> = (0..9).collect();
+        for (caching, scoring) in [(false, false), (true, true)] {
+            let mut s = Scheduler::new(
+                SchedulerConfig {
+                    max_num_seqs: 8,
+                    max_num_batched_tokens: 100,
+                },
+                BlockManager::new(16, 4).with_caching(caching),
+            );
+            s.add(seq_of(1, prompt.clone(), 1));
+            s.schedule();
+            run_step(&mut s);
+            let mut scored = seq_of(2, prompt.clone(), 1);
+            scored.params.prompt_logprobs = scoring.then_some(0);
+            s.add(scored);
+            s.schedule();
+            assert_eq!(chunks(&s), [(2, 9)], "caching {caching}, scoring {scoring}");
+        }
+    }
+
+    #[test]
+    fn a_forced_hash_collision_is_not_shared() {
+        // Every block hashes alike: only equal tokens after the same parent
+        // may be shared.
+        let blocks = BlockManager::new(16, 4).with_hash_fn(|_, _| 42);
+        let mut s = Scheduler::new(
+            SchedulerConfig {
+                max_num_seqs: 8,
+                max_num_batched_tokens: 100,
+            },
+            blocks,
+        );
+        s.add(seq_of(1, (0..9).collect(), 1));
+        s.add(seq_of(2, (50..59).collect(), 1));
+        s.add(seq_of(3, [0, 1, 2, 3, 60, 61, 62, 63, 64].to_vec(), 1));
+        s.add(seq_of(4, (0..9).collect(), 1));
+        s.schedule();
+        let cached: Vec<_> = s.running.iter().map(|q| (q.id, q.num_cached)).collect();
+        assert_eq!(cached, [(1, 0), (2, 0), (3, 4), (4, 8)]);
+        let table = |i: usize| s.running[i].block_table.clone();
+        assert_eq!(table(3)[..2], table(0)[..2]);
+        assert_eq!(table(2)[0], table(0)[0]);
+        assert_ne!(
+            table(2)[1],
+            table(0)[1],
+            "same hash and parent, other tokens"
+        );
+        run_step(&mut s);
+        assert_eq!(s.stats().blocks_used, 0);
+    }
+
+    #[test]
+    fn a_failed_step_forgets_the_cache_it_never_computed() {
+        let mut s = scheduler(16, 8, 100);
+        s.add(seq_of(1, (0..9).collect(), 4));
+        s.schedule();
+        let events = s.fail_scheduled("boom");
+        assert_eq!(events.len(), 1);
+        assert!(matches!(&events[0].finish, Some(FinishReason::Error(m)) if m == "boom"));
+        s.add(seq_of(2, (0..9).collect(), 4));
+        s.schedule();
+        assert_eq!(chunks(&s), [(2, 9)]);
     }
 }

@@ -1,7 +1,7 @@
 //! One request's state inside the engine: its tokens, how many of them are in
 //! the KV cache, the blocks holding them, and its own sampler.
 
-use crate::block_manager::BlockId;
+use crate::block_manager::{BlockHash, BlockId};
 use crate::models::LogitRows;
 use crate::sampler::{SampledToken, Sampler};
 use crate::sampling_params::SamplingParams;
@@ -49,6 +49,40 @@ pub struct Sequence {
     /// Logprobs of prompt tokens `1..` scored so far (`params.prompt_logprobs`),
     /// handed out with the first sampled token.
     pub prompt_logprobs: Vec<SampledToken>,
+    /// Hashes of the full blocks at the start of `block_table`, each
+    /// chained from the one before (the prefix cache's keys).
+    pub block_hashes: Vec<BlockHash>,
+    /// Prompt tokens the prefix cache supplied when the sequence was first
+    /// admitted (reported as `cached_tokens`); `None` until then.
+    pub cached_prompt_tokens: Option<usize>,
+}
+
+/// What happened to one sequence in a step. A token that comes with
+/// `finish == Some(Stop)` is the stop token itself (EOS or a stop id): it is
+/// reported for the record but is not part of the visible text.
+#[derive(Debug, Clone)]
+pub struct StepEvent {
+    pub seq: SeqId,
+    pub token: Option<SampledToken>,
+    pub finish: Option<FinishReason>,
+    /// With the first token, when `prompt_logprobs` was asked for: the
+    /// scores of prompt tokens `1..` (token 0 has nothing to be scored on).
+    pub prompt_logprobs: Vec<SampledToken>,
+    /// With the first token: prompt tokens served from the prefix cache.
+    pub cached_prompt_tokens: Option<usize>,
+}
+
+impl StepEvent {
+    /// The sequence ended without a token (an engine failure, a shutdown).
+    pub fn ended(seq: SeqId, finish: FinishReason) -> Self {
+        StepEvent {
+            seq,
+            token: None,
+            finish: Some(finish),
+            prompt_logprobs: Vec::new(),
+            cached_prompt_tokens: None,
+        }
+    }
 }
 
 impl Sequence {
@@ -73,6 +107,8 @@ impl Sequence {
             num_cached: 0,
             chunk: 0,
             prompt_logprobs: Vec::new(),
+            block_hashes: Vec::new(),
+            cached_prompt_tokens: None,
         }
     }
 
@@ -112,5 +148,19 @@ impl Sequence {
     /// The prompt token the next score is owed for (prompt token 0 has none).
     pub fn next_scored_prompt_token(&self) -> usize {
         1 + self.prompt_logprobs.len()
+    }
+
+    /// Why the sequence ends with `token` just appended, if it does.
+    pub fn finish_reason(&self, token: u32, eos_ids: &[u32]) -> Option<FinishReason> {
+        let p = &self.params;
+        let may_stop = self.output().len() > p.min_tokens;
+        let is_eos = !p.ignore_eos && eos_ids.contains(&token);
+        if may_stop && (is_eos || p.stop_token_ids.contains(&token)) {
+            Some(FinishReason::Stop)
+        } else if self.len() >= self.max_len {
+            Some(FinishReason::Length)
+        } else {
+            None
+        }
     }
 }

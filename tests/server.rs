@@ -567,3 +567,64 @@ async fn oversized_requests_are_refused_before_they_run() {
     assert_error(st, &r.json().await.unwrap(), 415, None);
     assert_eq!(metric(&s, "wick:num_requests_waiting").await, 0.0);
 }
+
+/// The second turn of a chat finds the first turn in the prefix cache; the
+/// usage says how much, streamed or not, and the counters add up.
+#[tokio::test(flavor = "multi_thread")]
+async fn later_turns_report_cached_prompt_tokens() {
+    let s = Server::start(&[]);
+    let system = "You are a patient tutor. Explain every idea with one short example, \
+                  avoid jargon, and end each answer with a question that checks understanding."
+        .repeat(2);
+    let mut messages = vec![
+        json!({"role": "system", "content": system}),
+        json!({"role": "user", "content": "What is a verb?"}),
+    ];
+    let ask = |messages: &Vec<Value>| json!({"messages": messages, "max_tokens": 8, "temperature": 0, "ignore_eos": true});
+    let (st, first) = post(&s, "/v1/chat/completions", ask(&messages)).await;
+    assert_eq!(st, 200, "{first}");
+    assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let p1 = first["usage"]["prompt_tokens"].as_u64().unwrap();
+
+    let answer = first["choices"][0]["message"]["content"].clone();
+    messages.push(json!({"role": "assistant", "content": answer}));
+    messages.push(json!({"role": "user", "content": "And an adverb?"}));
+    let mut streamed = ask(&messages);
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let cs = chunks(&sse(&s, "/v1/chat/completions", streamed).await);
+    let usage = &cs.last().unwrap()["usage"];
+    let (p2, cached) = (
+        usage["prompt_tokens"].as_u64().unwrap(),
+        usage["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap(),
+    );
+    // The whole first prompt is a prefix of the second: at least its full
+    // blocks come from the cache, and never the second's last token.
+    assert!(
+        cached >= p1 / 16 * 16 && cached < p2 && cached % 16 == 0,
+        "{usage}"
+    );
+
+    // n > 1: the prompt is counted once, and nothing was cached before it.
+    let (st, n3) = post(
+        &s,
+        "/v1/completions",
+        json!({"prompt": "Three facts about owls:", "n": 3, "max_tokens": 4, "seed": 3}),
+    )
+    .await;
+    assert_eq!(st, 200, "{n3}");
+    let p3 = n3["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(n3["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+
+    assert_eq!(
+        metric(&s, "wick:prefix_cache_hits_total").await,
+        cached as f64
+    );
+    // Every sequence's prompt is looked up once: the n = 3 prompt thrice.
+    assert_eq!(
+        metric(&s, "wick:prefix_cache_queries_total").await,
+        (p1 + p2 + 3 * p3) as f64
+    );
+}

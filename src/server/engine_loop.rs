@@ -9,10 +9,10 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use super::metrics::Metrics;
-use crate::engine::{Engine, StepEvent};
+use crate::engine::Engine;
 use crate::error::WickError;
 use crate::sampling_params::SamplingParams;
-use crate::sequence::{FinishReason, SeqId};
+use crate::sequence::{FinishReason, SeqId, StepEvent};
 
 pub enum Command {
     /// A request's sequences (one per choice), queued or refused together.
@@ -198,12 +198,7 @@ impl Loop {
         let ids: Vec<SeqId> = self.outputs.keys().copied().collect();
         for id in ids {
             if let Some(tx) = self.outputs.get(&id) {
-                let _ = tx.send(StepEvent {
-                    seq: id,
-                    token: None,
-                    finish: Some(FinishReason::Abort),
-                    prompt_logprobs: Vec::new(),
-                });
+                let _ = tx.send(StepEvent::ended(id, FinishReason::Abort));
             }
             self.abort(id);
         }
@@ -242,13 +237,6 @@ impl Loop {
     /// The gauges follow every change: a step, and also an add or abort
     /// while the engine is idle, when no step would come to update them.
     fn publish_stats(&self) {
-        let s = self.engine.stats();
-        self.metrics.set_engine_stats(
-            s.running,
-            s.waiting,
-            s.blocks_used,
-            s.blocks_total,
-            s.preemptions,
-        );
+        self.metrics.set_engine_stats(&self.engine.stats());
     }
 }

@@ -16,12 +16,11 @@ use super::access::AccessRecord;
 use super::error::ApiError;
 use super::json_body::JsonBody;
 use super::metrics::Metrics;
-use super::protocol::Usage;
+use super::protocol::{PromptTokensDetails, Usage};
 use super::validation::{GenerationPlan, ModelContext};
 use super::{handlers, AppState, ModelState};
-use crate::engine::StepEvent;
 use crate::output::{Delta, SequenceOutput};
-use crate::sequence::{FinishReason, SeqId};
+use crate::sequence::{FinishReason, SeqId, StepEvent};
 
 pub struct Generation {
     model: Arc<ModelState>,
@@ -33,7 +32,13 @@ pub struct Generation {
     last_token: Vec<Option<Instant>>,
     deadline: Option<Instant>,
     tally: Tally,
+    /// Each prompt counted once, however many choices sample it (as
+    /// OpenAI and vLLM count).
     prompt_tokens: usize,
+    /// Per choice: prompt tokens the prefix cache supplied.
+    cached_tokens: Vec<usize>,
+    /// Choices per prompt.
+    n: usize,
     access: AccessRecord,
     /// Some choice ended by `length` (the request's reason in the metrics).
     any_length: bool,
@@ -127,7 +132,7 @@ impl Generation {
                 seqs.push((prompt.clone(), params));
             }
         }
-        let prompt_tokens = seqs.iter().map(|(p, _)| p.len()).sum();
+        let prompt_tokens = plan.prompts.iter().map(Vec::len).sum();
         access.set_tokens(prompt_tokens, 0);
         let (ids, events) = match model.engine.add(seqs).await {
             Ok(added) => added,
@@ -139,6 +144,8 @@ impl Generation {
         Ok(Generation {
             choice_of: ids.iter().enumerate().map(|(i, &id)| (id, i)).collect(),
             last_token: vec![None; ids.len()],
+            cached_tokens: vec![0; ids.len()],
+            n: plan.n,
             ids,
             outputs,
             events,
@@ -162,10 +169,16 @@ impl Generation {
 
     pub fn usage(&self) -> Usage {
         let completion = self.outputs.iter().map(|o| o.completion_tokens).sum();
+        // A prompt's first choice tells what was cached before the request
+        // came; its other choices share that choice's blocks.
+        let cached = self.cached_tokens.iter().step_by(self.n.max(1)).sum();
         Usage {
             prompt_tokens: self.prompt_tokens,
             completion_tokens: completion,
             total_tokens: self.prompt_tokens + completion,
+            prompt_tokens_details: PromptTokensDetails {
+                cached_tokens: cached,
+            },
         }
     }
 
@@ -195,6 +208,9 @@ impl Generation {
             let Some(&i) = self.choice_of.get(&ev.seq) else {
                 continue;
             };
+            if let Some(c) = ev.cached_prompt_tokens {
+                self.cached_tokens[i] = c;
+            }
             let delta = match self.outputs[i].on_event(&self.model.tokenizer, ev) {
                 Ok(Some(d)) => d,
                 Ok(None) => continue,

@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use prometheus::proto::LabelPair;
+
+use crate::engine::EngineStats;
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
     TextEncoder,
@@ -42,10 +44,9 @@ pub struct Metrics {
     kv_usage_legacy: Gauge,
     blocks_used: IntGauge,
     blocks_total: IntGauge,
-    preemptions: IntCounter,
-    /// The engine's preemption total as last seen, so the counter advances
-    /// by the difference.
-    preemptions_seen: AtomicU64,
+    preemptions: EngineTotal,
+    prefix_queries: EngineTotal,
+    prefix_hits: EngineTotal,
     prompt_tokens: IntCounter,
     generation_tokens: IntCounter,
     request_success: IntCounterVec,
@@ -56,6 +57,32 @@ pub struct Metrics {
     /// vLLM's `model_name` label, put on every series once the model is
     /// known (the metrics exist, and render, while it loads).
     model_name: OnceLock<String>,
+}
+
+/// A counter that mirrors a running total kept by the engine.
+struct EngineTotal {
+    counter: IntCounter,
+    /// The engine's total as last seen, so the counter advances by the
+    /// difference.
+    seen: AtomicU64,
+}
+
+impl EngineTotal {
+    fn new(counter: IntCounter) -> Self {
+        EngineTotal {
+            counter,
+            seen: AtomicU64::new(0),
+        }
+    }
+
+    fn catch_up(&self, total: u64) {
+        // fetch_max hands each caller a disjoint slice of the increase, so
+        // the counter never double-counts or goes backwards.
+        let seen = self.seen.fetch_max(total, Ordering::Relaxed);
+        if total > seen {
+            self.counter.inc_by(total - seen);
+        }
+    }
 }
 
 impl Default for Metrics {
@@ -124,11 +151,18 @@ impl Metrics {
             ),
             blocks_used: int_gauge("wick:kv_blocks_used", "KV-cache blocks in use."),
             blocks_total: int_gauge("wick:kv_blocks_capacity", "KV-cache blocks in the pool."),
-            preemptions: counter(
+            preemptions: EngineTotal::new(counter(
                 "wick:num_preemptions_total",
                 "Cumulative number of preemptions from the engine.",
-            ),
-            preemptions_seen: AtomicU64::new(0),
+            )),
+            prefix_queries: EngineTotal::new(counter(
+                "wick:prefix_cache_queries_total",
+                "Prefix cache queries, in terms of number of queried tokens.",
+            )),
+            prefix_hits: EngineTotal::new(counter(
+                "wick:prefix_cache_hits_total",
+                "Prefix cache hits, in terms of number of cached tokens.",
+            )),
             prompt_tokens: counter(
                 "wick:prompt_tokens_total",
                 "Number of prefill tokens processed.",
@@ -169,35 +203,23 @@ impl Metrics {
         let _ = self.model_name.set(name.to_string());
     }
 
-    /// The scheduler's state after a step. `preemptions_total` is the
-    /// engine's running total; the counter catches up to it.
-    pub fn set_engine_stats(
-        &self,
-        running: usize,
-        waiting: usize,
-        blocks_used: usize,
-        blocks_total: usize,
-        preemptions_total: u64,
-    ) {
-        self.running.set(running as i64);
-        self.waiting.set(waiting as i64);
-        self.blocks_used.set(blocks_used as i64);
-        self.blocks_total.set(blocks_total as i64);
-        let usage = if blocks_total == 0 {
+    /// The scheduler's state after a step; its running totals are caught
+    /// up to by the counters.
+    pub fn set_engine_stats(&self, s: &EngineStats) {
+        self.running.set(s.running as i64);
+        self.waiting.set(s.waiting as i64);
+        self.blocks_used.set(s.blocks_used as i64);
+        self.blocks_total.set(s.blocks_total as i64);
+        let usage = if s.blocks_total == 0 {
             0.0
         } else {
-            blocks_used as f64 / blocks_total as f64
+            s.blocks_used as f64 / s.blocks_total as f64
         };
         self.kv_usage.set(usage);
         self.kv_usage_legacy.set(usage);
-        // fetch_max hands each caller a disjoint slice of the increase, so
-        // the counter never double-counts or goes backwards.
-        let seen = self
-            .preemptions_seen
-            .fetch_max(preemptions_total, Ordering::Relaxed);
-        if preemptions_total > seen {
-            self.preemptions.inc_by(preemptions_total - seen);
-        }
+        self.preemptions.catch_up(s.preemptions);
+        self.prefix_queries.catch_up(s.prefix_queries);
+        self.prefix_hits.catch_up(s.prefix_hits);
     }
 
     pub fn add_prompt_tokens(&self, n: u64) {
@@ -278,6 +300,8 @@ mod tests {
             ("wick:kv_blocks_used", "gauge"),
             ("wick:kv_blocks_capacity", "gauge"),
             ("wick:num_preemptions_total", "counter"),
+            ("wick:prefix_cache_queries_total", "counter"),
+            ("wick:prefix_cache_hits_total", "counter"),
             ("wick:prompt_tokens_total", "counter"),
             ("wick:generation_tokens_total", "counter"),
             ("wick:request_success_total", "counter"),
@@ -315,13 +339,22 @@ mod tests {
             }
             checked += 1;
         }
-        assert_eq!(checked, 14);
+        assert_eq!(checked, 16);
     }
 
     #[test]
     fn renders_recorded_values() {
         let m = Metrics::new();
-        m.set_engine_stats(3, 5, 30, 120, 2);
+        m.set_engine_stats(&EngineStats {
+            running: 3,
+            waiting: 5,
+            queued: 0,
+            blocks_used: 30,
+            blocks_total: 120,
+            preemptions: 2,
+            prefix_queries: 900,
+            prefix_hits: 640,
+        });
         m.add_prompt_tokens(100);
         m.add_prompt_tokens(28);
         m.add_generation_tokens(7);
@@ -341,6 +374,8 @@ mod tests {
         assert_eq!(v("wick:kv_cache_usage_perc"), 0.25);
         assert_eq!(v("wick:gpu_cache_usage_perc"), 0.25);
         assert_eq!(v("wick:num_preemptions_total"), 2.0);
+        assert_eq!(v("wick:prefix_cache_queries_total"), 900.0);
+        assert_eq!(v("wick:prefix_cache_hits_total"), 640.0);
         assert_eq!(v("wick:prompt_tokens_total"), 128.0);
         assert_eq!(v("wick:generation_tokens_total"), 7.0);
         assert_eq!(
@@ -419,18 +454,28 @@ mod tests {
     }
 
     #[test]
-    fn preemptions_follow_the_engine_total() {
+    fn counters_follow_the_engine_totals() {
         let m = Metrics::new();
-        let total = |m: &Metrics| sample(&m.render(), "wick:num_preemptions_total");
-        m.set_engine_stats(0, 0, 0, 0, 3);
-        assert_eq!(total(&m), 3.0);
-        m.set_engine_stats(0, 0, 0, 0, 3);
-        assert_eq!(total(&m), 3.0, "an unchanged total adds nothing");
-        m.set_engine_stats(0, 0, 0, 0, 10);
-        assert_eq!(total(&m), 10.0);
+        let total = |m: &Metrics, name: &str| sample(&m.render(), name);
+        let at = |n: u64| EngineStats {
+            preemptions: n,
+            prefix_hits: 2 * n,
+            ..Default::default()
+        };
+        m.set_engine_stats(&at(3));
+        assert_eq!(total(&m, "wick:num_preemptions_total"), 3.0);
+        m.set_engine_stats(&at(3));
+        assert_eq!(
+            total(&m, "wick:num_preemptions_total"),
+            3.0,
+            "an unchanged total adds nothing"
+        );
+        m.set_engine_stats(&at(10));
+        assert_eq!(total(&m, "wick:num_preemptions_total"), 10.0);
         // A stale (smaller) total must not move a counter backwards.
-        m.set_engine_stats(0, 0, 0, 0, 4);
-        assert_eq!(total(&m), 10.0);
+        m.set_engine_stats(&at(4));
+        assert_eq!(total(&m, "wick:num_preemptions_total"), 10.0);
+        assert_eq!(total(&m, "wick:prefix_cache_hits_total"), 20.0);
         // Empty pool: usage is 0, not NaN.
         assert_eq!(sample(&m.render(), "wick:kv_cache_usage_perc"), 0.0);
     }

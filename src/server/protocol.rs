@@ -140,6 +140,13 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens whose K/V came from the prefix cache.
+    pub cached_tokens: usize,
 }
 
 /// OpenAI's legacy completions logprobs: parallel lists, one entry per token.
@@ -440,11 +447,13 @@ mod tests {
             prompt_tokens: 3,
             completion_tokens: 2,
             total_tokens: 5,
+            prompt_tokens_details: PromptTokensDetails { cached_tokens: 1 },
         };
         let with_usage = chunk(ChatDelta::default(), None, Some(usage));
         assert_eq!(
             with_usage["usage"],
-            json!({"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5})
+            json!({"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+                   "prompt_tokens_details": {"cached_tokens": 1}})
         );
     }
 
@@ -470,6 +479,7 @@ mod tests {
                 prompt_tokens: 1,
                 completion_tokens: 1,
                 total_tokens: 2,
+                prompt_tokens_details: PromptTokensDetails { cached_tokens: 0 },
             }),
         };
         let v = serde_json::to_value(&r).unwrap();
@@ -530,6 +540,7 @@ mod tests {
                 prompt_tokens: 4,
                 completion_tokens: 1,
                 total_tokens: 5,
+                prompt_tokens_details: PromptTokensDetails { cached_tokens: 0 },
             }),
         };
         let v = serde_json::to_value(&r).unwrap();
