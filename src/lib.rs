@@ -33,4 +33,5 @@ pub mod server;
 pub mod stop;
 pub mod text_stream;
 pub mod tokenizer;
+pub mod tool_parser;
 pub mod vec_math;
