@@ -8,7 +8,11 @@
 //!   after `<|python_tag|>`, several separated by `;`;
 //! - Mistral (Nemo, 7B v0.3): `[TOOL_CALLS][{"name": …, "arguments": {…}}, …]`;
 //! - Mistral with `[ARGS]` (Small 3.2, Devstral):
-//!   `[TOOL_CALLS]name[CALL_ID]id[ARGS]{…}`, the call id optional.
+//!   `[TOOL_CALLS]name[CALL_ID]id[ARGS]{…}`, the call id optional;
+//! - and wick's own for `tool_choice: "required"`, which decoding is
+//!   constrained to (vLLM's choice): the reply is a JSON list of
+//!   `{"name": …, "parameters": {…}}`. A named `tool_choice` constrains the
+//!   reply to that function's arguments alone ([`ToolCallParser::named`]).
 //!
 //! [`ToolCallParser`] turns the text into events: plain content, a call's
 //! start (its name), and its arguments in pieces (raw JSON text, so the
@@ -23,6 +27,7 @@ pub enum ToolFormat {
     Llama3Json,
     MistralJson,
     MistralArgs,
+    JsonList,
 }
 
 impl ToolFormat {
@@ -47,7 +52,14 @@ impl ToolFormat {
             ToolFormat::Hermes => "<tool_call>",
             ToolFormat::MistralJson | ToolFormat::MistralArgs => "[TOOL_CALLS]",
             ToolFormat::Llama3Json => "<|python_tag|>",
+            ToolFormat::JsonList => "[",
         }
+    }
+
+    /// Formats whose calls can only open the reply: text after them (or
+    /// instead of them) is all content.
+    fn calls_open_the_reply(self) -> bool {
+        matches!(self, ToolFormat::Llama3Json | ToolFormat::JsonList)
     }
 }
 
@@ -138,6 +150,8 @@ pub struct ToolCallParser {
     raw: String,
     /// Just after a call: whitespace before the next one is not content.
     after_call: bool,
+    /// A named call's start, sent before anything else.
+    named: Option<String>,
 }
 
 impl ToolCallParser {
@@ -151,19 +165,30 @@ impl ToolCallParser {
             started: false,
             raw: String::new(),
             after_call: false,
+            named: None,
         }
+    }
+
+    /// For a reply that is the arguments of the function `name` and
+    /// nothing else.
+    pub fn named(name: &str) -> Self {
+        let mut p = ToolCallParser::new(ToolFormat::JsonList);
+        p.named = Some(name.to_string());
+        p.started = true;
+        p.state = State::ArgsValue;
+        p
     }
 
     pub fn push(&mut self, text: &str) -> Vec<ToolEvent> {
         self.buf.push_str(text);
-        let mut out = Vec::new();
+        let mut out = self.named_start();
         while self.step(&mut out, false) {}
         out
     }
 
     /// The reply ended: whatever is held back is settled.
     pub fn finish(&mut self) -> Vec<ToolEvent> {
-        let mut out = Vec::new();
+        let mut out = self.named_start();
         while self.step(&mut out, true) {}
         out
     }
@@ -172,6 +197,11 @@ impl ToolCallParser {
     fn step(&mut self, out: &mut Vec<ToolEvent>, end: bool) -> bool {
         match self.state {
             State::Start => {
+                if self.format == ToolFormat::JsonList {
+                    self.begin_call(0);
+                    self.state = State::ListOpen;
+                    return true;
+                }
                 if self.format != ToolFormat::Llama3Json {
                     self.state = State::Text;
                     return true;
@@ -205,7 +235,7 @@ impl ToolCallParser {
                     self.buf.drain(..self.buf.len() - trimmed.len());
                     self.after_call = false;
                 }
-                if self.format == ToolFormat::Llama3Json {
+                if self.format.calls_open_the_reply() {
                     emit_content(out, std::mem::take(&mut self.buf));
                     return false;
                 }
@@ -390,6 +420,13 @@ impl ToolCallParser {
                 true
             }
         }
+    }
+
+    fn named_start(&mut self) -> Vec<ToolEvent> {
+        let name = self.named.take();
+        name.map(|name| ToolEvent::Start { index: 0, name })
+            .into_iter()
+            .collect()
     }
 
     /// A call opens; its first `skip` bytes (the opener) are consumed.
@@ -713,6 +750,26 @@ mod tests {
                 ("now".into(), serde_json::json!({}))
             ]
         );
+    }
+
+    #[test]
+    fn constrained_replies() {
+        let text = "[{\"name\": \"f\", \"parameters\": {\"a\": [1]}}, {\"name\": \"g\", \"parameters\": {}}]";
+        let r = check_streaming(ToolFormat::JsonList, text);
+        assert_eq!(r.content, "");
+        assert_eq!(
+            calls(&r),
+            [
+                ("f".into(), serde_json::json!({"a": [1]})),
+                ("g".into(), serde_json::json!({}))
+            ]
+        );
+        let mut p = ToolCallParser::named("f");
+        let mut events = p.push("{\"a\":");
+        events.extend(p.push(" 1}"));
+        events.extend(p.finish());
+        let r = ParsedReply::from_events(events);
+        assert_eq!(calls(&r), [("f".into(), serde_json::json!({"a": 1}))]);
     }
 
     #[test]
