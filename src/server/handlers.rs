@@ -60,18 +60,24 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
+/// One entry per served name, the main one first.
 pub async fn models(State(state): State<Arc<AppState>>) -> Result<Json<ModelList>, ApiError> {
     let model = ready(&state)?;
+    let names = std::iter::once(&model.name).chain(&model.aliases);
     Ok(Json(ModelList {
         object: "list".into(),
-        data: vec![ModelCard {
-            id: model.name.clone(),
-            object: "model".into(),
-            created: state.created,
-            owned_by: "wick".into(),
-            max_model_len: model.max_context,
-        }],
+        data: names.map(|id| model_card(&state, &model, id)).collect(),
     }))
+}
+
+fn model_card(state: &AppState, model: &ModelState, id: &str) -> ModelCard {
+    ModelCard {
+        id: id.to_string(),
+        object: "model".into(),
+        created: state.created,
+        owned_by: "wick".into(),
+        max_model_len: model.max_context,
+    }
 }
 
 pub async fn tokenize(

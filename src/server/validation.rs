@@ -28,8 +28,10 @@ const ROLES: [&str; 3] = ["system", "user", "assistant"];
 
 /// What validation needs to know about the served model.
 pub struct ModelContext<'a> {
-    /// The served model name; a request naming another gets a 404.
+    /// The served model name; a request naming another (nor an alias)
+    /// gets a 404.
     pub name: &'a str,
+    pub aliases: &'a [String],
     pub vocab_size: usize,
     /// Prompt plus completion tokens must fit in this.
     pub max_context: usize,
@@ -172,7 +174,7 @@ impl Common<'_> {
     /// The checks that need no tokenizing, so a bad request is refused cheaply.
     fn check(&self, ctx: &ModelContext) -> Result<Shape, ApiError> {
         if let Some(model) = self.model {
-            if model != ctx.name {
+            if model != ctx.name && !ctx.aliases.iter().any(|a| a == model) {
                 return Err(ApiError::model_not_found(model));
             }
         }
@@ -558,6 +560,7 @@ mod tests {
         let (tokenizer, template) = model();
         ModelContext {
             name: NAME,
+            aliases: &[],
             vocab_size: tokenizer.vocab_size(),
             max_context: 8192,
             max_choices: 1280,
@@ -840,6 +843,16 @@ mod tests {
             assert_eq!(e.status, StatusCode::NOT_FOUND);
             assert_eq!(e.code.as_deref(), Some("model_not_found"));
             assert_eq!(e.message, "The model `gpt-4` does not exist.");
+        }
+        let aliases = ["gpt-4".to_string()];
+        let c = ModelContext {
+            aliases: &aliases,
+            ..ctx()
+        };
+        for model in [NAME, "gpt-4"] {
+            let req: CompletionRequest =
+                serde_json::from_value(json!({"prompt": "x", "model": model})).unwrap();
+            validate_completion(&req, &c).unwrap();
         }
     }
 
