@@ -118,6 +118,9 @@ pub fn router(state: Arc<AppState>, cfg: &RouterConfig) -> anyhow::Result<Router
         .route("/v1/completions", post(completions::completions))
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/models", get(handlers::models))
+        // Hub-style names (`ORG/NAME`) hold a slash.
+        .route("/v1/models/{*id}", get(handlers::model))
+        .route("/tokenizer_info", get(handlers::tokenizer_info))
         .route("/health", get(handlers::health))
         .route("/metrics", get(handlers::metrics))
         .route("/tokenize", post(handlers::tokenize))

@@ -65,8 +65,8 @@ pub struct ServeArgs {
     /// Seconds to let in-flight requests finish after SIGINT/SIGTERM.
     #[arg(long, default_value_t = 30, env = "WICK_SHUTDOWN_GRACE_SECS")]
     pub shutdown_grace_secs: u64,
-    /// Require `Authorization: Bearer KEY` on /v1, /tokenize and
-    /// /detokenize (not /health or /metrics). Repeat for several keys;
+    /// Require `Authorization: Bearer KEY` on /v1, /tokenize, /detokenize
+    /// and /tokenizer_info (not /health or /metrics). Repeat for several keys;
     /// WICK_API_KEY takes a comma-separated list.
     #[arg(
         long,

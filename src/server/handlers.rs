@@ -1,10 +1,11 @@
-//! The small endpoints (health, metrics, models, tokenize, detokenize) and
+//! The small endpoints (health, metrics, models, tokenizer info, tokenize,
+//! detokenize) and
 //! what every handler shares: the readiness check and validation off the
 //! async runtime. Generation lives in `completions` and `chat`.
 
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -70,6 +71,19 @@ pub async fn models(State(state): State<Arc<AppState>>) -> Result<Json<ModelList
     }))
 }
 
+/// `GET /v1/models/{id}`: the card of one served name, or 404 as OpenAI
+/// answers for a model it does not have.
+pub async fn model(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<ModelCard>, ApiError> {
+    let model = ready(&state)?;
+    if id != model.name && !model.aliases.contains(&id) {
+        return Err(ApiError::model_not_found(&id));
+    }
+    Ok(Json(model_card(&state, &model, &id)))
+}
+
 fn model_card(state: &AppState, model: &ModelState, id: &str) -> ModelCard {
     ModelCard {
         id: id.to_string(),
@@ -78,6 +92,47 @@ fn model_card(state: &AppState, model: &ModelState, id: &str) -> ModelCard {
         owned_by: "wick".into(),
         max_model_len: model.max_context,
     }
+}
+
+/// transformers' name for a tokenizer built from a `tokenizer.json`, which
+/// is what wick's tokenizer is for every model it loads.
+const TOKENIZER_CLASS: &str = "PreTrainedTokenizerFast";
+
+pub async fn tokenizer_info(
+    State(state): State<Arc<AppState>>,
+) -> Result<Json<TokenizerInfo>, ApiError> {
+    let model = ready(&state)?;
+    let tok = &model.tokenizer;
+    let text = |id: Option<u32>| id.and_then(|id| tok.id_to_token(id));
+    let added_tokens_decoder = tok
+        .inner()
+        .get_added_tokens_decoder()
+        .into_iter()
+        .map(|(id, t)| {
+            let info = AddedTokenInfo {
+                content: t.content,
+                lstrip: t.lstrip,
+                normalized: t.normalized,
+                rstrip: t.rstrip,
+                single_word: t.single_word,
+                special: t.special,
+            };
+            (id, info)
+        })
+        .collect();
+    Ok(Json(TokenizerInfo {
+        tokenizer_class: TOKENIZER_CLASS.into(),
+        bos_token: text(tok.bos_id()),
+        eos_token: text(tok.eos_ids().first().copied()),
+        pad_token: text(tok.pad_id()),
+        unk_token: text(tok.unk_id()),
+        add_bos_token: tok.add_bos(),
+        add_eos_token: false,
+        model_max_length: model.max_context,
+        clean_up_tokenization_spaces: false,
+        added_tokens_decoder,
+        chat_template: model.chat_template.as_ref().map(|t| t.source().to_string()),
+    }))
 }
 
 pub async fn tokenize(

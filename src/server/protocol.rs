@@ -7,7 +7,7 @@
 //! `logprobs` are always present (null until known), `usage` appears only
 //! where it is reported, and a chat delta omits the fields it does not carry.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -269,6 +269,41 @@ pub struct ModelList {
     /// `list`
     pub object: String,
     pub data: Vec<ModelCard>,
+}
+
+/// `GET /tokenizer_info`, as vLLM answers it: the tokenizer's settings in
+/// the shape of transformers' `tokenizer_config.json`, for clients that
+/// tokenize and render chat prompts themselves (lm-eval's remote
+/// tokenizer reads `eos_token`, `bos_token`, `pad_token`, `chat_template`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenizerInfo {
+    /// The transformers class the tokenizer corresponds to.
+    pub tokenizer_class: String,
+    pub bos_token: Option<String>,
+    pub eos_token: Option<String>,
+    pub pad_token: Option<String>,
+    pub unk_token: Option<String>,
+    pub add_bos_token: bool,
+    pub add_eos_token: bool,
+    /// The served context (`--max-model-len` when set).
+    pub model_max_length: usize,
+    /// wick decodes text as the tokenizer spells it, without transformers'
+    /// clean-up of spaces before punctuation.
+    pub clean_up_tokenization_spaces: bool,
+    /// Every added token by id, as transformers lists them.
+    pub added_tokens_decoder: BTreeMap<u32, AddedTokenInfo>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AddedTokenInfo {
+    pub content: String,
+    pub lstrip: bool,
+    pub normalized: bool,
+    pub rstrip: bool,
+    pub single_word: bool,
+    pub special: bool,
 }
 
 /// `POST /tokenize`: vLLM sends `prompt`, llama.cpp `content`.
