@@ -219,10 +219,12 @@ impl Tokenizer {
         eog.retain(|id| Some(*id) != eos);
         let eos_ids = eos.into_iter().chain(eog).collect();
 
-        Ok(Self::from_hf(inner, eos_ids, bos_id, add_bos).with_pad_and_unk(
-            meta_u32(content, "tokenizer.ggml.padding_token_id")?,
-            meta_u32(content, "tokenizer.ggml.unknown_token_id")?,
-        ))
+        Ok(
+            Self::from_hf(inner, eos_ids, bos_id, add_bos).with_pad_and_unk(
+                meta_u32(content, "tokenizer.ggml.padding_token_id")?,
+                meta_u32(content, "tokenizer.ggml.unknown_token_id")?,
+            ),
+        )
     }
 
     /// Wraps an already configured tokenizer. `encode` never runs its

@@ -297,7 +297,8 @@ mod tests {
 
     #[test]
     fn served_model_names_and_max_model_len() {
-        let f = toml_file("served_model_name = [\"smol\", \"gpt-4o-mini\"]\nmax_model_len = 2048\n");
+        let f =
+            toml_file("served_model_name = [\"smol\", \"gpt-4o-mini\"]\nmax_model_len = 2048\n");
         let path = f.path().to_str().unwrap();
         let a = load(command_no_env(), &["--config", path]).unwrap();
         assert_eq!(a.served_model_name, ["smol", "gpt-4o-mini"]);

@@ -5,6 +5,7 @@ pub mod app;
 pub mod auth;
 pub mod body_guard;
 pub mod chat;
+pub mod chat_messages;
 pub mod completions;
 pub mod config;
 pub mod engine_loop;

@@ -99,10 +99,45 @@ pub enum MessageContent {
     Parts(Vec<ContentPart>),
 }
 
+/// One turn of a chat request, as OpenAI's API takes it, agent loops
+/// included: `system`, `developer` (OpenAI's newer name for system),
+/// `user`, `assistant` (possibly calling tools) and `tool` (a call's
+/// result). `chat_messages` turns it into what the template sees.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct ChatRequestMessage {
     pub role: String,
-    pub content: MessageContent,
+    /// Null or absent only on an assistant turn that calls tools.
+    pub content: Option<MessageContent>,
+    /// The participant's name, which some templates show.
+    pub name: Option<String>,
+    /// The calls an assistant turn made.
+    pub tool_calls: Option<Vec<RequestToolCall>>,
+    /// On a `tool` turn: the call it answers.
+    pub tool_call_id: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct RequestToolCall {
+    pub id: String,
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: RequestFunctionCall,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct RequestFunctionCall {
+    pub name: String,
+    pub arguments: FunctionArguments,
+}
+
+/// A call's arguments: OpenAI sends the JSON object as a string; some
+/// clients send the object itself.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged, expecting = "expected a string of JSON or an object")]
+pub enum FunctionArguments {
+    Json(String),
+    Object(serde_json::Map<String, serde_json::Value>),
 }
 
 /// `POST /v1/chat/completions`: the completions sampling fields plus chat's
@@ -419,9 +454,9 @@ mod tests {
         .unwrap();
         assert_eq!(
             r.messages[0].content,
-            MessageContent::Text("be brief".into())
+            Some(MessageContent::Text("be brief".into()))
         );
-        let MessageContent::Parts(parts) = &r.messages[1].content else {
+        let Some(MessageContent::Parts(parts)) = &r.messages[1].content else {
             panic!()
         };
         assert_eq!(
@@ -436,6 +471,46 @@ mod tests {
         assert_eq!(
             (r.max_completion_tokens, r.logprobs, r.top_logprobs),
             (Some(9), Some(true), Some(2))
+        );
+    }
+
+    #[test]
+    fn agent_loop_messages() {
+        let m: Vec<ChatRequestMessage> = serde_json::from_value(json!([
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}
+            ]},
+            {"role": "assistant", "tool_calls": [
+                {"id": "c2", "type": "function", "function": {"name": "g", "arguments": {"b": 2}}}
+            ]},
+            {"role": "tool", "tool_call_id": "c1", "name": "f", "content": "3"}
+        ]))
+        .unwrap();
+        assert_eq!((&m[0].content, &m[1].content), (&None, &None));
+        let call = |i: usize| &m[i].tool_calls.as_ref().unwrap()[0];
+        assert_eq!(
+            (call(0).id.as_str(), call(0).kind.as_str()),
+            ("c1", "function")
+        );
+        assert_eq!(
+            call(0).function.arguments,
+            FunctionArguments::Json("{\"a\": 1}".into())
+        );
+        assert_eq!(
+            call(1).function.arguments,
+            FunctionArguments::Object(json!({"b": 2}).as_object().unwrap().clone())
+        );
+        assert_eq!(
+            (m[2].tool_call_id.as_deref(), m[2].name.as_deref()),
+            (Some("c1"), Some("f"))
+        );
+        let bad = json!([{"role": "assistant", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": 1}}
+        ]}]);
+        let e = serde_json::from_value::<Vec<ChatRequestMessage>>(bad).unwrap_err();
+        assert!(
+            e.to_string().contains("a string of JSON or an object"),
+            "{e}"
         );
     }
 

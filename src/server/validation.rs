@@ -9,11 +9,10 @@ use std::collections::HashMap;
 use serde::de::DeserializeOwned;
 use serde_path_to_error::Segment;
 
+use super::chat_messages;
 use super::error::ApiError;
-use super::protocol::{
-    ChatCompletionRequest, CompletionRequest, MessageContent, Prompt, Stop, StreamOptions,
-};
-use crate::chat_template::{ChatMessage, ChatTemplate};
+use super::protocol::{ChatCompletionRequest, CompletionRequest, Prompt, Stop, StreamOptions};
+use crate::chat_template::ChatTemplate;
 use crate::request_rules;
 use crate::sampling_params::{SamplingParams, MAX_LOGPROBS};
 use crate::tokenizer::Tokenizer;
@@ -23,8 +22,6 @@ pub const DEFAULT_COMPLETION_MAX_TOKENS: usize = 16;
 
 /// Largest `n` (OpenAI's limit): each choice is a sequence in the batch.
 pub const MAX_N: u32 = 128;
-
-const ROLES: [&str; 3] = ["system", "user", "assistant"];
 
 /// What validation needs to know about the served model.
 pub struct ModelContext<'a> {
@@ -398,9 +395,9 @@ pub fn validate_chat(
             None,
         )
     })?;
-    let messages = chat_messages(req)?;
+    let messages = chat_messages::conversation(&req.messages)?;
     let rendered = template
-        .render(&messages, true)
+        .render_with_tools(&messages, None, true)
         .map_err(|e| ApiError::bad_request(format!("{e:#}"), Some("messages")))?;
     let mut ids = encode(&rendered, ctx, "messages")?;
     // A template that writes BOS itself, under a tokenizer that also adds
@@ -446,55 +443,6 @@ pub fn validate_chat(
         logprobs,
         prompt_texts: Vec::new(),
     })
-}
-
-/// The conversation as the template sees it: text parts joined by newlines
-/// (as vLLM joins them).
-fn chat_messages(req: &ChatCompletionRequest) -> Result<Vec<ChatMessage>, ApiError> {
-    if req.messages.is_empty() {
-        return Err(ApiError::bad_request(
-            "messages must not be empty",
-            Some("messages"),
-        ));
-    }
-    req.messages
-        .iter()
-        .enumerate()
-        .map(|(i, m)| {
-            if !ROLES.contains(&m.role.as_str()) {
-                return Err(ApiError::bad_request(
-                    format!(
-                        "unsupported role {:?}: must be one of system, user, assistant",
-                        m.role
-                    ),
-                    Some(&format!("messages[{i}].role")),
-                ));
-            }
-            let content = match &m.content {
-                MessageContent::Text(t) => t.clone(),
-                MessageContent::Parts(parts) => parts
-                    .iter()
-                    .enumerate()
-                    .map(|(j, part)| match (part.kind.as_str(), &part.text) {
-                        ("text", Some(t)) => Ok(t.as_str()),
-                        ("text", None) => Err(ApiError::bad_request(
-                            "a text content part needs `text`",
-                            Some(&format!("messages[{i}].content[{j}].text")),
-                        )),
-                        (kind, _) => Err(ApiError::bad_request(
-                            format!("content part type {kind:?} is not supported: only \"text\""),
-                            Some(&format!("messages[{i}].content[{j}].type")),
-                        )),
-                    })
-                    .collect::<Result<Vec<_>, _>>()?
-                    .join("\n"),
-            };
-            Ok(ChatMessage {
-                role: m.role.clone(),
-                content,
-            })
-        })
-        .collect()
 }
 
 /// A request's sequences (each prompt `n` times) must fit what the server
@@ -777,9 +725,15 @@ mod tests {
         assert_rejects(chat(json!({"messages": []})), "messages");
         assert_rejects(
             chat(
-                json!({"messages": [{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}]}),
+                json!({"messages": [{"role": "user", "content": "a"}, {"role": "critic", "content": "b"}]}),
             ),
             "messages[1].role",
+        );
+        assert_rejects(
+            chat(
+                json!({"messages": [{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}]}),
+            ),
+            "messages[1].tool_call_id",
         );
         let e = assert_rejects(
             chat(
@@ -801,6 +755,36 @@ mod tests {
             "messages[0].content",
         );
         assert_rejects(chat(json!({"model": NAME})), "messages");
+    }
+
+    /// An agent loop's history reaches the template: the developer turn as
+    /// system, the tool result under its role (SmolLM2's template writes
+    /// any role, and no tool calls).
+    #[test]
+    fn chat_agent_history() {
+        let call = json!([{"id": "c1", "type": "function",
+                           "function": {"name": "clock", "arguments": "{}"}}]);
+        let plan = chat(json!({"messages": [
+            {"role": "developer", "content": "Be brief."},
+            {"role": "user", "content": "Time?"},
+            {"role": "assistant", "content": "Checking.", "tool_calls": call},
+            {"role": "tool", "tool_call_id": "c1", "name": "clock", "content": "09:07"}
+        ]}))
+        .unwrap();
+        let expected = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nTime?<|im_end|>\n\
+                        <|im_start|>assistant\nChecking.<|im_end|>\n<|im_start|>tool\n09:07<|im_end|>\n\
+                        <|im_start|>assistant\n";
+        assert_eq!(plan.prompts, vec![encode(expected)]);
+        // A turn that only calls tools has no content for this template to
+        // write: it fails as it does under transformers, with a 400.
+        let e = assert_rejects(
+            chat(json!({"messages": [
+                {"role": "user", "content": "Time?"},
+                {"role": "assistant", "content": null, "tool_calls": call}
+            ]})),
+            "messages",
+        );
+        assert!(e.message.contains("chat template"), "{}", e.message);
     }
 
     #[test]
