@@ -48,6 +48,8 @@ pub struct ModelState {
     pub vocab_size: usize,
     /// The model's context, or `--max-model-len` below it.
     pub max_context: usize,
+    /// Most tokens the KV pool holds for one sequence.
+    pub max_seq_tokens: usize,
     /// Most sequences (prompts times n) one request may ask for: what the
     /// batch and the queue hold together.
     pub max_choices: usize,
@@ -62,6 +64,7 @@ impl ModelState {
             aliases: &self.aliases,
             vocab_size: self.vocab_size,
             max_context: self.max_context,
+            max_seq_tokens: self.max_seq_tokens,
             max_choices: self.max_choices,
             tokenizer: &self.tokenizer,
             chat_template: self.chat_template.as_ref(),
@@ -202,6 +205,7 @@ fn load(args: &ServeArgs, metrics: Arc<Metrics>) -> anyhow::Result<ModelState> {
     let name = names.next().cloned().unwrap_or(loaded.name);
     let aliases = names.filter(|&n| *n != name).cloned().collect();
     metrics.set_model_name(&name);
+    let max_seq_tokens = engine.max_seq_tokens();
     let (handle, _join) = engine_loop::spawn(engine, metrics.clone(), args.max_waiting);
     let max_num_seqs = args.model.engine.max_num_seqs;
     Ok(ModelState {
@@ -211,6 +215,7 @@ fn load(args: &ServeArgs, metrics: Arc<Metrics>) -> anyhow::Result<ModelState> {
         chat_template: loaded.chat_template,
         vocab_size: info.vocab_size,
         max_context,
+        max_seq_tokens,
         max_choices: max_num_seqs + args.max_waiting,
         engine: handle,
         metrics,

@@ -32,6 +32,9 @@ pub struct ModelContext<'a> {
     pub vocab_size: usize,
     /// Prompt plus completion tokens must fit in this.
     pub max_context: usize,
+    /// Most tokens the KV pool holds for one sequence; the engine refuses
+    /// a request that could grow past it.
+    pub max_seq_tokens: usize,
     /// Most sequences (prompts times `n`) in one request.
     pub max_choices: usize,
     pub tokenizer: &'a Tokenizer,
@@ -354,8 +357,9 @@ pub fn validate_completion(
     })
 }
 
-/// Chat's `max_tokens` defaults to the rest of the context (as vLLM does),
-/// so a reply is never cut short by an arbitrary default.
+/// Chat's `max_tokens` defaults to what fits (as vLLM does): the rest of
+/// the context, and of what the KV pool can hold for one sequence, so a
+/// reply is never cut short by an arbitrary default, nor refused for one.
 pub fn validate_chat(
     req: &ChatCompletionRequest,
     ctx: &ModelContext,
@@ -411,7 +415,13 @@ pub fn validate_chat(
 
     let max_tokens = match requested_max {
         Some(m) => m as usize,
-        None if ids.len() < ctx.max_context => ctx.max_context - ids.len(),
+        // A pool too small for the prompt itself leaves 1, which the
+        // engine refuses, saying so.
+        None if ids.len() < ctx.max_context => ctx
+            .max_context
+            .min(ctx.max_seq_tokens)
+            .saturating_sub(ids.len())
+            .max(1),
         None => {
             return Err(ApiError::context_length_exceeded(
                 format!(
@@ -511,6 +521,7 @@ mod tests {
             aliases: &[],
             vocab_size: tokenizer.vocab_size(),
             max_context: 8192,
+            max_seq_tokens: 1 << 20,
             max_choices: 1280,
             tokenizer,
             chat_template: Some(template),
@@ -1009,6 +1020,13 @@ mod tests {
             "{}",
             e.message
         );
+        // ...nor more than the KV pool holds for one sequence.
+        let small_pool = ModelContext {
+            max_seq_tokens: p + 100,
+            ..ctx()
+        };
+        let plan = validate_chat(&req, &small_pool).unwrap();
+        assert_eq!(plan.params.max_tokens, 100);
     }
 
     #[test]
