@@ -10,6 +10,7 @@
 
 use super::error::ApiError;
 use super::protocol::{ChatRequestMessage, FunctionArguments, MessageContent, RequestToolCall};
+use super::unsupported;
 use crate::chat_template::{FunctionCall, Message, ToolCall};
 
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
@@ -29,6 +30,7 @@ pub fn conversation(messages: &[ChatRequestMessage]) -> Result<Vec<Message>, Api
 }
 
 fn message(m: &ChatRequestMessage, at: &str) -> Result<Message, ApiError> {
+    unsupported::refuse(&m.unknown, at)?;
     let field = |name: &str| format!("{at}.{name}");
     let role = match m.role.as_str() {
         "developer" => "system",
@@ -116,7 +118,10 @@ fn text(content: &MessageContent, at: &str) -> Result<String, ApiError> {
         .iter()
         .enumerate()
         .map(|(j, part)| match (part.kind.as_str(), &part.text) {
-            ("text", Some(t)) => Ok(t.as_str()),
+            ("text", Some(t)) => {
+                unsupported::refuse(&part.unknown, &format!("{at}[{j}]"))?;
+                Ok(t.as_str())
+            }
             ("text", None) => Err(ApiError::bad_request(
                 "a text content part needs `text`",
                 Some(&format!("{at}[{j}].text")),
@@ -131,6 +136,8 @@ fn text(content: &MessageContent, at: &str) -> Result<String, ApiError> {
 }
 
 fn tool_call(c: &RequestToolCall, at: &str) -> Result<ToolCall, ApiError> {
+    unsupported::refuse(&c.unknown, at)?;
+    unsupported::refuse(&c.function.unknown, &format!("{at}.function"))?;
     if c.kind != "function" {
         return Err(ApiError::bad_request(
             format!(

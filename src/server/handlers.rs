@@ -13,7 +13,8 @@ use axum::Json;
 use super::error::ApiError;
 use super::json_body::JsonBody;
 use super::protocol::*;
-use super::validation::{GenerationPlan, ModelContext};
+use super::unsupported;
+use super::validation::{check_model, GenerationPlan, ModelContext};
 use super::{AppState, ModelState};
 
 pub fn shutting_down() -> ApiError {
@@ -78,9 +79,7 @@ pub async fn model(
     Path(id): Path<String>,
 ) -> Result<Json<ModelCard>, ApiError> {
     let model = ready(&state)?;
-    if id != model.name && !model.aliases.contains(&id) {
-        return Err(ApiError::model_not_found(&id));
-    }
+    check_model(Some(&id), &model.name, &model.aliases)?;
     Ok(Json(model_card(&state, &model, &id)))
 }
 
@@ -140,6 +139,8 @@ pub async fn tokenize(
     JsonBody(req): JsonBody<TokenizeRequest>,
 ) -> Result<Json<TokenizeResponse>, ApiError> {
     let model = ready(&state)?;
+    unsupported::refuse(&req.unknown, "")?;
+    check_model(req.model.as_deref(), &model.name, &model.aliases)?;
     let text = req.prompt.or(req.content).ok_or_else(|| {
         ApiError::bad_request("either `prompt` or `content` is required", Some("prompt"))
     })?;
@@ -165,6 +166,8 @@ pub async fn detokenize(
     JsonBody(req): JsonBody<DetokenizeRequest>,
 ) -> Result<Json<DetokenizeResponse>, ApiError> {
     let model = ready(&state)?;
+    unsupported::refuse(&req.unknown, "")?;
+    check_model(req.model.as_deref(), &model.name, &model.aliases)?;
     crate::request_rules::check_token_ids(&req.tokens, model.vocab_size, "tokens")?;
     let text = model
         .tokenizer

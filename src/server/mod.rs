@@ -17,6 +17,7 @@ pub mod listener;
 pub mod metrics;
 pub mod protocol;
 pub mod respond;
+pub mod unsupported;
 pub mod validation;
 
 pub use app::{serve, AppState, ModelState};

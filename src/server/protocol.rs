@@ -1,7 +1,9 @@
 //! The OpenAI wire schema (plus the vLLM and llama.cpp extensions wick
-//! accepts). Requests ignore unknown fields, as OpenAI-compatible servers do,
-//! so clients sending newer or vendor-specific fields still work. Range checks
-//! live in `validation`, not here: serde only enforces types.
+//! accepts). Every request object collects the fields it does not declare
+//! in `unknown`, which validation refuses (`unsupported`): a field wick
+//! would ignore is an answer the client did not ask for, so declaring a
+//! field here is what makes wick accept it. Range checks live in
+//! `validation`, not here: serde only enforces types.
 //!
 //! Null versus absent follows OpenAI's wire format: `finish_reason` and
 //! `logprobs` are always present (null until known), `usage` appears only
@@ -46,9 +48,18 @@ impl Stop {
     }
 }
 
+/// The fields of a request object that its type does not declare, by
+/// name, in the order sent.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(transparent)]
+pub struct UnknownFields(pub serde_json::Map<String, serde_json::Value>);
+
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct StreamOptions {
     pub include_usage: Option<bool>,
+    /// Fields this type does not declare, refused by validation.
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
 }
 
 /// `POST /v1/completions`. Beyond OpenAI's fields: vLLM's `top_k`, `min_p`,
@@ -78,10 +89,17 @@ pub struct CompletionRequest {
     pub echo: Option<bool>,
     /// Any int64, as OpenAI allows; bit-cast to the engine's u64 seed.
     pub seed: Option<i64>,
+    /// Candidates per returned choice: only `n` itself (each choice its own
+    /// best) is served.
+    pub best_of: Option<u32>,
+    /// The end user, for the client's own records: changes nothing.
     pub user: Option<String>,
     pub ignore_eos: Option<bool>,
     pub min_tokens: Option<u32>,
     pub stop_token_ids: Option<Vec<u32>>,
+    /// Fields this type does not declare, refused by validation.
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
 }
 
 /// One content part of a chat message; only `text` parts are served.
@@ -90,6 +108,9 @@ pub struct ContentPart {
     #[serde(rename = "type")]
     pub kind: String,
     pub text: Option<String>,
+    /// Fields this type does not declare, refused by validation.
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -114,6 +135,9 @@ pub struct ChatRequestMessage {
     pub tool_calls: Option<Vec<RequestToolCall>>,
     /// On a `tool` turn: the call it answers.
     pub tool_call_id: Option<String>,
+    /// Fields this type does not declare, refused by validation.
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -123,12 +147,18 @@ pub struct RequestToolCall {
     #[serde(rename = "type")]
     pub kind: String,
     pub function: RequestFunctionCall,
+    /// Fields this type does not declare, refused by validation.
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct RequestFunctionCall {
     pub name: String,
     pub arguments: FunctionArguments,
+    /// Fields this type does not declare, refused by validation.
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
 }
 
 /// A call's arguments: OpenAI sends the JSON object as a string; some
@@ -164,10 +194,21 @@ pub struct ChatCompletionRequest {
     /// 0..=20, only with `logprobs: true`.
     pub top_logprobs: Option<u32>,
     pub seed: Option<i64>,
+    /// Output kinds: only `["text"]` is served.
+    pub modalities: Option<Vec<String>>,
+    // Metadata for the client's own records at OpenAI (who asked, whether
+    // and how to keep the completion, the processing tier): changes no
+    // output, so accepted and left unused.
     pub user: Option<String>,
+    pub store: Option<bool>,
+    pub metadata: Option<HashMap<String, String>>,
+    pub service_tier: Option<String>,
     pub ignore_eos: Option<bool>,
     pub min_tokens: Option<u32>,
     pub stop_token_ids: Option<Vec<u32>>,
+    /// Fields this type does not declare, refused by validation.
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -344,9 +385,14 @@ pub struct AddedTokenInfo {
 /// `POST /tokenize`: vLLM sends `prompt`, llama.cpp `content`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct TokenizeRequest {
+    /// vLLM's clients name the model; it must be a served name.
+    pub model: Option<String>,
     pub prompt: Option<String>,
     pub content: Option<String>,
     pub add_special_tokens: Option<bool>,
+    /// Fields this type does not declare, refused by validation.
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -358,7 +404,11 @@ pub struct TokenizeResponse {
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct DetokenizeRequest {
+    pub model: Option<String>,
     pub tokens: Vec<u32>,
+    /// Fields this type does not declare, refused by validation.
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
 }
 
 /// The text under both names: vLLM clients read `prompt`, llama.cpp's
@@ -417,12 +467,17 @@ mod tests {
     }
 
     #[test]
-    fn unknown_fields_are_ignored_and_nulls_are_absent() {
+    fn unknown_fields_are_collected_in_order_and_nulls_are_absent() {
         let r = completion(json!({
-            "prompt": "x", "suffix": "y", "best_of": 2, "temperature": null, "stop": "\n"
+            "prompt": "x", "suffix": "y", "best_of": 2, "temperature": null, "stop": "\n",
+            "guided_json": {"type": "object"}
         }));
         assert_eq!(r.temperature, None);
+        assert_eq!(r.best_of, Some(2));
         assert_eq!(r.stop.map(Stop::into_vec), Some(vec!["\n".to_string()]));
+        let unknown: Vec<&String> = r.unknown.0.keys().collect();
+        assert_eq!(unknown, ["suffix", "guided_json"]);
+        assert!(completion(json!({"prompt": "x"})).unknown.0.is_empty());
     }
 
     #[test]
@@ -463,9 +518,11 @@ mod tests {
             parts[0],
             ContentPart {
                 kind: "text".into(),
-                text: Some("hi".into())
+                text: Some("hi".into()),
+                unknown: UnknownFields::default(),
             }
         );
+        assert!(parts[1].unknown.0.contains_key("image_url"));
         assert_eq!(parts[1].kind, "image_url");
         assert_eq!(parts[1].text, None);
         assert_eq!(
