@@ -28,8 +28,8 @@ pub const MAX_N: u32 = 128;
 
 /// What validation needs to know about the served model.
 pub struct ModelContext<'a> {
-    /// The served model name; a request naming another (nor an alias)
-    /// gets a 404.
+    /// The served model name; a request naming neither it nor one of the
+    /// aliases gets a 404.
     pub name: &'a str,
     pub aliases: &'a [String],
     pub vocab_size: usize,
