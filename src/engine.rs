@@ -100,6 +100,12 @@ impl Engine {
         self.runner.model()
     }
 
+    /// Most tokens one sequence can ever hold: the whole KV pool. A request
+    /// that could grow past it is refused by [`Engine::add_request`].
+    pub fn max_seq_tokens(&self) -> usize {
+        self.scheduler.num_blocks() * self.scheduler.block_size()
+    }
+
     /// Queues a request after checking it can run at all.
     pub fn add_request(&mut self, prompt: Vec<u32>, params: SamplingParams) -> Result<SeqId> {
         let info = self.runner.model().info();

@@ -152,15 +152,16 @@ pub fn load_tokenizer(dir: &Path) -> Result<(Tokenizer, Option<ChatTemplate>)> {
         .or_else(|| ids(&gen_config["bos_token_id"]).first().copied())
         .or_else(|| ids(&model_config["bos_token_id"]).first().copied());
     // Generation stops at every id generation_config lists, and at the
-    // tokenizer's EOS.
+    // tokenizer's EOS, which goes first: it is the `eos_token` transformers
+    // gives templates and reports (Llama 3.1 lists `<|end_of_text|>` first
+    // in generation_config, but its tokenizer's EOS is `<|eot_id|>`).
     let mut eos_ids = ids(&gen_config["eos_token_id"]);
     if eos_ids.is_empty() {
         eos_ids = ids(&model_config["eos_token_id"]);
     }
     if let Some((_, id)) = &eos {
-        if !eos_ids.contains(id) {
-            eos_ids.push(*id);
-        }
+        eos_ids.retain(|e| e != id);
+        eos_ids.insert(0, *id);
     }
     // transformers adds BOS when `add_bos_token` says so, else when the
     // tokenizer's post-processor does; find the latter by trying it.
@@ -172,7 +173,9 @@ pub fn load_tokenizer(dir: &Path) -> Result<(Tokenizer, Option<ChatTemplate>)> {
             with.len() > without.len() && with.get_ids().first().copied() == bos_id
         }
     };
-    let tokenizer = Tokenizer::from_hf(inner, eos_ids, bos_id, add_bos);
+    let (pad, unk) = (special("pad_token"), special("unk_token"));
+    let tokenizer = Tokenizer::from_hf(inner, eos_ids, bos_id, add_bos)
+        .with_pad_and_unk(pad.map(|p| p.1), unk.map(|u| u.1));
 
     let jinja = dir.join("chat_template.jinja");
     let template = match jinja.is_file() {

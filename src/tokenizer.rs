@@ -95,6 +95,10 @@ pub struct Tokenizer {
     eos_ids: Vec<u32>,
     bos_id: Option<u32>,
     add_bos: bool,
+    /// The padding and unknown tokens the model's files name: reported to
+    /// clients (`/tokenizer_info`), never used by wick itself.
+    pad_id: Option<u32>,
+    unk_id: Option<u32>,
     /// Longest vocabulary string, in bytes.
     max_piece_bytes: usize,
 }
@@ -215,7 +219,12 @@ impl Tokenizer {
         eog.retain(|id| Some(*id) != eos);
         let eos_ids = eos.into_iter().chain(eog).collect();
 
-        Ok(Self::from_hf(inner, eos_ids, bos_id, add_bos))
+        Ok(
+            Self::from_hf(inner, eos_ids, bos_id, add_bos).with_pad_and_unk(
+                meta_u32(content, "tokenizer.ggml.padding_token_id")?,
+                meta_u32(content, "tokenizer.ggml.unknown_token_id")?,
+            ),
+        )
     }
 
     /// Wraps an already configured tokenizer. `encode` never runs its
@@ -238,7 +247,18 @@ impl Tokenizer {
             eos_ids,
             bos_id,
             add_bos,
+            pad_id: None,
+            unk_id: None,
             max_piece_bytes,
+        }
+    }
+
+    /// Names the padding and unknown tokens.
+    pub fn with_pad_and_unk(self, pad_id: Option<u32>, unk_id: Option<u32>) -> Tokenizer {
+        Tokenizer {
+            pad_id,
+            unk_id,
+            ..self
         }
     }
 
@@ -301,6 +321,14 @@ impl Tokenizer {
     /// Ids that end generation (EOS first).
     pub fn eos_ids(&self) -> &[u32] {
         &self.eos_ids
+    }
+
+    pub fn pad_id(&self) -> Option<u32> {
+        self.pad_id
+    }
+
+    pub fn unk_id(&self) -> Option<u32> {
+        self.unk_id
     }
 
     pub fn inner(&self) -> &tokenizers::Tokenizer {
@@ -384,6 +412,7 @@ mod tests {
         assert_eq!(tok.vocab_size(), 49152);
         assert_eq!(tok.bos_id(), Some(1));
         assert_eq!(tok.eos_ids(), &[2, 0, 4]);
+        assert_eq!((tok.pad_id(), tok.unk_id()), (Some(2), Some(0)));
         assert_eq!(tok.token_to_id("<|im_start|>"), Some(1));
         assert_eq!(tok.id_to_token(2).as_deref(), Some("<|im_end|>"));
         let ids = tok.encode("<|im_start|>user\nHi<|im_end|>\n").unwrap();

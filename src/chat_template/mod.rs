@@ -26,6 +26,9 @@ const TEMPLATE_NAME: &str = "chat";
 #[derive(Clone, Debug)]
 pub struct ChatTemplate {
     env: Environment<'static>,
+    /// The template's text, as clients that render prompts themselves ask
+    /// for it (vLLM's `/tokenizer_info`).
+    source: String,
     bos_token: String,
     eos_token: String,
 }
@@ -57,13 +60,18 @@ impl ChatTemplate {
         env.add_filter("tojson", pyjson::tojson);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", clock::strftime_now(clock::local_clock()));
-        env.add_template_owned(TEMPLATE_NAME, template)
+        env.add_template_owned(TEMPLATE_NAME, template.clone())
             .context("invalid chat template")?;
         Ok(ChatTemplate {
             env,
+            source: template,
             bos_token,
             eos_token,
         })
+    }
+
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// Makes `strftime_now` read `now` instead of the local clock.

@@ -38,11 +38,18 @@ use crate::tokenizer::Tokenizer;
 
 /// Everything a handler needs once the model is loaded.
 pub struct ModelState {
+    /// What responses and metrics call the model: the first
+    /// `--served-model-name`, else the loader's name for it.
     pub name: String,
+    /// The other `--served-model-name`s, which requests may use too.
+    pub aliases: Vec<String>,
     pub tokenizer: Tokenizer,
     pub chat_template: Option<ChatTemplate>,
     pub vocab_size: usize,
+    /// The model's context, or `--max-model-len` below it.
     pub max_context: usize,
+    /// Most tokens the KV pool holds for one sequence.
+    pub max_seq_tokens: usize,
     /// Most sequences (prompts times n) one request may ask for: what the
     /// batch and the queue hold together.
     pub max_choices: usize,
@@ -54,8 +61,10 @@ impl ModelState {
     pub fn context(&self) -> ModelContext<'_> {
         ModelContext {
             name: &self.name,
+            aliases: &self.aliases,
             vocab_size: self.vocab_size,
             max_context: self.max_context,
+            max_seq_tokens: self.max_seq_tokens,
             max_choices: self.max_choices,
             tokenizer: &self.tokenizer,
             chat_template: self.chat_template.as_ref(),
@@ -112,6 +121,9 @@ pub fn router(state: Arc<AppState>, cfg: &RouterConfig) -> anyhow::Result<Router
         .route("/v1/completions", post(completions::completions))
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/models", get(handlers::models))
+        // Hub-style names (`ORG/NAME`) hold a slash.
+        .route("/v1/models/{*id}", get(handlers::model))
+        .route("/tokenizer_info", get(handlers::tokenizer_info))
         .route("/health", get(handlers::health))
         .route("/metrics", get(handlers::metrics))
         .route("/tokenize", post(handlers::tokenize))
@@ -175,21 +187,35 @@ fn load(args: &ServeArgs, metrics: Arc<Metrics>) -> anyhow::Result<ModelState> {
     let device = crate::loader::device(&args.model.device)?;
     let loaded = crate::loader::load(&path, &args.model.load_options(), &device)?;
     let info = loaded.model.info().clone();
+    let max_context = match args.max_model_len {
+        Some(n) if n > info.max_context => anyhow::bail!(
+            "--max-model-len {n} is larger than the model's context of {} tokens",
+            info.max_context
+        ),
+        Some(0) => anyhow::bail!("--max-model-len must be at least 1"),
+        Some(n) => n,
+        None => info.max_context,
+    };
     let engine = Engine::new(
         loaded.model,
         loaded.tokenizer.eos_ids().to_vec(),
         &args.model.engine.config(),
     )?;
-    let name = args.served_model_name.clone().unwrap_or(loaded.name);
+    let mut names = args.served_model_name.iter().filter(|n| !n.is_empty());
+    let name = names.next().cloned().unwrap_or(loaded.name);
+    let aliases = names.filter(|&n| *n != name).cloned().collect();
     metrics.set_model_name(&name);
+    let max_seq_tokens = engine.max_seq_tokens();
     let (handle, _join) = engine_loop::spawn(engine, metrics.clone(), args.max_waiting);
     let max_num_seqs = args.model.engine.max_num_seqs;
     Ok(ModelState {
         name,
+        aliases,
         tokenizer: loaded.tokenizer,
         chat_template: loaded.chat_template,
         vocab_size: info.vocab_size,
-        max_context: info.max_context,
+        max_context,
+        max_seq_tokens,
         max_choices: max_num_seqs + args.max_waiting,
         engine: handle,
         metrics,

@@ -1,6 +1,7 @@
-//! `--api-key`: requests to the API (`/v1/…`, `/tokenize`, `/detokenize`)
-//! must carry `Authorization: Bearer KEY` with one of the keys; `/health`
-//! and `/metrics` stay open for probes and scrapers, as in vLLM.
+//! `--api-key`: requests to the API (`/v1/…`, `/tokenize`, `/detokenize`,
+//! `/tokenizer_info`) must carry `Authorization: Bearer KEY` with one of the
+//! keys; `/health` and `/metrics` stay open for probes and scrapers, as in
+//! vLLM.
 
 use std::sync::Arc;
 
@@ -30,7 +31,8 @@ impl ApiKeys {
 }
 
 fn is_protected(path: &str) -> bool {
-    path.starts_with("/v1/") || path == "/v1" || path == "/tokenize" || path == "/detokenize"
+    path.starts_with("/v1/")
+        || ["/v1", "/tokenize", "/detokenize", "/tokenizer_info"].contains(&path)
 }
 
 pub async fn require_api_key(State(keys): State<ApiKeys>, req: Request, next: Next) -> Response {
@@ -81,9 +83,11 @@ mod tests {
             "/v1/completions",
             "/v1/chat/completions",
             "/v1/models",
+            "/v1/models/HuggingFaceTB/SmolLM2",
             "/v1",
             "/tokenize",
             "/detokenize",
+            "/tokenizer_info",
         ] {
             assert!(is_protected(path), "{path}");
         }

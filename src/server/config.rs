@@ -24,9 +24,17 @@ pub struct ServeArgs {
     /// underscores); the command line and environment override it.
     #[arg(long, env = "WICK_CONFIG")]
     pub config: Option<PathBuf>,
-    /// The model name clients send and see; default: the model file's stem.
-    #[arg(long, env = "WICK_SERVED_MODEL_NAME")]
-    pub served_model_name: Option<String>,
+    /// The model's names, as vLLM's option: clients may send any of them
+    /// as `model`; the first is what responses and the metrics' label say.
+    /// Repeat for several; WICK_SERVED_MODEL_NAME takes a comma-separated
+    /// list. Default: the model file's stem.
+    #[arg(long, env = "WICK_SERVED_MODEL_NAME", value_delimiter = ',')]
+    pub served_model_name: Vec<String>,
+    /// Longest context (prompt plus completion tokens) a request may use,
+    /// below the model's own: it bounds what each sequence may take of the
+    /// KV pool. A value past the model's context is refused at start.
+    #[arg(long, env = "WICK_MAX_MODEL_LEN")]
+    pub max_model_len: Option<usize>,
     /// Most sequences queued beyond the free batch slots; a request that
     /// would queue more gets 503.
     #[arg(long, default_value_t = 1024, env = "WICK_MAX_WAITING")]
@@ -57,8 +65,8 @@ pub struct ServeArgs {
     /// Seconds to let in-flight requests finish after SIGINT/SIGTERM.
     #[arg(long, default_value_t = 30, env = "WICK_SHUTDOWN_GRACE_SECS")]
     pub shutdown_grace_secs: u64,
-    /// Require `Authorization: Bearer KEY` on /v1, /tokenize and
-    /// /detokenize (not /health or /metrics). Repeat for several keys;
+    /// Require `Authorization: Bearer KEY` on /v1, /tokenize, /detokenize
+    /// and /tokenizer_info (not /health or /metrics). Repeat for several keys;
     /// WICK_API_KEY takes a comma-separated list.
     #[arg(
         long,
@@ -249,7 +257,8 @@ mod tests {
         assert_eq!((a.client_timeout_secs, a.max_connections), (30, 4096));
         assert_eq!(a.allowed_origins, ["*"]);
         assert_eq!(a.log_format, LogFormat::Text);
-        assert!(a.model.model.is_none() && a.served_model_name.is_none());
+        assert!(a.model.model.is_none() && a.served_model_name.is_empty());
+        assert_eq!(a.max_model_len, None);
     }
 
     #[test]
@@ -284,6 +293,22 @@ mod tests {
             ["k3"],
             "the command line replaces the file's list"
         );
+    }
+
+    #[test]
+    fn served_model_names_and_max_model_len() {
+        let f =
+            toml_file("served_model_name = [\"smol\", \"gpt-4o-mini\"]\nmax_model_len = 2048\n");
+        let path = f.path().to_str().unwrap();
+        let a = load(command_no_env(), &["--config", path]).unwrap();
+        assert_eq!(a.served_model_name, ["smol", "gpt-4o-mini"]);
+        assert_eq!(a.max_model_len, Some(2048));
+        let a = load(
+            command_no_env(),
+            &["--served-model-name", "a", "--served-model-name", "b,c"],
+        )
+        .unwrap();
+        assert_eq!(a.served_model_name, ["a", "b", "c"]);
     }
 
     #[test]

@@ -66,6 +66,31 @@ impl ApiError {
         }
     }
 
+    /// 400 for a field wick does not implement, with OpenAI's code
+    /// `unsupported_parameter`: refused, never silently ignored.
+    pub fn unsupported_parameter(param: &str) -> Self {
+        let param = clip(param, MAX_ECHO_CHARS);
+        ApiError {
+            code: Some("unsupported_parameter".into()),
+            ..Self::bad_request(
+                format!(
+                    "Unsupported parameter: '{param}' is not supported by wick (it refuses \
+                     the fields it does not implement rather than ignore them)."
+                ),
+                Some(&param),
+            )
+        }
+    }
+
+    /// 400 for a field wick implements only for some values, with OpenAI's
+    /// code `unsupported_value`; `message` says what it takes.
+    pub fn unsupported_value(param: &str, message: impl Into<String>) -> Self {
+        ApiError {
+            code: Some("unsupported_value".into()),
+            ..Self::bad_request(message, Some(param))
+        }
+    }
+
     /// 400 with code `context_length_exceeded`, as OpenAI answers; `param` is
     /// `messages` for chat and `prompt` for completions (as OpenAI), or none
     /// when the engine refuses a prompt it was handed.

@@ -1,10 +1,11 @@
-//! The small endpoints (health, metrics, models, tokenize, detokenize) and
+//! The small endpoints (health, metrics, models, tokenizer info, tokenize,
+//! detokenize) and
 //! what every handler shares: the readiness check and validation off the
 //! async runtime. Generation lives in `completions` and `chat`.
 
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -12,7 +13,8 @@ use axum::Json;
 use super::error::ApiError;
 use super::json_body::JsonBody;
 use super::protocol::*;
-use super::validation::{GenerationPlan, ModelContext};
+use super::unsupported;
+use super::validation::{check_model, GenerationPlan, ModelContext};
 use super::{AppState, ModelState};
 
 pub fn shutting_down() -> ApiError {
@@ -60,17 +62,75 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
+/// One entry per served name, the main one first.
 pub async fn models(State(state): State<Arc<AppState>>) -> Result<Json<ModelList>, ApiError> {
     let model = ready(&state)?;
+    let names = std::iter::once(&model.name).chain(&model.aliases);
     Ok(Json(ModelList {
         object: "list".into(),
-        data: vec![ModelCard {
-            id: model.name.clone(),
-            object: "model".into(),
-            created: state.created,
-            owned_by: "wick".into(),
-            max_model_len: model.max_context,
-        }],
+        data: names.map(|id| model_card(&state, &model, id)).collect(),
+    }))
+}
+
+/// `GET /v1/models/{id}`: the card of one served name, or 404 as OpenAI
+/// answers for a model it does not have.
+pub async fn model(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<ModelCard>, ApiError> {
+    let model = ready(&state)?;
+    check_model(Some(&id), &model.name, &model.aliases)?;
+    Ok(Json(model_card(&state, &model, &id)))
+}
+
+fn model_card(state: &AppState, model: &ModelState, id: &str) -> ModelCard {
+    ModelCard {
+        id: id.to_string(),
+        object: "model".into(),
+        created: state.created,
+        owned_by: "wick".into(),
+        max_model_len: model.max_context,
+    }
+}
+
+/// transformers' name for a tokenizer built from a `tokenizer.json`, which
+/// is what wick's tokenizer is for every model it loads.
+const TOKENIZER_CLASS: &str = "PreTrainedTokenizerFast";
+
+pub async fn tokenizer_info(
+    State(state): State<Arc<AppState>>,
+) -> Result<Json<TokenizerInfo>, ApiError> {
+    let model = ready(&state)?;
+    let tok = &model.tokenizer;
+    let text = |id: Option<u32>| id.and_then(|id| tok.id_to_token(id));
+    let added_tokens_decoder = tok
+        .inner()
+        .get_added_tokens_decoder()
+        .into_iter()
+        .map(|(id, t)| {
+            let info = AddedTokenInfo {
+                content: t.content,
+                lstrip: t.lstrip,
+                normalized: t.normalized,
+                rstrip: t.rstrip,
+                single_word: t.single_word,
+                special: t.special,
+            };
+            (id, info)
+        })
+        .collect();
+    Ok(Json(TokenizerInfo {
+        tokenizer_class: TOKENIZER_CLASS.into(),
+        bos_token: text(tok.bos_id()),
+        eos_token: text(tok.eos_ids().first().copied()),
+        pad_token: text(tok.pad_id()),
+        unk_token: text(tok.unk_id()),
+        add_bos_token: tok.add_bos(),
+        add_eos_token: false,
+        model_max_length: model.max_context,
+        clean_up_tokenization_spaces: false,
+        added_tokens_decoder,
+        chat_template: model.chat_template.as_ref().map(|t| t.source().to_string()),
     }))
 }
 
@@ -79,6 +139,8 @@ pub async fn tokenize(
     JsonBody(req): JsonBody<TokenizeRequest>,
 ) -> Result<Json<TokenizeResponse>, ApiError> {
     let model = ready(&state)?;
+    unsupported::refuse(&req.unknown, "")?;
+    check_model(req.model.as_deref(), &model.name, &model.aliases)?;
     let text = req.prompt.or(req.content).ok_or_else(|| {
         ApiError::bad_request("either `prompt` or `content` is required", Some("prompt"))
     })?;
@@ -104,6 +166,8 @@ pub async fn detokenize(
     JsonBody(req): JsonBody<DetokenizeRequest>,
 ) -> Result<Json<DetokenizeResponse>, ApiError> {
     let model = ready(&state)?;
+    unsupported::refuse(&req.unknown, "")?;
+    check_model(req.model.as_deref(), &model.name, &model.aliases)?;
     crate::request_rules::check_token_ids(&req.tokens, model.vocab_size, "tokens")?;
     let text = model
         .tokenizer

@@ -5,6 +5,7 @@ pub mod app;
 pub mod auth;
 pub mod body_guard;
 pub mod chat;
+pub mod chat_messages;
 pub mod completions;
 pub mod config;
 pub mod engine_loop;
@@ -16,6 +17,7 @@ pub mod listener;
 pub mod metrics;
 pub mod protocol;
 pub mod respond;
+pub mod unsupported;
 pub mod validation;
 
 pub use app::{serve, AppState, ModelState};

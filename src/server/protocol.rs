@@ -1,13 +1,15 @@
 //! The OpenAI wire schema (plus the vLLM and llama.cpp extensions wick
-//! accepts). Requests ignore unknown fields, as OpenAI-compatible servers do,
-//! so clients sending newer or vendor-specific fields still work. Range checks
-//! live in `validation`, not here: serde only enforces types.
+//! accepts). Every request object collects the fields it does not declare
+//! in `unknown`, which validation refuses (`unsupported`): a field wick
+//! would ignore is an answer the client did not ask for, so declaring a
+//! field here is what makes wick accept it. Range checks live in
+//! `validation`, not here: serde only enforces types.
 //!
 //! Null versus absent follows OpenAI's wire format: `finish_reason` and
 //! `logprobs` are always present (null until known), `usage` appears only
 //! where it is reported, and a chat delta omits the fields it does not carry.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -46,9 +48,18 @@ impl Stop {
     }
 }
 
+/// The fields of a request object that its type does not declare, by
+/// name, in the order sent.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(transparent)]
+pub struct UnknownFields(pub serde_json::Map<String, serde_json::Value>);
+
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct StreamOptions {
     pub include_usage: Option<bool>,
+    /// Fields this type does not declare, refused by validation.
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
 }
 
 /// `POST /v1/completions`. Beyond OpenAI's fields: vLLM's `top_k`, `min_p`,
@@ -78,10 +89,17 @@ pub struct CompletionRequest {
     pub echo: Option<bool>,
     /// Any int64, as OpenAI allows; bit-cast to the engine's u64 seed.
     pub seed: Option<i64>,
+    /// Candidates per returned choice: only `n` itself (each choice its own
+    /// best) is served.
+    pub best_of: Option<u32>,
+    /// The end user, for the client's own records: changes nothing.
     pub user: Option<String>,
     pub ignore_eos: Option<bool>,
     pub min_tokens: Option<u32>,
     pub stop_token_ids: Option<Vec<u32>>,
+    /// Fields this type does not declare, refused by validation.
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
 }
 
 /// One content part of a chat message; only `text` parts are served.
@@ -90,6 +108,9 @@ pub struct ContentPart {
     #[serde(rename = "type")]
     pub kind: String,
     pub text: Option<String>,
+    /// Fields this type does not declare, refused by validation.
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -99,10 +120,54 @@ pub enum MessageContent {
     Parts(Vec<ContentPart>),
 }
 
+/// One turn of a chat request, as OpenAI's API takes it, agent loops
+/// included: `system`, `developer` (OpenAI's newer name for system),
+/// `user`, `assistant` (possibly calling tools) and `tool` (a call's
+/// result). `chat_messages` turns it into what the template sees.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct ChatRequestMessage {
     pub role: String,
-    pub content: MessageContent,
+    /// Null or absent only on an assistant turn that calls tools.
+    pub content: Option<MessageContent>,
+    /// The participant's name, which some templates show.
+    pub name: Option<String>,
+    /// The calls an assistant turn made.
+    pub tool_calls: Option<Vec<RequestToolCall>>,
+    /// On a `tool` turn: the call it answers.
+    pub tool_call_id: Option<String>,
+    /// Fields this type does not declare, refused by validation.
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct RequestToolCall {
+    pub id: String,
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: RequestFunctionCall,
+    /// Fields this type does not declare, refused by validation.
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct RequestFunctionCall {
+    pub name: String,
+    pub arguments: FunctionArguments,
+    /// Fields this type does not declare, refused by validation.
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
+}
+
+/// A call's arguments: OpenAI sends the JSON object as a string; some
+/// clients send the object itself.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged, expecting = "expected a string of JSON or an object")]
+pub enum FunctionArguments {
+    Json(String),
+    Object(serde_json::Map<String, serde_json::Value>),
 }
 
 /// `POST /v1/chat/completions`: the completions sampling fields plus chat's
@@ -129,10 +194,21 @@ pub struct ChatCompletionRequest {
     /// 0..=20, only with `logprobs: true`.
     pub top_logprobs: Option<u32>,
     pub seed: Option<i64>,
+    /// Output kinds: only `["text"]` is served.
+    pub modalities: Option<Vec<String>>,
+    // Metadata for the client's own records at OpenAI (who asked, whether
+    // and how to keep the completion, the processing tier): changes no
+    // output, so accepted and left unused.
     pub user: Option<String>,
+    pub store: Option<bool>,
+    pub metadata: Option<HashMap<String, String>>,
+    pub service_tier: Option<String>,
     pub ignore_eos: Option<bool>,
     pub min_tokens: Option<u32>,
     pub stop_token_ids: Option<Vec<u32>>,
+    /// Fields this type does not declare, refused by validation.
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -271,12 +347,52 @@ pub struct ModelList {
     pub data: Vec<ModelCard>,
 }
 
+/// `GET /tokenizer_info`, as vLLM answers it: the tokenizer's settings in
+/// the shape of transformers' `tokenizer_config.json`, for clients that
+/// tokenize and render chat prompts themselves (lm-eval's remote
+/// tokenizer reads `eos_token`, `bos_token`, `pad_token`, `chat_template`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenizerInfo {
+    /// The transformers class the tokenizer corresponds to.
+    pub tokenizer_class: String,
+    pub bos_token: Option<String>,
+    pub eos_token: Option<String>,
+    pub pad_token: Option<String>,
+    pub unk_token: Option<String>,
+    pub add_bos_token: bool,
+    pub add_eos_token: bool,
+    /// The served context (`--max-model-len` when set).
+    pub model_max_length: usize,
+    /// wick decodes text as the tokenizer spells it, without transformers'
+    /// clean-up of spaces before punctuation.
+    pub clean_up_tokenization_spaces: bool,
+    /// Every added token by id, as transformers lists them.
+    pub added_tokens_decoder: BTreeMap<u32, AddedTokenInfo>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AddedTokenInfo {
+    pub content: String,
+    pub lstrip: bool,
+    pub normalized: bool,
+    pub rstrip: bool,
+    pub single_word: bool,
+    pub special: bool,
+}
+
 /// `POST /tokenize`: vLLM sends `prompt`, llama.cpp `content`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct TokenizeRequest {
+    /// vLLM's clients name the model; it must be a served name.
+    pub model: Option<String>,
     pub prompt: Option<String>,
     pub content: Option<String>,
     pub add_special_tokens: Option<bool>,
+    /// Fields this type does not declare, refused by validation.
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -288,7 +404,11 @@ pub struct TokenizeResponse {
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct DetokenizeRequest {
+    pub model: Option<String>,
     pub tokens: Vec<u32>,
+    /// Fields this type does not declare, refused by validation.
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
 }
 
 /// The text under both names: vLLM clients read `prompt`, llama.cpp's
@@ -347,12 +467,17 @@ mod tests {
     }
 
     #[test]
-    fn unknown_fields_are_ignored_and_nulls_are_absent() {
+    fn unknown_fields_are_collected_in_order_and_nulls_are_absent() {
         let r = completion(json!({
-            "prompt": "x", "suffix": "y", "best_of": 2, "temperature": null, "stop": "\n"
+            "prompt": "x", "suffix": "y", "best_of": 2, "temperature": null, "stop": "\n",
+            "guided_json": {"type": "object"}
         }));
         assert_eq!(r.temperature, None);
+        assert_eq!(r.best_of, Some(2));
         assert_eq!(r.stop.map(Stop::into_vec), Some(vec!["\n".to_string()]));
+        let unknown: Vec<&String> = r.unknown.0.keys().collect();
+        assert_eq!(unknown, ["suffix", "guided_json"]);
+        assert!(completion(json!({"prompt": "x"})).unknown.0.is_empty());
     }
 
     #[test]
@@ -384,23 +509,65 @@ mod tests {
         .unwrap();
         assert_eq!(
             r.messages[0].content,
-            MessageContent::Text("be brief".into())
+            Some(MessageContent::Text("be brief".into()))
         );
-        let MessageContent::Parts(parts) = &r.messages[1].content else {
+        let Some(MessageContent::Parts(parts)) = &r.messages[1].content else {
             panic!()
         };
         assert_eq!(
             parts[0],
             ContentPart {
                 kind: "text".into(),
-                text: Some("hi".into())
+                text: Some("hi".into()),
+                unknown: UnknownFields::default(),
             }
         );
+        assert!(parts[1].unknown.0.contains_key("image_url"));
         assert_eq!(parts[1].kind, "image_url");
         assert_eq!(parts[1].text, None);
         assert_eq!(
             (r.max_completion_tokens, r.logprobs, r.top_logprobs),
             (Some(9), Some(true), Some(2))
+        );
+    }
+
+    #[test]
+    fn agent_loop_messages() {
+        let m: Vec<ChatRequestMessage> = serde_json::from_value(json!([
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}
+            ]},
+            {"role": "assistant", "tool_calls": [
+                {"id": "c2", "type": "function", "function": {"name": "g", "arguments": {"b": 2}}}
+            ]},
+            {"role": "tool", "tool_call_id": "c1", "name": "f", "content": "3"}
+        ]))
+        .unwrap();
+        assert_eq!((&m[0].content, &m[1].content), (&None, &None));
+        let call = |i: usize| &m[i].tool_calls.as_ref().unwrap()[0];
+        assert_eq!(
+            (call(0).id.as_str(), call(0).kind.as_str()),
+            ("c1", "function")
+        );
+        assert_eq!(
+            call(0).function.arguments,
+            FunctionArguments::Json("{\"a\": 1}".into())
+        );
+        assert_eq!(
+            call(1).function.arguments,
+            FunctionArguments::Object(json!({"b": 2}).as_object().unwrap().clone())
+        );
+        assert_eq!(
+            (m[2].tool_call_id.as_deref(), m[2].name.as_deref()),
+            (Some("c1"), Some("f"))
+        );
+        let bad = json!([{"role": "assistant", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": 1}}
+        ]}]);
+        let e = serde_json::from_value::<Vec<ChatRequestMessage>>(bad).unwrap_err();
+        assert!(
+            e.to_string().contains("a string of JSON or an object"),
+            "{e}"
         );
     }
 

@@ -26,6 +26,14 @@ def model(client):
     return models[0].id
 
 
+def test_models_retrieve(client, model):
+    m = client.models.retrieve(model)
+    assert (m.id, m.object, m.owned_by) == (model, "model", "wick")
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("no-such-model")
+    assert e.value.code == "model_not_found"
+
+
 def test_a_wrong_key_is_an_authentication_error():
     wrong = openai.OpenAI(base_url=BASE, api_key="sk-wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError) as e:
@@ -130,3 +138,27 @@ def test_bad_request_raises(client, model):
     assert e.value.status_code == 400
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="no-such-model", prompt="x")
+
+
+def test_agent_loop_history(client, model):
+    call = {"id": "call_1", "type": "function", "function": {"name": "clock", "arguments": "{}"}}
+    msgs = [
+        {"role": "developer", "content": "Answer with the time only."},
+        {"role": "user", "content": "What time is it?"},
+        {"role": "assistant", "content": "Checking.", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "09:07"},
+    ]
+    r = client.chat.completions.create(model=model, messages=msgs, max_tokens=4, temperature=0)
+    assert r.choices[0].message.role == "assistant"
+    assert r.usage.prompt_tokens > 20
+
+
+def test_unsupported_fields_are_refused_by_name(client, model):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=model, prompt="x", suffix="!")
+    assert (e.value.param, e.value.code) == ("suffix", "unsupported_parameter")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "x"}], extra_body={"guided_choice": ["a", "b"]}
+        )
+    assert e.value.param == "guided_choice"

@@ -1,0 +1,344 @@
+//! A chat request's messages to the conversation its template renders, as
+//! vLLM hands OpenAI-shaped messages to transformers' `apply_chat_template`:
+//! `developer` turns become `system` (templates know no other), text parts
+//! are joined by newlines, an assistant's tool calls keep their ids and get
+//! their `arguments` as an object (templates such as Llama 3.1's write
+//! `arguments | tojson`, which would quote OpenAI's JSON string), and tool
+//! results keep `tool_call_id`. What OpenAI's API refuses (a turn with
+//! neither content nor tool calls, a tool result answering no call) is
+//! refused here too, naming the field.
+
+use super::error::ApiError;
+use super::protocol::{ChatRequestMessage, FunctionArguments, MessageContent, RequestToolCall};
+use super::unsupported;
+use crate::chat_template::{FunctionCall, Message, ToolCall};
+
+const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+
+pub fn conversation(messages: &[ChatRequestMessage]) -> Result<Vec<Message>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::bad_request(
+            "messages must not be empty",
+            Some("messages"),
+        ));
+    }
+    messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| message(m, &format!("messages[{i}]")))
+        .collect()
+}
+
+fn message(m: &ChatRequestMessage, at: &str) -> Result<Message, ApiError> {
+    unsupported::refuse(&m.unknown, at)?;
+    let field = |name: &str| format!("{at}.{name}");
+    let role = match m.role.as_str() {
+        "developer" => "system",
+        r if ROLES.contains(&r) => r,
+        other => {
+            return Err(ApiError::bad_request(
+                format!(
+                    "unsupported role {other:?}: must be one of {}",
+                    ROLES.join(", ")
+                ),
+                Some(&field("role")),
+            ))
+        }
+    };
+    if m.tool_calls.is_some() && role != "assistant" {
+        return Err(ApiError::bad_request(
+            "only assistant messages carry tool_calls",
+            Some(&field("tool_calls")),
+        ));
+    }
+    if m.tool_calls.as_ref().is_some_and(Vec::is_empty) {
+        return Err(ApiError::bad_request(
+            "tool_calls must not be empty: leave it out when no tool is called",
+            Some(&field("tool_calls")),
+        ));
+    }
+    match (role, &m.tool_call_id) {
+        ("tool", None) => {
+            return Err(ApiError::bad_request(
+                "a tool message needs the tool_call_id of the call it answers",
+                Some(&field("tool_call_id")),
+            ))
+        }
+        ("tool", Some(_)) | (_, None) => {}
+        (_, Some(_)) => {
+            return Err(ApiError::bad_request(
+                "only tool messages carry tool_call_id",
+                Some(&field("tool_call_id")),
+            ))
+        }
+    }
+    let content = m
+        .content
+        .as_ref()
+        .map(|c| text(c, &field("content")))
+        .transpose()?;
+    if content.is_none() && m.tool_calls.is_none() {
+        let needs = match role {
+            "assistant" => "content or tool_calls",
+            _ => "content",
+        };
+        return Err(ApiError::bad_request(
+            format!("a {} message needs {needs}", m.role),
+            Some(&field("content")),
+        ));
+    }
+    let tool_calls = m
+        .tool_calls
+        .as_ref()
+        .map(|calls| {
+            calls
+                .iter()
+                .enumerate()
+                .map(|(j, c)| tool_call(c, &field(&format!("tool_calls[{j}]"))))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .transpose()?;
+    Ok(Message {
+        role: role.to_string(),
+        content,
+        tool_calls,
+        tool_call_id: m.tool_call_id.clone(),
+        name: m.name.clone(),
+    })
+}
+
+/// The text of a message: its text parts joined by newlines (as vLLM joins
+/// them); other kinds of part are not served.
+fn text(content: &MessageContent, at: &str) -> Result<String, ApiError> {
+    let parts = match content {
+        MessageContent::Text(t) => return Ok(t.clone()),
+        MessageContent::Parts(parts) => parts,
+    };
+    parts
+        .iter()
+        .enumerate()
+        .map(|(j, part)| match (part.kind.as_str(), &part.text) {
+            ("text", Some(t)) => {
+                unsupported::refuse(&part.unknown, &format!("{at}[{j}]"))?;
+                Ok(t.as_str())
+            }
+            ("text", None) => Err(ApiError::bad_request(
+                "a text content part needs `text`",
+                Some(&format!("{at}[{j}].text")),
+            )),
+            (kind, _) => Err(ApiError::bad_request(
+                format!("content part type {kind:?} is not supported: only \"text\""),
+                Some(&format!("{at}[{j}].type")),
+            )),
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(|texts| texts.join("\n"))
+}
+
+fn tool_call(c: &RequestToolCall, at: &str) -> Result<ToolCall, ApiError> {
+    unsupported::refuse(&c.unknown, at)?;
+    unsupported::refuse(&c.function.unknown, &format!("{at}.function"))?;
+    if c.kind != "function" {
+        return Err(ApiError::bad_request(
+            format!(
+                "tool call type {:?} is not supported: only \"function\"",
+                c.kind
+            ),
+            Some(&format!("{at}.type")),
+        ));
+    }
+    Ok(ToolCall {
+        id: Some(c.id.clone()),
+        kind: c.kind.clone(),
+        function: FunctionCall {
+            name: c.function.name.clone(),
+            arguments: arguments(&c.function.arguments),
+        },
+    })
+}
+
+/// The arguments as templates expect them: OpenAI's JSON string parsed
+/// into its object, empty meaning no arguments (both as vLLM does). A
+/// string that is not a JSON object stays a string: the template shows
+/// what the model wrote.
+fn arguments(args: &FunctionArguments) -> serde_json::Value {
+    use serde_json::Value;
+    match args {
+        FunctionArguments::Object(map) => Value::Object(map.clone()),
+        FunctionArguments::Json(s) if s.trim().is_empty() => Value::Object(Default::default()),
+        FunctionArguments::Json(s) => match serde_json::from_str::<Value>(s) {
+            Ok(object @ Value::Object(_)) => object,
+            _ => Value::String(s.clone()),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::StatusCode;
+    use serde_json::{json, Value};
+
+    use super::*;
+    use crate::chat_template::ChatTemplate;
+
+    const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/chat_templates");
+
+    fn convert(messages: Value) -> Result<Vec<Message>, ApiError> {
+        conversation(&serde_json::from_value::<Vec<ChatRequestMessage>>(messages).unwrap())
+    }
+
+    #[track_caller]
+    fn refused(messages: Value, param: &str) -> String {
+        let e = convert(messages).expect_err("should be refused");
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(e.param.as_deref(), Some(param), "{}", e.message);
+        e.message
+    }
+
+    /// Each `arguments` in a conversation, rewritten by `f`.
+    fn map_arguments(mut messages: Value, f: impl Fn(&Value) -> Value) -> Value {
+        for m in messages.as_array_mut().unwrap() {
+            for call in m["tool_calls"].as_array_mut().into_iter().flatten() {
+                let args = &mut call["function"]["arguments"];
+                *args = f(args);
+            }
+        }
+        messages
+    }
+
+    /// Every conversation of the template fixtures, sent as OpenAI sends it
+    /// (arguments as JSON strings), reaches the template exactly as the
+    /// fixtures hand it to transformers (arguments as objects), which
+    /// `tests/chat_templates.rs` renders against Jinja2.
+    #[test]
+    fn openai_wire_messages_become_the_fixture_conversations() {
+        let text = std::fs::read_to_string(format!("{FIXTURES}/expected.json")).unwrap();
+        let expected: Value = serde_json::from_str(&text).unwrap();
+        let cases = expected["cases"].as_object().unwrap();
+        for (name, case) in cases {
+            let fixture = case["messages"].clone();
+            let wire = map_arguments(fixture.clone(), |a| match a {
+                Value::String(_) => a.clone(),
+                object => Value::String(object.to_string()),
+            });
+            let want = map_arguments(fixture, |a| match a {
+                Value::String(s) => serde_json::from_str(s).unwrap(),
+                object => object.clone(),
+            });
+            let want: Vec<Message> = serde_json::from_value(want).unwrap();
+            assert_eq!(convert(wire).unwrap(), want, "case {name}");
+        }
+    }
+
+    #[test]
+    fn parsed_arguments_render_as_an_object() {
+        let source =
+            std::fs::read_to_string(format!("{FIXTURES}/meta-llama-Llama-3.1-8B-Instruct.jinja"))
+                .unwrap();
+        let template =
+            ChatTemplate::new(source, "<|begin_of_text|>".into(), "<|eot_id|>".into()).unwrap();
+        let messages = convert(json!([
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "21 C"}
+        ]))
+        .unwrap();
+        let text = template.render_with_tools(&messages, None, true).unwrap();
+        assert!(
+            text.contains(r#"{"name": "get_weather", "parameters": {"city": "Paris"}}"#),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn developer_is_system_and_parts_are_joined() {
+        let got = convert(json!([
+            {"role": "developer", "content": "Be brief.", "name": "ops"},
+            {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]}
+        ]))
+        .unwrap();
+        let want: Vec<Message> = serde_json::from_value(json!([
+            {"role": "system", "content": "Be brief.", "name": "ops"},
+            {"role": "user", "content": "Hi\nthere"}
+        ]))
+        .unwrap();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn arguments_as_templates_expect_them() {
+        let call = |args: Value| {
+            let m = convert(json!([{"role": "assistant", "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": "f", "arguments": args}}
+            ]}]))
+            .unwrap();
+            m[0].tool_calls.as_ref().unwrap()[0]
+                .function
+                .arguments
+                .clone()
+        };
+        assert_eq!(call(json!("{\"a\": [1]}")), json!({"a": [1]}));
+        assert_eq!(call(json!({"a": 1})), json!({"a": 1}));
+        assert_eq!(call(json!("")), json!({}));
+        assert_eq!(call(json!("  ")), json!({}));
+        // Not an object: shown as the model wrote it.
+        assert_eq!(call(json!("{\"a\": ")), json!("{\"a\": "));
+        assert_eq!(call(json!("[1, 2]")), json!("[1, 2]"));
+    }
+
+    #[test]
+    fn malformed_turns_are_refused_by_field() {
+        refused(json!([]), "messages");
+        let m = refused(
+            json!([{"role": "critic", "content": "x"}]),
+            "messages[0].role",
+        );
+        assert!(m.contains("developer") && m.contains("tool"), "{m}");
+        refused(
+            json!([{"role": "user", "content": "a"}, {"role": "assistant"}]),
+            "messages[1].content",
+        );
+        refused(
+            json!([{"role": "assistant", "content": null}]),
+            "messages[0].content",
+        );
+        refused(
+            json!([{"role": "user", "content": null}]),
+            "messages[0].content",
+        );
+        refused(
+            json!([{"role": "assistant", "content": "x", "tool_calls": []}]),
+            "messages[0].tool_calls",
+        );
+        let call =
+            json!([{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]);
+        refused(
+            json!([{"role": "user", "content": "x", "tool_calls": call}]),
+            "messages[0].tool_calls",
+        );
+        refused(
+            json!([{"role": "tool", "content": "x"}]),
+            "messages[0].tool_call_id",
+        );
+        refused(
+            json!([{"role": "user", "content": "x", "tool_call_id": "c"}]),
+            "messages[0].tool_call_id",
+        );
+        refused(
+            json!([{"role": "assistant", "tool_calls": [
+                {"id": "c", "type": "retrieval", "function": {"name": "f", "arguments": "{}"}}
+            ]}]),
+            "messages[0].tool_calls[0].type",
+        );
+        let m = refused(
+            json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]),
+            "messages[0].content[0].type",
+        );
+        assert!(m.contains("image_url"), "{m}");
+        refused(
+            json!([{"role": "user", "content": [{"type": "text"}]}]),
+            "messages[0].content[0].text",
+        );
+    }
+}

@@ -1,0 +1,119 @@
+//! No request field is silently ignored. A field wick honours is declared
+//! in `protocol` and acted on; harmless metadata (`user`, `store`,
+//! `metadata`, `service_tier`) is declared and left unused; anything else
+//! lands in its object's `unknown` fields and is refused here with a 400
+//! naming it, so a client is never answered a question it did not ask (a
+//! `suffix` left out, vLLM's `guided_json` dropped, an image unseen). A
+//! null counts as not sent, as it does for declared fields. Fields wick
+//! implements for some values only are checked here too.
+
+use super::error::ApiError;
+use super::protocol::UnknownFields;
+
+/// Ignored, as every unknown field once was, until wick implements tool
+/// calling and response formats: each leaves this list when `protocol`
+/// declares it.
+const NOT_YET_DECLARED: [&str; 4] = [
+    "tools",
+    "tool_choice",
+    "response_format",
+    "parallel_tool_calls",
+];
+
+/// Refuses the first field of `unknown` that is set, by its path under
+/// `at` (`""` for the body, or `messages[0]`, `stream_options`...).
+pub fn refuse(unknown: &UnknownFields, at: &str) -> Result<(), ApiError> {
+    refuse_except(unknown, at, &[])
+}
+
+/// [`refuse`] for the body of a completions or chat request.
+pub fn refuse_in_generation(unknown: &UnknownFields) -> Result<(), ApiError> {
+    refuse_except(unknown, "", &NOT_YET_DECLARED)
+}
+
+fn refuse_except(unknown: &UnknownFields, at: &str, ignored: &[&str]) -> Result<(), ApiError> {
+    let set = unknown
+        .0
+        .iter()
+        .find(|(name, value)| !value.is_null() && !ignored.contains(&name.as_str()));
+    match set {
+        Some((name, _)) if at.is_empty() => Err(ApiError::unsupported_parameter(name)),
+        Some((name, _)) => Err(ApiError::unsupported_parameter(&format!("{at}.{name}"))),
+        None => Ok(()),
+    }
+}
+
+/// `best_of` candidates per returned choice: only `n` (no choice picked
+/// over another) is served.
+pub fn best_of(best_of: Option<u32>, n: usize) -> Result<(), ApiError> {
+    match best_of {
+        Some(b) if b as usize != n => Err(ApiError::unsupported_value(
+            "best_of",
+            format!("best_of must equal n ({n}): wick does not rank candidates, got {b}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Chat `modalities`: text is the only output wick makes.
+pub fn modalities(modalities: Option<&[String]>) -> Result<(), ApiError> {
+    match modalities.into_iter().flatten().find(|m| *m != "text") {
+        Some(other) => Err(ApiError::unsupported_value(
+            "modalities",
+            format!("modality {other:?} is not supported: wick only outputs \"text\""),
+        )),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn unknown(v: serde_json::Value) -> UnknownFields {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn the_first_set_field_is_named() {
+        let u = unknown(json!({"a": null, "b": 1, "c": 2}));
+        let e = refuse(&u, "").unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("b"));
+        assert_eq!(e.code.as_deref(), Some("unsupported_parameter"));
+        assert!(e.message.contains("'b' is not supported"), "{}", e.message);
+        let e = refuse(&u, "messages[2]").unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[2].b"));
+        refuse(&unknown(json!({"a": null})), "").unwrap();
+        refuse(&UnknownFields::default(), "").unwrap();
+    }
+
+    #[test]
+    fn tool_fields_stay_ignored_in_generation_bodies_only() {
+        let u = unknown(json!({"tools": [], "tool_choice": "auto",
+                               "response_format": {"type": "json_object"},
+                               "parallel_tool_calls": false}));
+        refuse_in_generation(&u).unwrap();
+        assert_eq!(refuse(&u, "").unwrap_err().param.as_deref(), Some("tools"));
+        let e = refuse_in_generation(&unknown(json!({"tools": [], "suffix": "x"}))).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("suffix"));
+    }
+
+    #[test]
+    fn limited_values() {
+        best_of(None, 3).unwrap();
+        best_of(Some(1), 1).unwrap();
+        best_of(Some(2), 2).unwrap();
+        let e = best_of(Some(3), 1).unwrap_err();
+        assert_eq!(
+            (e.param.as_deref(), e.code.as_deref()),
+            (Some("best_of"), Some("unsupported_value"))
+        );
+        modalities(None).unwrap();
+        modalities(Some(&["text".into()])).unwrap();
+        let e = modalities(Some(&["text".into(), "audio".into()])).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("modalities"));
+        assert!(e.message.contains("audio"), "{}", e.message);
+    }
+}
