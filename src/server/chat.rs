@@ -1,5 +1,6 @@
 //! `POST /v1/chat/completions`: the handler and the builder that shapes its
-//! chunks (the role first, content deltas, an empty delta with the finish).
+//! chunks (the role first, content and tool-call deltas, an empty delta
+//! with the finish).
 
 use std::sync::Arc;
 
@@ -13,12 +14,15 @@ use super::error::ApiError;
 use super::generation;
 use super::protocol::{
     ChatChoice, ChatCompletionRequest, ChatDelta, ChatLogprobs, ChatTokenLogprob, ChunkChoice,
-    ResponseMessage, TopLogprob,
+    FunctionCallDelta, ResponseFunctionCall, ResponseMessage, ResponseToolCall, ToolCallDelta,
+    TopLogprob,
 };
 use super::respond::{respond, Envelope, OutputBuilder};
 use super::validation::validate_chat;
 use super::AppState;
 use crate::output::{Delta, TokenLogprob};
+use crate::sequence::FinishReason;
+use crate::tool_parser::{ToolCallParser, ToolEvent};
 
 pub async fn chat_completions(
     State(state): State<Arc<AppState>>,
@@ -32,6 +36,9 @@ pub async fn chat_completions(
     let builder = ChatBuilder {
         want_logprobs: plan.logprobs.is_some(),
         started: vec![false; g.num_choices()],
+        parsers: (0..g.num_choices()).map(|_| plan.tools.parser()).collect(),
+        calls: vec![0; g.num_choices()],
+        parallel: plan.tools.parallel,
     };
     let env = Envelope::new(format!("chatcmpl-{}", request_id(&headers)), &model.name);
     respond(g, builder, env, state.limits.stream_shape(&plan)).await
@@ -41,6 +48,11 @@ pub struct ChatBuilder {
     want_logprobs: bool,
     /// Per choice: its role chunk went out.
     started: Vec<bool>,
+    /// Per choice: the reader of its tool calls, when it may make some.
+    parsers: Vec<Option<ToolCallParser>>,
+    /// Per choice: tool calls sent so far.
+    calls: Vec<usize>,
+    parallel: bool,
 }
 
 fn chunk(index: usize, delta: ChatDelta) -> ChunkChoice {
@@ -67,24 +79,45 @@ impl OutputBuilder for ChatBuilder {
                 ChatDelta {
                     role: Some("assistant".into()),
                     content: Some(String::new()),
+                    tool_calls: None,
                 },
             ));
         }
-        if !d.text.is_empty() || !d.logprobs.is_empty() {
+        let mut logprobs = self.want_logprobs.then(|| chat_logprobs(&d.logprobs));
+        let deltas = match &mut self.parsers[i] {
+            None => vec![content(d.text)],
+            Some(parser) => {
+                let mut events = parser.push(&d.text);
+                if d.finish.is_some() {
+                    events.extend(parser.finish());
+                }
+                self.tool_deltas(i, events)
+            }
+        };
+        for delta in deltas {
+            let empty = delta.content.as_deref() == Some("") && delta.tool_calls.is_none();
+            if empty && logprobs.as_ref().is_none_or(|l| l.content.is_empty()) {
+                continue;
+            }
             out.push(ChunkChoice {
-                logprobs: self.want_logprobs.then(|| chat_logprobs(&d.logprobs)),
-                ..chunk(
-                    i,
-                    ChatDelta {
-                        role: None,
-                        content: Some(d.text),
-                    },
-                )
+                logprobs: logprobs.take(),
+                ..chunk(i, delta)
+            });
+        }
+        // Logprobs of tokens whose text is still held back.
+        if logprobs.as_ref().is_some_and(|l| !l.content.is_empty()) {
+            out.push(ChunkChoice {
+                logprobs,
+                ..chunk(i, content(String::new()))
             });
         }
         if let Some(f) = d.finish {
+            let reason = match f {
+                FinishReason::Stop if self.calls[i] > 0 => "tool_calls",
+                f => f.as_str(),
+            };
             out.push(ChunkChoice {
-                finish_reason: Some(f.as_str().to_string()),
+                finish_reason: Some(reason.to_string()),
                 ..chunk(i, ChatDelta::default())
             });
         }
@@ -96,7 +129,8 @@ impl OutputBuilder for ChatBuilder {
             index,
             message: ResponseMessage {
                 role: "assistant".into(),
-                content: String::new(),
+                content: Some(String::new()),
+                tool_calls: None,
             },
             logprobs: self.want_logprobs.then(ChatLogprobs::default),
             finish_reason: None,
@@ -108,8 +142,31 @@ impl OutputBuilder for ChatBuilder {
     }
 
     fn merge(choice: &mut ChatChoice, chunk: ChunkChoice) {
+        let message = &mut choice.message;
         if let Some(text) = chunk.delta.content {
-            choice.message.content.push_str(&text);
+            message.content.get_or_insert_default().push_str(&text);
+        }
+        for call in chunk.delta.tool_calls.into_iter().flatten() {
+            let calls = message.tool_calls.get_or_insert_default();
+            match call.id {
+                Some(id) => calls.push(ResponseToolCall {
+                    id,
+                    kind: "function".into(),
+                    function: ResponseFunctionCall {
+                        name: call.function.name.unwrap_or_default(),
+                        arguments: call.function.arguments.unwrap_or_default(),
+                    },
+                }),
+                None => {
+                    if let (Some(last), Some(more)) = (calls.last_mut(), call.function.arguments) {
+                        last.function.arguments.push_str(&more);
+                    }
+                }
+            }
+        }
+        // A reply that is only calls has null content, as OpenAI's.
+        if message.tool_calls.is_some() && message.content.as_deref() == Some("") {
+            message.content = None;
         }
         if let (Some(all), Some(more)) = (&mut choice.logprobs, chunk.logprobs) {
             all.content.extend(more.content);
@@ -118,6 +175,54 @@ impl OutputBuilder for ChatBuilder {
             choice.finish_reason = chunk.finish_reason;
         }
     }
+}
+
+impl ChatBuilder {
+    /// Tool-parser events as deltas; with `parallel_tool_calls` false, calls
+    /// after the first are dropped.
+    fn tool_deltas(&mut self, i: usize, events: Vec<ToolEvent>) -> Vec<ChatDelta> {
+        let mut out = Vec::new();
+        for ev in events {
+            let (index, id, name, arguments) = match ev {
+                ToolEvent::Content(text) => {
+                    out.push(content(text));
+                    continue;
+                }
+                ToolEvent::Start { index, name } => {
+                    self.calls[i] = index + 1;
+                    (index, Some(call_id()), Some(name), Some(String::new()))
+                }
+                ToolEvent::Arguments { index, text } => (index, None, None, Some(text)),
+            };
+            if index > 0 && !self.parallel {
+                self.calls[i] = 1;
+                continue;
+            }
+            out.push(ChatDelta {
+                tool_calls: Some(vec![ToolCallDelta {
+                    index,
+                    kind: id.as_ref().map(|_| "function".to_string()),
+                    id,
+                    function: FunctionCallDelta { name, arguments },
+                }]),
+                ..ChatDelta::default()
+            });
+        }
+        out
+    }
+}
+
+fn content(text: String) -> ChatDelta {
+    ChatDelta {
+        content: Some(text),
+        ..ChatDelta::default()
+    }
+}
+
+/// A fresh tool-call id in OpenAI's style (`call_` and 24 characters).
+fn call_id() -> String {
+    use rand::distr::{Alphanumeric, SampleString};
+    format!("call_{}", Alphanumeric.sample_string(&mut rand::rng(), 24))
 }
 
 fn chat_logprobs(lps: &[TokenLogprob]) -> ChatLogprobs {
@@ -139,5 +244,98 @@ fn chat_logprobs(lps: &[TokenLogprob]) -> ChatLogprobs {
                     .collect(),
             })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tool_parser::ToolFormat;
+
+    fn builder(parser: ToolCallParser, parallel: bool) -> ChatBuilder {
+        ChatBuilder {
+            want_logprobs: false,
+            started: vec![false],
+            parsers: vec![Some(parser)],
+            calls: vec![0],
+            parallel,
+        }
+    }
+
+    fn run(b: &mut ChatBuilder, pieces: &[&str]) -> (Vec<ChunkChoice>, ChatChoice) {
+        let mut chunks = Vec::new();
+        for (k, text) in pieces.iter().enumerate() {
+            let finish = (k + 1 == pieces.len()).then_some(FinishReason::Stop);
+            let delta = Delta {
+                text: text.to_string(),
+                finish,
+                ..Default::default()
+            };
+            chunks.extend(b.chunks(0, delta));
+        }
+        let mut whole = b.empty_choice(0);
+        for c in chunks.clone() {
+            ChatBuilder::merge(&mut whole, c);
+        }
+        (chunks, whole)
+    }
+
+    #[test]
+    fn tool_calls_stream_as_openai_deltas_and_merge_whole() {
+        let pieces = [
+            "Checking.",
+            "<tool_call>\n{\"name\": \"get_weather\", ",
+            "\"arguments\": {\"city\": ",
+            "\"Paris\"}}\n</tool_call>\n<tool_call>{\"name\": \"now\", \"arguments\": {}}",
+            "</tool_call>",
+        ];
+        let mut b = builder(ToolCallParser::new(ToolFormat::Hermes), true);
+        let (chunks, whole) = run(&mut b, &pieces);
+        let calls: Vec<&ToolCallDelta> = chunks
+            .iter()
+            .flat_map(|c| c.delta.tool_calls.iter().flatten())
+            .collect();
+        // Each call: id, type and name first, then its arguments in pieces.
+        assert_eq!(calls[0].function.name.as_deref(), Some("get_weather"));
+        assert!(calls[0].id.as_ref().unwrap().starts_with("call_"));
+        assert_eq!(calls[0].kind.as_deref(), Some("function"));
+        assert!(calls[1..3].iter().all(|c| c.id.is_none() && c.index == 0));
+        let last = chunks.last().unwrap();
+        assert_eq!(last.finish_reason.as_deref(), Some("tool_calls"));
+        let msg = &whole.message;
+        assert_eq!(msg.content.as_deref(), Some("Checking."));
+        let calls = msg.tool_calls.as_ref().unwrap();
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[0].function.name, "get_weather");
+        let args: serde_json::Value = serde_json::from_str(&calls[0].function.arguments).unwrap();
+        assert_eq!(args, serde_json::json!({"city": "Paris"}));
+        assert_eq!(
+            (
+                calls[1].function.name.as_str(),
+                calls[1].function.arguments.as_str()
+            ),
+            ("now", "{}")
+        );
+        assert_ne!(calls[0].id, calls[1].id);
+
+        // Without parallel calls only the first is kept; with no text
+        // around it the content is null.
+        let mut b = builder(ToolCallParser::new(ToolFormat::Hermes), false);
+        let (_, whole) = run(&mut b, &pieces[1..]);
+        assert_eq!(whole.message.content, None);
+        assert_eq!(whole.message.tool_calls.unwrap().len(), 1);
+        assert_eq!(whole.finish_reason.as_deref(), Some("tool_calls"));
+    }
+
+    #[test]
+    fn a_reply_without_calls_is_plain_content() {
+        let mut b = builder(ToolCallParser::new(ToolFormat::Hermes), true);
+        let (_, whole) = run(&mut b, &["Hello", " there <tool", "box>"]);
+        assert_eq!(
+            whole.message.content.as_deref(),
+            Some("Hello there <toolbox>")
+        );
+        assert_eq!(whole.message.tool_calls, None);
+        assert_eq!(whole.finish_reason.as_deref(), Some("stop"));
     }
 }

@@ -17,6 +17,7 @@ pub mod listener;
 pub mod metrics;
 pub mod protocol;
 pub mod respond;
+pub mod tools;
 pub mod unsupported;
 pub mod validation;
 

@@ -206,6 +206,70 @@ pub struct ChatCompletionRequest {
     pub ignore_eos: Option<bool>,
     pub min_tokens: Option<u32>,
     pub stop_token_ids: Option<Vec<u32>>,
+    /// Functions the model may call (OpenAI's `{"type": "function",
+    /// "function": {…}}`), shown to it through the chat template.
+    pub tools: Option<Vec<ToolDefinition>>,
+    pub tool_choice: Option<ToolChoice>,
+    /// Whether one reply may hold several calls (default true).
+    pub parallel_tool_calls: Option<bool>,
+    /// Fields this type does not declare, refused by validation.
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolDefinition {
+    /// Only `"function"`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionDefinition,
+    /// Fields this type does not declare, refused by validation.
+    #[serde(flatten, skip_serializing)]
+    pub unknown: UnknownFields,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FunctionDefinition {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// A JSON schema of the arguments object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<serde_json::Value>,
+    /// Arguments must follow `parameters` exactly: wick constrains forced
+    /// calls to the schema whatever this says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
+    /// Fields this type does not declare, refused by validation.
+    #[serde(flatten, skip_serializing)]
+    pub unknown: UnknownFields,
+}
+
+/// `"none"`, `"auto"`, `"required"`, or `{"type": "function", "function":
+/// {"name": …}}`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(
+    untagged,
+    expecting = "expected \"none\", \"auto\", \"required\" or a named function"
+)]
+pub enum ToolChoice {
+    Mode(String),
+    Named(NamedToolChoice),
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct NamedToolChoice {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: ToolChoiceFunction,
+    /// Fields this type does not declare, refused by validation.
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ToolChoiceFunction {
+    pub name: String,
     /// Fields this type does not declare, refused by validation.
     #[serde(flatten)]
     pub unknown: UnknownFields,
@@ -296,7 +360,46 @@ pub struct ChatLogprobs {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ResponseMessage {
     pub role: String,
-    pub content: String,
+    /// Null when the reply is only tool calls, as OpenAI sends it.
+    pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ResponseToolCall>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResponseToolCall {
+    pub id: String,
+    /// `"function"`
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: ResponseFunctionCall,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResponseFunctionCall {
+    pub name: String,
+    /// The arguments object as JSON text.
+    pub arguments: String,
+}
+
+/// A piece of one tool call in a stream: the first carries its `id`,
+/// `type` and name, the rest pieces of its arguments.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCallDelta {
+    pub index: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    pub function: FunctionCallDelta,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct FunctionCallDelta {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -317,6 +420,8 @@ pub struct ChatDelta {
     pub role: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -594,6 +699,7 @@ mod tests {
             ChatDelta {
                 role: Some("assistant".into()),
                 content: Some(String::new()),
+                tool_calls: None,
             },
             None,
             None,
@@ -687,7 +793,8 @@ mod tests {
                 index: 0,
                 message: ResponseMessage {
                     role: "assistant".into(),
-                    content: "Hi".into(),
+                    content: Some("Hi".into()),
+                    tool_calls: None,
                 },
                 logprobs: Some(ChatLogprobs {
                     content: vec![ChatTokenLogprob {

@@ -10,15 +10,9 @@
 use super::error::ApiError;
 use super::protocol::UnknownFields;
 
-/// Ignored, as every unknown field once was, until wick implements tool
-/// calling and response formats: each leaves this list when `protocol`
-/// declares it.
-const NOT_YET_DECLARED: [&str; 4] = [
-    "tools",
-    "tool_choice",
-    "response_format",
-    "parallel_tool_calls",
-];
+/// Ignored, as every unknown field once was, until wick implements
+/// response formats: it leaves this list when `protocol` declares it.
+const NOT_YET_DECLARED: [&str; 1] = ["response_format"];
 
 /// Refuses the first field of `unknown` that is set, by its path under
 /// `at` (`""` for the body, or `messages[0]`, `stream_options`...).
@@ -90,14 +84,16 @@ mod tests {
     }
 
     #[test]
-    fn tool_fields_stay_ignored_in_generation_bodies_only() {
-        let u = unknown(json!({"tools": [], "tool_choice": "auto",
-                               "response_format": {"type": "json_object"},
-                               "parallel_tool_calls": false}));
+    fn response_format_stays_ignored_in_generation_bodies_only() {
+        let u = unknown(json!({"response_format": {"type": "json_object"}}));
         refuse_in_generation(&u).unwrap();
-        assert_eq!(refuse(&u, "").unwrap_err().param.as_deref(), Some("tools"));
+        assert_eq!(
+            refuse(&u, "").unwrap_err().param.as_deref(),
+            Some("response_format")
+        );
+        // Completions declare no tools.
         let e = refuse_in_generation(&unknown(json!({"tools": [], "suffix": "x"}))).unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("suffix"));
+        assert_eq!(e.param.as_deref(), Some("tools"));
     }
 
     #[test]

@@ -14,6 +14,7 @@ use super::error::ApiError;
 use super::protocol::{
     ChatCompletionRequest, CompletionRequest, Prompt, Stop, StreamOptions, UnknownFields,
 };
+use super::tools::{self, ToolPlan};
 use super::unsupported;
 use crate::chat_template::ChatTemplate;
 use crate::request_rules;
@@ -62,6 +63,8 @@ pub struct GenerationPlan {
     /// The text of each prompt when `echo` is set (token prompts decoded);
     /// empty otherwise.
     pub prompt_texts: Vec<String>,
+    /// How tool calls are produced and read (chat only).
+    pub tools: ToolPlan,
 }
 
 /// Parses a request body. Invalid JSON is a 400 without `param`; a missing or
@@ -360,6 +363,7 @@ pub fn validate_completion(
         echo,
         logprobs,
         prompt_texts,
+        tools: ToolPlan::none(),
     })
 }
 
@@ -407,8 +411,9 @@ pub fn validate_chat(
         )
     })?;
     let messages = chat_messages::conversation(&req.messages)?;
+    let tools = tools::plan(req, template.source())?;
     let rendered = template
-        .render_with_tools(&messages, None, true)
+        .render_with_tools(&messages, tools.tools.as_ref(), true)
         .map_err(|e| ApiError::bad_request(format!("{e:#}"), Some("messages")))?;
     let mut ids = encode(&rendered, ctx, "messages")?;
     // A template that writes BOS itself, under a tokenizer that also adds
@@ -459,6 +464,7 @@ pub fn validate_chat(
         echo: false,
         logprobs,
         prompt_texts: Vec::new(),
+        tools,
     })
 }
 
@@ -1180,8 +1186,9 @@ mod tests {
     }
 
     /// What changes no output is accepted; so is a null anywhere (not
-    /// sent), `best_of` equal to `n`, text-only `modalities`, and the tool
-    /// and response-format fields, ignored until wick implements them.
+    /// sent), `best_of` equal to `n`, text-only `modalities`, `tool_choice`
+    /// none without tools, and the response-format field, ignored until
+    /// wick implements it.
     #[test]
     fn harmless_and_not_yet_implemented_fields_are_accepted() {
         completion(json!({"prompt": "x", "best_of": 1, "user": "u", "suffix": null, "foo": null}))
@@ -1191,7 +1198,7 @@ mod tests {
             user("x"),
             json!({"user": "u", "store": false, "metadata": {"run": "7"}, "service_tier": "auto",
                    "modalities": ["text"], "audio": null, "prediction": null,
-                   "tools": [], "tool_choice": "none", "response_format": {"type": "text"},
+                   "tool_choice": "none", "response_format": {"type": "text"},
                    "parallel_tool_calls": false}),
         ))
         .unwrap();
