@@ -7,6 +7,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use rayon::prelude::*;
 
 use crate::block_manager::BlockManager;
+use crate::constraint::TokenMask;
 use crate::error::{Result, WickError};
 use crate::kv_cache::{KvCache, KvDtype, KvLayout};
 use crate::model_runner::ModelRunner;
@@ -16,7 +17,7 @@ use crate::request_rules;
 use crate::sampler::{score_token, SampledToken};
 use crate::sampling_params::SamplingParams;
 use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
-use crate::sequence::{SeqId, Sequence, StepEvent};
+use crate::sequence::{FinishReason, SeqId, Sequence, StepEvent};
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -150,9 +151,18 @@ impl Engine {
             return Vec::new();
         }
         // Inside the rayon pool, the kernels' parallel calls are cheap forks
-        // rather than a cross-thread hand-off each.
+        // rather than a cross-thread hand-off each. Grammar masks for the
+        // rows about to sample are computed alongside the forward.
         let runner = &mut self.runner;
-        let result = rayon::scope(|_| catch_unwind(AssertUnwindSafe(|| runner.run(&batch))));
+        let mut constrained: Vec<&mut Sequence> = self
+            .scheduler
+            .scheduled_mut()
+            .filter(|s| s.params.constraint.is_some() && s.num_cached + s.chunk == s.len())
+            .collect();
+        let (result, masks) = rayon::join(
+            || catch_unwind(AssertUnwindSafe(|| runner.run(&batch))),
+            || grammar_masks(&mut constrained),
+        );
         let logits = match result {
             Ok(Ok(logits)) => logits,
             Ok(Err(e)) => return self.fail_scheduled(&e.to_string()),
@@ -165,15 +175,26 @@ impl Engine {
                 return self.fail_scheduled(&format!("model step panicked: {msg}"));
             }
         };
-        let sampled = rayon::scope(|_| self.sample(logits));
-        self.scheduler.postprocess(sampled, &self.eos_ids)
+        let (sampled, failed) = rayon::scope(|_| self.sample(logits, masks));
+        let mut events = self.scheduler.postprocess(sampled, &self.eos_ids);
+        for (id, msg) in failed {
+            self.scheduler.abort(id);
+            events.push(StepEvent::ended(id, FinishReason::Error(msg)));
+        }
+        events
     }
 
     /// Advances the cache cursors, scores prompt tokens where asked, and
     /// samples one token for every sequence whose pending tokens are now all
     /// cached, in parallel: each sequence draws from its own RNG, so the
-    /// order does not matter.
-    fn sample(&mut self, logits: Vec<Vec<f32>>) -> Vec<(SeqId, SampledToken)> {
+    /// order does not matter. A constrained row samples under its grammar
+    /// mask and advances its grammar; one whose grammar fails is returned
+    /// apart, with the error.
+    fn sample(
+        &mut self,
+        logits: Vec<Vec<f32>>,
+        mut masks: Vec<(SeqId, anyhow::Result<TokenMask>)>,
+    ) -> (Vec<(SeqId, SampledToken)>, Vec<Failure>) {
         let mut rows = logits.into_iter();
         let mut targets: Vec<(&mut Sequence, Vec<f32>)> = Vec::new();
         for seq in self.scheduler.scheduled_mut() {
@@ -194,20 +215,30 @@ impl Engine {
                 }
             }
         }
-        targets
-            .par_iter_mut()
+        // Each constrained row takes its mask along.
+        let mut targets: Vec<_> = targets
+            .into_iter()
             .map(|(seq, row)| {
-                let Sequence {
-                    id,
-                    sampler,
-                    tokens,
-                    prompt_len,
-                    ..
-                } = &mut **seq;
-                let (prompt, output) = tokens.split_at(*prompt_len);
-                (*id, sampler.sample(row, prompt, output))
+                let mask = masks
+                    .iter()
+                    .position(|(id, _)| *id == seq.id)
+                    .map(|at| masks.swap_remove(at).1);
+                (seq, row, mask)
             })
-            .collect()
+            .collect();
+        let results: Vec<(SeqId, std::result::Result<SampledToken, String>)> = targets
+            .par_iter_mut()
+            .map(|(seq, row, mask)| (seq.id, sample_one(seq, row, mask.take())))
+            .collect();
+        let mut sampled = Vec::with_capacity(results.len());
+        let mut failed = Vec::new();
+        for (id, r) in results {
+            match r {
+                Ok(t) => sampled.push((id, t)),
+                Err(msg) => failed.push((id, msg)),
+            }
+        }
+        (sampled, failed)
     }
 
     /// A failed forward fails exactly the sequences that were in it.
@@ -215,6 +246,48 @@ impl Engine {
         tracing::error!("engine step failed: {msg}");
         self.scheduler.fail_scheduled(msg)
     }
+}
+
+/// A sequence that could not sample, and why.
+type Failure = (SeqId, String);
+
+/// Samples one token for `seq` from `row`, under its grammar's mask when
+/// it has one, and advances the grammar past it.
+fn sample_one(
+    seq: &mut Sequence,
+    row: &mut [f32],
+    mask: Option<anyhow::Result<TokenMask>>,
+) -> std::result::Result<SampledToken, String> {
+    let grammar_error = |e: anyhow::Error| format!("the output grammar failed: {e:#}");
+    if let Some(mask) = mask {
+        mask.map_err(grammar_error)?.apply(row);
+    }
+    let Sequence {
+        sampler,
+        tokens,
+        prompt_len,
+        params,
+        ..
+    } = seq;
+    let (prompt, output) = tokens.split_at(*prompt_len);
+    let token = sampler.sample(row, prompt, output);
+    if let Some(c) = &mut params.constraint {
+        if !c.is_finished() {
+            c.commit(token.id).map_err(grammar_error)?;
+        }
+    }
+    Ok(token)
+}
+
+/// The grammar masks of the constrained rows about to sample; nothing is
+/// allocated when there are none.
+fn grammar_masks(seqs: &mut [&mut Sequence]) -> Vec<(SeqId, anyhow::Result<TokenMask>)> {
+    seqs.par_iter_mut()
+        .filter_map(|s| {
+            let id = s.id;
+            s.params.constraint.as_mut().map(|c| (id, c.mask()))
+        })
+        .collect()
 }
 
 /// Scores the prompt tokens that `rows` (logits at positions `first..`)

@@ -9,6 +9,7 @@ pub mod bench;
 pub mod block_manager;
 pub mod chat_template;
 pub mod cli;
+pub mod constraint;
 pub mod detokenizer;
 pub mod engine;
 pub mod error;

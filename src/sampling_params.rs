@@ -3,6 +3,7 @@
 //! Ranges follow the OpenAI API where it defines the parameter and vLLM
 //! otherwise, so clients written for either are accepted unchanged.
 
+use crate::constraint::Constraint;
 use serde::{Deserialize, Serialize};
 
 use crate::error::WickError;
@@ -48,6 +49,10 @@ pub struct SamplingParams {
     /// Score the prompt tokens too, with this many top alternatives each
     /// (0..=20; vLLM's `prompt_logprobs`, what completions' echo needs).
     pub prompt_logprobs: Option<usize>,
+    /// A grammar the output must follow (compiled by the caller, off the
+    /// scheduler thread); the sequence stops at EOS once it is complete.
+    #[serde(skip)]
+    pub constraint: Option<Constraint>,
 }
 
 impl Default for SamplingParams {
@@ -69,6 +74,7 @@ impl Default for SamplingParams {
             ignore_eos: false,
             logprobs: None,
             prompt_logprobs: None,
+            constraint: None,
         }
     }
 }

@@ -155,7 +155,10 @@ impl Sequence {
         let p = &self.params;
         let may_stop = self.output().len() > p.min_tokens;
         let is_eos = !p.ignore_eos && eos_ids.contains(&token);
-        if may_stop && (is_eos || p.stop_token_ids.contains(&token)) {
+        // A constrained sequence samples EOS only where its grammar allows
+        // the output to end.
+        let grammar_end = p.constraint.is_some() && eos_ids.contains(&token);
+        if grammar_end || (may_stop && (is_eos || p.stop_token_ids.contains(&token))) {
             Some(FinishReason::Stop)
         } else if self.len() >= self.max_len {
             Some(FinishReason::Length)

@@ -33,6 +33,7 @@ use super::respond::StreamShape;
 use super::validation::{GenerationPlan, ModelContext};
 use super::{chat, completions, handlers};
 use crate::chat_template::ChatTemplate;
+use crate::constraint::ConstraintFactory;
 use crate::engine::Engine;
 use crate::tokenizer::Tokenizer;
 
@@ -55,6 +56,9 @@ pub struct ModelState {
     pub max_choices: usize,
     pub engine: EngineHandle,
     pub metrics: Arc<Metrics>,
+    /// Compiles output grammars; `None` if this vocabulary could not be
+    /// mapped to bytes (then constrained output is refused).
+    pub constraints: Option<ConstraintFactory>,
 }
 
 impl ModelState {
@@ -68,6 +72,7 @@ impl ModelState {
             max_choices: self.max_choices,
             tokenizer: &self.tokenizer,
             chat_template: self.chat_template.as_ref(),
+            constraints: self.constraints.as_ref(),
         }
     }
 }
@@ -208,6 +213,9 @@ fn load(args: &ServeArgs, metrics: Arc<Metrics>) -> anyhow::Result<ModelState> {
     let max_seq_tokens = engine.max_seq_tokens();
     let (handle, _join) = engine_loop::spawn(engine, metrics.clone(), args.max_waiting);
     let max_num_seqs = args.model.engine.max_num_seqs;
+    let constraints = ConstraintFactory::new(&loaded.tokenizer)
+        .inspect_err(|e| tracing::warn!("constrained output is unavailable: {e:#}"))
+        .ok();
     Ok(ModelState {
         name,
         aliases,
@@ -219,6 +227,7 @@ fn load(args: &ServeArgs, metrics: Arc<Metrics>) -> anyhow::Result<ModelState> {
         max_choices: max_num_seqs + args.max_waiting,
         engine: handle,
         metrics,
+        constraints,
     })
 }
 

@@ -97,6 +97,31 @@ pub struct CompletionRequest {
     pub ignore_eos: Option<bool>,
     pub min_tokens: Option<u32>,
     pub stop_token_ids: Option<Vec<u32>>,
+    pub response_format: Option<ResponseFormat>,
+    /// Fields this type does not declare, refused by validation.
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
+}
+
+/// `{"type": "text"}`, `{"type": "json_object"}` or `{"type":
+/// "json_schema", "json_schema": {"name", "schema", "strict"}}`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ResponseFormat {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub json_schema: Option<JsonSchemaFormat>,
+    /// Fields this type does not declare, refused by validation.
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct JsonSchemaFormat {
+    pub name: Option<String>,
+    pub description: Option<String>,
+    pub schema: Option<serde_json::Value>,
+    /// Output follows the schema exactly: wick always constrains it so.
+    pub strict: Option<bool>,
     /// Fields this type does not declare, refused by validation.
     #[serde(flatten)]
     pub unknown: UnknownFields,
@@ -212,6 +237,7 @@ pub struct ChatCompletionRequest {
     pub tool_choice: Option<ToolChoice>,
     /// Whether one reply may hold several calls (default true).
     pub parallel_tool_calls: Option<bool>,
+    pub response_format: Option<ResponseFormat>,
     /// Fields this type does not declare, refused by validation.
     #[serde(flatten)]
     pub unknown: UnknownFields,

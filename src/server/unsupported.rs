@@ -10,26 +10,10 @@
 use super::error::ApiError;
 use super::protocol::UnknownFields;
 
-/// Ignored, as every unknown field once was, until wick implements
-/// response formats: it leaves this list when `protocol` declares it.
-const NOT_YET_DECLARED: [&str; 1] = ["response_format"];
-
 /// Refuses the first field of `unknown` that is set, by its path under
 /// `at` (`""` for the body, or `messages[0]`, `stream_options`...).
 pub fn refuse(unknown: &UnknownFields, at: &str) -> Result<(), ApiError> {
-    refuse_except(unknown, at, &[])
-}
-
-/// [`refuse`] for the body of a completions or chat request.
-pub fn refuse_in_generation(unknown: &UnknownFields) -> Result<(), ApiError> {
-    refuse_except(unknown, "", &NOT_YET_DECLARED)
-}
-
-fn refuse_except(unknown: &UnknownFields, at: &str, ignored: &[&str]) -> Result<(), ApiError> {
-    let set = unknown
-        .0
-        .iter()
-        .find(|(name, value)| !value.is_null() && !ignored.contains(&name.as_str()));
+    let set = unknown.0.iter().find(|(_, value)| !value.is_null());
     match set {
         Some((name, _)) if at.is_empty() => Err(ApiError::unsupported_parameter(name)),
         Some((name, _)) => Err(ApiError::unsupported_parameter(&format!("{at}.{name}"))),
@@ -81,19 +65,6 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("messages[2].b"));
         refuse(&unknown(json!({"a": null})), "").unwrap();
         refuse(&UnknownFields::default(), "").unwrap();
-    }
-
-    #[test]
-    fn response_format_stays_ignored_in_generation_bodies_only() {
-        let u = unknown(json!({"response_format": {"type": "json_object"}}));
-        refuse_in_generation(&u).unwrap();
-        assert_eq!(
-            refuse(&u, "").unwrap_err().param.as_deref(),
-            Some("response_format")
-        );
-        // Completions declare no tools.
-        let e = refuse_in_generation(&unknown(json!({"tools": [], "suffix": "x"}))).unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("tools"));
     }
 
     #[test]

@@ -12,11 +12,13 @@ use serde_path_to_error::Segment;
 use super::chat_messages;
 use super::error::ApiError;
 use super::protocol::{
-    ChatCompletionRequest, CompletionRequest, Prompt, Stop, StreamOptions, UnknownFields,
+    ChatCompletionRequest, CompletionRequest, Prompt, ResponseFormat, Stop, StreamOptions,
+    UnknownFields,
 };
 use super::tools::{self, ToolPlan};
 use super::unsupported;
 use crate::chat_template::ChatTemplate;
+use crate::constraint::{Constraint, ConstraintFactory, Grammar};
 use crate::request_rules;
 use crate::sampling_params::{SamplingParams, MAX_LOGPROBS};
 use crate::tokenizer::Tokenizer;
@@ -43,6 +45,7 @@ pub struct ModelContext<'a> {
     pub max_choices: usize,
     pub tokenizer: &'a Tokenizer,
     pub chat_template: Option<&'a ChatTemplate>,
+    pub constraints: Option<&'a ConstraintFactory>,
 }
 
 /// A validated request, ready to submit: `n` sequences per prompt, each with
@@ -136,6 +139,7 @@ struct Common<'r> {
     ignore_eos: Option<bool>,
     min_tokens: Option<u32>,
     stop_token_ids: Option<&'r Vec<u32>>,
+    response_format: Option<&'r ResponseFormat>,
 }
 
 /// `n`, `stream` and `include_usage` once checked.
@@ -169,6 +173,7 @@ macro_rules! common_from {
                     ignore_eos: r.ignore_eos,
                     min_tokens: r.min_tokens,
                     stop_token_ids: r.stop_token_ids.as_ref(),
+                    response_format: r.response_format.as_ref(),
                 }
             }
         }
@@ -181,7 +186,7 @@ common_from!(ChatCompletionRequest);
 impl Common<'_> {
     /// The checks that need no tokenizing, so a bad request is refused cheaply.
     fn check(&self, ctx: &ModelContext) -> Result<Shape, ApiError> {
-        unsupported::refuse_in_generation(self.unknown)?;
+        unsupported::refuse(self.unknown, "")?;
         if let Some(options) = self.stream_options {
             unsupported::refuse(&options.unknown, "stream_options")?;
         }
@@ -262,9 +267,89 @@ impl Common<'_> {
             ignore_eos: self.ignore_eos.unwrap_or(false),
             logprobs,
             prompt_logprobs: None,
+            constraint: None,
         };
         params.validate(ctx.vocab_size)?;
         Ok(params)
+    }
+
+    /// The grammar the output must follow: `response_format`'s, or `forced`
+    /// (a tool call; `param` names its field), compiled here, off the
+    /// scheduler thread. A bad schema is the client's error.
+    fn constraint(
+        &self,
+        forced: Option<(Grammar, &str)>,
+        ctx: &ModelContext,
+    ) -> Result<Option<Constraint>, ApiError> {
+        let format = self
+            .response_format
+            .map(response_format)
+            .transpose()?
+            .flatten();
+        let (grammar, param) = match (format, forced) {
+            (None, None) => return Ok(None),
+            (Some(_), Some((_, param))) => return Err(ApiError::bad_request(
+                format!(
+                    "response_format cannot be combined with {param}: both constrain the output"
+                ),
+                Some("response_format"),
+            )),
+            (Some(g), None) => (g, "response_format"),
+            (None, Some((g, param))) => (g, param),
+        };
+        // The grammar decides where the output ends.
+        for (field, set) in [
+            ("ignore_eos", self.ignore_eos == Some(true)),
+            ("min_tokens", self.min_tokens.is_some_and(|m| m > 0)),
+        ] {
+            if set {
+                return Err(ApiError::bad_request(
+                    format!("{field} cannot be combined with {param}, whose grammar decides where the output ends"),
+                    Some(field),
+                ));
+            }
+        }
+        let factory = ctx.constraints.ok_or_else(|| {
+            ApiError::bad_request(
+                "constrained output is not available for this model's vocabulary",
+                Some(param),
+            )
+        })?;
+        factory
+            .compile(&grammar)
+            .map(Some)
+            .map_err(|e| ApiError::bad_request(format!("invalid {param}: {e:#}"), Some(param)))
+    }
+}
+
+/// The grammar of a `response_format`; `None` for plain text.
+fn response_format(f: &ResponseFormat) -> Result<Option<Grammar>, ApiError> {
+    unsupported::refuse(&f.unknown, "response_format")?;
+    match (f.kind.as_str(), &f.json_schema) {
+        ("text", _) => Ok(None),
+        ("json_object", _) => Ok(Some(Grammar::JsonObject)),
+        ("json_schema", Some(js)) => {
+            unsupported::refuse(&js.unknown, "response_format.json_schema")?;
+            match &js.schema {
+                Some(schema) if schema.is_object() || schema.is_boolean() => {
+                    Ok(Some(Grammar::JsonSchema(schema.clone())))
+                }
+                Some(_) => Err(ApiError::bad_request(
+                    "response_format.json_schema.schema must be a JSON schema object",
+                    Some("response_format.json_schema.schema"),
+                )),
+                // OpenAI's default: any JSON object.
+                None => Ok(Some(Grammar::JsonObject)),
+            }
+        }
+        ("json_schema", None) => Err(ApiError::bad_request(
+            "response_format of type json_schema needs a json_schema object",
+            Some("response_format.json_schema"),
+        )),
+        (other, _) => Err(ApiError::unsupported_value(
+            "response_format.type",
+            format!("response_format type must be text, json_object or json_schema, got {other:?}"),
+        )),
     }
 }
 
@@ -330,6 +415,7 @@ pub fn validate_completion(
         .map_or(DEFAULT_COMPLETION_MAX_TOKENS, |m| m as usize);
     let logprobs = req.logprobs.map(|k| k as usize);
     let mut params = common.params(max_tokens, logprobs, ctx)?;
+    params.constraint = common.constraint(None, ctx)?;
     // OpenAI's echo with logprobs scores the echoed prompt as well.
     if echo {
         params.prompt_logprobs = logprobs;
@@ -453,8 +539,13 @@ pub fn validate_chat(
             e.param = Some(max_param.to_string());
         }
     }
-    let params = params?;
+    let mut params = params?;
     check_context(ids.len(), max_tokens, ctx, "messages")?;
+    let forced = tools
+        .schema
+        .clone()
+        .map(|s| (Grammar::JsonSchema(s), "tool_choice"));
+    params.constraint = common.constraint(forced, ctx)?;
     Ok(GenerationPlan {
         prompts: vec![ids],
         params,
@@ -549,7 +640,13 @@ mod tests {
             max_choices: 1280,
             tokenizer,
             chat_template: Some(template),
+            constraints: Some(constraints()),
         }
+    }
+
+    fn constraints() -> &'static ConstraintFactory {
+        static FACTORY: OnceLock<ConstraintFactory> = OnceLock::new();
+        FACTORY.get_or_init(|| ConstraintFactory::new(&model().0).unwrap())
     }
 
     fn completion(body: Value) -> Result<GenerationPlan, ApiError> {
@@ -658,6 +755,7 @@ mod tests {
             ignore_eos: true,
             logprobs: Some(2),
             prompt_logprobs: None,
+            constraint: None,
         };
         assert_eq!(plan.params, expected);
         assert_eq!((plan.n, plan.stream, plan.include_usage), (3, true, true));

@@ -1,0 +1,213 @@
+//! Constrained decoding with llguidance: a grammar (JSON, a JSON schema, or
+//! Lark) turns into a per-sequence matcher that says, before each sample,
+//! which tokens may come next.
+//!
+//! The token trie llguidance walks is built once per model from wick's own
+//! tokenizer: every id's bytes, with special tokens marked as toktrie
+//! expects (a 0xFF byte before their text), so grammars never produce them
+//! by accident. Compiling a grammar can take a while for a large schema, so
+//! the server does it on a blocking thread before the request reaches the
+//! scheduler.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use llguidance::api::TopLevelGrammar;
+use llguidance::{Matcher, ParserFactory};
+use serde_json::Value;
+use tokenizers::DecoderWrapper;
+use toktrie::{ApproximateTokEnv, SimpleVob, TokRxInfo, TokTrie};
+
+use crate::tokenizer::Tokenizer;
+
+/// What a sequence's output must follow.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Grammar {
+    /// Any JSON object (OpenAI's `json_object`).
+    JsonObject,
+    /// A value valid against this JSON schema.
+    JsonSchema(Value),
+    /// A Lark grammar, in llguidance's dialect.
+    Lark(String),
+}
+
+impl Grammar {
+    fn top_level(&self) -> TopLevelGrammar {
+        let json = |mut schema: Value| {
+            // JSON as Python's json.dumps writes it, not whatever whitespace
+            // the model drifts into (a schema's own x-guidance wins).
+            if let Some(obj) = schema.as_object_mut() {
+                obj.entry("x-guidance").or_insert(serde_json::json!({
+                    "whitespace_flexible": false,
+                    "item_separator": ", ",
+                    "key_separator": ": ",
+                }));
+            }
+            TopLevelGrammar::from_json_schema(schema)
+        };
+        match self {
+            Grammar::JsonObject => json(serde_json::json!({"type": "object"})),
+            Grammar::JsonSchema(schema) => json(schema.clone()),
+            Grammar::Lark(text) => TopLevelGrammar::from_lark(text.clone()),
+        }
+    }
+}
+
+/// Compiles grammars against one model's vocabulary; shared by all
+/// requests.
+pub struct ConstraintFactory {
+    factory: ParserFactory,
+}
+
+impl ConstraintFactory {
+    pub fn new(tok: &Tokenizer) -> Result<Self> {
+        let eos = *tok
+            .eos_ids()
+            .first()
+            .context("the tokenizer has no EOS token")?;
+        let words = token_bytes(tok)?;
+        let info = TokRxInfo {
+            tok_bos: tok.bos_id(),
+            tok_pad: tok.pad_id(),
+            tok_unk: tok.unk_id(),
+            ..TokRxInfo::new(words.len() as u32, eos)
+        };
+        let env: toktrie::TokEnv = Arc::new(ApproximateTokEnv::new(TokTrie::from(&info, &words)));
+        let mut factory = ParserFactory::new_simple(&env)?;
+        // Grammar errors reach the client as a 400; nothing for stderr.
+        factory.quiet();
+        Ok(ConstraintFactory { factory })
+    }
+
+    /// A fresh matcher for one sequence; an invalid grammar is an error
+    /// whose message names what is wrong.
+    pub fn compile(&self, grammar: &Grammar) -> Result<Constraint> {
+        let parser = self.factory.create_parser(grammar.top_level())?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            bail!("{e}");
+        }
+        Ok(Constraint {
+            grammar: grammar.clone(),
+            matcher,
+        })
+    }
+}
+
+/// One sequence's position in its grammar.
+#[derive(Clone)]
+pub struct Constraint {
+    grammar: Grammar,
+    matcher: Matcher,
+}
+
+impl std::fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Constraint({:?})", self.grammar)
+    }
+}
+
+/// Two constraints are alike when they follow the same grammar.
+impl PartialEq for Constraint {
+    fn eq(&self, other: &Self) -> bool {
+        self.grammar == other.grammar
+    }
+}
+
+impl Constraint {
+    /// The tokens allowed next; once the grammar is complete, EOS alone.
+    pub fn mask(&mut self) -> Result<TokenMask> {
+        Ok(TokenMask(self.matcher.compute_mask_or_eos()?))
+    }
+
+    /// Advances past a sampled token.
+    pub fn commit(&mut self, token: u32) -> Result<()> {
+        self.matcher.consume_token(token)
+    }
+
+    /// The grammar is complete: nothing but EOS may follow.
+    pub fn is_finished(&self) -> bool {
+        self.matcher.is_stopped()
+    }
+}
+
+/// Which tokens a constrained row may sample.
+#[derive(Debug, Clone)]
+pub struct TokenMask(SimpleVob);
+
+impl TokenMask {
+    /// Sets every disallowed logit to -inf (ids past the vocabulary too:
+    /// a model's head may be padded).
+    pub fn apply(&self, logits: &mut [f32]) {
+        for (id, l) in logits.iter_mut().enumerate() {
+            if id >= self.0.len() || !self.0.is_allowed(id as u32) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+}
+
+/// Every id's bytes as generated text, special tokens marked.
+fn token_bytes(tok: &Tokenizer) -> Result<Vec<Vec<u8>>> {
+    let inner = tok.inner();
+    let byte_level = matches!(inner.get_decoder(), Some(DecoderWrapper::ByteLevel(_)));
+    let unicode_to_byte: HashMap<char, u8> = gpt2_byte_chars()
+        .into_iter()
+        .enumerate()
+        .map(|(b, c)| (c, b as u8))
+        .collect();
+    let added = inner.get_added_tokens_decoder();
+    let mut words = vec![Vec::new(); tok.vocab_size()];
+    for (id, word) in words.iter_mut().enumerate() {
+        let id = id as u32;
+        if let Some(t) = added.get(&id) {
+            *word = if t.special {
+                [&[TokTrie::SPECIAL_TOKEN_MARKER][..], t.content.as_bytes()].concat()
+            } else {
+                t.content.as_bytes().to_vec()
+            };
+            continue;
+        }
+        let Some(piece) = inner.id_to_token(id) else {
+            continue;
+        };
+        *word = if byte_level {
+            piece
+                .chars()
+                .map(|c| unicode_to_byte.get(&c).copied())
+                .collect::<Option<Vec<u8>>>()
+                .with_context(|| format!("token {id} ({piece:?}) is not byte-level text"))?
+        } else if let Some(b) = sentencepiece_byte(&piece) {
+            vec![b]
+        } else {
+            piece.replace('\u{2581}', " ").into_bytes()
+        };
+    }
+    Ok(words)
+}
+
+/// `<0xAB>`: SentencePiece's byte-fallback pieces.
+fn sentencepiece_byte(piece: &str) -> Option<u8> {
+    let hex = piece.strip_prefix("<0x")?.strip_suffix('>')?;
+    (hex.len() == 2)
+        .then(|| u8::from_str_radix(hex, 16).ok())
+        .flatten()
+}
+
+/// GPT-2's byte-to-character table: printable bytes stand for themselves,
+/// the rest for characters from U+0100 on, in byte order.
+fn gpt2_byte_chars() -> Vec<char> {
+    let printable = |b: u32| (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || b >= 0xae;
+    let mut next = 0x100;
+    (0u32..256)
+        .map(|b| {
+            if printable(b) {
+                char::from_u32(b).unwrap_or('?')
+            } else {
+                next += 1;
+                char::from_u32(next - 1).unwrap_or('?')
+            }
+        })
+        .collect()
+}
