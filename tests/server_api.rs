@@ -399,7 +399,7 @@ async fn unsupported_fields_answer_400_naming_them() {
         chat(
             json!({"user": "u1", "store": false, "metadata": {"run": "7"},
                     "service_tier": "auto", "modalities": ["text"], "suffix": null,
-                    "tools": [], "response_format": {"type": "text"}}),
+                    "tool_choice": "none", "response_format": {"type": "text"}}),
         ),
     )
     .await;

@@ -107,6 +107,22 @@ fn message(m: &ChatRequestMessage, at: &str) -> Result<Message, ApiError> {
     })
 }
 
+/// The conversation with `""` as the content of turns that have none (an
+/// assistant turn that only calls tools), as vLLM hands them over: for
+/// templates that add every turn's content, which transformers' absent
+/// content breaks. `None` when every turn has content.
+pub fn with_empty_content(messages: &[Message]) -> Option<Vec<Message>> {
+    messages.iter().any(|m| m.content.is_none()).then(|| {
+        messages
+            .iter()
+            .map(|m| Message {
+                content: Some(m.content.clone().unwrap_or_default()),
+                ..m.clone()
+            })
+            .collect()
+    })
+}
+
 /// The text of a message: its text parts joined by newlines (as vLLM joins
 /// them); other kinds of part are not served.
 fn text(content: &MessageContent, at: &str) -> Result<String, ApiError> {

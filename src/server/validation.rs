@@ -288,12 +288,14 @@ impl Common<'_> {
             .flatten();
         let (grammar, param) = match (format, forced) {
             (None, None) => return Ok(None),
-            (Some(_), Some((_, param))) => return Err(ApiError::bad_request(
-                format!(
+            (Some(_), Some((_, param))) => {
+                return Err(ApiError::bad_request(
+                    format!(
                     "response_format cannot be combined with {param}: both constrain the output"
                 ),
-                Some("response_format"),
-            )),
+                    Some("response_format"),
+                ))
+            }
             (Some(g), None) => (g, "response_format"),
             (None, Some((g, param))) => (g, param),
         };
@@ -498,8 +500,14 @@ pub fn validate_chat(
     })?;
     let messages = chat_messages::conversation(&req.messages)?;
     let tools = tools::plan(req, template.source())?;
-    let rendered = template
-        .render_with_tools(&messages, tools.tools.as_ref(), true)
+    let render = |messages: &[_]| template.render_with_tools(messages, tools.tools.as_ref(), true);
+    // Rendered as transformers would first; a template that cannot take a
+    // turn without content gets it as vLLM sends it.
+    let rendered = render(&messages)
+        .or_else(|e| match chat_messages::with_empty_content(&messages) {
+            Some(filled) => render(&filled),
+            None => Err(e),
+        })
         .map_err(|e| ApiError::bad_request(format!("{e:#}"), Some("messages")))?;
     let mut ids = encode(&rendered, ctx, "messages")?;
     // A template that writes BOS itself, under a tokenizer that also adds

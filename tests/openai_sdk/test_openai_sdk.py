@@ -4,6 +4,7 @@ Run by tests/openai_sdk.rs with WICK_BASE_URL pointing at a started `wick
 serve` that requires the API key WICK_API_KEY.
 """
 import asyncio
+import json
 import os
 
 import httpx
@@ -162,3 +163,57 @@ def test_unsupported_fields_are_refused_by_name(client, model):
             model=model, messages=[{"role": "user", "content": "x"}], extra_body={"guided_choice": ["a", "b"]}
         )
     assert e.value.param == "guided_choice"
+
+
+def test_parse_with_a_pydantic_model(client, model):
+    from typing import Literal
+
+    import pydantic
+
+    class Book(pydantic.BaseModel):
+        title: str = pydantic.Field(max_length=40)
+        year: int = pydantic.Field(ge=1400, le=2100)
+        genre: Literal["novel", "poetry", "history"]
+
+    for seed in range(3):
+        r = client.chat.completions.parse(
+            model=model,
+            messages=[{"role": "user", "content": "Name a book."}],
+            response_format=Book,
+            max_tokens=80,
+            temperature=1.0,
+            seed=seed,
+        )
+        book = r.choices[0].message.parsed
+        assert isinstance(book, Book), r
+        assert 1400 <= book.year <= 2100
+
+
+def test_tools_required_and_named(client, model):
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Current weather in a city",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string", "maxLength": 30}},
+                    "required": ["city"],
+                    "additionalProperties": False,
+                },
+            },
+        }
+    ]
+    msgs = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    for choice in ["required", {"type": "function", "function": {"name": "get_weather"}}]:
+        r = client.chat.completions.create(model=model, messages=msgs, tools=tools, tool_choice=choice, max_tokens=60)
+        c = r.choices[0]
+        assert c.finish_reason == "tool_calls"
+        call = c.message.tool_calls[0]
+        assert call.function.name == "get_weather"
+        assert isinstance(json.loads(call.function.arguments)["city"], str)
+        # The call goes back as history, with its result.
+        follow = msgs + [c.message.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": call.id, "content": "4 C"}]
+        r2 = client.chat.completions.create(model=model, messages=follow, max_tokens=4)
+        assert r2.choices[0].message.role == "assistant"

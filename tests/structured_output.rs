@@ -1,0 +1,315 @@
+//! Constrained output over HTTP on the default model: `response_format`
+//! (JSON object, JSON schema) and forced tool calls (`tool_choice`
+//! required or named) always give output that parses and follows its
+//! schema, sampled hot, streamed or whole; rows without a grammar are
+//! untouched by the constrained rows beside them.
+
+mod common;
+
+use serde_json::{json, Value};
+
+use common::{chunks, post, sse, Server};
+
+/// The schema the tests constrain to, and a check of a value against it
+/// written out by hand: every required key, its type and bounds, and no
+/// other key.
+fn person_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 24},
+            "age": {"type": "integer", "minimum": 0, "maximum": 130},
+            "mood": {"enum": ["happy", "sad", "calm"]},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3},
+        },
+        "required": ["name", "age", "mood", "tags"],
+        "additionalProperties": false,
+    })
+}
+
+fn assert_person(v: &Value) {
+    let o = v
+        .as_object()
+        .unwrap_or_else(|| panic!("not an object: {v}"));
+    let mut keys: Vec<&str> = o.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    assert_eq!(keys, ["age", "mood", "name", "tags"], "{v}");
+    assert!(
+        v["name"].as_str().is_some_and(|s| s.chars().count() <= 24),
+        "{v}"
+    );
+    assert!(
+        v["age"].as_i64().is_some_and(|a| (0..=130).contains(&a)),
+        "{v}"
+    );
+    assert!(
+        ["happy", "sad", "calm"].contains(&v["mood"].as_str().unwrap_or("")),
+        "{v}"
+    );
+    let tags = v["tags"].as_array().unwrap();
+    assert!(
+        tags.len() <= 3
+            && tags
+                .iter()
+                .all(|t| t.as_str().is_some_and(|s| s.chars().count() <= 12)),
+        "{v}"
+    );
+}
+
+fn ask(extra: Value) -> Value {
+    let mut body = json!({
+        "messages": [{"role": "user", "content": "Describe a person."}],
+        "max_tokens": 120,
+        "temperature": 1.0,
+    });
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    body
+}
+
+/// The text of choice 0 of a stream, and its finish reason.
+fn streamed_content(events: &[String]) -> (String, String) {
+    let cs = chunks(events);
+    let text = cs
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    let finish = cs
+        .iter()
+        .find_map(|c| c["choices"][0]["finish_reason"].as_str())
+        .unwrap()
+        .to_string();
+    (text, finish)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn json_outputs_parse_and_follow_their_schema_at_temperature_1() {
+    let s = Server::start(&[]);
+    let schema = json!({"type": "json_schema",
+                        "json_schema": {"name": "person", "schema": person_schema(), "strict": true}});
+    for seed in 0..6 {
+        let (st, r) = post(
+            &s,
+            "/v1/chat/completions",
+            ask(json!({"seed": seed, "response_format": schema})),
+        )
+        .await;
+        assert_eq!(st, 200, "{r}");
+        assert_eq!(r["choices"][0]["finish_reason"], "stop", "{r}");
+        let text = r["choices"][0]["message"]["content"].as_str().unwrap();
+        assert_person(&serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}")));
+
+        let mut body = ask(json!({"seed": seed, "response_format": schema, "stream": true}));
+        body["max_tokens"] = json!(120);
+        let (text, finish) = streamed_content(&sse(&s, "/v1/chat/completions", body).await);
+        assert_eq!(finish, "stop");
+        assert_person(&serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")));
+
+        let object = json!({"type": "json_object"});
+        let (st, r) = post(
+            &s,
+            "/v1/chat/completions",
+            ask(json!({"seed": seed, "response_format": object})),
+        )
+        .await;
+        assert_eq!(st, 200, "{r}");
+        if r["choices"][0]["finish_reason"] == "stop" {
+            let text = r["choices"][0]["message"]["content"].as_str().unwrap();
+            let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"));
+            assert!(v.is_object(), "{v}");
+        }
+        // Completions take response_format too.
+        let (st, r) = post(
+            &s,
+            "/v1/completions",
+            json!({"prompt": "A person:", "max_tokens": 120, "temperature": 1.0, "seed": seed,
+                   "response_format": schema}),
+        )
+        .await;
+        assert_eq!(st, 200, "{r}");
+        let text = r["choices"][0]["text"].as_str().unwrap();
+        assert_person(&serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}")));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cut_off_json_is_length_and_bad_schemas_are_400() {
+    let s = Server::start(&[]);
+    let schema =
+        json!({"type": "json_schema", "json_schema": {"name": "p", "schema": person_schema()}});
+    let (st, r) = post(
+        &s,
+        "/v1/chat/completions",
+        ask(json!({"response_format": schema, "max_tokens": 5})),
+    )
+    .await;
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(r["choices"][0]["finish_reason"], "length");
+
+    for (format, param) in [
+        (
+            json!({"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "nonsense"}}}),
+            "response_format",
+        ),
+        (
+            json!({"type": "json_schema", "json_schema": {"name": "p", "schema": 3}}),
+            "response_format.json_schema.schema",
+        ),
+        (
+            json!({"type": "json_schema"}),
+            "response_format.json_schema",
+        ),
+        (json!({"type": "grammar"}), "response_format.type"),
+    ] {
+        let (st, r) = post(
+            &s,
+            "/v1/chat/completions",
+            ask(json!({"response_format": format})),
+        )
+        .await;
+        assert_eq!(st, 400, "{format}: {r}");
+        assert_eq!(r["error"]["param"], param, "{r}");
+    }
+    let object = json!({"type": "json_object"});
+    let (st, r) = post(
+        &s,
+        "/v1/chat/completions",
+        ask(json!({"response_format": object, "ignore_eos": true})),
+    )
+    .await;
+    assert_eq!(
+        (st, r["error"]["param"].clone()),
+        (400, json!("ignore_eos")),
+        "{r}"
+    );
+}
+
+fn tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+            "parameters": {"type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 20},
+                               "unit": {"enum": ["c", "f"]}},
+                "required": ["city", "unit"], "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "add", "parameters": {"type": "object",
+            "properties": {"a": {"type": "integer", "minimum": -1000, "maximum": 1000},
+                           "b": {"type": "integer", "minimum": -1000, "maximum": 1000}},
+            "required": ["a", "b"], "additionalProperties": false}}},
+    ])
+}
+
+fn assert_call_valid(name: &str, args: &Value) {
+    let o = args.as_object().unwrap_or_else(|| panic!("{args}"));
+    match name {
+        "get_weather" => {
+            assert!(
+                o.len() == 2 && o["city"].as_str().is_some_and(|c| c.chars().count() <= 20),
+                "{args}"
+            );
+            assert!(
+                ["c", "f"].contains(&o["unit"].as_str().unwrap_or("")),
+                "{args}"
+            );
+        }
+        "add" => {
+            let small = |v: &Value| v.as_i64().is_some_and(|n| (-1000..=1000).contains(&n));
+            assert!(o.len() == 2 && small(&o["a"]) && small(&o["b"]), "{args}");
+        }
+        other => panic!("unknown function {other}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn forced_tool_calls_name_a_tool_with_valid_arguments() {
+    let s = Server::start(&[]);
+    let named = json!({"type": "function", "function": {"name": "add"}});
+    for seed in 0..4 {
+        for choice in [json!("required"), named.clone()] {
+            let body = ask(
+                json!({"seed": seed, "tools": tools(), "tool_choice": choice,
+                                  "parallel_tool_calls": false}),
+            );
+            let (st, r) = post(&s, "/v1/chat/completions", body.clone()).await;
+            assert_eq!(st, 200, "{r}");
+            let c = &r["choices"][0];
+            assert_eq!(c["finish_reason"], "tool_calls", "{r}");
+            assert!(c["message"]["content"].is_null(), "{r}");
+            let calls = c["message"]["tool_calls"].as_array().unwrap();
+            assert_eq!(calls.len(), 1, "{r}");
+            let name = calls[0]["function"]["name"].as_str().unwrap();
+            if choice == named {
+                assert_eq!(name, "add");
+            }
+            assert!(calls[0]["id"].as_str().unwrap().starts_with("call_"));
+            let args: Value =
+                serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+            assert_call_valid(name, &args);
+
+            // Streamed: the id and name come first, the argument pieces
+            // join to a valid arguments object.
+            let mut streamed = body;
+            streamed["stream"] = json!(true);
+            let cs = chunks(&sse(&s, "/v1/chat/completions", streamed).await);
+            let deltas: Vec<&Value> = cs
+                .iter()
+                .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
+                .flatten()
+                .collect();
+            assert!(deltas[0]["id"].is_string() && deltas[0]["function"]["name"].is_string());
+            assert!(deltas[1..]
+                .iter()
+                .all(|d| d["id"].is_null() && d["index"] == 0));
+            let args: String = deltas
+                .iter()
+                .filter_map(|d| d["function"]["arguments"].as_str())
+                .collect();
+            let name = deltas[0]["function"]["name"].as_str().unwrap();
+            assert_call_valid(
+                name,
+                &serde_json::from_str(&args).unwrap_or_else(|e| panic!("{e}: {args}")),
+            );
+            let finish = cs
+                .iter()
+                .find_map(|c| c["choices"][0]["finish_reason"].as_str());
+            assert_eq!(finish, Some("tool_calls"));
+        }
+    }
+    // tool_choice auto needs a template with a tool-call format.
+    let (st, r) = post(&s, "/v1/chat/completions", ask(json!({"tools": tools()}))).await;
+    assert_eq!(
+        (st, r["error"]["param"].clone()),
+        (400, json!("tool_choice")),
+        "{r}"
+    );
+}
+
+/// A greedy row without a grammar gives the same tokens alone as beside
+/// rows under one.
+#[tokio::test(flavor = "multi_thread")]
+async fn unconstrained_rows_are_untouched_by_constrained_neighbours() {
+    let s = Server::start(&[]);
+    let plain = json!({"prompt": "The history of the bicycle", "max_tokens": 40, "temperature": 0,
+                       "ignore_eos": true});
+    let (_, alone) = post(&s, "/v1/completions", plain.clone()).await;
+    let schema =
+        json!({"type": "json_schema", "json_schema": {"name": "p", "schema": person_schema()}});
+    let constrained = (0..4).map(|seed| {
+        let s = &s;
+        let schema = schema.clone();
+        async move {
+            post(
+                s,
+                "/v1/chat/completions",
+                ask(json!({"seed": seed, "response_format": schema})),
+            )
+            .await
+        }
+    });
+    let (beside, others) = tokio::join!(
+        post(&s, "/v1/completions", plain),
+        futures::future::join_all(constrained)
+    );
+    assert!(others.iter().all(|(st, _)| *st == 200));
+    assert_eq!(alone["choices"][0]["text"], beside.1["choices"][0]["text"]);
+}
