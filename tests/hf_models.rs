@@ -6,42 +6,18 @@
 
 mod common;
 
+use common::transformers_ref::{self, read_reference, Reference};
+
 use std::path::{Path, PathBuf};
 
 use candle_core::Device;
-use wick::block_manager::BlockManager;
 use wick::engine::{Engine, EngineConfig};
-use wick::kv_cache::{KvCache, KvLayout};
+use wick::kv_cache::KvLayout;
 use wick::loader::{load, LoadOptions, LoadedModel, WeightDtype};
 use wick::models::linear::WeightFormat;
-use wick::models::{FlatBatch, LogitRows};
 use wick::sampling_params::SamplingParams;
 
 const FIXTURES: [&str; 2] = ["gpt2-tiny", "llama-tiny"];
-
-#[derive(serde::Deserialize)]
-struct Reference {
-    inputs: Vec<Vec<u32>>,
-    /// `[input][position][vocab]`
-    logits: Vec<Vec<Vec<f32>>>,
-    greedy: Vec<Vec<u32>>,
-    tokenizer: Vec<TokenizerCase>,
-    #[serde(default)]
-    chat: Vec<ChatCase>,
-}
-
-#[derive(serde::Deserialize)]
-struct TokenizerCase {
-    text: String,
-    ids: Vec<u32>,
-}
-
-#[derive(serde::Deserialize)]
-struct ChatCase {
-    messages: Vec<wick::chat_template::ChatMessage>,
-    prompt: String,
-    ids: Vec<u32>,
-}
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -50,8 +26,7 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn reference(name: &str) -> Reference {
-    let text = std::fs::read_to_string(fixture(name).join("reference.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
+    read_reference(&fixture(name).join("reference.json"))
 }
 
 fn load_fixture(name: &str, options: &LoadOptions) -> LoadedModel {
@@ -65,91 +40,8 @@ fn with_dtype(dtype: WeightDtype) -> LoadOptions {
     }
 }
 
-/// Feeds every input through one shared batch per step, teacher-forced:
-/// step 0 prefills each input's first `prefill[i]` tokens, later steps one
-/// token each. Returns, per input, the logits at each position from
-/// `prefill[i] - 1` on.
-fn forced_logits(
-    loaded: &LoadedModel,
-    inputs: &[Vec<u32>],
-    prefill: &[usize],
-) -> Vec<Vec<Vec<f32>>> {
-    let info = loaded.model.info().clone();
-    // Small blocks, so every input spans several.
-    let block_size = 4;
-    let num_blocks = 64;
-    let layout = KvLayout {
-        num_layers: info.num_layers,
-        num_kv_heads: info.num_kv_heads,
-        head_dim: info.head_dim,
-        block_size,
-        num_blocks,
-        dtype: info.kv_dtype,
-    };
-    let mut cache = KvCache::new(layout, &Device::Cpu, false).unwrap();
-    let mut blocks = BlockManager::new(num_blocks, block_size);
-    let tables: Vec<Vec<u32>> = inputs
-        .iter()
-        .map(|ids| {
-            let mut t = Vec::new();
-            assert!(blocks.grow(&mut t, ids.len()));
-            // Reversed, so a sequence's blocks are not in pool order.
-            t.reverse();
-            t
-        })
-        .collect();
-    let mut out = vec![Vec::new(); inputs.len()];
-    let mut fed: Vec<usize> = vec![0; inputs.len()];
-    loop {
-        let mut batch = FlatBatch::default();
-        let mut active = Vec::new();
-        for (i, ids) in inputs.iter().enumerate() {
-            let to = if fed[i] == 0 { prefill[i] } else { fed[i] + 1 };
-            if to > ids.len() {
-                continue;
-            }
-            batch.push(ids, fed[i]..to, tables[i].clone(), LogitRows::Last);
-            fed[i] = to;
-            active.push(i);
-        }
-        if active.is_empty() {
-            return out;
-        }
-        let logits = loaded
-            .model
-            .forward(&batch, &mut cache)
-            .unwrap()
-            .to_vec2::<f32>()
-            .unwrap();
-        for (row, i) in logits.into_iter().zip(active) {
-            out[i].push(row);
-        }
-    }
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len(), "vocab sizes differ");
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
-
-/// Largest difference from transformers' logits over every position from
-/// each input's prefill on, all inputs batched together.
 fn worst_logit_diff(name: &str, options: &LoadOptions) -> f32 {
-    let r = reference(name);
-    let loaded = load_fixture(name, options);
-    let prefill: Vec<usize> = r.inputs.iter().map(|ids| ids.len().div_ceil(2)).collect();
-    let got = forced_logits(&loaded, &r.inputs, &prefill);
-    let mut worst = 0f32;
-    for (i, rows) in got.iter().enumerate() {
-        assert_eq!(rows.len(), r.inputs[i].len() - prefill[i] + 1);
-        for (k, row) in rows.iter().enumerate() {
-            worst = worst.max(max_abs_diff(row, &r.logits[i][prefill[i] - 1 + k]));
-        }
-    }
-    worst
+    transformers_ref::worst_logit_diff(&reference(name), &load_fixture(name, options), None)
 }
 
 #[test]

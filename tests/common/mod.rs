@@ -2,6 +2,8 @@
 //! through the same code path `wick` itself uses.
 #![allow(dead_code)]
 
+pub mod transformers_ref;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -93,6 +95,8 @@ pub fn teacher_forced_logits(
         .map(|(_, toks)| {
             let mut t = Vec::new();
             assert!(blocks.grow(&mut t, toks.len()));
+            // Reversed, so a sequence's blocks are not in pool order.
+            t.reverse();
             t
         })
         .collect();

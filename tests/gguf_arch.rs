@@ -1,0 +1,109 @@
+//! GGUF architectures against transformers: tiny random-weight Llama (Llama
+//! 3.1 RoPE scaling, so the file carries `rope_freqs.weight`) and Qwen2 (q/k/v
+//! biases, NEOX RoPE, tied head) converted by llama.cpp's own
+//! `convert_hf_to_gguf.py` (`scripts/make_gguf_fixtures.py`), compared with
+//! transformers' logits and greedy continuations for the same weights.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::gguf_file::Content;
+use candle_core::Device;
+use common::transformers_ref::{read_reference, worst_logit_diff, Reference};
+use wick::engine::{Engine, EngineConfig};
+use wick::kv_cache::KvDtype;
+use wick::loader::{load, LoadOptions, LoadedModel};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// `(GGUF stem, its transformers reference, a tensor only that feature has)`.
+const CASES: [(&str, &str, &str); 2] = [
+    (
+        "llama3-rope",
+        "llama-tiny/reference.json",
+        "rope_freqs.weight",
+    ),
+    (
+        "qwen2",
+        "gguf-tiny/qwen2-reference.json",
+        "blk.0.attn_q.bias",
+    ),
+];
+
+fn gguf(stem: &str, ty: &str) -> PathBuf {
+    fixtures().join(format!("gguf-tiny/{stem}-{ty}.gguf"))
+}
+
+fn load_gguf(path: &Path) -> LoadedModel {
+    load(path, &LoadOptions::default(), &Device::Cpu).unwrap()
+}
+
+/// The feature under test is really in the file, so a pass means it was read.
+fn assert_has_tensor(path: &Path, name: &str) {
+    let mut f = std::fs::File::open(path).unwrap();
+    let content = Content::read(&mut f).unwrap();
+    assert!(
+        content.tensor_infos.contains_key(name),
+        "{} has no {name}",
+        path.display()
+    );
+}
+
+fn reference(rel: &str) -> Reference {
+    read_reference(&fixtures().join(rel))
+}
+
+#[test]
+fn f32_gguf_logits_match_transformers() {
+    for (stem, rel, marker) in CASES {
+        let path = gguf(stem, "f32");
+        assert_has_tensor(&path, marker);
+        // f32 K/V too: GGUF models default to f16 K/V, whose rounding alone
+        // moves these logits by about 3e-3.
+        let d = worst_logit_diff(&reference(rel), &load_gguf(&path), Some(KvDtype::F32));
+        eprintln!("{stem} f32: max |logit - transformers| = {d:e}");
+        assert!(d <= 1e-4, "{stem}: logits differ from transformers by {d}");
+    }
+}
+
+#[test]
+fn q8_0_gguf_logits_stay_close() {
+    // llama.cpp's own Q8_0 of the weights, with wick's 8-bit activations:
+    // a broken layer moves logits spanning -5..5 by units.
+    for (stem, rel, marker) in CASES {
+        let path = gguf(stem, "q8_0");
+        assert_has_tensor(&path, marker);
+        let d = worst_logit_diff(&reference(rel), &load_gguf(&path), None);
+        eprintln!("{stem} q8_0: max |logit - transformers| = {d:e}");
+        assert!(d <= 0.5, "{stem} q8_0: logits differ by {d}");
+    }
+}
+
+#[test]
+fn f32_gguf_greedy_continuations_match_transformers() {
+    for (stem, rel, _) in CASES {
+        let r = reference(rel);
+        let loaded = load_gguf(&gguf(stem, "f32"));
+        let cfg = EngineConfig {
+            block_size: 4,
+            kv_cache_bytes: 4 << 20,
+            kv_dtype: Some(KvDtype::F32),
+            ..Default::default()
+        };
+        let mut engine =
+            Engine::new(loaded.model, loaded.tokenizer.eos_ids().to_vec(), &cfg).unwrap();
+        let requests = r
+            .inputs
+            .iter()
+            .zip(&r.greedy)
+            .map(|(p, g)| (p.clone(), g.len()))
+            .collect();
+        let got = common::greedy_batch(&mut engine, requests);
+        for (i, want) in r.greedy.iter().enumerate() {
+            assert_eq!(&got[i], want, "{stem}: input {i}");
+        }
+    }
+}
