@@ -1,12 +1,17 @@
 //! `wick bench`: prefill and decode throughput of the engine on synthetic
 //! prompts, per weight format, optionally beside llama.cpp's `llama-bench` on
-//! the same file so the ratios come from one run on one machine.
+//! the same file so the ratios come from one run on one machine. For a GGUF
+//! it also measures the machine's memory read bandwidth and the decode speed
+//! that bandwidth allows, the ceiling for one stream.
 
+use std::hint::black_box;
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
+use candle_core::quantized::gguf_file::Content;
 use clap::Args;
+use rayon::prelude::*;
 
 use crate::cli::EngineArgs;
 use crate::engine::Engine;
@@ -122,6 +127,43 @@ fn measure(args: &BenchArgs, path: &std::path::Path, weights: WeightFormat) -> a
     })
 }
 
+/// Memory read bandwidth in bytes/s with rayon's threads: the best of five
+/// passes summing a 1 GiB buffer, far larger than any cache.
+fn read_bandwidth() -> f64 {
+    let words = (1usize << 30) / 8;
+    let buf: Vec<u64> = (0..words as u64).collect();
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let t = Instant::now();
+        let sum = buf
+            .par_chunks(1 << 16)
+            .map(|c| c.iter().fold(0u64, |a, &x| a.wrapping_add(x)))
+            .reduce(|| 0, u64::wrapping_add);
+        black_box(sum);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    (words * 8) as f64 / best
+}
+
+/// Bytes of weights one decode step must read, as stored in the GGUF: every
+/// tensor but the token embeddings, of which a step reads one row, unless
+/// the output head is tied to them. None for other files.
+fn gguf_weight_bytes_per_token(path: &std::path::Path) -> Option<u64> {
+    let mut f = std::fs::File::open(path).ok()?;
+    let content = Content::read(&mut f).ok()?;
+    let tied = !content.tensor_infos.contains_key("output.weight");
+    let bytes = content
+        .tensor_infos
+        .iter()
+        .filter(|(name, _)| tied || name.as_str() != "token_embd.weight")
+        .map(|(_, t)| {
+            let dtype = t.ggml_dtype;
+            (t.shape.elem_count() / dtype.block_size() * dtype.type_size()) as u64
+        })
+        .sum();
+    Some(bytes)
+}
+
 /// llama-bench's (pp, tg) tok/s on the same file with 2 threads.
 fn llama_bench(
     bin: &std::path::Path,
@@ -167,10 +209,29 @@ fn llama_bench(
     Ok((ts(true)?, ts(false)?))
 }
 
+fn single_stream(row: &Row) -> Option<f64> {
+    row.decode_tok_s
+        .iter()
+        .find(|(b, _)| *b == 1)
+        .map(|(_, t)| *t)
+}
+
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let path = crate::model_fetch::resolve_model(args.model.as_deref())?;
     let threads = rayon::current_num_threads();
     println!("model: {}  threads: {threads}", path.display());
+    // Measured before loading, while the machine's memory is quiet.
+    let bound = gguf_weight_bytes_per_token(&path).map(|bytes| {
+        let bw = read_bandwidth();
+        println!(
+            "memory read bandwidth {:.1} GB/s; weights read per token {:.1} MB; \
+             single-stream decode bound {:.1} tok/s",
+            bw / 1e9,
+            bytes as f64 / 1e6,
+            bw / bytes as f64
+        );
+        bw / bytes as f64
+    });
     let header: Vec<String> = args.batch.iter().map(|b| format!("decode@{b}")).collect();
     println!(
         "{:<8} {:>12} {}",
@@ -186,12 +247,16 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         let row = measure(args, &path, w)?;
         let name = serde_json::to_value(w)?.as_str().unwrap_or("?").to_string();
         println!(
-            "{name:<8} {:>12.1} {}",
+            "{name:<8} {:>12.1} {}{}",
             row.prefill_tok_s,
             row.decode_tok_s
                 .iter()
                 .map(|(_, t)| format!("{t:>12.1}"))
-                .collect::<String>()
+                .collect::<String>(),
+            match (bound, single_stream(&row)) {
+                (Some(b), Some(t)) => format!("   decode@1 = {:.0}% of the bound", 100.0 * t / b),
+                _ => String::new(),
+            }
         );
         rows.push(row);
     }
@@ -207,12 +272,11 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             "llama.cpp llama-bench: pp{} {pp:.1} tok/s, tg{} {tg:.1} tok/s",
             args.prompt_tokens, args.decode_tokens
         );
+        if let Some(b) = bound {
+            println!("  llama.cpp tg = {:.0}% of the bound", 100.0 * tg / b);
+        }
         for row in &rows {
-            let single = row
-                .decode_tok_s
-                .iter()
-                .find(|(b, _)| *b == 1)
-                .map(|(_, t)| *t);
+            let single = single_stream(row);
             println!(
                 "  {:?}: prefill {:.2}x llama.cpp{}",
                 row.weights,
