@@ -270,9 +270,79 @@ pub(crate) fn test_tokenizer() -> Tokenizer {
     Tokenizer::from_gguf(&content).expect("tokenizer")
 }
 
+/// A vocabulary-only GGUF from llama.cpp's test vectors
+/// (`tests/fixtures/llama-cpp/vocab`), for unit tests: `llama-spm`, `phi-3`,
+/// `llama-bpe`, `qwen2` or `gpt-2`.
+#[cfg(test)]
+pub(crate) fn vocab_fixture(name: &str) -> Content {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/llama-cpp/vocab")
+        .join(format!("ggml-vocab-{name}.gguf"));
+    let mut f = std::fs::File::open(&path).unwrap();
+    Content::read(&mut f).expect("read gguf")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::quantized::gguf_file::Value;
+
+    fn fixture_tokenizer(name: &str) -> Tokenizer {
+        Tokenizer::from_gguf(&vocab_fixture(name)).unwrap()
+    }
+
+    /// BOS, EOS, whether they are added and the EOG set, as llama.cpp
+    /// reports them for each vocabulary (`llama_vocab_bos`, `_get_add_bos`,
+    /// `_is_eog` over all ids).
+    #[test]
+    fn special_ids_as_llama_cpp() {
+        for (name, bos, add_bos, eog) in [
+            ("llama-spm", 1, true, &[2][..]),
+            ("phi-3", 1, true, &[32000, 2, 32007][..]),
+            ("llama-bpe", 128000, true, &[128001, 128009][..]),
+            // The file's `</s>` (128247) is a normal token, but its text
+            // makes it EOG for llama.cpp.
+            ("qwen2", 151643, false, &[151643, 128247, 151645][..]),
+            ("gpt-2", 50256, false, &[50256][..]),
+        ] {
+            let tok = fixture_tokenizer(name);
+            assert_eq!(tok.bos_id(), Some(bos), "{name}");
+            assert_eq!(tok.add_bos(), add_bos, "{name}");
+            assert!(!tok.add_eos(), "{name}");
+            assert_eq!(tok.eos_ids(), eog, "{name}: EOS first, then by id");
+        }
+    }
+
+    /// `add_eos_token` appends EOS, as llama.cpp does with add_special.
+    #[test]
+    fn add_eos_appends() {
+        let mut content = vocab_fixture("llama-spm");
+        content
+            .metadata
+            .insert("tokenizer.ggml.add_eos_token".into(), Value::Bool(true));
+        let tok = Tokenizer::from_gguf(&content).unwrap();
+        assert!(tok.add_eos());
+        assert_eq!(tok.encode("Hello world").unwrap(), [1, 15043, 3186, 2]);
+    }
+
+    /// SentencePiece's prepended space is dropped at the start of a text
+    /// only (llama.cpp's llama_detokenize), never mid-text.
+    #[test]
+    fn leading_space_dropped_only_at_the_start() {
+        let tok = fixture_tokenizer("llama-spm");
+        // ▁Hello ▁world
+        assert_eq!(tok.decode(&[15043, 3186]).unwrap(), "Hello world");
+        assert_eq!(
+            tok.decode_continuation(&[15043, 3186]).unwrap(),
+            " Hello world"
+        );
+        // After BOS the space stays, as llama.cpp renders it.
+        assert_eq!(tok.decode(&[1, 15043]).unwrap(), "<s> Hello");
+        // Byte-level vocabularies have nothing to drop.
+        let tok = fixture_tokenizer("llama-bpe");
+        let ids = tok.encode(" Hi").unwrap();
+        assert_eq!(tok.decode(&ids[1..]).unwrap(), " Hi");
+    }
 
     /// The bound holds on text made of the longest pieces, the worst case.
     #[test]

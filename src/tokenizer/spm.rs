@@ -109,3 +109,88 @@ fn merges_by_score(vocab: &Vocab, ids: &HashMap<&str, u32>) -> Vec<(String, Stri
         .map(|(_, _, _, l, r)| (l.to_string(), r.to_string()))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use candle_core::quantized::gguf_file::Value;
+
+    use crate::tokenizer::{vocab_fixture, Tokenizer};
+
+    fn llama2() -> Tokenizer {
+        Tokenizer::from_gguf(&vocab_fixture("llama-spm")).unwrap()
+    }
+
+    // Expected ids are llama.cpp's (llama_tokenize with add_special and
+    // parse_special, as wick always encodes) on the same vocabulary.
+
+    #[test]
+    fn space_prefix_and_bos() {
+        let tok = llama2();
+        assert_eq!(tok.encode("Hello world").unwrap(), [1, 15043, 3186]);
+        // A prefix is added after every special token, not just at the start.
+        assert_eq!(
+            tok.encode("<s>[INST] Hi [/INST]").unwrap(),
+            [1, 1, 518, 25580, 29962, 6324, 518, 29914, 25580, 29962]
+        );
+        assert_eq!(tok.encode("<unk>x").unwrap(), [1, 0, 921]);
+        assert_eq!(tok.encode("Hi</s>").unwrap(), [1, 6324, 2]);
+        assert_eq!(tok.decode(&[1, 6324, 2]).unwrap(), "<s> Hi</s>");
+    }
+
+    #[test]
+    fn without_space_prefix() {
+        let mut content = vocab_fixture("llama-spm");
+        content
+            .metadata
+            .insert("tokenizer.ggml.add_space_prefix".into(), Value::Bool(false));
+        let tok = Tokenizer::from_gguf(&content).unwrap();
+        // `Hello`, not `▁Hello`.
+        assert_eq!(tok.encode("Hello world").unwrap(), [1, 10994, 3186]);
+        assert_eq!(
+            tok.encode("<s>Hi</s> there").unwrap(),
+            [1, 1, 18567, 2, 727]
+        );
+        // Nothing was prepended, so nothing is dropped.
+        assert_eq!(tok.decode(&[3186]).unwrap(), " world");
+    }
+
+    #[test]
+    fn byte_fallback() {
+        let tok = llama2();
+        // No piece for a tab: <0x09>.
+        assert_eq!(tok.encode("Hello\tworld").unwrap(), [1, 15043, 12, 11526]);
+        // 🦙 is four byte tokens after the prefix space.
+        let ids = tok.encode("\u{1F999}").unwrap();
+        assert_eq!(ids, [1, 29871, 243, 162, 169, 156]);
+        assert_eq!(tok.decode(&ids[1..]).unwrap(), "\u{1F999}");
+        // A partial character decodes to U+FFFD until its last byte.
+        assert_eq!(tok.decode(&ids[1..4]).unwrap(), "\u{FFFD}");
+    }
+
+    /// Phi-3 drops ASCII whitespace after its chat tokens, and only that.
+    #[test]
+    fn phi3_strips_whitespace_after_special_tokens() {
+        let tok = Tokenizer::from_gguf(&vocab_fixture("phi-3")).unwrap();
+        assert_eq!(
+            tok.encode("<|user|>\n Hi<|end|>\n<|assistant|>").unwrap(),
+            [1, 32010, 6324, 32007, 32001]
+        );
+        // U+00A0 stays: `▁\u{a0}` then `Hi`.
+        assert_eq!(
+            tok.encode("<|user|>\u{a0}Hi").unwrap(),
+            [1, 32010, 20246, 18567]
+        );
+        // Not after <s>.
+        assert_eq!(tok.encode("<s> Hi").unwrap(), [1, 1, 29871, 6324]);
+    }
+
+    /// Llama's runs of `▁` all score the same; llama.cpp grows a run from
+    /// its left end, 16 at a time.
+    #[test]
+    fn space_runs_split_from_the_left() {
+        let tok = llama2();
+        let ids = tok.encode(&format!("{}x", " ".repeat(20))).unwrap();
+        // 21 spaces with the prefix: 16, then 4, then ▁x.
+        assert_eq!(ids, [1, 462, 268, 921]);
+    }
+}

@@ -403,3 +403,70 @@ fn meta_u32(content: &Content, key: &str) -> Result<Option<u32>> {
     // Negative ids mean "none" in llama.cpp's converters.
     Ok(u32::try_from(id).ok())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokenizer::vocab_fixture;
+
+    /// llama.cpp tries the longest special token first, wherever it is;
+    /// leftmost-first matching would take `ab` out of `abcd` instead.
+    #[test]
+    fn partition_tries_longest_first() {
+        let specials = Specials(vec![("bcd".into(), 1, false), ("ab".into(), 2, false)]);
+        assert_eq!(
+            specials.partition("abcd ab"),
+            [
+                Fragment::Text("a"),
+                Fragment::Token(1),
+                Fragment::Text(" "),
+                Fragment::Token(2)
+            ]
+        );
+        assert_eq!(specials.partition(""), []);
+    }
+
+    /// Stripping after a token takes C `isspace` characters only.
+    #[test]
+    fn partition_strips_ascii_whitespace() {
+        let specials = Specials(vec![("<t>".into(), 7, true)]);
+        assert_eq!(
+            specials.partition("<t> \t\n\x0b\x0c\rx<t>\u{a0}y<t>  "),
+            [
+                Fragment::Token(7),
+                Fragment::Text("x"),
+                Fragment::Token(7),
+                Fragment::Text("\u{a0}y"),
+                Fragment::Token(7)
+            ]
+        );
+    }
+
+    #[test]
+    fn kinds_follow_llama_cpp() {
+        let qwen2 = Vocab::read(&vocab_fixture("qwen2")).unwrap();
+        // A normal token in the file, control by its text.
+        assert_eq!(qwen2.tokens[128247], "</s>");
+        assert_eq!(qwen2.kinds[128247], Kind::Control);
+        // `[PAD151646]` and the like are user-defined: matched, not control.
+        assert_eq!(qwen2.kinds[151646], Kind::UserDefined);
+        assert!(qwen2.rstrip.iter().all(|r| !r));
+
+        let phi3 = Vocab::read(&vocab_fixture("phi-3")).unwrap();
+        let rstrip = |text: &str| phi3.rstrip[phi3.tokens.iter().position(|t| t == text).unwrap()];
+        assert!(rstrip("<|user|>") && rstrip("</s>") && rstrip("[PAD32011]"));
+        assert!(!rstrip("<s>") && !rstrip("<|endoftext|>") && !rstrip("<unk>"));
+        assert_eq!(phi3.kinds[3], Kind::Byte);
+    }
+
+    #[test]
+    fn pieces_render_as_llama_cpp() {
+        let spm = Vocab::read(&vocab_fixture("llama-spm")).unwrap();
+        let pieces = spm.pieces(|t| t.replace('\u{2581}', " ").into_bytes());
+        assert_eq!(pieces[15043], b" Hello");
+        assert_eq!(pieces[1], b"<s>");
+        assert_eq!(pieces[13], b"\n");
+        assert_eq!(Vocab::byte_of("<0xE2>"), Some(0xE2));
+        assert_eq!(Vocab::byte_of("<0xE2"), None);
+    }
+}
