@@ -7,6 +7,8 @@
 //! ranks. The same pipeline here is a `tokenizers` Split per regex, then
 //! ByteLevel, then BPE.
 
+use std::collections::HashMap;
+
 use anyhow::{Context, Result};
 use candle_core::quantized::gguf_file::Content;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
@@ -231,19 +233,22 @@ pub(super) fn build(content: &Content, vocab: &Vocab) -> Result<Family> {
 
     Ok(Family {
         inner,
-        pieces: vocab.pieces(unbyte),
+        pieces: {
+            let alphabet = byte_alphabet();
+            vocab.pieces(|text| unbyte(text, &alphabet))
+        },
         add_bos: pre.add_bos,
         strip_leading_space: false,
     })
 }
 
-/// A byte-level token's bytes: each character stands for one byte. A
-/// character outside that alphabet is kept as its UTF-8.
-fn unbyte(text: &str) -> Vec<u8> {
+/// A byte-level token's bytes: each character stands for one byte
+/// (`alphabet`). A character outside that alphabet is kept as its UTF-8.
+fn unbyte(text: &str, alphabet: &HashMap<char, u8>) -> Vec<u8> {
     let mut out = Vec::with_capacity(text.len());
     for c in text.chars() {
-        match char_byte(c) {
-            Some(b) => out.push(b),
+        match alphabet.get(&c) {
+            Some(&b) => out.push(b),
             None => out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
         }
     }
@@ -252,17 +257,21 @@ fn unbyte(text: &str) -> Vec<u8> {
 
 /// GPT-2's byte-to-character table, inverted: printable bytes stand for
 /// themselves, the other 68 are shifted to U+0100 onwards in byte order.
-fn char_byte(c: char) -> Option<u8> {
+fn byte_alphabet() -> HashMap<char, u8> {
     let printable = |b: u32| (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || b >= 0xae;
-    let c = c as u32;
-    if c < 0x100 {
-        return printable(c).then_some(c as u8);
-    }
-    let shifted = c.checked_sub(0x100)?;
+    let mut shifted = 0x100;
     (0u32..0x100)
-        .filter(|&b| !printable(b))
-        .nth(shifted as usize)
-        .map(|b| b as u8)
+        .filter_map(|b| {
+            let c = match printable(b) {
+                true => b,
+                false => {
+                    shifted += 1;
+                    shifted - 1
+                }
+            };
+            Some((char::from_u32(c)?, b as u8))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -311,10 +320,14 @@ mod tests {
 
     #[test]
     fn byte_alphabet_inverts() {
-        assert_eq!(unbyte("\u{120}hi\u{10a}"), b" hi\n");
-        assert_eq!(char_byte('\u{100}'), Some(0));
-        assert_eq!(char_byte('\u{143}'), Some(0xad));
-        assert_eq!(char_byte(' '), None);
+        let alphabet = byte_alphabet();
+        assert_eq!(alphabet.len(), 256);
+        assert_eq!(unbyte("\u{120}hi\u{10a}", &alphabet), b" hi\n");
+        assert_eq!(alphabet.get(&'\u{100}'), Some(&0));
+        assert_eq!(alphabet.get(&'\u{143}'), Some(&0xad));
+        assert_eq!(alphabet.get(&' '), None);
+        // Outside the alphabet: the character's own UTF-8.
+        assert_eq!(unbyte("\u{2581}", &alphabet), "\u{2581}".as_bytes());
     }
 
     #[test]
