@@ -6,9 +6,9 @@
 //! llama.cpp does for that vocabulary so prompt ids match llama.cpp's exactly,
 //! or from an already loaded Hugging Face tokenizer ([`Tokenizer::from_hf`]).
 //!
-//! GGUF vocabularies come in families, one file each: [`vocab`] reads what
-//! they share, [`bpe`] builds byte-level BPE (GPT-2, Llama 3, Qwen2,
-//! SmolLM) and [`spm`] SentencePiece (Llama 2, Mistral, Phi-3).
+//! GGUF vocabularies come in families, one file each: `vocab` reads what
+//! they share, `bpe` builds byte-level BPE (GPT-2, Llama 3, Qwen2,
+//! SmolLM) and `spm` SentencePiece (Llama 2, Mistral, Phi-3).
 
 mod bpe;
 mod spm;
@@ -60,7 +60,7 @@ impl Tokenizer {
     /// Builds the tokenizer from a GGUF's `tokenizer.ggml.*` metadata,
     /// reproducing llama.cpp's tokenizer for it so prompt ids match
     /// llama.cpp's exactly: byte-level BPE (`"gpt2"`) with a pre-type from
-    /// [`bpe`]'s table, or SentencePiece (`"llama"`). Anything else is an
+    /// `bpe`'s table, or SentencePiece (`"llama"`). Anything else is an
     /// error rather than a silently different tokenization.
     ///
     /// Control (and unknown) tokens become special added tokens and
