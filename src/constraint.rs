@@ -211,3 +211,30 @@ fn gpt2_byte_chars() -> Vec<char> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokenizer::vocab_fixture;
+
+    /// A SentencePiece vocabulary's tokens carry their `▁` as a space and
+    /// byte-fallback tokens their byte, so a grammar sees the text the model
+    /// writes.
+    #[test]
+    fn sentencepiece_tokens_are_their_text() {
+        let tok = Tokenizer::from_gguf(&vocab_fixture("llama-spm")).unwrap();
+        let factory = ConstraintFactory::new(&tok).unwrap();
+        let mut c = factory
+            .compile(&Grammar::Lark("start: \"Hi there\"".into()))
+            .unwrap();
+        let allowed = |c: &mut Constraint, id: u32| c.mask().unwrap().0.is_allowed(id);
+        // `Hi` (18567) and the byte <0x48> `H` (75) fit; `▁Hi` (6324) does not.
+        assert!(allowed(&mut c, 18567) && allowed(&mut c, 75));
+        assert!(!allowed(&mut c, 6324));
+        c.commit(18567).unwrap();
+        // `▁there` (727).
+        assert!(allowed(&mut c, 727));
+        c.commit(727).unwrap();
+        assert!(c.is_finished() || allowed(&mut c, 2));
+    }
+}

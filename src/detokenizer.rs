@@ -30,8 +30,8 @@ impl IncrementalDecoder {
     /// while a multi-byte character is still partial).
     pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<String> {
         self.ids.push(id);
-        let prefix = tok.decode(&self.ids[..self.read_offset])?;
-        let full = tok.decode(&self.ids)?;
+        let prefix = tok.decode_continuation(&self.ids[..self.read_offset])?;
+        let full = tok.decode_continuation(&self.ids)?;
         let new = text_after(&prefix, &full);
         if new.is_empty() || new.ends_with(char::REPLACEMENT_CHARACTER) {
             return Ok(String::new());
@@ -48,8 +48,8 @@ impl IncrementalDecoder {
     /// left incomplete for good is rendered as U+FFFD rather than dropped, so
     /// the streamed text equals decoding all ids at once.
     pub fn flush(&mut self, tok: &Tokenizer) -> Result<String> {
-        let prefix = tok.decode(&self.ids[..self.read_offset])?;
-        let full = tok.decode(&self.ids)?;
+        let prefix = tok.decode_continuation(&self.ids[..self.read_offset])?;
+        let full = tok.decode_continuation(&self.ids)?;
         let rest = text_after(&prefix, &full).to_string();
         *self = Self::default();
         Ok(rest)
@@ -118,6 +118,23 @@ mod tests {
         let pieces = stream(&tok, &ids);
         assert!(pieces[..ids.len() - 1].iter().all(String::is_empty));
         assert_eq!(pieces[ids.len() - 1], "🙂");
+    }
+
+    /// SentencePiece: the space a token carries is streamed from the first
+    /// generated token on, as llama-server streams it (generated text
+    /// continues the prompt; it is not the start of a text).
+    #[test]
+    fn sentencepiece_streams_its_spaces() {
+        let content = crate::tokenizer::vocab_fixture("llama-spm");
+        let tok = Tokenizer::from_gguf(&content).unwrap();
+        // ▁Hello ▁world ▁🦙 (four byte tokens) ▁!
+        let ids = tok.encode("Hello world \u{1F999} !").unwrap()[1..].to_vec();
+        let pieces = stream(&tok, &ids);
+        assert_eq!(pieces[0], " Hello");
+        assert_eq!(pieces[1], " world");
+        assert!(pieces.iter().all(|p| !p.contains('\u{FFFD}')));
+        assert_eq!(pieces.concat(), " Hello world \u{1F999} !");
+        assert_eq!(pieces.concat(), tok.decode_continuation(&ids).unwrap());
     }
 
     #[test]

@@ -56,8 +56,9 @@ pub struct SequenceOutput {
     finished: bool,
 }
 
+/// A generated token's text as it reads after what came before it.
 fn token_text(tok: &Tokenizer, id: u32) -> String {
-    tok.decode(&[id]).unwrap_or_default()
+    tok.decode_continuation(&[id]).unwrap_or_default()
 }
 
 pub fn token_logprob(tok: &Tokenizer, t: &SampledToken) -> TokenLogprob {

@@ -151,8 +151,13 @@ pub async fn tokenize(
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?
         .map_err(|e| ApiError::bad_request(format!("{e:#}"), Some("prompt")))?;
-    if !add_special && model.tokenizer.add_bos() && !tokens.is_empty() {
-        tokens.remove(0);
+    if !add_special {
+        if model.tokenizer.add_bos() && !tokens.is_empty() {
+            tokens.remove(0);
+        }
+        if model.tokenizer.add_eos() {
+            tokens.pop();
+        }
     }
     Ok(Json(TokenizeResponse {
         count: tokens.len(),

@@ -1,0 +1,112 @@
+//! llama.cpp's own tokenizer test vectors: for each vocabulary-only GGUF of
+//! its source distribution, the texts of `<vocab>.gguf.inp` must encode to the
+//! ids of `<vocab>.gguf.out` (what `tests/test-tokenizer-0.cpp` checks), and
+//! those ids must decode back to the text.
+
+use std::path::PathBuf;
+
+use candle_core::quantized::gguf_file::Content;
+use wick::tokenizer::Tokenizer;
+
+fn fixture(file: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/llama-cpp/vocab")
+        .join(file)
+}
+
+/// The cases as test-tokenizer-0 reads them: texts separated by
+/// `\n__ggml_vocab_test__\n` (the file ends with one), one line of
+/// space-separated ids per text.
+fn cases(vocab: &str) -> Vec<(String, Vec<u32>)> {
+    let read = |ext: &str| {
+        let path = fixture(&format!("ggml-vocab-{vocab}.gguf.{ext}"));
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    };
+    let inp = read("inp");
+    let texts: Vec<&str> = inp
+        .strip_suffix("\n__ggml_vocab_test__\n")
+        .expect("inp ends with a separator")
+        .split("\n__ggml_vocab_test__\n")
+        .collect();
+    let out = read("out");
+    let ids: Vec<Vec<u32>> = out
+        .lines()
+        .map(|l| l.split_whitespace().map(|t| t.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(texts.len(), ids.len(), "{vocab}: inp and out disagree");
+    texts.into_iter().map(String::from).zip(ids).collect()
+}
+
+fn tokenizer(vocab: &str) -> Tokenizer {
+    let path = fixture(&format!("ggml-vocab-{vocab}.gguf"));
+    let mut file = std::fs::File::open(&path).unwrap();
+    let content = Content::read(&mut file).expect("read gguf");
+    Tokenizer::from_gguf(&content).expect("build tokenizer")
+}
+
+fn check(vocab: &str) {
+    let tok = tokenizer(vocab);
+    let cases = cases(vocab);
+    let mut failures = Vec::new();
+    for (text, want) in &cases {
+        // test-tokenizer-0 tokenizes with add_special = false: no BOS or EOS.
+        let mut ids = tok.encode(text).unwrap();
+        if tok.add_bos() {
+            assert_eq!(ids.first().copied(), tok.bos_id(), "{vocab}: BOS first");
+            ids.remove(0);
+        }
+        if tok.add_eos() {
+            ids.pop();
+        }
+        if &ids != want {
+            failures.push(format!(
+                "encode {text:?}\n  llama.cpp: {want:?}\n  wick:      {ids:?}"
+            ));
+        }
+        // llama-server's /detokenize of these ids; llama.cpp's
+        // llama_detokenize would also apply transformers' "clean up
+        // tokenization spaces" for gpt-2 and llama-bpe, which no server
+        // output does.
+        let back = tok.decode(want).unwrap();
+        if &back != text {
+            failures.push(format!("decode {want:?}\n  want {text:?}\n  got  {back:?}"));
+        }
+    }
+    assert!(cases.len() >= 40, "{vocab}: only {} cases", cases.len());
+    assert!(
+        failures.is_empty(),
+        "{vocab}: {} of {} checks differ:\n{}",
+        failures.len(),
+        2 * cases.len(),
+        failures.join("\n")
+    );
+    eprintln!(
+        "{vocab}: {} texts encode and decode as llama.cpp's",
+        cases.len()
+    );
+}
+
+#[test]
+fn llama_spm() {
+    check("llama-spm");
+}
+
+#[test]
+fn phi_3() {
+    check("phi-3");
+}
+
+#[test]
+fn llama_bpe() {
+    check("llama-bpe");
+}
+
+#[test]
+fn qwen2() {
+    check("qwen2");
+}
+
+#[test]
+fn gpt_2() {
+    check("gpt-2");
+}
