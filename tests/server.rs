@@ -10,34 +10,10 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use serde_json::{json, Value};
 
-use common::{assert_error, choice_chunks, chunks, long_stream, open_stream, post, sse, Server};
-
-async fn metrics_text(server: &Server) -> String {
-    reqwest::get(server.url("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
-/// A sample's value; `name` may end in `{label="value"}` to pick a series
-/// (the `model_name` label every series carries is left out).
-async fn metric(server: &Server, name: &str) -> f64 {
-    let (base, label) = match name.split_once('{') {
-        Some((base, label)) => (base, label.trim_end_matches('}')),
-        None => (name, ""),
-    };
-    metrics_text(server)
-        .await
-        .lines()
-        .find(|l| {
-            l.starts_with(base) && l[base.len()..].starts_with([' ', '{']) && l.contains(label)
-        })
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("metric {name} missing"))
-}
+use common::{
+    assert_error, choice_chunks, chunks, long_stream, metric, metrics_text, open_stream, post, sse,
+    Server,
+};
 
 /// Waits (up to 5 s) for a metric that follows an asynchronous effect,
 /// such as an abort reaching the scheduler, to reach `value`.

@@ -314,6 +314,33 @@ pub async fn post_url(url: String, body: Value) -> (u16, Value) {
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
+pub async fn metrics_text(server: &Server) -> String {
+    reqwest::get(server.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// A sample's value; `name` may end in `{label="value"}` to pick a series
+/// (the `model_name` label every series carries is left out).
+pub async fn metric(server: &Server, name: &str) -> f64 {
+    let (base, label) = match name.split_once('{') {
+        Some((base, label)) => (base, label.trim_end_matches('}')),
+        None => (name, ""),
+    };
+    metrics_text(server)
+        .await
+        .lines()
+        .find(|l| {
+            l.starts_with(base) && l[base.len()..].starts_with([' ', '{']) && l.contains(label)
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("metric {name} missing"))
+}
+
 /// A streamed completion long enough to keep the server busy for the test.
 pub fn long_stream() -> Value {
     serde_json::json!({"prompt": "Count:", "max_tokens": 3000, "ignore_eos": true, "stream": true})
