@@ -88,9 +88,29 @@ pub fn device(name: &str) -> anyhow::Result<Device> {
             if !cfg!(feature = "cuda") {
                 bail!("this wick was built without CUDA; rebuild with `cargo build --release --features cuda`");
             }
-            Ok(Device::new_cuda(ordinal)?)
+            // cudarc's error is a Debug dump (`DriverError(CUDA_ERROR_NO_DEVICE, ...)`);
+            // say what it means instead.
+            Device::new_cuda(ordinal).map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot open CUDA device {ordinal}: {}",
+                    cuda_error_name(&e.to_string())
+                )
+            })
         }
         other => bail!("unknown device {other:?}; use cpu or cuda[:N]"),
+    }
+}
+
+/// The driver's error code out of candle's CUDA error text, with a hint for
+/// the common case of a machine without a GPU.
+fn cuda_error_name(text: &str) -> String {
+    match text
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .find(|w| w.starts_with("CUDA_ERROR_"))
+    {
+        Some("CUDA_ERROR_NO_DEVICE") => "no CUDA-capable GPU found (CUDA_ERROR_NO_DEVICE)".into(),
+        Some(code) => code.into(),
+        None => text.lines().next().unwrap_or(text).into(),
     }
 }
 
@@ -204,4 +224,31 @@ fn load_gguf(path: &Path, format: WeightFormat, device: &Device) -> anyhow::Resu
         chat_template,
         name,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuda_errors_read_as_their_driver_code() {
+        let no_gpu =
+            r#"DriverError(CUDA_ERROR_NO_DEVICE, "<Failure when calling cuGetErrorString()>")"#;
+        assert_eq!(
+            cuda_error_name(no_gpu),
+            "no CUDA-capable GPU found (CUDA_ERROR_NO_DEVICE)"
+        );
+        assert_eq!(
+            cuda_error_name("DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")"),
+            "CUDA_ERROR_OUT_OF_MEMORY"
+        );
+        assert_eq!(cuda_error_name("first\nsecond"), "first");
+    }
+
+    #[test]
+    fn unknown_devices_are_refused_by_name() {
+        let err = device("tpu").unwrap_err().to_string();
+        assert!(err.contains("\"tpu\""), "{err}");
+        assert!(device("cuda:x").is_err());
+    }
 }
