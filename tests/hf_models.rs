@@ -109,16 +109,7 @@ fn greedy_continuations_match_transformers() {
         };
         let mut engine =
             Engine::new(loaded.model, loaded.tokenizer.eos_ids().to_vec(), &cfg).unwrap();
-        let requests = r
-            .inputs
-            .iter()
-            .zip(&r.greedy)
-            .map(|(p, g)| (p.clone(), g.len()))
-            .collect();
-        let got = common::greedy_batch(&mut engine, requests);
-        for (i, want) in r.greedy.iter().enumerate() {
-            assert_eq!(&got[i], want, "{name}: input {i}");
-        }
+        common::assert_greedy_matches(&mut engine, &r.inputs, &r.greedy, name);
     }
 }
 

@@ -35,6 +35,25 @@ pub fn engine(cfg: &EngineConfig) -> (Engine, wick::tokenizer::Tokenizer) {
     )
 }
 
+/// Asserts the engine's greedy continuation of each of `inputs` is exactly
+/// the reference's (`want[i]`, as long as it is).
+pub fn assert_greedy_matches(
+    engine: &mut Engine,
+    inputs: &[Vec<u32>],
+    want: &[Vec<u32>],
+    what: &str,
+) {
+    let requests = inputs
+        .iter()
+        .zip(want)
+        .map(|(p, g)| (p.clone(), g.len()))
+        .collect();
+    let got = greedy_batch(engine, requests);
+    for (i, want) in want.iter().enumerate() {
+        assert_eq!(&got[i], want, "{what}: input {i}");
+    }
+}
+
 /// Greedy ids for each `(prompt, max_tokens)`, all run together through
 /// `engine` (EOS ignored), in request order.
 pub fn greedy_batch(engine: &mut Engine, requests: Vec<(Vec<u32>, usize)>) -> Vec<Vec<u32>> {
