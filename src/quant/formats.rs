@@ -37,10 +37,12 @@ pub(crate) enum Bits {
     /// A 4-bit plane, 256 bytes: chunk `c` (64 bytes) holds groups `c`
     /// (low nibbles) and `c + 4` (high nibbles).
     Nib,
-    /// The 4-bit plane, then per group a 64-bit mask of the quants' bit 4
-    /// (bit `4r + i` for row `r`, input `4g + i`).
+    /// The 4-bit plane, then the quants' bit 4 in one 64-byte chunk laid
+    /// out like the nibbles': byte `4r + i` holds group `g`'s at bit `g`.
     Nib5,
-    /// The 4-bit plane, then per group masks of bit 4 and of bit 5.
+    /// The 4-bit plane, then bits 4..6 in two such chunks: chunk `k` holds
+    /// group `4k + t`'s at bits `2t..2t + 2`. Each group's high bits are
+    /// then one shift and mask away, as its nibbles are.
     Nib6,
     /// Bytes (`q + 128`), 512: group `g` at `64g`.
     Byte,
@@ -60,6 +62,25 @@ impl Bits {
     /// subtract: their minimum is `-midpoint * d`.
     pub(crate) const fn midpoint(self) -> f32 {
         (self.max() + 1) as f32 / 2.0
+    }
+
+    /// Bits of each quant above its nibble.
+    pub(crate) const fn high_bits(self) -> u32 {
+        match self {
+            Bits::Nib5 => 1,
+            Bits::Nib6 => 2,
+            Bits::Nib | Bits::Byte => 0,
+        }
+    }
+
+    /// Where group `g`'s high bits sit: their chunk's offset in the
+    /// sub-block's quants and their lowest bit in each of its bytes.
+    pub(crate) const fn high_at(self, g: usize) -> (usize, u32) {
+        let per_byte = 8 / self.high_bits() as usize;
+        (
+            256 + 64 * (g / per_byte),
+            self.high_bits() * (g % per_byte) as u32,
+        )
     }
 
     /// Largest quant.
@@ -494,19 +515,12 @@ fn encode_quants(bits: Bits, q: &[u8], r: usize, dst: &mut [u8]) {
             dst[64 * c + 4 * r + i] = (lo & 0x0F) | ((hi & 0x0F) << 4);
         }
     }
-    let planes = match bits {
-        Bits::Nib5 => 1,
-        Bits::Nib6 => 2,
-        _ => 0,
-    };
-    for g in 0..8 {
-        for p in 0..planes {
-            let at = 256 + 8 * (planes * g + p);
-            let mut mask = u64::from_le_bytes(dst[at..at + 8].try_into().expect("8 bytes"));
+    if bits.high_bits() > 0 {
+        for g in 0..8 {
+            let (at, shift) = bits.high_at(g);
             for i in 0..4 {
-                mask |= (((q[4 * g + i] >> (4 + p)) & 1) as u64) << (4 * r + i);
+                dst[at + 4 * r + i] |= (q[4 * g + i] >> 4) << shift;
             }
-            dst[at..at + 8].copy_from_slice(&mask.to_le_bytes());
         }
     }
 }
@@ -526,17 +540,12 @@ fn decode_quants(bits: Bits, src: &[u8], r: usize) -> [u8; QK] {
             q[16 + 4 * c + i] = b >> 4;
         }
     }
-    let planes = match bits {
-        Bits::Nib5 => 1,
-        Bits::Nib6 => 2,
-        _ => 0,
-    };
-    for g in 0..8 {
-        for p in 0..planes {
-            let at = 256 + 8 * (planes * g + p);
-            let mask = u64::from_le_bytes(src[at..at + 8].try_into().expect("8 bytes"));
+    if bits.high_bits() > 0 {
+        let high = (1u8 << bits.high_bits()) - 1;
+        for g in 0..8 {
+            let (at, shift) = bits.high_at(g);
             for i in 0..4 {
-                q[4 * g + i] |= (((mask >> (4 * r + i)) & 1) as u8) << (4 + p);
+                q[4 * g + i] |= ((src[at + 4 * r + i] >> shift) & high) << 4;
             }
         }
     }

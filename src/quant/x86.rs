@@ -156,22 +156,31 @@ unsafe fn quants_avx512<L: Layout>(p: *const u8, j: usize) -> [__m512i; 8] {
         w[c] = _mm512_and_si512(v, nibble);
         w[c + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble);
     }
-    let planes = match L::BITS {
-        Bits::Nib5 => 1,
-        Bits::Nib6 => 2,
-        _ => 0,
-    };
-    for (g, w) in w.iter_mut().enumerate() {
-        for plane in 0..planes {
-            let mask = q
-                .add(256 + 8 * (planes * g + plane))
-                .cast::<u64>()
-                .read_unaligned();
-            let bit = _mm512_set1_epi8(0x10 << plane);
-            *w = _mm512_or_si512(*w, _mm512_maskz_mov_epi8(mask, bit));
+    if L::BITS.high_bits() > 0 {
+        let high = _mm512_set1_epi8(high_mask(L::BITS));
+        for (g, w) in w.iter_mut().enumerate() {
+            let (at, bit) = L::BITS.high_at(g);
+            let v = _mm512_loadu_si512(q.add(at).cast());
+            // 16-bit shifts: bits crossing between bytes fall outside `high`.
+            let v = match bit {
+                0 => _mm512_slli_epi16::<4>(v),
+                1 => _mm512_slli_epi16::<3>(v),
+                2 => _mm512_slli_epi16::<2>(v),
+                3 => _mm512_slli_epi16::<1>(v),
+                4 => v,
+                5 => _mm512_srli_epi16::<1>(v),
+                6 => _mm512_srli_epi16::<2>(v),
+                _ => _mm512_srli_epi16::<3>(v),
+            };
+            *w = _mm512_or_si512(*w, _mm512_and_si512(v, high));
         }
     }
     w
+}
+
+/// The bits a quant's high bits take above its nibble.
+fn high_mask(bits: Bits) -> i8 {
+    (((1 << bits.high_bits()) - 1) << 4) as i8
 }
 
 /// Pulls block `b` of the next tile towards L2 while this one computes: the
@@ -352,7 +361,7 @@ unsafe fn scales_avx2<L: Layout>(
 }
 
 /// [`quants_avx512`] for rows `8h..8h + 8` (bytes `32h..32h + 32` of each
-/// group, bits `32h..` of its masks).
+/// 64-byte chunk).
 #[target_feature(enable = "avx2")]
 #[inline]
 unsafe fn quants_avx2<L: Layout>(p: *const u8, j: usize, h: usize) -> [__m256i; 8] {
@@ -364,35 +373,26 @@ unsafe fn quants_avx2<L: Layout>(p: *const u8, j: usize, h: usize) -> [__m256i; 
         w[c] = _mm256_and_si256(v, nibble);
         w[c + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nibble);
     }
-    let planes = match L::BITS {
-        Bits::Nib5 => 1,
-        Bits::Nib6 => 2,
-        _ => 0,
-    };
-    for (g, w) in w.iter_mut().enumerate() {
-        for plane in 0..planes {
-            let at = 256 + 8 * (planes * g + plane) + 4 * h;
-            let mask = q.add(at).cast::<u32>().read_unaligned();
-            let bit = _mm256_set1_epi8(0x10 << plane);
-            *w = _mm256_or_si256(*w, _mm256_and_si256(expand_bits_avx2(mask), bit));
+    if L::BITS.high_bits() > 0 {
+        let high = _mm256_set1_epi8(high_mask(L::BITS));
+        for (g, w) in w.iter_mut().enumerate() {
+            let (at, bit) = L::BITS.high_at(g);
+            let v = _mm256_loadu_si256(q.add(at + 32 * h).cast());
+            // 16-bit shifts: bits crossing between bytes fall outside `high`.
+            let v = match bit {
+                0 => _mm256_slli_epi16::<4>(v),
+                1 => _mm256_slli_epi16::<3>(v),
+                2 => _mm256_slli_epi16::<2>(v),
+                3 => _mm256_slli_epi16::<1>(v),
+                4 => v,
+                5 => _mm256_srli_epi16::<1>(v),
+                6 => _mm256_srli_epi16::<2>(v),
+                _ => _mm256_srli_epi16::<3>(v),
+            };
+            *w = _mm256_or_si256(*w, _mm256_and_si256(v, high));
         }
     }
     w
-}
-
-/// Byte `i` all ones where bit `i` of `mask` is set.
-#[target_feature(enable = "avx2")]
-#[inline]
-unsafe fn expand_bits_avx2(mask: u32) -> __m256i {
-    // Each byte takes the mask byte holding its bit (shuffles stay within
-    // 128-bit lanes, and every lane has all four), then tests that bit.
-    let spread = _mm256_setr_epi8(
-        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
-        3, 3,
-    );
-    let v = _mm256_shuffle_epi8(_mm256_set1_epi32(mask as i32), spread);
-    let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
-    _mm256_cmpeq_epi8(_mm256_and_si256(v, bits), bits)
 }
 
 /// [`super::act::quantize_row`] with AVX-512, bit-identical to it.
