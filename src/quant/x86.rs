@@ -215,8 +215,11 @@ pub(crate) unsafe fn tile_avx2<L: Layout>(job: &TileJob) {
     }
 }
 
-/// Activation rows `i0..i0 + C` against the tile, one half (8 rows) at a time;
-/// the first pass over a tile also prefetches the next one.
+/// Activation rows `i0..i0 + C` against the tile, in halves of 8 rows.
+/// With few rows (decode) both halves' accumulators stay live, so the tile
+/// streams through once; with more, a pass per half keeps them all in
+/// registers and the second pass finds the tile in cache. The first pass
+/// over a tile also prefetches the next one.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn rows_avx2<L: Layout, const C: usize>(job: &TileJob, i0: usize, prefetch: bool) {
@@ -225,52 +228,71 @@ unsafe fn rows_avx2<L: Layout, const C: usize>(job: &TileJob, i0: usize, prefetc
     assert!(i0 + C <= acts.m());
     let xq = acts.qs().as_ptr().add(i0 * k);
     let sc = acts.scales().as_ptr().add(i0 * nb);
-    let mut v = [[0f32; TILE]; C];
-    for h in 0..2 {
-        let mut acc = [_mm256_setzero_ps(); C];
+    let per_pass = if C <= 2 { 2 } else { 1 };
+    let mut acc = [[_mm256_setzero_ps(); C]; 2];
+    for pass in (0..2).step_by(per_pass) {
         for (b, blk) in job.tile.chunks_exact(L::BLOCK_BYTES).enumerate() {
-            if prefetch && h == 0 {
+            if prefetch && pass == 0 {
                 prefetch_block::<L>(job.next, b);
             }
             let p = blk.as_ptr();
-            let hd = _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * h).cast()));
-            let he = match L::SCALES {
-                Scales::DirectD => _mm256_mul_ps(hd, _mm256_set1_ps(-L::BITS.midpoint())),
-                _ => _mm256_cvtph_ps(_mm_loadu_si128(p.add(2 * TILE + 16 * h).cast())),
-            };
             for j in 0..L::SUBS {
                 let ab = b * L::SUBS + j;
                 let x_at = |c: usize| xq.add(c * k + ab * QK).cast::<i32>();
                 let act = |c: usize| -> ActScales { *sc.add(c * nb + ab) };
-                if L::BITS == Bits::Byte {
-                    byte_rows_avx2(p, h, hd, &mut acc, x_at, act);
-                    continue;
-                }
-                let (s, m) = scales_avx2::<L>(p, j, h, hd, he);
-                let w = quants_avx2::<L>(p, j, h);
-                for (c, acc) in acc.iter_mut().enumerate() {
-                    let x = x_at(c);
-                    let [dx, sx, sx_lo] = act(c);
-                    let dx = _mm256_set1_ps(dx);
-                    let dot = |g: std::ops::Range<usize>| dot_avx2(&w, x, g, L::BITS);
-                    if L::HALVES {
-                        *acc = _mm256_fmadd_ps(s[0], _mm256_mul_ps(dot(0..4), dx), *acc);
-                        *acc = _mm256_fmadd_ps(s[1], _mm256_mul_ps(dot(4..8), dx), *acc);
-                        *acc = _mm256_fmadd_ps(m[0], _mm256_set1_ps(sx_lo), *acc);
-                        *acc = _mm256_fmadd_ps(m[1], _mm256_set1_ps(sx - sx_lo), *acc);
-                    } else {
-                        *acc = _mm256_fmadd_ps(s[0], _mm256_mul_ps(dot(0..8), dx), *acc);
-                        *acc = _mm256_fmadd_ps(m[0], _mm256_set1_ps(sx), *acc);
-                    }
+                for (h, acc) in acc.iter_mut().enumerate().skip(pass).take(per_pass) {
+                    half_avx2::<L, C>(p, j, h, acc, x_at, act);
                 }
             }
         }
-        for (v, acc) in v.iter_mut().zip(&acc) {
+    }
+    let mut v = [[0f32; TILE]; C];
+    for (h, acc) in acc.iter().enumerate() {
+        for (v, acc) in v.iter_mut().zip(acc) {
             _mm256_storeu_ps(v[8 * h..].as_mut_ptr(), *acc);
         }
     }
     for (c, v) in v.iter().enumerate() {
         job.out.write(i0 + c, v);
+    }
+}
+
+/// Sub-block `j` of half `h` (output rows `8h..8h + 8`) of the block at `p`
+/// against the rows, into `acc`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn half_avx2<L: Layout, const C: usize>(
+    p: *const u8,
+    j: usize,
+    h: usize,
+    acc: &mut [__m256; C],
+    x_at: impl Fn(usize) -> *const i32,
+    act: impl Fn(usize) -> ActScales,
+) {
+    let hd = _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * h).cast()));
+    if L::BITS == Bits::Byte {
+        return byte_rows_avx2(p, h, hd, acc, x_at, act);
+    }
+    let he = match L::SCALES {
+        Scales::DirectD => _mm256_mul_ps(hd, _mm256_set1_ps(-L::BITS.midpoint())),
+        _ => _mm256_cvtph_ps(_mm_loadu_si128(p.add(2 * TILE + 16 * h).cast())),
+    };
+    let (s, m) = scales_avx2::<L>(p, j, h, hd, he);
+    let w = quants_avx2::<L>(p, j, h);
+    for (c, acc) in acc.iter_mut().enumerate() {
+        let x = x_at(c);
+        let [dx, sx, sx_lo] = act(c);
+        let dx = _mm256_set1_ps(dx);
+        let dot = |g: std::ops::Range<usize>| dot_avx2(&w, x, g, L::BITS);
+        if L::HALVES {
+            *acc = _mm256_fmadd_ps(s[0], _mm256_mul_ps(dot(0..4), dx), *acc);
+            *acc = _mm256_fmadd_ps(s[1], _mm256_mul_ps(dot(4..8), dx), *acc);
+            *acc = _mm256_fmadd_ps(m[0], _mm256_set1_ps(sx_lo), *acc);
+            *acc = _mm256_fmadd_ps(m[1], _mm256_set1_ps(sx - sx_lo), *acc);
+        } else {
+            *acc = _mm256_fmadd_ps(s[0], _mm256_mul_ps(dot(0..8), dx), *acc);
+            *acc = _mm256_fmadd_ps(m[0], _mm256_set1_ps(sx), *acc);
+        }
     }
 }
 
