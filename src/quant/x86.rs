@@ -25,6 +25,25 @@ pub(crate) fn avx2_supported() -> bool {
         && is_x86_feature_detected!("f16c")
 }
 
+/// Moves a group's high bits from bit `bit` of each byte to bit 4, where
+/// `high_mask` keeps them; the shifts are 16-bit, and bits that cross into a
+/// neighbouring byte fall outside the mask. Immediate shift counts need a
+/// literal per case.
+macro_rules! high_to_bit4 {
+    ($v:expr, $bit:expr, $sll:ident, $srl:ident) => {
+        match $bit {
+            0 => $sll::<4>($v),
+            1 => $sll::<3>($v),
+            2 => $sll::<2>($v),
+            3 => $sll::<1>($v),
+            4 => $v,
+            5 => $srl::<1>($v),
+            6 => $srl::<2>($v),
+            _ => $srl::<3>($v),
+        }
+    };
+}
+
 /// # Safety
 /// The CPU must support AVX-512 F, BW and VNNI ([`avx512_vnni_supported`]).
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
@@ -161,17 +180,7 @@ unsafe fn quants_avx512<L: Layout>(p: *const u8, j: usize) -> [__m512i; 8] {
         for (g, w) in w.iter_mut().enumerate() {
             let (at, bit) = L::BITS.high_at(g);
             let v = _mm512_loadu_si512(q.add(at).cast());
-            // 16-bit shifts: bits crossing between bytes fall outside `high`.
-            let v = match bit {
-                0 => _mm512_slli_epi16::<4>(v),
-                1 => _mm512_slli_epi16::<3>(v),
-                2 => _mm512_slli_epi16::<2>(v),
-                3 => _mm512_slli_epi16::<1>(v),
-                4 => v,
-                5 => _mm512_srli_epi16::<1>(v),
-                6 => _mm512_srli_epi16::<2>(v),
-                _ => _mm512_srli_epi16::<3>(v),
-            };
+            let v = high_to_bit4!(v, bit, _mm512_slli_epi16, _mm512_srli_epi16);
             *w = _mm512_or_si512(*w, _mm512_and_si512(v, high));
         }
     }
@@ -400,17 +409,7 @@ unsafe fn quants_avx2<L: Layout>(p: *const u8, j: usize, h: usize) -> [__m256i; 
         for (g, w) in w.iter_mut().enumerate() {
             let (at, bit) = L::BITS.high_at(g);
             let v = _mm256_loadu_si256(q.add(at + 32 * h).cast());
-            // 16-bit shifts: bits crossing between bytes fall outside `high`.
-            let v = match bit {
-                0 => _mm256_slli_epi16::<4>(v),
-                1 => _mm256_slli_epi16::<3>(v),
-                2 => _mm256_slli_epi16::<2>(v),
-                3 => _mm256_slli_epi16::<1>(v),
-                4 => v,
-                5 => _mm256_srli_epi16::<1>(v),
-                6 => _mm256_srli_epi16::<2>(v),
-                _ => _mm256_srli_epi16::<3>(v),
-            };
+            let v = high_to_bit4!(v, bit, _mm256_slli_epi16, _mm256_srli_epi16);
             *w = _mm256_or_si256(*w, _mm256_and_si256(v, high));
         }
     }
