@@ -73,6 +73,11 @@ impl Bits {
         }
     }
 
+    /// The bits a quant's high bits take above its nibble.
+    pub(crate) const fn high_mask(self) -> u8 {
+        ((1 << self.high_bits()) - 1) << 4
+    }
+
     /// Where group `g`'s high bits sit: their chunk's offset in the
     /// sub-block's quants and their lowest bit in each of its bytes.
     pub(crate) const fn high_at(self, g: usize) -> (usize, u32) {
@@ -541,11 +546,10 @@ fn decode_quants(bits: Bits, src: &[u8], r: usize) -> [u8; QK] {
         }
     }
     if bits.high_bits() > 0 {
-        let high = (1u8 << bits.high_bits()) - 1;
         for g in 0..8 {
             let (at, shift) = bits.high_at(g);
             for i in 0..4 {
-                q[4 * g + i] |= ((src[at + 4 * r + i] >> shift) & high) << 4;
+                q[4 * g + i] |= ((src[at + 4 * r + i] >> shift) << 4) & bits.high_mask();
             }
         }
     }

@@ -26,7 +26,7 @@ pub(crate) fn avx2_supported() -> bool {
 }
 
 /// Moves a group's high bits from bit `bit` of each byte to bit 4, where
-/// `high_mask` keeps them; the shifts are 16-bit, and bits that cross into a
+/// [`Bits::high_mask`] keeps them; the shifts are 16-bit, and bits that cross into a
 /// neighbouring byte fall outside the mask. Immediate shift counts need a
 /// literal per case.
 macro_rules! high_to_bit4 {
@@ -176,7 +176,7 @@ unsafe fn quants_avx512<L: Layout>(p: *const u8, j: usize) -> [__m512i; 8] {
         w[c + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble);
     }
     if L::BITS.high_bits() > 0 {
-        let high = _mm512_set1_epi8(high_mask(L::BITS));
+        let high = _mm512_set1_epi8(L::BITS.high_mask() as i8);
         for (g, w) in w.iter_mut().enumerate() {
             let (at, bit) = L::BITS.high_at(g);
             let v = _mm512_loadu_si512(q.add(at).cast());
@@ -185,11 +185,6 @@ unsafe fn quants_avx512<L: Layout>(p: *const u8, j: usize) -> [__m512i; 8] {
         }
     }
     w
-}
-
-/// The bits a quant's high bits take above its nibble.
-fn high_mask(bits: Bits) -> i8 {
-    (((1 << bits.high_bits()) - 1) << 4) as i8
 }
 
 /// Pulls block `b` of the next tile towards L2 while this one computes: the
@@ -405,7 +400,7 @@ unsafe fn quants_avx2<L: Layout>(p: *const u8, j: usize, h: usize) -> [__m256i; 
         w[c + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nibble);
     }
     if L::BITS.high_bits() > 0 {
-        let high = _mm256_set1_epi8(high_mask(L::BITS));
+        let high = _mm256_set1_epi8(L::BITS.high_mask() as i8);
         for (g, w) in w.iter_mut().enumerate() {
             let (at, bit) = L::BITS.high_at(g);
             let v = _mm256_loadu_si256(q.add(at + 32 * h).cast());
