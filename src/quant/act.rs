@@ -2,53 +2,110 @@
 
 use rayon::prelude::*;
 
+use super::formats::QK_K;
 use super::{Isa, QK};
 
 /// Values from which quantization (~0.2 ns each with SIMD) is worth splitting
 /// over the pool.
 const PAR_MIN_VALUES: usize = 1 << 15;
 
-/// Per block of 32: `d`, `d * Σq`, and `d * Σq` over the first 16 (for
-/// types that scale per 16 inputs).
-pub(crate) type ActScales = [f32; 3];
+/// How many inputs share one activation scale, which each weight type's
+/// kernels choose.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ActBlocks {
+    /// 32, as the per-32 types' own scales: each block's product converts
+    /// to float anyway.
+    B32,
+    /// 256 (GGML's Q8_K), as a K-quant's super-block: its kernels then keep
+    /// the sums of all its sub-blocks, weighted by their integer scales, in
+    /// integers and convert once per 256 inputs.
+    B256,
+}
 
-/// `m x k` activations as blocks of 32 `i8` with their [`ActScales`] in f32
+impl ActBlocks {
+    const fn inputs(self) -> usize {
+        match self {
+            ActBlocks::B32 => QK,
+            ActBlocks::B256 => QK_K,
+        }
+    }
+}
+
+/// Per block of 32: `d` and `d * Σq`, which folds the block's minimum term
+/// into one multiply-add.
+pub(crate) type ActScales = [f32; 2];
+
+/// Per block of 256: `d`, and the sums of the quants per 16 and per 32
+/// (each fits i16: 32 * 127), which the minimum terms take in pairs.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct SuperScales {
+    pub d: f32,
+    pub sums16: [i16; QK_K / 16],
+    pub sums32: [i16; QK_K / 32],
+}
+
+impl SuperScales {
+    fn new(d: f32, sums16: &[i32; 16]) -> Self {
+        SuperScales {
+            d,
+            sums16: sums16.map(|s| s as i16),
+            sums32: std::array::from_fn(|j| (sums16[2 * j] + sums16[2 * j + 1]) as i16),
+        }
+    }
+
+    /// Sums `2i` and `2i + 1` of `sums` as one i32 (first in the low half),
+    /// a `vpmaddwd` operand.
+    pub(crate) fn pair(sums: &[i16], i: usize) -> i32 {
+        (sums[2 * i] as u16 as u32 | (sums[2 * i + 1] as u16 as u32) << 16) as i32
+    }
+}
+
+/// `m x k` activations as `i8` with f32 scales per block of 32 or 256
 /// (f32 rather than GGML's f16 keeps the only rounding in `q`).
 #[derive(Default)]
 pub(crate) struct QuantActs {
     qs: Vec<i8>,
     scales: Vec<ActScales>,
+    supers: Vec<SuperScales>,
     m: usize,
     k: usize,
 }
 
 impl QuantActs {
-    pub(crate) fn quantize(&mut self, x: &[f32], m: usize, k: usize, isa: Isa, parallel: bool) {
+    pub(crate) fn quantize(
+        &mut self,
+        x: &[f32],
+        m: usize,
+        k: usize,
+        blocks: ActBlocks,
+        isa: Isa,
+        parallel: bool,
+    ) {
         debug_assert_eq!(x.len(), m * k);
         self.m = m;
         self.k = k;
         self.qs.resize(m * k, 0);
-        self.scales.resize(m * k / QK, [0.0; 3]);
-        let quantize_row = |x: &[f32], q: &mut [i8], s: &mut [ActScales]| match isa {
-            Isa::Generic => quantize_row(x, q, s),
-            // SAFETY (x86 arms): these `Isa`s are only chosen after runtime
-            // detection of their features.
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => unsafe { super::x86::quantize_row_avx2(x, q, s) },
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Vnni => unsafe { super::x86::quantize_row_avx512(x, q, s) },
-        };
-        let nb = k / QK;
-        if parallel && m * k >= PAR_MIN_VALUES {
-            x.par_chunks_exact(k)
-                .zip(self.qs.par_chunks_exact_mut(k))
-                .zip(self.scales.par_chunks_exact_mut(nb))
-                .for_each(|((x, q), s)| quantize_row(x, q, s));
-        } else {
-            x.chunks_exact(k)
-                .zip(self.qs.chunks_exact_mut(k))
-                .zip(self.scales.chunks_exact_mut(nb))
-                .for_each(|((x, q), s)| quantize_row(x, q, s));
+        let parallel = parallel && m * k >= PAR_MIN_VALUES;
+        match blocks {
+            ActBlocks::B32 => {
+                self.scales.resize(m * k / QK, [0.0; 2]);
+                let to = |d: f32, s: &[i32; 16]| [d, d * (s[0] + s[1]) as f32];
+                quantize_rows(
+                    x,
+                    k,
+                    &mut self.qs,
+                    &mut self.scales,
+                    blocks,
+                    isa,
+                    parallel,
+                    to,
+                );
+            }
+            ActBlocks::B256 => {
+                self.supers.resize(m * k / QK_K, SuperScales::default());
+                let (qs, supers) = (&mut self.qs, &mut self.supers);
+                quantize_rows(x, k, qs, supers, blocks, isa, parallel, SuperScales::new);
+            }
         }
     }
 
@@ -65,9 +122,16 @@ impl QuantActs {
         &self.qs
     }
 
-    /// All block scales, row-major `m x k/32`.
+    /// All per-32 block scales, row-major `m x k/32` (after
+    /// [`ActBlocks::B32`]).
     pub(crate) fn scales(&self) -> &[ActScales] {
         &self.scales
+    }
+
+    /// All per-256 block scales, row-major `m x k/256` (after
+    /// [`ActBlocks::B256`]).
+    pub(crate) fn supers(&self) -> &[SuperScales] {
+        &self.supers
     }
 
     /// Quants of row `i`.
@@ -75,31 +139,79 @@ impl QuantActs {
         &self.qs[i * self.k..(i + 1) * self.k]
     }
 
-    /// The scales of each block of row `i`.
+    /// The per-32 scales of each block of row `i`.
     pub(crate) fn row_scales(&self, i: usize) -> &[ActScales] {
         let nb = self.k / QK;
         &self.scales[i * nb..(i + 1) * nb]
     }
+
+    /// The per-256 scales of each block of row `i`.
+    pub(crate) fn row_supers(&self, i: usize) -> &[SuperScales] {
+        let nb = self.k / QK_K;
+        &self.supers[i * nb..(i + 1) * nb]
+    }
 }
 
-/// The reference rounding: every SIMD variant produces identical bytes
-/// (`d = amax / 127`, `q = round_ties_even(x * (1 / d))`).
-pub(crate) fn quantize_row(x: &[f32], qs: &mut [i8], scales: &mut [ActScales]) {
-    for ((x, q), s) in x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)).zip(scales) {
+/// Quantizes every row of `x` (`k` values each), writing `to(d, sums per
+/// 16)` for each of its blocks.
+#[allow(clippy::too_many_arguments)]
+fn quantize_rows<T: Send>(
+    x: &[f32],
+    k: usize,
+    qs: &mut [i8],
+    out: &mut [T],
+    blocks: ActBlocks,
+    isa: Isa,
+    parallel: bool,
+    to: impl Fn(f32, &[i32; 16]) -> T + Sync,
+) {
+    let bs = blocks.inputs();
+    let row = |x: &[f32], q: &mut [i8], out: &mut [T]| {
+        let emit = |b: usize, d: f32, s: &[i32; 16]| out[b] = to(d, s);
+        match isa {
+            Isa::Generic => quantize_row(x, q, bs, emit),
+            // SAFETY (x86 arms): these `Isa`s are only chosen after runtime
+            // detection of their features.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe { super::x86::quantize_row_avx2(x, q, bs, emit) },
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => unsafe { super::x86::quantize_row_avx512(x, q, bs, emit) },
+        }
+    };
+    let nb = k / bs;
+    if parallel {
+        x.par_chunks_exact(k)
+            .zip(qs.par_chunks_exact_mut(k))
+            .zip(out.par_chunks_exact_mut(nb))
+            .for_each(|((x, q), o)| row(x, q, o));
+    } else {
+        x.chunks_exact(k)
+            .zip(qs.chunks_exact_mut(k))
+            .zip(out.chunks_exact_mut(nb))
+            .for_each(|((x, q), o)| row(x, q, o));
+    }
+}
+
+/// The reference rounding, one scale per block of `bs` inputs: every SIMD
+/// variant produces identical bytes (`d = amax / 127`,
+/// `q = round_ties_even(x * (1 / d))`). Calls `emit(block, d, sums)` with
+/// the sums of the quants per 16 (the first `bs / 16` used).
+pub(crate) fn quantize_row(
+    x: &[f32],
+    qs: &mut [i8],
+    bs: usize,
+    mut emit: impl FnMut(usize, f32, &[i32; 16]),
+) {
+    for (b, (x, q)) in x.chunks_exact(bs).zip(qs.chunks_exact_mut(bs)).enumerate() {
         let amax = x.iter().fold(0f32, |a, &v| a.max(v.abs()));
         let d = amax / 127.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        let mut sums = [0i32; 2];
+        let mut sums = [0i32; 16];
         for (i, (q, &v)) in q.iter_mut().zip(x).enumerate() {
             let r = (v * id).round_ties_even() as i32;
             *q = r as i8;
             sums[i / 16] += r;
         }
-        *s = scales_of(d, sums);
+        emit(b, d, &sums);
     }
-}
-
-/// The block's scales from `d` and its two half sums of quants.
-pub(crate) fn scales_of(d: f32, [lo, hi]: [i32; 2]) -> ActScales {
-    [d, d * (lo + hi) as f32, d * lo as f32]
 }

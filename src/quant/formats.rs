@@ -106,11 +106,17 @@ pub(crate) enum Scales {
     Direct,
     /// Per 32 inputs: `d[16]` f16; `m = -midpoint * d` (symmetric types).
     DirectD,
-    /// Per 256 inputs: `d[16]`, `e[16]` f16; per 32: `sc[16]`, `mn[16]` i8.
+    /// Per 256 inputs: `d[16]`, `e[16]` f16; per 32, 6-bit `sc` and `mn`:
+    /// `sc` of sub-block `j` at `16j + r`, then `mn` in pairs of
+    /// sub-blocks, `(mn[2p], mn[2p+1])` at `128 + 32p + 2r`, as one
+    /// `vpmaddwd` operand wants them against activation sums.
     Super32,
-    /// Per 256 inputs: `d[16]`, `e[16]` f16; per 32: `sc` then `mn`, each
-    /// for inputs `0..16` (16 rows) then `16..32`.
+    /// Per 256 inputs: `d[16]`, `e[16]` f16; per 16, `sc` and `mn`, each as
+    /// sub-block `j`'s pair of halves at `32j + 2r` (`mn` 256 bytes on).
     Super16,
+    /// [`Scales::Super16`] whose minima are the scales themselves
+    /// (`m = e sc`, the types with an offset: Q6_K, Q3_K), stored once.
+    Super16Offset,
 }
 
 impl Scales {
@@ -121,34 +127,53 @@ impl Scales {
         }
     }
 
-    /// Bytes of per-sub-block scales (after the header).
-    pub(crate) const fn sub_bytes(self) -> usize {
+    /// Bytes of per-sub-block scales of a block (after the header).
+    pub(crate) const fn bytes(self) -> usize {
         match self {
             Scales::Direct | Scales::DirectD => 0,
-            Scales::Super32 => 2 * TILE,
-            Scales::Super16 => 4 * TILE,
+            Scales::Super32 | Scales::Super16Offset => 16 * TILE,
+            Scales::Super16 => 32 * TILE,
         }
+    }
+
+    /// Where the minima start within the scales.
+    pub(crate) const fn mins_at(self) -> usize {
+        match self {
+            Scales::Super32 => 8 * TILE,
+            Scales::Super16 => 16 * TILE,
+            _ => 0,
+        }
+    }
+
+    /// One block spans 256 inputs, with integer scales per sub-block.
+    pub(crate) const fn is_super(self) -> bool {
+        !matches!(self, Scales::Direct | Scales::DirectD)
     }
 
     /// 32-input sub-blocks per block.
     pub(crate) const fn subs(self) -> usize {
-        match self {
-            Scales::Direct | Scales::DirectD => 1,
-            Scales::Super32 | Scales::Super16 => QK_K / QK,
+        if self.is_super() {
+            QK_K / QK
+        } else {
+            1
         }
+    }
+
+    /// Offset of sub-block `j`'s quants in a block.
+    pub(crate) const fn quants_at(self, bits: Bits, j: usize) -> usize {
+        self.header_bytes() + self.bytes() + j * bits.bytes()
     }
 }
 
 /// A tile layout: one block is 16 rows by `SUBS * 32` inputs, stored as the
-/// header, each sub-block's scales, then each sub-block's quants.
+/// header, the sub-blocks' scales, then each sub-block's quants.
 pub(crate) trait Layout {
     const BITS: Bits;
     const SCALES: Scales;
     const SUBS: usize = Self::SCALES.subs();
     /// Scales per 16 inputs (each sub-block's two halves scale apart).
-    const HALVES: bool = matches!(Self::SCALES, Scales::Super16);
-    const BLOCK_BYTES: usize =
-        Self::SCALES.header_bytes() + Self::SUBS * (Self::SCALES.sub_bytes() + Self::BITS.bytes());
+    const HALVES: bool = matches!(Self::SCALES, Scales::Super16 | Scales::Super16Offset);
+    const BLOCK_BYTES: usize = Self::SCALES.quants_at(Self::BITS, Self::SUBS);
 }
 
 macro_rules! layout {
@@ -168,8 +193,9 @@ layout!(Nib5DirectD, Nib5, DirectD);
 layout!(ByteDirect, Byte, DirectD);
 layout!(NibSuper32, Nib, Super32);
 layout!(Nib5Super32, Nib5, Super32);
-layout!(Nib6Super16, Nib6, Super16);
+layout!(Nib6Super16Offset, Nib6, Super16Offset);
 layout!(NibSuper16, Nib, Super16);
+layout!(NibSuper16Offset, Nib, Super16Offset);
 
 /// The GGUF types with kernels, each decoded into one layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -232,8 +258,9 @@ impl Format {
             Format::Q8_0 => Geometry::of::<ByteDirect>(),
             Format::Q4K => Geometry::of::<NibSuper32>(),
             Format::Q5K => Geometry::of::<Nib5Super32>(),
-            Format::Q6K => Geometry::of::<Nib6Super16>(),
-            Format::Q2K | Format::Q3K => Geometry::of::<NibSuper16>(),
+            Format::Q6K => Geometry::of::<Nib6Super16Offset>(),
+            Format::Q2K => Geometry::of::<NibSuper16>(),
+            Format::Q3K => Geometry::of::<NibSuper16Offset>(),
         }
     }
 
@@ -446,57 +473,97 @@ impl Geometry {
         if self.scales != Scales::DirectD {
             dst[2 * (TILE + r)..2 * (TILE + r) + 2].copy_from_slice(&dec.e.to_le_bytes());
         }
-        let header = self.scales.header_bytes();
+        let area = &mut dst[self.scales.header_bytes()..];
+        let mins = self.scales.mins_at();
         for j in 0..self.subs {
-            let sub = &mut dst[header + j * self.scales.sub_bytes()..];
             match self.scales {
                 Scales::Super32 => {
-                    sub[r] = dec.sc[2 * j] as u8;
-                    sub[TILE + r] = dec.mn[2 * j] as u8;
+                    area[j * TILE + r] = dec.sc[2 * j] as u8;
+                    area[mins + (j / 2) * 2 * TILE + 2 * r + j % 2] = dec.mn[2 * j] as u8;
                 }
-                Scales::Super16 => {
+                Scales::Super16 | Scales::Super16Offset => {
                     for h in 0..2 {
-                        sub[h * TILE + r] = dec.sc[2 * j + h] as u8;
-                        sub[(2 + h) * TILE + r] = dec.mn[2 * j + h] as u8;
+                        area[j * 2 * TILE + 2 * r + h] = dec.sc[2 * j + h] as u8;
+                        area[mins + j * 2 * TILE + 2 * r + h] = dec.mn[2 * j + h] as u8;
                     }
                 }
                 Scales::Direct | Scales::DirectD => {}
             }
-            let at = header + self.subs * self.scales.sub_bytes() + j * self.bits.bytes();
+        }
+        for j in 0..self.subs {
+            let at = self.scales.quants_at(self.bits, j);
             encode_quants(self.bits, &dec.q[QK * j..QK * (j + 1)], r, &mut dst[at..]);
         }
     }
 
-    /// Row `r`'s quants of sub-block `j` of a tile-block, and per input its
-    /// scale and minimum: the scalar reading of the layout (the portable
-    /// kernel and dequantization use it).
-    pub(crate) fn decode_row(&self, blk: &[u8], j: usize, r: usize) -> RowSub {
+    /// Row `r`'s `d` and `e` and, for a super layout, its integer scale and
+    /// minimum per 16 inputs (equal in pairs when the layout scales per 32).
+    pub(crate) fn super_row(&self, blk: &[u8], r: usize) -> SuperRow {
         let f = |at: usize| f16::from_le_bytes([blk[at], blk[at + 1]]).to_f32();
         let d = f(2 * r);
         let e = match self.scales {
             Scales::DirectD => -self.bits.midpoint() * d,
             _ => f(2 * (TILE + r)),
         };
-        let header = self.scales.header_bytes();
-        let sub = &blk[header + j * self.scales.sub_bytes()..];
-        let (s, m) = match self.scales {
-            Scales::Direct | Scales::DirectD => ([d; 2], [e; 2]),
-            Scales::Super32 => {
-                let (sc, mn) = (sub[r] as i8 as f32, sub[TILE + r] as i8 as f32);
-                ([d * sc; 2], [e * mn; 2])
-            }
-            Scales::Super16 => {
-                let at = |i: usize| sub[i * TILE + r] as i8 as f32;
-                ([d * at(0), d * at(1)], [e * at(2), e * at(3)])
-            }
+        let mut row = SuperRow {
+            d,
+            e,
+            sc: [0; QK_K / 16],
+            mn: [0; QK_K / 16],
         };
-        let at = header + self.subs * self.scales.sub_bytes() + j * self.bits.bytes();
+        let area = &blk[self.scales.header_bytes()..];
+        let mins = self.scales.mins_at();
+        for h in 0..QK_K / 16 {
+            let j = h / 2;
+            let (sc, mn) = match self.scales {
+                Scales::Super32 => (
+                    area[j * TILE + r],
+                    area[mins + (j / 2) * 2 * TILE + 2 * r + j % 2],
+                ),
+                Scales::Super16 | Scales::Super16Offset => {
+                    let at = j * 2 * TILE + 2 * r + h % 2;
+                    (area[at], area[mins + at])
+                }
+                Scales::Direct | Scales::DirectD => continue,
+            };
+            (row.sc[h], row.mn[h]) = (sc as i8, mn as i8);
+        }
+        row
+    }
+
+    /// Row `r`'s quants of sub-block `j` of a tile-block.
+    pub(crate) fn quants_row(&self, blk: &[u8], j: usize, r: usize) -> [u8; QK] {
+        decode_quants(self.bits, &blk[self.scales.quants_at(self.bits, j)..], r)
+    }
+
+    /// Row `r`'s quants of sub-block `j` of a tile-block, and per input its
+    /// scale and minimum: the scalar reading of the layout (the portable
+    /// kernel and dequantization use it).
+    pub(crate) fn decode_row(&self, blk: &[u8], j: usize, r: usize) -> RowSub {
+        let row = self.super_row(blk, r);
+        let (s, m) = if self.scales.is_super() {
+            let at = |v: &[i8; QK_K / 16], h: usize| v[2 * j + h] as f32;
+            (
+                [row.d * at(&row.sc, 0), row.d * at(&row.sc, 1)],
+                [row.e * at(&row.mn, 0), row.e * at(&row.mn, 1)],
+            )
+        } else {
+            ([row.d; 2], [row.e; 2])
+        };
         RowSub {
-            q: decode_quants(self.bits, &blk[at..], r),
+            q: self.quants_row(blk, j, r),
             s,
             m,
         }
     }
+}
+
+/// One row's `d`, `e` and per-16 integer scales and minima of a block.
+pub(crate) struct SuperRow {
+    pub d: f32,
+    pub e: f32,
+    pub sc: [i8; QK_K / 16],
+    pub mn: [i8; QK_K / 16],
 }
 
 /// One row's 32 quants of a sub-block, with the scale and minimum of each

@@ -8,9 +8,12 @@
 //! integers (converted in registers), so a tile costs about the file's bytes
 //! per row and block: at batch 1 the kernel is bound by memory bandwidth.
 //!
-//! Arithmetic: activations are quantized per call to 8-bit blocks of 32
-//! carrying `d`, `d * Σq` and `d * Σq` over the first 16, which fold each
-//! type's per-group minimum (or offset) into one multiply-add per group.
+//! Arithmetic: activations are quantized per call to 8 bits, with one scale
+//! per 32 inputs for the per-32 types (carrying `d` and `d * Σq`, which fold
+//! a block's minimum into one multiply-add) and one per 256 for the K-quants
+//! (GGML's Q8_K, carrying sums per 16 and 32): a K-quant block's sub-block
+//! sums, weighted by their integer scales and minima, then stay integers
+//! until one conversion per 256 inputs.
 //!
 //! Tiling and threads: a tile (16 x k weights, ≤ 16 KiB for the model's
 //! shapes) stays in L1 while 8 activation rows at a time run against it, so a
@@ -35,7 +38,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use candle_core::quantized::QTensor;
 use half::f16;
 
-use act::QuantActs;
+use act::{ActBlocks, QuantActs};
 use formats::{Format, Geometry};
 
 /// Output rows per interleaved tile: one 512-bit register of i32 lanes.
@@ -122,11 +125,15 @@ macro_rules! with_layout {
                 $body
             }
             Format::Q6K => {
-                type $L = formats::Nib6Super16;
+                type $L = formats::Nib6Super16Offset;
                 $body
             }
-            Format::Q2K | Format::Q3K => {
+            Format::Q2K => {
                 type $L = formats::NibSuper16;
+                $body
+            }
+            Format::Q3K => {
+                type $L = formats::NibSuper16Offset;
                 $body
             }
         }
@@ -333,7 +340,12 @@ impl QuantMatrix {
         // Taken rather than borrowed: a nested call on this thread (rayon work
         // stealing while we wait) then just allocates its own.
         let mut acts = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
-        acts.quantize(x, m, self.k, isa, parallel);
+        let blocks = if self.geom.scales.is_super() {
+            ActBlocks::B256
+        } else {
+            ActBlocks::B32
+        };
+        acts.quantize(x, m, self.k, blocks, isa, parallel);
         let tiles = self.n.div_ceil(TILE);
         if parallel {
             let rows = m.min(M_BLOCK);

@@ -3,6 +3,7 @@ use candle_core::{Device, Module, Tensor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use super::formats::QK_K;
 use super::*;
 
 /// Every code path this CPU can run (Generic always).
@@ -77,7 +78,8 @@ struct Expected {
     abs: Vec<f64>,
 }
 
-fn expected(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Expected {
+/// `bs` is the activations' block: one 8-bit scale per `bs` inputs.
+fn expected(x: &[f32], w: &[f32], m: usize, n: usize, k: usize, bs: usize) -> Expected {
     let mut e = Expected {
         exact: vec![0.0; m * n],
         bound: vec![0.0; m * n],
@@ -87,14 +89,14 @@ fn expected(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Expected {
     for i in 0..m {
         let x = &x[i * k..(i + 1) * k];
         let d: Vec<f64> = x
-            .chunks_exact(QK)
+            .chunks_exact(bs)
             .map(|b| b.iter().fold(0f32, |a, v| a.max(v.abs())) as f64 / 127.0)
             .collect();
         for j in 0..n {
             let w = &w[j * k..(j + 1) * k];
             let o = i * n + j;
             for t in 0..k {
-                let (xv, wv, db) = (x[t] as f64, w[t] as f64, d[t / QK]);
+                let (xv, wv, db) = (x[t] as f64, w[t] as f64, d[t / bs]);
                 e.exact[o] += xv * wv;
                 e.bound[o] += wv.abs() * db / 2.0;
                 e.var[o] += wv * wv * db * db / 12.0;
@@ -155,8 +157,10 @@ fn run(qm: &QuantMatrix, isa: Isa, x: &[f32], m: usize) -> Vec<f32> {
 fn check_format(dtype: GgmlDType, seed: u64) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     // n values straddle the 16-row tile; 200 x 1536 with m ≥ 2 takes the
-    // parallel path. K-quant blocks span 256 inputs.
-    let k_small = if dtype.block_size() == 256 { 512 } else { 576 };
+    // parallel path. K-quant blocks span 256 inputs, and so do their
+    // activations' scales.
+    let bs = dtype.block_size();
+    let k_small = if bs == 256 { 512 } else { 576 };
     for (n, k) in [(75, k_small), (200, 1536), (16, k_small), (5, 1536)] {
         let w = weights(&mut rng, n, k);
         let (_, deq, qm) = candle_matrix(&w, n, k, dtype);
@@ -165,7 +169,7 @@ fn check_format(dtype: GgmlDType, seed: u64) {
         let mut noise: Vec<Noise> = isas.iter().map(|_| Noise::default()).collect();
         for m in [1, 2, 3, 5, 16, 33, 64] {
             let x = gaussian(&mut rng, m * k);
-            let e = expected(&x, &deq, m, n, k);
+            let e = expected(&x, &deq, m, n, k, bs);
             let generic = run(&qm, Isa::Generic, &x, m);
             for (&isa, noise) in isas.iter().zip(&mut noise) {
                 let got = run(&qm, isa, &x, m);
@@ -254,7 +258,7 @@ fn more_rows_than_an_m_block() {
     let w = weights(&mut rng, n, k);
     let (_, deq, qm) = candle_matrix(&w, n, k, GgmlDType::Q4_1);
     let x = gaussian(&mut rng, m * k);
-    let e = expected(&x, &deq, m, n, k);
+    let e = expected(&x, &deq, m, n, k, QK);
     for isa in isas() {
         let mut noise = Noise::default();
         let what = format!("m={m} {isa:?}");
@@ -353,7 +357,7 @@ fn real_model_q4_1_matches_candle_qmatmul() {
         .unwrap()
         .to_vec1()
         .unwrap();
-    let e = expected(&x, &deq, m, n, k);
+    let e = expected(&x, &deq, m, n, k, QK);
     let (mut sq_diff, mut sq_out) = (0.0, 0.0);
     for isa in isas() {
         let ours = run(&qm, isa, &x, m);
@@ -393,17 +397,54 @@ fn real_model_q8_0_embedding_rows() {
 #[test]
 fn activation_quantizers_agree() {
     let mut rng = ChaCha8Rng::seed_from_u64(7);
-    let mut x = gaussian(&mut rng, 8 * QK);
-    // Exact halves (ties), zeros, a zero block and a huge value.
+    let mut x = gaussian(&mut rng, 16 * QK);
+    // Exact halves (ties), zeros, a zero block of each size and a huge value.
     x[3] = 0.5 * x[0].abs().max(1.0);
     x[QK..2 * QK].iter_mut().for_each(|v| *v = 0.0);
     x[2 * QK + 5] = 1e30;
-    let mut want = QuantActs::default();
-    want.quantize(&x, 1, x.len(), Isa::Generic, false);
-    for isa in isas() {
-        let mut got = QuantActs::default();
-        got.quantize(&x, 1, x.len(), isa, false);
-        assert_eq!(got.qs(), want.qs(), "{isa:?}");
-        assert_eq!(got.scales(), want.scales(), "{isa:?}");
+    x[8 * QK..].iter_mut().for_each(|v| *v = 0.0);
+    for blocks in [act::ActBlocks::B32, act::ActBlocks::B256] {
+        let mut want = QuantActs::default();
+        want.quantize(&x, 2, x.len() / 2, blocks, Isa::Generic, false);
+        for isa in isas() {
+            let mut got = QuantActs::default();
+            got.quantize(&x, 2, x.len() / 2, blocks, isa, false);
+            assert_eq!(got.qs(), want.qs(), "{isa:?} {blocks:?}");
+            assert_eq!(got.scales(), want.scales(), "{isa:?} {blocks:?}");
+            assert_eq!(got.supers(), want.supers(), "{isa:?} {blocks:?}");
+        }
+    }
+}
+
+/// The per-256 scales hold each block's `d` and the sums of its quants per
+/// 16 and 32, as the K-quant kernels' minimum terms read them.
+#[test]
+fn super_activation_sums() {
+    let mut rng = ChaCha8Rng::seed_from_u64(8);
+    let x = gaussian(&mut rng, 3 * QK_K);
+    let mut acts = QuantActs::default();
+    acts.quantize(&x, 1, x.len(), act::ActBlocks::B256, Isa::Generic, false);
+    for (b, s) in acts.row_supers(0).iter().enumerate() {
+        let (x, q) = (&x[b * QK_K..][..QK_K], &acts.row(0)[b * QK_K..][..QK_K]);
+        let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+        assert_eq!(s.d, amax / 127.0);
+        assert!(q.iter().any(|&q| q.abs() == 127));
+        for (i, &t) in x.iter().enumerate() {
+            assert!((q[i] as f32 * s.d - t).abs() <= s.d / 2.0 * 1.0001);
+        }
+        for h in 0..QK_K / 16 {
+            let sum: i32 = q[16 * h..16 * (h + 1)].iter().map(|&q| q as i32).sum();
+            assert_eq!(s.sums16[h] as i32, sum);
+            assert_eq!(
+                s.sums32[h / 2] as i32,
+                if h % 2 == 0 {
+                    sum + s.sums16[h + 1] as i32
+                } else {
+                    s.sums16[h - 1] as i32 + sum
+                }
+            );
+        }
+        let p = act::SuperScales::pair(&s.sums16, 3);
+        assert_eq!((p as i16, (p >> 16) as i16), (s.sums16[6], s.sums16[7]));
     }
 }

@@ -1,10 +1,16 @@
 //! x86-64 kernels: AVX-512 VNNI (`vpdpbusd`, 16 rows per register) and AVX2
-//! (`vpmaddubsw` + `vpmaddwd`, 8 rows per register, two passes per tile).
+//! (`vpmaddubsw` + `vpmaddwd`, 8 rows per register).
+//!
+//! Both sum each block (32 inputs, or a K-quant's 256) of every row in i32,
+//! weighting a K-quant's sub-blocks by their integer scales on the way
+//! (`vpmaddwd` with the scales on AVX2, `vpmulld` on AVX-512), then scale the
+//! block's sum to float once: `d dx` for the quants and, for the minima,
+//! `e dx` times their integer dot product with the activations' sums.
 
 use std::arch::x86_64::*;
 
-use super::act::{scales_of, ActScales};
-use super::formats::{Bits, Layout, Scales};
+use super::act::SuperScales;
+use super::formats::{Bits, Layout, Scales, QK_K};
 use super::{TileJob, QK, TILE};
 
 /// Activation rows kept in registers per pass over a tile's blocks: each needs
@@ -73,50 +79,42 @@ pub(crate) unsafe fn tile_avx512<L: Layout>(job: &TileJob) {
 #[inline]
 unsafe fn rows_avx512<L: Layout, const C: usize>(job: &TileJob, i0: usize, prefetch: bool) {
     let acts = job.acts;
-    let (k, nb) = (acts.k(), acts.k() / QK);
+    let k = acts.k();
     assert!(i0 + C <= acts.m());
     let xq = acts.qs().as_ptr().add(i0 * k);
-    let sc = acts.scales().as_ptr().add(i0 * nb);
     let mut acc = [_mm512_setzero_ps(); C];
     for (b, blk) in job.tile.chunks_exact(L::BLOCK_BYTES).enumerate() {
         if prefetch {
             prefetch_block::<L>(job.next, b);
         }
         let p = blk.as_ptr();
-        let hd = _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()));
-        let he = match L::SCALES {
-            Scales::DirectD => _mm512_mul_ps(hd, _mm512_set1_ps(-L::BITS.midpoint())),
+        let mut idot = [_mm512_setzero_si512(); C];
+        for j in 0..L::SUBS {
+            let w = quants_avx512::<L>(p, j);
+            let sc = scales_avx512::<L>(p, j);
+            for (c, idot) in idot.iter_mut().enumerate() {
+                let x = xq.add(c * k + (b * L::SUBS + j) * QK).cast::<i32>();
+                *idot = _mm512_add_epi32(*idot, idot_avx512::<L>(&w, x, sc));
+            }
+        }
+        let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()));
+        let e = match L::SCALES {
+            Scales::DirectD => _mm512_mul_ps(d, _mm512_set1_ps(-L::BITS.midpoint())),
             _ => _mm512_cvtph_ps(_mm256_loadu_si256(p.add(2 * TILE).cast())),
         };
-        for j in 0..L::SUBS {
-            let (s, m) = scales_avx512::<L>(p, j, hd, he);
-            let w = quants_avx512::<L>(p, j);
-            let ab = b * L::SUBS + j;
-            for (c, acc) in acc.iter_mut().enumerate() {
-                let x = xq.add(c * k + ab * QK).cast::<i32>();
-                let dot = |groups: std::ops::Range<usize>| {
-                    let mut s = _mm512_setzero_si512();
-                    for g in groups {
-                        s = _mm512_dpbusd_epi32(
-                            s,
-                            w[g],
-                            _mm512_set1_epi32(x.add(g).read_unaligned()),
-                        );
-                    }
-                    _mm512_cvtepi32_ps(s)
-                };
-                let [dx, sx, sx_lo] = *sc.add(c * nb + ab);
-                let dx = _mm512_set1_ps(dx);
-                if L::HALVES {
-                    *acc = _mm512_fmadd_ps(s[0], _mm512_mul_ps(dot(0..4), dx), *acc);
-                    *acc = _mm512_fmadd_ps(s[1], _mm512_mul_ps(dot(4..8), dx), *acc);
-                    *acc = _mm512_fmadd_ps(m[0], _mm512_set1_ps(sx_lo), *acc);
-                    *acc = _mm512_fmadd_ps(m[1], _mm512_set1_ps(sx - sx_lo), *acc);
-                } else {
-                    *acc = _mm512_fmadd_ps(s[0], _mm512_mul_ps(dot(0..8), dx), *acc);
-                    *acc = _mm512_fmadd_ps(m[0], _mm512_set1_ps(sx), *acc);
-                }
-            }
+        for (c, acc) in acc.iter_mut().enumerate() {
+            let sum = _mm512_cvtepi32_ps(idot[c]);
+            *acc = if L::SCALES.is_super() {
+                let xs = &*acts.supers().as_ptr().add((i0 + c) * (k / QK_K) + b);
+                let dx = _mm512_set1_ps(xs.d);
+                let a = _mm512_fmadd_ps(sum, _mm512_mul_ps(d, dx), *acc);
+                let mins = _mm512_cvtepi32_ps(mins_avx512::<L>(p, xs));
+                _mm512_fmadd_ps(mins, _mm512_mul_ps(e, dx), a)
+            } else {
+                let [dx, sx] = *acts.scales().as_ptr().add((i0 + c) * (k / QK) + b);
+                let a = _mm512_fmadd_ps(sum, _mm512_mul_ps(d, _mm512_set1_ps(dx)), *acc);
+                _mm512_fmadd_ps(e, _mm512_set1_ps(sx), a)
+            };
         }
     }
     for (c, acc) in acc.iter().enumerate() {
@@ -126,34 +124,68 @@ unsafe fn rows_avx512<L: Layout, const C: usize>(job: &TileJob, i0: usize, prefe
     }
 }
 
-/// Sub-block `j`'s scales and minima of the tile's 16 rows, per half
-/// (both halves equal unless the layout scales per 16 inputs). `hd` and
-/// `he` are the block header's two f16 vectors.
+/// Σ quants times activations of one sub-block for the 16 rows, weighted
+/// by a K-quant's integer scales `sc` (per half of 16 inputs).
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[inline]
+unsafe fn idot_avx512<L: Layout>(w: &[__m512i; 8], x: *const i32, sc: [__m512i; 2]) -> __m512i {
+    let dot = |groups: std::ops::Range<usize>| {
+        let mut s = _mm512_setzero_si512();
+        for g in groups {
+            s = _mm512_dpbusd_epi32(s, w[g], _mm512_set1_epi32(x.add(g).read_unaligned()));
+        }
+        s
+    };
+    if !L::SCALES.is_super() {
+        dot(0..8)
+    } else if L::HALVES {
+        _mm512_add_epi32(
+            _mm512_mullo_epi32(dot(0..4), sc[0]),
+            _mm512_mullo_epi32(dot(4..8), sc[1]),
+        )
+    } else {
+        _mm512_mullo_epi32(dot(0..8), sc[0])
+    }
+}
+
+/// Sub-block `j`'s integer scales of the 16 rows as i32, per half of 16
+/// inputs (both equal when the layout scales per 32); unused by the
+/// per-32 layouts.
 #[target_feature(enable = "avx512f,avx512bw")]
 #[inline]
-unsafe fn scales_avx512<L: Layout>(
-    p: *const u8,
-    j: usize,
-    hd: __m512,
-    he: __m512,
-) -> ([__m512; 2], [__m512; 2]) {
-    let sub = p.add(L::SCALES.header_bytes() + j * L::SCALES.sub_bytes());
-    let ints = |at: usize| {
-        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
-            sub.add(at * TILE).cast(),
-        )))
-    };
+unsafe fn scales_avx512<L: Layout>(p: *const u8, j: usize) -> [__m512i; 2] {
+    let area = p.add(L::SCALES.header_bytes());
     match L::SCALES {
-        Scales::Direct | Scales::DirectD => ([hd; 2], [he; 2]),
-        Scales::Super32 => {
-            let (s, m) = (_mm512_mul_ps(hd, ints(0)), _mm512_mul_ps(he, ints(1)));
-            ([s; 2], [m; 2])
+        Scales::Direct | Scales::DirectD => [_mm512_setzero_si512(); 2],
+        Scales::Super32 => [_mm512_cvtepi8_epi32(_mm_loadu_si128(area.add(j * TILE).cast())); 2],
+        Scales::Super16 | Scales::Super16Offset => {
+            // Row r's pair (first half, second half) as one i32 of two i16.
+            let v = _mm512_cvtepi8_epi16(_mm256_loadu_si256(area.add(j * 2 * TILE).cast()));
+            [
+                _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(v)),
+                _mm512_srai_epi32::<16>(v),
+            ]
         }
-        Scales::Super16 => (
-            [_mm512_mul_ps(hd, ints(0)), _mm512_mul_ps(hd, ints(1))],
-            [_mm512_mul_ps(he, ints(2)), _mm512_mul_ps(he, ints(3))],
-        ),
     }
+}
+
+/// The 16 rows' integer minima dotted with the activations' sums over one
+/// super-block: `Σ mn Σx` per row, in pairs of `vpmaddwd`.
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+unsafe fn mins_avx512<L: Layout>(p: *const u8, xs: &SuperScales) -> __m512i {
+    let mins = p.add(L::SCALES.header_bytes() + L::SCALES.mins_at());
+    let sums: &[i16] = match L::SCALES {
+        Scales::Super32 => &xs.sums32,
+        _ => &xs.sums16,
+    };
+    let mut t = _mm512_setzero_si512();
+    for i in 0..sums.len() / 2 {
+        let mn = _mm512_cvtepi8_epi16(_mm256_loadu_si256(mins.add(i * 2 * TILE).cast()));
+        let x = _mm512_set1_epi32(SuperScales::pair(sums, i));
+        t = _mm512_add_epi32(t, _mm512_madd_epi16(mn, x));
+    }
+    t
 }
 
 /// Sub-block `j`'s quants as 8 registers, group `g` (inputs `4g..4g + 4`
@@ -161,7 +193,7 @@ unsafe fn scales_avx512<L: Layout>(
 #[target_feature(enable = "avx512f,avx512bw")]
 #[inline]
 unsafe fn quants_avx512<L: Layout>(p: *const u8, j: usize) -> [__m512i; 8] {
-    let q = p.add(L::SCALES.header_bytes() + L::SUBS * L::SCALES.sub_bytes() + j * L::BITS.bytes());
+    let q = p.add(L::SCALES.quants_at(L::BITS, j));
     let mut w = [_mm512_setzero_si512(); 8];
     if L::BITS == Bits::Byte {
         for (g, w) in w.iter_mut().enumerate() {
@@ -220,32 +252,61 @@ pub(crate) unsafe fn tile_avx2<L: Layout>(job: &TileJob) {
 }
 
 /// Activation rows `i0..i0 + C` against the tile, in halves of 8 rows.
-/// With few rows (decode) both halves' accumulators stay live, so the tile
-/// streams through once; with more, a pass per half keeps them all in
-/// registers and the second pass finds the tile in cache. The first pass
-/// over a tile also prefetches the next one.
+/// With few rows (decode) both halves' sums stay live, so the tile streams
+/// through once; with more, a pass per half keeps them all in registers
+/// and the second pass finds the tile in cache. The first pass over a tile
+/// also prefetches the next one.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn rows_avx2<L: Layout, const C: usize>(job: &TileJob, i0: usize, prefetch: bool) {
     let acts = job.acts;
-    let (k, nb) = (acts.k(), acts.k() / QK);
+    let k = acts.k();
     assert!(i0 + C <= acts.m());
     let xq = acts.qs().as_ptr().add(i0 * k);
-    let sc = acts.scales().as_ptr().add(i0 * nb);
     let per_pass = if C <= 2 { 2 } else { 1 };
     let mut acc = [[_mm256_setzero_ps(); C]; 2];
     for pass in (0..2).step_by(per_pass) {
+        let halves = pass..pass + per_pass;
         for (b, blk) in job.tile.chunks_exact(L::BLOCK_BYTES).enumerate() {
             if prefetch && pass == 0 {
                 prefetch_block::<L>(job.next, b);
             }
             let p = blk.as_ptr();
+            let mut idot = [[_mm256_setzero_si256(); C]; 2];
             for j in 0..L::SUBS {
-                let ab = b * L::SUBS + j;
-                let x_at = |c: usize| xq.add(c * k + ab * QK).cast::<i32>();
-                let act = |c: usize| -> ActScales { *sc.add(c * nb + ab) };
-                for (h, acc) in acc.iter_mut().enumerate().skip(pass).take(per_pass) {
-                    half_avx2::<L, C>(p, j, h, acc, x_at, act);
+                for h in halves.clone() {
+                    let w = quants_avx2::<L>(p, j, h);
+                    let sc = scales_avx2::<L>(p, j, h);
+                    for (c, idot) in idot[h].iter_mut().enumerate() {
+                        let x = xq.add(c * k + (b * L::SUBS + j) * QK).cast::<i32>();
+                        *idot = _mm256_add_epi32(*idot, idot_avx2::<L>(&w, x, sc));
+                    }
+                }
+            }
+            for h in halves.clone() {
+                let d = _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * h).cast()));
+                let e = match L::SCALES {
+                    Scales::DirectD => _mm256_mul_ps(d, _mm256_set1_ps(-L::BITS.midpoint())),
+                    _ => _mm256_cvtph_ps(_mm_loadu_si128(p.add(2 * TILE + 16 * h).cast())),
+                };
+                for (c, acc) in acc[h].iter_mut().enumerate() {
+                    let sum = _mm256_cvtepi32_ps(idot[h][c]);
+                    *acc = if L::SCALES.is_super() {
+                        let xs = &*acts.supers().as_ptr().add((i0 + c) * (k / QK_K) + b);
+                        let dx = _mm256_set1_ps(xs.d);
+                        let a = _mm256_fmadd_ps(sum, _mm256_mul_ps(d, dx), *acc);
+                        let mins = _mm256_cvtepi32_ps(mins_avx2::<L>(p, h, xs));
+                        _mm256_fmadd_ps(mins, _mm256_mul_ps(e, dx), a)
+                    } else {
+                        let [dx, sx] = *acts.scales().as_ptr().add((i0 + c) * (k / QK) + b);
+                        let a = _mm256_fmadd_ps(sum, _mm256_mul_ps(d, _mm256_set1_ps(dx)), *acc);
+                        if L::BITS == Bits::Byte {
+                            // Signed quants (see `idot_avx2`): no minimum.
+                            a
+                        } else {
+                            _mm256_fmadd_ps(e, _mm256_set1_ps(sx), a)
+                        }
+                    };
                 }
             }
         }
@@ -261,139 +322,99 @@ unsafe fn rows_avx2<L: Layout, const C: usize>(job: &TileJob, i0: usize, prefetc
     }
 }
 
-/// Sub-block `j` of half `h` (output rows `8h..8h + 8`) of the block at `p`
-/// against the rows, into `acc`.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn half_avx2<L: Layout, const C: usize>(
-    p: *const u8,
-    j: usize,
-    h: usize,
-    acc: &mut [__m256; C],
-    x_at: impl Fn(usize) -> *const i32,
-    act: impl Fn(usize) -> ActScales,
-) {
-    let hd = _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * h).cast()));
-    if L::BITS == Bits::Byte {
-        return byte_rows_avx2(p, h, hd, acc, x_at, act);
-    }
-    let he = match L::SCALES {
-        Scales::DirectD => _mm256_mul_ps(hd, _mm256_set1_ps(-L::BITS.midpoint())),
-        _ => _mm256_cvtph_ps(_mm_loadu_si128(p.add(2 * TILE + 16 * h).cast())),
-    };
-    let (s, m) = scales_avx2::<L>(p, j, h, hd, he);
-    let w = quants_avx2::<L>(p, j, h);
-    for (c, acc) in acc.iter_mut().enumerate() {
-        let x = x_at(c);
-        let [dx, sx, sx_lo] = act(c);
-        let dx = _mm256_set1_ps(dx);
-        let dot = |g: std::ops::Range<usize>| dot_avx2(&w, x, g, L::BITS);
-        if L::HALVES {
-            *acc = _mm256_fmadd_ps(s[0], _mm256_mul_ps(dot(0..4), dx), *acc);
-            *acc = _mm256_fmadd_ps(s[1], _mm256_mul_ps(dot(4..8), dx), *acc);
-            *acc = _mm256_fmadd_ps(m[0], _mm256_set1_ps(sx_lo), *acc);
-            *acc = _mm256_fmadd_ps(m[1], _mm256_set1_ps(sx - sx_lo), *acc);
-        } else {
-            *acc = _mm256_fmadd_ps(s[0], _mm256_mul_ps(dot(0..8), dx), *acc);
-            *acc = _mm256_fmadd_ps(m[0], _mm256_set1_ps(sx), *acc);
-        }
-    }
-}
-
-/// Byte quants (Q8_0, stored `q + 128`) of half `h` against the rows:
-/// vpmaddubsw would saturate on u8 255 x i8 pairs, so this multiplies `|q|`
-/// by `x` carrying `q`'s sign, which also makes the minimum term vanish.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn byte_rows_avx2<const C: usize>(
-    p: *const u8,
-    h: usize,
-    d: __m256,
-    acc: &mut [__m256; C],
-    x_at: impl Fn(usize) -> *const i32,
-    act: impl Fn(usize) -> ActScales,
-) {
-    let ones = _mm256_set1_epi16(1);
-    for (c, acc) in acc.iter_mut().enumerate() {
-        let x = x_at(c);
-        let mut s = _mm256_setzero_si256();
-        for g in 0..8 {
-            let q = _mm256_loadu_si256(p.add(2 * TILE + 64 * g + 32 * h).cast());
-            let w = _mm256_xor_si256(q, _mm256_set1_epi8(-128));
-            let xb = _mm256_set1_epi32(x.add(g).read_unaligned());
-            let prod = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xb, w));
-            s = _mm256_add_epi32(s, _mm256_madd_epi16(prod, ones));
-        }
-        let t = _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(act(c)[0]));
-        *acc = _mm256_fmadd_ps(d, t, *acc);
-    }
-}
-
-/// Σ over groups `groups` of quants times activations, for 8 rows.
+/// Σ quants times activations of one sub-block for 8 rows, weighted by the
+/// i16 scales `sc` (per half of 16 inputs; ones for the per-32 types).
 /// vpmaddubsw pairs sum in i16, so as many groups are added in i16 as the
-/// quants' range allows before widening to i32.
+/// quants' range allows before `vpmaddwd` with the scales widens them.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn dot_avx2(
-    w: &[__m256i; 8],
-    x: *const i32,
-    groups: std::ops::Range<usize>,
-    bits: Bits,
-) -> __m256 {
-    // Each group adds up to 2 pairs of max * 127 per i16 lane.
-    let per_i16 = (i16::MAX as u32 / (2 * bits.max() * 127)) as usize;
-    let ones = _mm256_set1_epi16(1);
+unsafe fn idot_avx2<L: Layout>(w: &[__m256i; 8], x: *const i32, sc: [__m256i; 2]) -> __m256i {
+    let xb = |g: usize| _mm256_set1_epi32(x.add(g).read_unaligned());
     let mut s32 = _mm256_setzero_si256();
-    let mut g = groups.start;
-    while g < groups.end {
-        let end = (g + per_i16).min(groups.end);
-        let mut s16 = _mm256_setzero_si256();
-        for (g, &w) in w.iter().enumerate().take(end).skip(g) {
-            let xb = _mm256_set1_epi32(x.add(g).read_unaligned());
-            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w, xb));
+    if L::BITS == Bits::Byte {
+        // vpmaddubsw would saturate on u8 255 x i8 pairs, so `w` holds the
+        // signed quants and this multiplies `|q|` by `x` carrying `q`'s sign.
+        for (g, &w) in w.iter().enumerate() {
+            let prod = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xb(g), w));
+            s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(prod, sc[0]));
         }
-        s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(s16, ones));
-        g = end;
+        return s32;
     }
-    _mm256_cvtepi32_ps(s32)
+    // Each group adds up to 2 pairs of max * 127 per i16 lane; a chunk of
+    // groups summed in i16 must not straddle a half with its own scale.
+    // Constant trip counts, so the loops unroll and `w` stays in registers.
+    let per_i16 = (i16::MAX as u32 / (2 * L::BITS.max() * 127)) as usize;
+    let chunk = per_i16.min(if L::HALVES { 4 } else { 8 });
+    for c in 0..8 / chunk {
+        let mut s16 = _mm256_setzero_si256();
+        for (i, &w) in w[c * chunk..][..chunk].iter().enumerate() {
+            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w, xb(c * chunk + i)));
+        }
+        s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(s16, sc[c * chunk / 4]));
+    }
+    s32
 }
 
-/// [`scales_avx512`] for rows `8h..8h + 8`.
-#[target_feature(enable = "avx2,fma")]
+/// Sub-block `j`'s integer scales of rows `8h..8h + 8`, each row's in both
+/// i16 of its i32 lane (the `vpmaddwd` operand), per half of 16 inputs;
+/// ones for the per-32 layouts.
+#[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn scales_avx2<L: Layout>(
-    p: *const u8,
-    j: usize,
-    h: usize,
-    hd: __m256,
-    he: __m256,
-) -> ([__m256; 2], [__m256; 2]) {
-    let sub = p.add(L::SCALES.header_bytes() + j * L::SCALES.sub_bytes());
-    let ints = |at: usize| {
-        let v = _mm_loadl_epi64(sub.add(at * TILE + 8 * h).cast());
-        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))
-    };
+unsafe fn scales_avx2<L: Layout>(p: *const u8, j: usize, h: usize) -> [__m256i; 2] {
+    let area = p.add(L::SCALES.header_bytes());
     match L::SCALES {
-        Scales::Direct | Scales::DirectD => ([hd; 2], [he; 2]),
+        Scales::Direct | Scales::DirectD => [_mm256_set1_epi16(1); 2],
         Scales::Super32 => {
-            let (s, m) = (_mm256_mul_ps(hd, ints(0)), _mm256_mul_ps(he, ints(1)));
-            ([s; 2], [m; 2])
+            let v = _mm_loadl_epi64(area.add(j * TILE + 8 * h).cast());
+            [_mm256_cvtepi8_epi16(_mm_unpacklo_epi8(v, v)); 2]
         }
-        Scales::Super16 => (
-            [_mm256_mul_ps(hd, ints(0)), _mm256_mul_ps(hd, ints(1))],
-            [_mm256_mul_ps(he, ints(2)), _mm256_mul_ps(he, ints(3))],
-        ),
+        Scales::Super16 | Scales::Super16Offset => {
+            // Row r's pair (first half, second half) as two i16 of lane r.
+            let v = _mm256_cvtepi8_epi16(_mm_loadu_si128(area.add(j * 2 * TILE + 16 * h).cast()));
+            let lo = _mm256_setr_epi8(
+                0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, //
+                0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13,
+            );
+            let hi = _mm256_add_epi8(lo, _mm256_set1_epi8(2));
+            [_mm256_shuffle_epi8(v, lo), _mm256_shuffle_epi8(v, hi)]
+        }
     }
+}
+
+/// Rows `8h..8h + 8`'s integer minima dotted with the activations' sums
+/// over one super-block: `Σ mn Σx` per row, in pairs of `vpmaddwd`.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn mins_avx2<L: Layout>(p: *const u8, h: usize, xs: &SuperScales) -> __m256i {
+    let mins = p.add(L::SCALES.header_bytes() + L::SCALES.mins_at());
+    let sums: &[i16] = match L::SCALES {
+        Scales::Super32 => &xs.sums32,
+        _ => &xs.sums16,
+    };
+    let mut t = _mm256_setzero_si256();
+    for i in 0..sums.len() / 2 {
+        let mn = _mm256_cvtepi8_epi16(_mm_loadu_si128(mins.add(i * 2 * TILE + 16 * h).cast()));
+        let x = _mm256_set1_epi32(SuperScales::pair(sums, i));
+        t = _mm256_add_epi32(t, _mm256_madd_epi16(mn, x));
+    }
+    t
 }
 
 /// [`quants_avx512`] for rows `8h..8h + 8` (bytes `32h..32h + 32` of each
-/// 64-byte chunk).
+/// 64-byte chunk); byte quants come back signed (`q`, not `q + 128`).
 #[target_feature(enable = "avx2")]
 #[inline]
 unsafe fn quants_avx2<L: Layout>(p: *const u8, j: usize, h: usize) -> [__m256i; 8] {
-    let q = p.add(L::SCALES.header_bytes() + L::SUBS * L::SCALES.sub_bytes() + j * L::BITS.bytes());
-    let nibble = _mm256_set1_epi8(0x0F);
+    let q = p.add(L::SCALES.quants_at(L::BITS, j));
     let mut w = [_mm256_setzero_si256(); 8];
+    if L::BITS == Bits::Byte {
+        for (g, w) in w.iter_mut().enumerate() {
+            let v = _mm256_loadu_si256(q.add(64 * g + 32 * h).cast());
+            *w = _mm256_xor_si256(v, _mm256_set1_epi8(-128));
+        }
+        return w;
+    }
+    let nibble = _mm256_set1_epi8(0x0F);
     for c in 0..4 {
         let v = _mm256_loadu_si256(q.add(64 * c + 32 * h).cast());
         w[c] = _mm256_and_si256(v, nibble);
@@ -416,22 +437,34 @@ unsafe fn quants_avx2<L: Layout>(p: *const u8, j: usize, h: usize) -> [__m256i; 
 /// # Safety
 /// The CPU must support AVX-512 F and BW.
 #[target_feature(enable = "avx512f,avx512bw")]
-pub(crate) unsafe fn quantize_row_avx512(x: &[f32], qs: &mut [i8], scales: &mut [ActScales]) {
-    for ((x, q), s) in x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)).zip(scales) {
-        let a = _mm512_loadu_ps(x.as_ptr());
-        let b = _mm512_loadu_ps(x.as_ptr().add(16));
-        let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-        let d = amax / 127.0;
+pub(crate) unsafe fn quantize_row_avx512(
+    x: &[f32],
+    qs: &mut [i8],
+    bs: usize,
+    mut emit: impl FnMut(usize, f32, &[i32; 16]),
+) {
+    for (b, (x, q)) in x.chunks_exact(bs).zip(qs.chunks_exact_mut(bs)).enumerate() {
+        let mut mx = _mm512_setzero_ps();
+        for v in x.chunks_exact(16) {
+            mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(v.as_ptr())));
+        }
+        let d = _mm512_reduce_max_ps(mx) / 127.0;
         let id = _mm512_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
-        // Default MXCSR rounding is to nearest even, as in the scalar code.
-        let qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, id));
-        let qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, id));
-        _mm_storeu_si128(q.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(qa));
-        _mm_storeu_si128(q.as_mut_ptr().add(16).cast(), _mm512_cvtepi32_epi8(qb));
-        *s = scales_of(
-            d,
-            [_mm512_reduce_add_epi32(qa), _mm512_reduce_add_epi32(qb)],
-        );
+        let mut sums = [0i32; 16];
+        for ((x, q), s) in x
+            .chunks_exact(QK)
+            .zip(q.chunks_exact_mut(QK))
+            .zip(sums.chunks_exact_mut(2))
+        {
+            // Default MXCSR rounding is to nearest even, as in the scalar code.
+            let qa = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x.as_ptr()), id));
+            let qb = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x.as_ptr().add(16)), id));
+            _mm_storeu_si128(q.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(qa));
+            _mm_storeu_si128(q.as_mut_ptr().add(16).cast(), _mm512_cvtepi32_epi8(qb));
+            s[0] = _mm512_reduce_add_epi32(qa);
+            s[1] = _mm512_reduce_add_epi32(qb);
+        }
+        emit(b, d, &sums);
     }
 }
 
@@ -440,28 +473,42 @@ pub(crate) unsafe fn quantize_row_avx512(x: &[f32], qs: &mut [i8], scales: &mut 
 /// # Safety
 /// The CPU must support AVX2.
 #[target_feature(enable = "avx2")]
-pub(crate) unsafe fn quantize_row_avx2(x: &[f32], qs: &mut [i8], scales: &mut [ActScales]) {
+pub(crate) unsafe fn quantize_row_avx2(
+    x: &[f32],
+    qs: &mut [i8],
+    bs: usize,
+    mut emit: impl FnMut(usize, f32, &[i32; 16]),
+) {
     let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MAX));
-    for ((x, q), s) in x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)).zip(scales) {
-        let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(x.as_ptr().add(8 * i)));
-        let a: [__m256; 4] = std::array::from_fn(|i| _mm256_and_ps(v[i], abs_mask));
-        let mx = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
+    for (b, (x, q)) in x.chunks_exact(bs).zip(qs.chunks_exact_mut(bs)).enumerate() {
+        let mut mx = _mm256_setzero_ps();
+        for v in x.chunks_exact(8) {
+            mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_loadu_ps(v.as_ptr()), abs_mask));
+        }
         let mx = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps::<1>(mx));
         let mx = _mm_max_ps(mx, _mm_movehl_ps(mx, mx));
-        let amax = _mm_cvtss_f32(_mm_max_ss(mx, _mm_movehdup_ps(mx)));
-        let d = amax / 127.0;
+        let d = _mm_cvtss_f32(_mm_max_ss(mx, _mm_movehdup_ps(mx))) / 127.0;
         let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
-        let qi: [__m256i; 4] = std::array::from_fn(|i| _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id)));
-        // packs interleave 128-bit lanes; the dword permute restores order.
-        let p = _mm256_packs_epi16(
-            _mm256_packs_epi32(qi[0], qi[1]),
-            _mm256_packs_epi32(qi[2], qi[3]),
-        );
-        let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_si256(q.as_mut_ptr().cast(), p);
-        let lo = hsum_epi32_avx2(_mm256_add_epi32(qi[0], qi[1]));
-        let hi = hsum_epi32_avx2(_mm256_add_epi32(qi[2], qi[3]));
-        *s = scales_of(d, [lo, hi]);
+        let mut sums = [0i32; 16];
+        for ((x, q), s) in x
+            .chunks_exact(QK)
+            .zip(q.chunks_exact_mut(QK))
+            .zip(sums.chunks_exact_mut(2))
+        {
+            let qi: [__m256i; 4] = std::array::from_fn(|i| {
+                _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x.as_ptr().add(8 * i)), id))
+            });
+            // packs interleave 128-bit lanes; the dword permute restores order.
+            let p = _mm256_packs_epi16(
+                _mm256_packs_epi32(qi[0], qi[1]),
+                _mm256_packs_epi32(qi[2], qi[3]),
+            );
+            let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(q.as_mut_ptr().cast(), p);
+            s[0] = hsum_epi32_avx2(_mm256_add_epi32(qi[0], qi[1]));
+            s[1] = hsum_epi32_avx2(_mm256_add_epi32(qi[2], qi[3]));
+        }
+        emit(b, d, &sums);
     }
 }
 
