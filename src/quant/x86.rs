@@ -16,8 +16,10 @@ use super::{TileJob, QK, TILE};
 /// Activation rows kept in registers per pass over a tile's blocks: each needs
 /// an i32 block sum and an f32 accumulator beside the 8 weight registers.
 const ROWS_512: usize = 8;
-/// With 16 ymm registers, 8 of them weights.
-const ROWS_256: usize = 4;
+/// With 16 ymm registers, 8 of them weights: each row then needs only its
+/// i32 block sum in a register (the float accumulators are touched once per
+/// block). 5 measured 6-8% faster than 4 on Q4_K at 32-128 rows.
+const ROWS_256: usize = 5;
 
 pub(crate) fn avx512_vnni_supported() -> bool {
     is_x86_feature_detected!("avx512f")
@@ -247,6 +249,7 @@ pub(crate) unsafe fn tile_avx2<L: Layout>(job: &TileJob) {
         1 => rows_avx2::<L, 1>(job, i, first),
         2 => rows_avx2::<L, 2>(job, i, first),
         3 => rows_avx2::<L, 3>(job, i, first),
+        4 => rows_avx2::<L, 4>(job, i, first),
         _ => unreachable!(),
     }
 }
