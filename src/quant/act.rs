@@ -2,7 +2,7 @@
 
 use rayon::prelude::*;
 
-use super::formats::QK_K;
+use super::formats::{Scales, QK_K};
 use super::{Isa, QK};
 
 /// Values from which quantization (~0.2 ns each with SIMD) is worth splitting
@@ -50,6 +50,15 @@ impl SuperScales {
             d,
             sums16: sums16.map(|s| s as i16),
             sums32: std::array::from_fn(|j| (sums16[2 * j] + sums16[2 * j + 1]) as i16),
+        }
+    }
+
+    /// The sums a super layout's minima pair with: per 32 inputs when they
+    /// are per 32, else per 16.
+    pub(crate) fn sums_for(&self, scales: Scales) -> &[i16] {
+        match scales {
+            Scales::Super32 => &self.sums32,
+            _ => &self.sums16,
         }
     }
 

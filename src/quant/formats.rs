@@ -136,13 +136,14 @@ impl Scales {
         }
     }
 
-    /// Where the minima start within the scales.
+    /// Offset of the minima in a block.
     pub(crate) const fn mins_at(self) -> usize {
-        match self {
-            Scales::Super32 => 8 * TILE,
-            Scales::Super16 => 16 * TILE,
-            _ => 0,
-        }
+        self.header_bytes()
+            + match self {
+                Scales::Super32 => 8 * TILE,
+                Scales::Super16 => 16 * TILE,
+                _ => 0,
+            }
     }
 
     /// One block spans 256 inputs, with integer scales per sub-block.
@@ -473,18 +474,18 @@ impl Geometry {
         if self.scales != Scales::DirectD {
             dst[2 * (TILE + r)..2 * (TILE + r) + 2].copy_from_slice(&dec.e.to_le_bytes());
         }
-        let area = &mut dst[self.scales.header_bytes()..];
-        let mins = self.scales.mins_at();
+        let (scales, mins) = (self.scales.header_bytes(), self.scales.mins_at());
         for j in 0..self.subs {
             match self.scales {
                 Scales::Super32 => {
-                    area[j * TILE + r] = dec.sc[2 * j] as u8;
-                    area[mins + (j / 2) * 2 * TILE + 2 * r + j % 2] = dec.mn[2 * j] as u8;
+                    dst[scales + j * TILE + r] = dec.sc[2 * j] as u8;
+                    dst[mins + (j / 2) * 2 * TILE + 2 * r + j % 2] = dec.mn[2 * j] as u8;
                 }
                 Scales::Super16 | Scales::Super16Offset => {
                     for h in 0..2 {
-                        area[j * 2 * TILE + 2 * r + h] = dec.sc[2 * j + h] as u8;
-                        area[mins + j * 2 * TILE + 2 * r + h] = dec.mn[2 * j + h] as u8;
+                        let at = j * 2 * TILE + 2 * r + h;
+                        dst[scales + at] = dec.sc[2 * j + h] as u8;
+                        dst[mins + at] = dec.mn[2 * j + h] as u8;
                     }
                 }
                 Scales::Direct | Scales::DirectD => {}
@@ -511,18 +512,17 @@ impl Geometry {
             sc: [0; QK_K / 16],
             mn: [0; QK_K / 16],
         };
-        let area = &blk[self.scales.header_bytes()..];
-        let mins = self.scales.mins_at();
+        let (scales, mins) = (self.scales.header_bytes(), self.scales.mins_at());
         for h in 0..QK_K / 16 {
             let j = h / 2;
             let (sc, mn) = match self.scales {
                 Scales::Super32 => (
-                    area[j * TILE + r],
-                    area[mins + (j / 2) * 2 * TILE + 2 * r + j % 2],
+                    blk[scales + j * TILE + r],
+                    blk[mins + (j / 2) * 2 * TILE + 2 * r + j % 2],
                 ),
                 Scales::Super16 | Scales::Super16Offset => {
                     let at = j * 2 * TILE + 2 * r + h % 2;
-                    (area[at], area[mins + at])
+                    (blk[scales + at], blk[mins + at])
                 }
                 Scales::Direct | Scales::DirectD => continue,
             };

@@ -176,11 +176,8 @@ unsafe fn scales_avx512<L: Layout>(p: *const u8, j: usize) -> [__m512i; 2] {
 #[target_feature(enable = "avx512f,avx512bw")]
 #[inline]
 unsafe fn mins_avx512<L: Layout>(p: *const u8, xs: &SuperScales) -> __m512i {
-    let mins = p.add(L::SCALES.header_bytes() + L::SCALES.mins_at());
-    let sums: &[i16] = match L::SCALES {
-        Scales::Super32 => &xs.sums32,
-        _ => &xs.sums16,
-    };
+    let mins = p.add(L::SCALES.mins_at());
+    let sums = xs.sums_for(L::SCALES);
     let mut t = _mm512_setzero_si512();
     for i in 0..sums.len() / 2 {
         let mn = _mm512_cvtepi8_epi16(_mm256_loadu_si256(mins.add(i * 2 * TILE).cast()));
@@ -389,11 +386,8 @@ unsafe fn scales_avx2<L: Layout>(p: *const u8, j: usize, h: usize) -> [__m256i; 
 #[target_feature(enable = "avx2")]
 #[inline]
 unsafe fn mins_avx2<L: Layout>(p: *const u8, h: usize, xs: &SuperScales) -> __m256i {
-    let mins = p.add(L::SCALES.header_bytes() + L::SCALES.mins_at());
-    let sums: &[i16] = match L::SCALES {
-        Scales::Super32 => &xs.sums32,
-        _ => &xs.sums16,
-    };
+    let mins = p.add(L::SCALES.mins_at());
+    let sums = xs.sums_for(L::SCALES);
     let mut t = _mm256_setzero_si256();
     for i in 0..sums.len() / 2 {
         let mn = _mm256_cvtepi8_epi16(_mm_loadu_si128(mins.add(i * 2 * TILE + 16 * h).cast()));
