@@ -77,8 +77,8 @@ fn tile_super<L: Layout>(job: &TileJob) {
                     }
                 }
                 for r in 0..TILE {
-                    acc[r] += idot[r] as f32 * (d[r] * xs.d);
-                    acc[r] += imin[r] as f32 * (e[r] * xs.d);
+                    acc[r] += d[r] * (idot[r] as f32 * xs.d);
+                    acc[r] += e[r] * (imin[r] as f32 * xs.d);
                 }
             }
         }

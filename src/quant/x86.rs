@@ -105,16 +105,17 @@ unsafe fn rows_avx512<L: Layout, const C: usize>(job: &TileJob, i0: usize, prefe
             _ => _mm512_cvtph_ps(_mm256_loadu_si256(p.add(2 * TILE).cast())),
         };
         for (c, acc) in acc.iter_mut().enumerate() {
-            let sum = _mm512_cvtepi32_ps(idot[c]);
+            // d (Σ dx): the per-32 types' float order from before the
+            // K-quants summed per 256, so their results did not move.
+            let sum =
+                |s: __m512i, dx: f32| _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(dx));
             *acc = if L::SCALES.is_super() {
                 let xs = &*acts.supers().as_ptr().add((i0 + c) * (k / QK_K) + b);
-                let dx = _mm512_set1_ps(xs.d);
-                let a = _mm512_fmadd_ps(sum, _mm512_mul_ps(d, dx), *acc);
-                let mins = _mm512_cvtepi32_ps(mins_avx512::<L>(p, xs));
-                _mm512_fmadd_ps(mins, _mm512_mul_ps(e, dx), a)
+                let a = _mm512_fmadd_ps(d, sum(idot[c], xs.d), *acc);
+                _mm512_fmadd_ps(e, sum(mins_avx512::<L>(p, xs), xs.d), a)
             } else {
                 let [dx, sx] = *acts.scales().as_ptr().add((i0 + c) * (k / QK) + b);
-                let a = _mm512_fmadd_ps(sum, _mm512_mul_ps(d, _mm512_set1_ps(dx)), *acc);
+                let a = _mm512_fmadd_ps(d, sum(idot[c], dx), *acc);
                 _mm512_fmadd_ps(e, _mm512_set1_ps(sx), a)
             };
         }
@@ -290,16 +291,17 @@ unsafe fn rows_avx2<L: Layout, const C: usize>(job: &TileJob, i0: usize, prefetc
                     _ => _mm256_cvtph_ps(_mm_loadu_si128(p.add(2 * TILE + 16 * h).cast())),
                 };
                 for (c, acc) in acc[h].iter_mut().enumerate() {
-                    let sum = _mm256_cvtepi32_ps(idot[h][c]);
+                    // d (Σ dx), as in `rows_avx512`.
+                    let sum = |s: __m256i, dx: f32| {
+                        _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dx))
+                    };
                     *acc = if L::SCALES.is_super() {
                         let xs = &*acts.supers().as_ptr().add((i0 + c) * (k / QK_K) + b);
-                        let dx = _mm256_set1_ps(xs.d);
-                        let a = _mm256_fmadd_ps(sum, _mm256_mul_ps(d, dx), *acc);
-                        let mins = _mm256_cvtepi32_ps(mins_avx2::<L>(p, h, xs));
-                        _mm256_fmadd_ps(mins, _mm256_mul_ps(e, dx), a)
+                        let a = _mm256_fmadd_ps(d, sum(idot[h][c], xs.d), *acc);
+                        _mm256_fmadd_ps(e, sum(mins_avx2::<L>(p, h, xs), xs.d), a)
                     } else {
                         let [dx, sx] = *acts.scales().as_ptr().add((i0 + c) * (k / QK) + b);
-                        let a = _mm256_fmadd_ps(sum, _mm256_mul_ps(d, _mm256_set1_ps(dx)), *acc);
+                        let a = _mm256_fmadd_ps(d, sum(idot[h][c], dx), *acc);
                         if L::BITS == Bits::Byte {
                             // Signed quants (see `idot_avx2`): no minimum.
                             a
