@@ -474,21 +474,14 @@ impl Geometry {
         if self.scales != Scales::DirectD {
             dst[2 * (TILE + r)..2 * (TILE + r) + 2].copy_from_slice(&dec.e.to_le_bytes());
         }
-        let (scales, mins) = (self.scales.header_bytes(), self.scales.mins_at());
-        for j in 0..self.subs {
-            match self.scales {
-                Scales::Super32 => {
-                    dst[scales + j * TILE + r] = dec.sc[2 * j] as u8;
-                    dst[mins + (j / 2) * 2 * TILE + 2 * r + j % 2] = dec.mn[2 * j] as u8;
+        if self.scales.is_super() {
+            let halves = if self.scales == Scales::Super32 { 1 } else { 2 };
+            for j in 0..self.subs {
+                for h in 0..halves {
+                    let (sc, mn) = self.scale_offsets(j, h, r);
+                    dst[sc] = dec.sc[2 * j + h] as u8;
+                    dst[mn] = dec.mn[2 * j + h] as u8;
                 }
-                Scales::Super16 | Scales::Super16Offset => {
-                    for h in 0..2 {
-                        let at = j * 2 * TILE + 2 * r + h;
-                        dst[scales + at] = dec.sc[2 * j + h] as u8;
-                        dst[mins + at] = dec.mn[2 * j + h] as u8;
-                    }
-                }
-                Scales::Direct | Scales::DirectD => {}
             }
         }
         for j in 0..self.subs {
@@ -512,23 +505,29 @@ impl Geometry {
             sc: [0; QK_K / 16],
             mn: [0; QK_K / 16],
         };
-        let (scales, mins) = (self.scales.header_bytes(), self.scales.mins_at());
-        for h in 0..QK_K / 16 {
-            let j = h / 2;
-            let (sc, mn) = match self.scales {
-                Scales::Super32 => (
-                    blk[scales + j * TILE + r],
-                    blk[mins + (j / 2) * 2 * TILE + 2 * r + j % 2],
-                ),
-                Scales::Super16 | Scales::Super16Offset => {
-                    let at = j * 2 * TILE + 2 * r + h % 2;
-                    (blk[scales + at], blk[mins + at])
-                }
-                Scales::Direct | Scales::DirectD => continue,
-            };
-            (row.sc[h], row.mn[h]) = (sc as i8, mn as i8);
+        if self.scales.is_super() {
+            for h in 0..QK_K / 16 {
+                let (sc, mn) = self.scale_offsets(h / 2, h % 2, r);
+                (row.sc[h], row.mn[h]) = (blk[sc] as i8, blk[mn] as i8);
+            }
         }
         row
+    }
+
+    /// Where row `r`'s scale and minimum of half `h` of sub-block `j` sit in
+    /// a block of a super layout (one pair for both halves of Super32).
+    fn scale_offsets(&self, j: usize, h: usize, r: usize) -> (usize, usize) {
+        let (scales, mins) = (self.scales.header_bytes(), self.scales.mins_at());
+        match self.scales {
+            Scales::Super32 => (
+                scales + j * TILE + r,
+                mins + (j / 2) * 2 * TILE + 2 * r + j % 2,
+            ),
+            _ => {
+                let at = j * 2 * TILE + 2 * r + h;
+                (scales + at, mins + at)
+            }
+        }
     }
 
     /// Row `r`'s quants of sub-block `j` of a tile-block.
