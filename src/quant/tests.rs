@@ -251,19 +251,24 @@ fn q8_0_matches_dequantized_reference() {
     check_format(GgmlDType::Q8_0, 2);
 }
 
+/// A full M_BLOCK of rows, then a remainder: Q6_K for the AVX2 path that
+/// keeps every row's sums of a tile in one buffer.
 #[test]
 fn more_rows_than_an_m_block() {
     let mut rng = ChaCha8Rng::seed_from_u64(3);
-    let (n, k, m) = (40, 64, M_BLOCK + 3);
-    let w = weights(&mut rng, n, k);
-    let (_, deq, qm) = candle_matrix(&w, n, k, GgmlDType::Q4_1);
-    let x = gaussian(&mut rng, m * k);
-    let e = expected(&x, &deq, m, n, k, QK);
-    for isa in isas() {
-        let mut noise = Noise::default();
-        let what = format!("m={m} {isa:?}");
-        check_against_exact(&run(&qm, isa, &x, m), &e, &mut noise, &what);
-        noise.check(&what);
+    let m = M_BLOCK + 3;
+    for (dtype, k) in [(GgmlDType::Q4_1, 64), (GgmlDType::Q6K, 256)] {
+        let n = 40;
+        let w = weights(&mut rng, n, k);
+        let (_, deq, qm) = candle_matrix(&w, n, k, dtype);
+        let x = gaussian(&mut rng, m * k);
+        let e = expected(&x, &deq, m, n, k, dtype.block_size());
+        for isa in isas() {
+            let mut noise = Noise::default();
+            let what = format!("{dtype:?} m={m} {isa:?}");
+            check_against_exact(&run(&qm, isa, &x, m), &e, &mut noise, &what);
+            noise.check(&what);
+        }
     }
 }
 
