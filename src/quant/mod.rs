@@ -28,6 +28,7 @@ pub(crate) mod formats;
 mod generic;
 #[cfg(test)]
 mod tests;
+mod weight_buf;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -40,6 +41,7 @@ use half::f16;
 
 use act::{ActBlocks, QuantActs};
 use formats::{Format, Geometry};
+pub(crate) use weight_buf::WeightBuf;
 
 /// Output rows per interleaved tile: one 512-bit register of i32 lanes.
 pub(crate) const TILE: usize = 16;
@@ -140,20 +142,14 @@ macro_rules! with_layout {
     };
 }
 
-/// Cache-line aligned storage so tiles start on a line.
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([u8; 64]);
-
 /// A quantized `n x k` weight matrix (`n` outputs, `k` inputs), repacked for the
 /// kernels in this module.
-#[derive(Clone)]
 pub struct QuantMatrix {
     format: Format,
     geom: Geometry,
     n: usize,
     k: usize,
-    data: Vec<Line>,
+    data: WeightBuf,
 }
 
 impl std::fmt::Debug for QuantMatrix {
@@ -214,8 +210,8 @@ impl QuantMatrix {
         let geom = format.geometry();
         let tiles = n.div_ceil(TILE);
         let bytes = tiles * nb * geom.block_bytes;
-        let mut data = vec![Line([0; 64]); bytes.div_ceil(64)];
-        let packed = lines_as_bytes_mut(&mut data);
+        let mut data = WeightBuf::zeroed(bytes);
+        let packed = data.as_mut_slice();
         for row in 0..n {
             let (t, r) = (row / TILE, row % TILE);
             for b in 0..nb {
@@ -247,8 +243,7 @@ impl QuantMatrix {
     }
 
     fn bytes(&self) -> &[u8] {
-        // SAFETY: `Line` is 64 plain bytes with no padding.
-        unsafe { std::slice::from_raw_parts(self.data.as_ptr().cast(), self.data.len() * 64) }
+        self.data.as_slice()
     }
 
     /// The tile-blocks of tile `t`.
@@ -449,11 +444,6 @@ impl Split {
             }
         }
     }
-}
-
-fn lines_as_bytes_mut(lines: &mut [Line]) -> &mut [u8] {
-    // SAFETY: `Line` is 64 plain bytes with no padding.
-    unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast(), lines.len() * 64) }
 }
 
 /// The output base pointer shared by the tasks of one call.
