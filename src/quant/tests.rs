@@ -18,6 +18,9 @@ fn isas() -> Vec<Isa> {
         if x86::avx512_vnni_supported() {
             v.push(Isa::Avx512Vnni);
         }
+        if amx::supported() {
+            v.push(Isa::Amx);
+        }
     }
     v
 }
@@ -171,8 +174,10 @@ fn check_format(dtype: GgmlDType, seed: u64) {
             let x = gaussian(&mut rng, m * k);
             let e = expected(&x, &deq, m, n, k, bs);
             let generic = run(&qm, Isa::Generic, &x, m);
+            let mut by_isa = Vec::new();
             for (&isa, noise) in isas.iter().zip(&mut noise) {
                 let got = run(&qm, isa, &x, m);
+                by_isa.push((isa, got.clone()));
                 let what = format!("{dtype:?} {n}x{k} m={m} {isa:?}");
                 check_against_exact(&got, &e, noise, &what);
                 // Same integer sums, so only float rounding differs.
@@ -183,6 +188,15 @@ fn check_format(dtype: GgmlDType, seed: u64) {
                         "{what} vs generic: out[{o}] {a} vs {g}"
                     );
                 }
+            }
+            // AMX forms the AVX-512 kernel's integer sums and ends each block
+            // in its float code.
+            #[cfg(target_arch = "x86_64")]
+            if let [.., (Isa::Avx512Vnni, vnni), (Isa::Amx, amx)] = &by_isa[..] {
+                assert!(
+                    amx == vnni,
+                    "{dtype:?} {n}x{k} m={m}: AMX differs from AVX-512"
+                );
             }
             let mut auto = vec![0.0; m * n];
             qm.matmul(&x, m, &mut auto);
