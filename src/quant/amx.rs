@@ -34,12 +34,16 @@ const K_STEP: usize = 64;
 const ARCH_REQ_XCOMP_PERM: libc::c_ulong = 0x1023;
 const XFEATURE_XTILEDATA: libc::c_ulong = 18;
 
-/// The CPU has AMX-INT8 and AVX-512 VNNI, and the kernel lets this process
-/// use the tile registers (a VM may report AMX that it does not enable:
-/// then the request is refused and this path is never taken).
+/// The CPU has AMX-INT8 and AVX-512 VNNI, the kernel lets this process use
+/// the tile registers (a VM may report AMX that it does not enable: then the
+/// request is refused and this path is never taken), and `WICK_AMX` is not
+/// `0` (which keeps every call on AVX-512, e.g. to compare the two).
 pub(crate) fn supported() -> bool {
     static SUPPORTED: OnceLock<bool> = OnceLock::new();
     *SUPPORTED.get_or_init(|| {
+        if std::env::var_os("WICK_AMX").is_some_and(|v| v == "0") {
+            return false;
+        }
         // CPUID leaf 7: EDX bit 24 is AMX-TILE, bit 25 AMX-INT8.
         let edx = __cpuid_count(7, 0).edx;
         let amx = edx & (1 << 24) != 0 && edx & (1 << 25) != 0;
