@@ -79,10 +79,10 @@ pub(crate) struct QuantActs {
     qs: Vec<i8>,
     scales: Vec<ActScales>,
     supers: Vec<SuperScales>,
-    /// With [`Isa::Amx`] and per-256 blocks, the quants of each full group
-    /// of [`AMX_GROUP`] rows again, 64 inputs of the group at a time (1 KiB
-    /// tiles): rows `k` bytes apart would share cache sets, and the tile
-    /// loads miss on them.
+    /// With [`Isa::Amx`], per-256 blocks and rows enough for its tiles,
+    /// the quants of each full group of [`AMX_GROUP`] rows again, 64 inputs
+    /// of the group at a time (1 KiB tiles): rows `k` bytes apart share
+    /// cache sets, and tile loads of them miss.
     tiles: Vec<i8>,
     m: usize,
     k: usize,
@@ -123,7 +123,7 @@ impl QuantActs {
                 let (qs, supers) = (&mut self.qs, &mut self.supers);
                 quantize_rows(x, k, qs, supers, blocks, isa, parallel, SuperScales::new);
                 #[cfg(target_arch = "x86_64")]
-                if isa == Isa::Amx {
+                if isa == Isa::Amx && m >= super::amx::MIN_ROWS {
                     self.pack_tiles();
                 }
             }
