@@ -5,9 +5,6 @@ use rayon::prelude::*;
 use super::formats::{Scales, QK_K};
 use super::{Isa, QK};
 
-/// Rows of an AMX tile of activations.
-pub(crate) const AMX_GROUP: usize = 16;
-
 /// Values from which quantization (~0.2 ns each with SIMD) is worth splitting
 /// over the pool.
 const PAR_MIN_VALUES: usize = 1 << 15;
@@ -79,11 +76,6 @@ pub(crate) struct QuantActs {
     qs: Vec<i8>,
     scales: Vec<ActScales>,
     supers: Vec<SuperScales>,
-    /// With [`Isa::Amx`], per-256 blocks and rows enough for its tiles,
-    /// the quants of each full group of [`AMX_GROUP`] rows again, 64 inputs
-    /// of the group at a time (1 KiB tiles): rows `k` bytes apart share
-    /// cache sets, and tile loads of them miss.
-    tiles: Vec<i8>,
     m: usize,
     k: usize,
 }
@@ -122,35 +114,8 @@ impl QuantActs {
                 self.supers.resize(m * k / QK_K, SuperScales::default());
                 let (qs, supers) = (&mut self.qs, &mut self.supers);
                 quantize_rows(x, k, qs, supers, blocks, isa, parallel, SuperScales::new);
-                #[cfg(target_arch = "x86_64")]
-                if isa == Isa::Amx && m >= super::amx::MIN_ROWS {
-                    self.pack_tiles();
-                }
             }
         }
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    fn pack_tiles(&mut self) {
-        const STEP: usize = 64;
-        let (k, groups) = (self.k, self.m / AMX_GROUP);
-        self.tiles.resize(groups * AMX_GROUP * k, 0);
-        for (g, dst) in self.tiles.chunks_exact_mut(AMX_GROUP * k).enumerate() {
-            for (s, tile) in dst.chunks_exact_mut(AMX_GROUP * STEP).enumerate() {
-                for (r, row) in tile.chunks_exact_mut(STEP).enumerate() {
-                    let at = (g * AMX_GROUP + r) * k + s * STEP;
-                    row.copy_from_slice(&self.qs[at..at + STEP]);
-                }
-            }
-        }
-    }
-
-    /// Rows `16g..16g + 16`, inputs `64s..64s + 64`, as one 16 x 64 tile
-    /// (after [`ActBlocks::B256`] on [`Isa::Amx`]).
-    #[cfg(target_arch = "x86_64")]
-    pub(crate) fn tile(&self, g: usize, s: usize) -> &[i8] {
-        let at = (g * self.k / 64 + s) * AMX_GROUP * 64;
-        &self.tiles[at..at + AMX_GROUP * 64]
     }
 
     pub(crate) fn m(&self) -> usize {
@@ -219,9 +184,7 @@ fn quantize_rows<T: Send>(
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => unsafe { super::x86::quantize_row_avx2(x, q, bs, emit) },
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Vnni | Isa::Amx => unsafe {
-                super::x86::quantize_row_avx512(x, q, bs, emit)
-            },
+            Isa::Avx512Vnni => unsafe { super::x86::quantize_row_avx512(x, q, bs, emit) },
         }
     };
     let nb = k / bs;

@@ -24,8 +24,6 @@
 //! driven from a pool thread (e.g. inside `rayon::scope`).
 
 mod act;
-#[cfg(target_arch = "x86_64")]
-mod amx;
 pub(crate) mod formats;
 mod generic;
 #[cfg(test)]
@@ -79,18 +77,12 @@ pub(crate) enum Isa {
     Avx2,
     #[cfg(target_arch = "x86_64")]
     Avx512Vnni,
-    /// AVX-512 VNNI, with AMX tiles for the K-quants' batched calls.
-    #[cfg(target_arch = "x86_64")]
-    Amx,
 }
 
 impl Isa {
     fn detect() -> Self {
         #[cfg(target_arch = "x86_64")]
         {
-            if amx::supported() {
-                return Isa::Amx;
-            }
             if x86::avx512_vnni_supported() {
                 return Isa::Avx512Vnni;
             }
@@ -392,8 +384,6 @@ impl QuantMatrix {
                     Isa::Avx2 => unsafe { x86::tile_avx2::<L>(&job) },
                     #[cfg(target_arch = "x86_64")]
                     Isa::Avx512Vnni => unsafe { x86::tile_avx512::<L>(&job) },
-                    #[cfg(target_arch = "x86_64")]
-                    Isa::Amx => unsafe { amx::tile::<L>(&job) },
                 });
             }
         }

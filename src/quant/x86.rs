@@ -99,20 +99,24 @@ unsafe fn rows_avx512<L: Layout, const C: usize>(job: &TileJob, i0: usize, prefe
                 *idot = _mm512_add_epi32(*idot, idot_avx512::<L>(&w, x, sc));
             }
         }
-        let de = block_scales_avx512::<L>(p);
-        let mn = if L::SCALES.is_super() {
-            mins_avx512::<L>(p)
-        } else {
-            [_mm512_setzero_si512(); 8]
+        let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()));
+        let e = match L::SCALES {
+            Scales::DirectD => _mm512_mul_ps(d, _mm512_set1_ps(-L::BITS.midpoint())),
+            _ => _mm512_cvtph_ps(_mm256_loadu_si256(p.add(2 * TILE).cast())),
         };
         for (c, acc) in acc.iter_mut().enumerate() {
+            // d (Σ dx): the per-32 types' float order from before the
+            // K-quants summed per 256, so their results did not move.
+            let sum =
+                |s: __m512i, dx: f32| _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(dx));
             *acc = if L::SCALES.is_super() {
                 let xs = &*acts.supers().as_ptr().add((i0 + c) * (k / QK_K) + b);
-                super_term_avx512::<L>(de, &mn, xs, idot[c], *acc)
+                let a = _mm512_fmadd_ps(d, sum(idot[c], xs.d), *acc);
+                _mm512_fmadd_ps(e, sum(mins_avx512::<L>(p, xs), xs.d), a)
             } else {
                 let [dx, sx] = *acts.scales().as_ptr().add((i0 + c) * (k / QK) + b);
-                let a = _mm512_fmadd_ps(de[0], scaled_avx512(idot[c], dx), *acc);
-                _mm512_fmadd_ps(de[1], _mm512_set1_ps(sx), a)
+                let a = _mm512_fmadd_ps(d, sum(idot[c], dx), *acc);
+                _mm512_fmadd_ps(e, _mm512_set1_ps(sx), a)
             };
         }
     }
@@ -121,45 +125,6 @@ unsafe fn rows_avx512<L: Layout, const C: usize>(job: &TileJob, i0: usize, prefe
         _mm512_storeu_ps(v.as_mut_ptr(), *acc);
         job.out.write(i0 + c, &v);
     }
-}
-
-/// The 16 rows' block scales as f32: `d` for the quants and `e` for the
-/// minima (or the offset's `-midpoint d`).
-#[target_feature(enable = "avx512f")]
-#[inline]
-pub(super) unsafe fn block_scales_avx512<L: Layout>(p: *const u8) -> [__m512; 2] {
-    let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()));
-    let e = match L::SCALES {
-        Scales::DirectD => _mm512_mul_ps(d, _mm512_set1_ps(-L::BITS.midpoint())),
-        _ => _mm512_cvtph_ps(_mm256_loadu_si256(p.add(2 * TILE).cast())),
-    };
-    [d, e]
-}
-
-/// An integer block sum times an activation scale: `d (Σ dx)` keeps the
-/// per-32 types' float order from before the K-quants summed per 256, so
-/// their results did not move.
-#[target_feature(enable = "avx512f")]
-#[inline]
-unsafe fn scaled_avx512(s: __m512i, dx: f32) -> __m512 {
-    _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(dx))
-}
-
-/// `acc` plus one activation row's K-quant block, from its integer sum
-/// `idot` (`Σ sc q x`), the block scales `[d, e]`, the minima
-/// ([`mins_avx512`]) and the row's sums for them. Every kernel of the super layouts ends a block here, so
-/// they agree to the bit.
-#[target_feature(enable = "avx512f,avx512bw")]
-#[inline]
-pub(super) unsafe fn super_term_avx512<L: Layout>(
-    [d, e]: [__m512; 2],
-    mn: &[__m512i; 8],
-    xs: &SuperScales,
-    idot: __m512i,
-    acc: __m512,
-) -> __m512 {
-    let a = _mm512_fmadd_ps(d, scaled_avx512(idot, xs.d), acc);
-    _mm512_fmadd_ps(e, scaled_avx512(mins_dot_avx512::<L>(mn, xs), xs.d), a)
 }
 
 /// Σ quants times activations of one sub-block for the 16 rows, weighted
@@ -191,7 +156,7 @@ unsafe fn idot_avx512<L: Layout>(w: &[__m512i; 8], x: *const i32, sc: [__m512i; 
 /// per-32 layouts.
 #[target_feature(enable = "avx512f,avx512bw")]
 #[inline]
-pub(super) unsafe fn scales_avx512<L: Layout>(p: *const u8, j: usize) -> [__m512i; 2] {
+unsafe fn scales_avx512<L: Layout>(p: *const u8, j: usize) -> [__m512i; 2] {
     let area = p.add(L::SCALES.header_bytes());
     match L::SCALES {
         Scales::Direct | Scales::DirectD => [_mm512_setzero_si512(); 2],
@@ -207,36 +172,16 @@ pub(super) unsafe fn scales_avx512<L: Layout>(p: *const u8, j: usize) -> [__m512
     }
 }
 
-/// A super-block's integer minima of the 16 rows, in the `vpmaddwd` pairs
-/// [`mins_dot_avx512`] takes (the first `L`'s count of pairs used); loaded
-/// once per block for all activation rows.
+/// The 16 rows' integer minima dotted with the activations' sums over one
+/// super-block: `Σ mn Σx` per row, in pairs of `vpmaddwd`.
 #[target_feature(enable = "avx512f,avx512bw")]
 #[inline]
-pub(super) unsafe fn mins_avx512<L: Layout>(p: *const u8) -> [__m512i; 8] {
+unsafe fn mins_avx512<L: Layout>(p: *const u8, xs: &SuperScales) -> __m512i {
     let mins = p.add(L::SCALES.mins_at());
-    let mut mn = [_mm512_setzero_si512(); 8];
-    for (i, mn) in mn.iter_mut().take(min_pairs::<L>()).enumerate() {
-        *mn = _mm512_cvtepi8_epi16(_mm256_loadu_si256(mins.add(i * 2 * TILE).cast()));
-    }
-    mn
-}
-
-/// Pairs of minima per super-block: per 32 or per 16 inputs.
-const fn min_pairs<L: Layout>() -> usize {
-    match L::SCALES {
-        Scales::Super32 => QK_K / QK / 2,
-        _ => QK_K / 16 / 2,
-    }
-}
-
-/// The minima dotted with one activation row's sums over the super-block:
-/// `Σ mn Σx` for each of the 16 rows.
-#[target_feature(enable = "avx512f,avx512bw")]
-#[inline]
-unsafe fn mins_dot_avx512<L: Layout>(mn: &[__m512i; 8], xs: &SuperScales) -> __m512i {
     let sums = xs.sums_for(L::SCALES);
     let mut t = _mm512_setzero_si512();
-    for (i, &mn) in mn.iter().take(min_pairs::<L>()).enumerate() {
+    for i in 0..sums.len() / 2 {
+        let mn = _mm512_cvtepi8_epi16(_mm256_loadu_si256(mins.add(i * 2 * TILE).cast()));
         let x = _mm512_set1_epi32(SuperScales::pair(sums, i));
         t = _mm512_add_epi32(t, _mm512_madd_epi16(mn, x));
     }
@@ -247,7 +192,7 @@ unsafe fn mins_dot_avx512<L: Layout>(mn: &[__m512i; 8], xs: &SuperScales) -> __m
 /// of all 16 rows) in register `g`.
 #[target_feature(enable = "avx512f,avx512bw")]
 #[inline]
-pub(super) unsafe fn quants_avx512<L: Layout>(p: *const u8, j: usize) -> [__m512i; 8] {
+unsafe fn quants_avx512<L: Layout>(p: *const u8, j: usize) -> [__m512i; 8] {
     let q = p.add(L::SCALES.quants_at(L::BITS, j));
     let mut w = [_mm512_setzero_si512(); 8];
     if L::BITS == Bits::Byte {
@@ -278,7 +223,7 @@ pub(super) unsafe fn quants_avx512<L: Layout>(p: *const u8, j: usize) -> [__m512
 /// hardware prefetcher alone leaves the first pass over each tile waiting on
 /// DRAM (measured ~1.5x slower at batch 32 with cold weights).
 #[inline(always)]
-pub(super) fn prefetch_block<L: Layout>(next: &[u8], b: usize) {
+fn prefetch_block<L: Layout>(next: &[u8], b: usize) {
     if let Some(blk) = next.get(b * L::BLOCK_BYTES..(b + 1) * L::BLOCK_BYTES) {
         for line in blk.chunks(64) {
             // SAFETY: a prefetch only hints the cache; `line` is in bounds.
