@@ -263,6 +263,9 @@ pub(crate) unsafe fn tile_avx2<L: Layout>(job: &TileJob) {
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn rows_avx2<L: Layout, const C: usize>(job: &TileJob, i0: usize, prefetch: bool) {
+    if L::BITS == Bits::Byte {
+        return byte_rows_avx2::<L, C>(job, i0, prefetch);
+    }
     let acts = job.acts;
     let k = acts.k();
     assert!(i0 + C <= acts.m());
@@ -295,6 +298,62 @@ unsafe fn rows_avx2<L: Layout, const C: usize>(job: &TileJob, i0: usize, prefetc
             }
         }
     }
+    write_rows_avx2(job, i0, &acc);
+}
+
+/// [`rows_avx2`] for Q8_0, whose signed quants need `vpsignb` to move each
+/// quant's sign onto its activation before `vpmaddubsw` and a `vpmaddwd` per
+/// group to widen (two products already fill an i16). Groups are the outer
+/// loop, so a group's `q` and `|q|` are formed once for all `C` rows and the
+/// 8 groups never have to be live at once: the per-row order spilled them.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn byte_rows_avx2<L: Layout, const C: usize>(job: &TileJob, i0: usize, prefetch: bool) {
+    let acts = job.acts;
+    let k = acts.k();
+    assert!(L::SUBS == 1 && i0 + C <= acts.m());
+    let xq = acts.qs().as_ptr().add(i0 * k);
+    let per_pass = if C <= 2 { 2 } else { 1 };
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_ps(); C]; 2];
+    for pass in (0..2).step_by(per_pass) {
+        let halves = pass..pass + per_pass;
+        for (b, blk) in job.tile.chunks_exact(L::BLOCK_BYTES).enumerate() {
+            if prefetch && pass == 0 {
+                prefetch_block::<L>(job.next, b);
+            }
+            let p = blk.as_ptr();
+            let q = p.add(L::SCALES.quants_at(L::BITS, 0));
+            let mut idot = [[_mm256_setzero_si256(); C]; 2];
+            for g in 0..8 {
+                for h in halves.clone() {
+                    // Stored as `q + 128` (the AVX-512 kernel's unsigned operand).
+                    let v = _mm256_loadu_si256(q.add(64 * g + 32 * h).cast());
+                    let w = _mm256_xor_si256(v, _mm256_set1_epi8(-128));
+                    let a = _mm256_abs_epi8(w);
+                    for (c, idot) in idot[h].iter_mut().enumerate() {
+                        let x = xq.add(c * k + b * QK + 4 * g).cast::<i32>();
+                        let xb = _mm256_set1_epi32(x.read_unaligned());
+                        let prod = _mm256_maddubs_epi16(a, _mm256_sign_epi8(xb, w));
+                        *idot = _mm256_add_epi32(*idot, _mm256_madd_epi16(prod, ones));
+                    }
+                }
+            }
+            for h in halves.clone() {
+                let de = block_scales_avx2::<L>(p, h);
+                for (c, acc) in acc[h].iter_mut().enumerate() {
+                    *acc = scale_block_avx2::<L>(job, p, de, b, h, i0 + c, idot[h][c], *acc);
+                }
+            }
+        }
+    }
+    write_rows_avx2(job, i0, &acc);
+}
+
+/// Writes rows `i0..i0 + C` of the tile's output from their two halves' sums.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn write_rows_avx2<const C: usize>(job: &TileJob, i0: usize, acc: &[[__m256; C]; 2]) {
     let mut v = [[0f32; TILE]; C];
     for (h, acc) in acc.iter().enumerate() {
         for (v, acc) in v.iter_mut().zip(acc) {
@@ -442,8 +501,9 @@ unsafe fn scale_block_avx2<L: Layout>(
     }
 }
 
-/// Σ quants times activations of one sub-block for 8 rows, weighted by the
-/// i16 scales `sc` (per half of 16 inputs; ones for the per-32 types).
+/// Σ quants times activations of one sub-block for 8 rows of a nibble
+/// layout, weighted by the i16 scales `sc` (per half of 16 inputs; ones for
+/// the per-32 types).
 /// vpmaddubsw pairs sum in i16, so as many groups are added in i16 as the
 /// quants' range allows before `vpmaddwd` with the scales widens them.
 #[target_feature(enable = "avx2")]
@@ -451,15 +511,6 @@ unsafe fn scale_block_avx2<L: Layout>(
 unsafe fn idot_avx2<L: Layout>(w: &[__m256i; 8], x: *const i32, sc: [__m256i; 2]) -> __m256i {
     let xb = |g: usize| _mm256_set1_epi32(x.add(g).read_unaligned());
     let mut s32 = _mm256_setzero_si256();
-    if L::BITS == Bits::Byte {
-        // vpmaddubsw would saturate on u8 255 x i8 pairs, so `w` holds the
-        // signed quants and this multiplies `|q|` by `x` carrying `q`'s sign.
-        for (g, &w) in w.iter().enumerate() {
-            let prod = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xb(g), w));
-            s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(prod, sc[0]));
-        }
-        return s32;
-    }
     // Each group adds up to 2 pairs of max * 127 per i16 lane; a chunk of
     // groups summed in i16 must not straddle a half with its own scale.
     // Constant trip counts, so the loops unroll and `w` stays in registers.
@@ -518,19 +569,12 @@ unsafe fn mins_avx2<L: Layout>(p: *const u8, h: usize, xs: &SuperScales) -> __m2
 }
 
 /// [`quants_avx512`] for rows `8h..8h + 8` (bytes `32h..32h + 32` of each
-/// 64-byte chunk); byte quants come back signed (`q`, not `q + 128`).
+/// 64-byte chunk) of the nibble layouts ([`byte_rows_avx2`] reads bytes).
 #[target_feature(enable = "avx2")]
 #[inline]
 unsafe fn quants_avx2<L: Layout>(p: *const u8, j: usize, h: usize) -> [__m256i; 8] {
     let q = p.add(L::SCALES.quants_at(L::BITS, j));
     let mut w = [_mm256_setzero_si256(); 8];
-    if L::BITS == Bits::Byte {
-        for (g, w) in w.iter_mut().enumerate() {
-            let v = _mm256_loadu_si256(q.add(64 * g + 32 * h).cast());
-            *w = _mm256_xor_si256(v, _mm256_set1_epi8(-128));
-        }
-        return w;
-    }
     let nibble = _mm256_set1_epi8(0x0F);
     for c in 0..4 {
         let v = _mm256_loadu_si256(q.add(64 * c + 32 * h).cast());
