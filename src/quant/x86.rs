@@ -302,10 +302,12 @@ unsafe fn rows_avx2<L: Layout, const C: usize>(job: &TileJob, i0: usize, prefetc
 }
 
 /// [`rows_avx2`] for Q8_0, whose signed quants need `vpsignb` to move each
-/// quant's sign onto its activation before `vpmaddubsw` and a `vpmaddwd` per
-/// group to widen (two products already fill an i16). Groups are the outer
-/// loop, so a group's `q` and `|q|` are formed once for all `C` rows and the
-/// 8 groups never have to be live at once: the per-row order spilled them.
+/// quant's sign onto its activation before `vpmaddubsw` (the stored `q + 128`
+/// as its unsigned operand would saturate the i16 pair sums) and a
+/// `vpmaddwd` per group to widen (two products already fill an i16).
+/// Groups are the outer loop, so a group's `q` and `|q|` are formed once
+/// for all `C` rows and the 8 groups never have to be live at once: the
+/// per-row order spilled them.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn byte_rows_avx2<L: Layout, const C: usize>(job: &TileJob, i0: usize, prefetch: bool) {
