@@ -362,11 +362,6 @@ impl QuantMatrix {
             for t in tiles.clone() {
                 let job = TileJob {
                     tile: self.tile(t),
-                    next: if t + 1 < self.n.div_ceil(TILE) {
-                        self.tile(t + 1)
-                    } else {
-                        &[]
-                    },
                     acts,
                     rows: rows.clone(),
                     out: OutTile {
@@ -475,8 +470,6 @@ impl OutTile {
 pub(crate) struct TileJob<'a> {
     /// The tile's `k / 32` tile-blocks.
     pub tile: &'a [u8],
-    /// The following tile (empty after the last), for SIMD kernels to prefetch.
-    pub next: &'a [u8],
     pub acts: &'a QuantActs,
     pub rows: Range<usize>,
     pub out: OutTile,
