@@ -227,8 +227,9 @@ const PREFETCH_AHEAD: usize = 2048;
 /// Prefetches the weight bytes `PREFETCH_AHEAD` past sub-block `j` of the
 /// block at `p`, so a block's prefetches spread over its sub-blocks, a few
 /// lines at a time. Issuing a whole block's lines at once (36 for Q4_K) was
-/// slower on Zen 3 than no prefetch at all; spread out, decode streams
-/// weights at 80-100% of the bandwidth probe (Q6_K was at 50%).
+/// slower on Zen 3 than no prefetch at all; spread out, one-row matmuls
+/// stream weights at 75-90% of `wick bench`'s bandwidth probe (Q6_K had
+/// been at 50%). Not yet measured on the AVX-512 hosts.
 #[inline(always)]
 fn prefetch_ahead<L: Layout>(p: *const u8, j: usize) {
     let per = L::BLOCK_BYTES / L::SUBS;
