@@ -19,7 +19,7 @@ use rayon::prelude::*;
 
 use super::{AttnDims, SeqSlice};
 use crate::block_manager::BlockId;
-use crate::vec_math::{fast_exp, max_of, sum_of};
+use crate::vec_math::{fast_exp, max_of, mul_add, sum_of};
 
 /// Width of the fixed-size accumulators the compiler turns into vector registers.
 const LANES: usize = 16;
@@ -443,7 +443,7 @@ fn block_scores<E: KvElem, const Q: usize>(
                 for u in 0..Q {
                     let qd = q[u][d];
                     for l in 0..LANES {
-                        acc[u][l] += qd * k[l];
+                        acc[u][l] = mul_add(qd, k[l], acc[u][l]);
                     }
                 }
             }
@@ -456,7 +456,7 @@ fn block_scores<E: KvElem, const Q: usize>(
                 for l in 0..width {
                     let mut x = 0.0;
                     for (d, &qd) in q.iter().enumerate() {
-                        x += qd * keys[d * bs + c0 + l].to_f32();
+                        x = mul_add(qd, keys[d * bs + c0 + l].to_f32(), x);
                     }
                     out[u * stride + c0 + l] = x;
                 }
@@ -487,7 +487,7 @@ fn accumulate<E: KvElem, const Q: usize>(
             for u in 0..Q {
                 let pj = p[u][j];
                 for l in 0..LANES {
-                    acc[u][l] += pj * v[l];
+                    acc[u][l] = mul_add(pj, v[l], acc[u][l]);
                 }
             }
         }
@@ -499,7 +499,7 @@ fn accumulate<E: KvElem, const Q: usize>(
     for c in vector_dims..hd {
         for (u, p) in p.iter().enumerate() {
             for (j, &pj) in p.iter().enumerate() {
-                out[u * hd + c] += pj * values[j * hd + c].to_f32();
+                out[u * hd + c] = mul_add(pj, values[j * hd + c].to_f32(), out[u * hd + c]);
             }
         }
     }
