@@ -51,10 +51,10 @@ pub(crate) const QK: usize = 32;
 /// task streams per tile (≤ 256 x k bytes) so they stay in L2.
 const M_BLOCK: usize = 256;
 /// Multiply-adds from which a call made on a rayon thread is split over the
-/// pool: below it (~1 µs of one core) waking a sleeping worker costs more.
+/// pool: below it, waking a sleeping worker costs more than it saves.
 /// At 256K, SmolLM2's 576x576 projections split too: its one-stream decode
 /// measured ~8% faster than at 512K (seven alternating runs on the 2-core
-/// host), and 128K or 2M and up were slower.
+/// host); 128K was slower, as were 2M and 8M in an earlier session.
 const PAR_MIN_MACS: usize = 1 << 18;
 /// Multiply-adds from which a call made outside the pool moves into it: that
 /// costs a cross-thread wake-up and hand-back, measured ~20 µs on the 2-core
