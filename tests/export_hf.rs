@@ -57,6 +57,17 @@ fn before_near_tie(c: &Case, gap: f32) -> usize {
         .unwrap_or(c.ids.len())
 }
 
+/// `model`'s top-2 logit gap where it picks `ids[s]`, given `prompt` and
+/// `ids[..s]` (teacher-forced, in the KV dtype the engine gives it).
+fn own_gap(model: &dyn wick::models::Model, prompt: &[u32], ids: &[u32], s: usize) -> f32 {
+    let toks: Vec<u32> = prompt.iter().chain(&ids[..=s]).copied().collect();
+    let seqs = [(prompt.len(), toks)];
+    let logits = common::teacher_forced_logits(model, &seqs, model.info().kv_dtype, false);
+    let mut row = logits[0][s].clone();
+    row.sort_by(|a, b| b.total_cmp(a));
+    row[0] - row[1]
+}
+
 /// The default model exported by the `wick export-hf` command.
 fn export_default_model() -> TempDir {
     let gguf = common::model_path();
@@ -277,7 +288,13 @@ fn exported_checkpoint_loads_back_and_continues_like_the_gguf() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     let from_export = greedy(exported, &cases);
-    let from_f32_gguf = greedy(common::load_default(WeightFormat::F32), &cases);
+    let f32_gguf = common::load_default(WeightFormat::F32);
+    let prompts: Vec<Vec<u32>> = cases
+        .iter()
+        .map(|c| f32_gguf.tokenizer.encode(&c.prompt).unwrap())
+        .collect();
+    let f32_model = common::load_default(WeightFormat::F32).model;
+    let from_f32_gguf = greedy(f32_gguf, &cases);
     let from_native_gguf = greedy(gguf_model, &cases);
     let (mut same_f32, mut same_native, mut total) = (0, 0, 0);
     for (i, c) in cases.iter().enumerate() {
@@ -292,12 +309,19 @@ fn exported_checkpoint_loads_back_and_continues_like_the_gguf() {
             same_native + native_prefix,
             total + c.ids.len(),
         );
-        // The same f32 weights: only the KV dtype (f32 here, f16 for GGUF)
-        // differs, so they agree up to llama.cpp's first real near tie.
-        assert!(
-            f32_prefix >= before_near_tie(c, 0.05),
-            "prompt {i}: export and GGUF f32 part at step {f32_prefix}"
-        );
+        // The same f32 weights in two layouts (q/k rows and RoPE in HF's
+        // order or llama.cpp's), so their sums round differently: they
+        // agree up to llama.cpp's first real near tie, or where the f32
+        // model itself all but ties (llama.cpp's gaps are the Q4_1 model's,
+        // which moves logits by up to ~0.5).
+        if f32_prefix < before_near_tie(c, 0.05) {
+            let gap = own_gap(&*f32_model, &prompts[i], &from_f32_gguf[i], f32_prefix);
+            eprintln!("prompt {i}: the f32 GGUF's own top-2 gap there is {gap}");
+            assert!(
+                gap < 0.01,
+                "prompt {i}: export and GGUF f32 part at step {f32_prefix}, top-2 gap {gap}"
+            );
+        }
         // Q4_1 with 8-bit activations moves logits by up to ~0.5 (see
         // tests/greedy_parity.rs), so the bound is looser there.
         assert!(
