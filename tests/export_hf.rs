@@ -57,11 +57,15 @@ fn before_near_tie(c: &Case, gap: f32) -> usize {
         .unwrap_or(c.ids.len())
 }
 
-/// `model`'s top-2 logit gap where it picks `ids[s]`, given `prompt` and
-/// `ids[..s]` (teacher-forced, in the KV dtype the engine gives it).
-fn own_gap(model: &dyn wick::models::Model, prompt: &[u32], ids: &[u32], s: usize) -> f32 {
+/// The dequantized GGUF's top-2 logit gap where it picks `ids[s]`, given
+/// `prompt` and `ids[..s]` (teacher-forced, in the KV dtype the engine gives
+/// it). Loaded here, only for a prompt whose paths part early.
+fn f32_gguf_gap(prompt: &str, ids: &[u32], s: usize) -> f32 {
+    let loaded = common::load_default(WeightFormat::F32);
+    let prompt = loaded.tokenizer.encode(prompt).unwrap();
     let toks: Vec<u32> = prompt.iter().chain(&ids[..=s]).copied().collect();
     let seqs = [(prompt.len(), toks)];
+    let model = &*loaded.model;
     let logits = common::teacher_forced_logits(model, &seqs, model.info().kv_dtype, false);
     let mut row = logits[0][s].clone();
     row.sort_by(|a, b| b.total_cmp(a));
@@ -288,13 +292,7 @@ fn exported_checkpoint_loads_back_and_continues_like_the_gguf() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     let from_export = greedy(exported, &cases);
-    let f32_gguf = common::load_default(WeightFormat::F32);
-    let prompts: Vec<Vec<u32>> = cases
-        .iter()
-        .map(|c| f32_gguf.tokenizer.encode(&c.prompt).unwrap())
-        .collect();
-    let f32_model = common::load_default(WeightFormat::F32).model;
-    let from_f32_gguf = greedy(f32_gguf, &cases);
+    let from_f32_gguf = greedy(common::load_default(WeightFormat::F32), &cases);
     let from_native_gguf = greedy(gguf_model, &cases);
     let (mut same_f32, mut same_native, mut total) = (0, 0, 0);
     for (i, c) in cases.iter().enumerate() {
@@ -315,7 +313,7 @@ fn exported_checkpoint_loads_back_and_continues_like_the_gguf() {
         // model itself all but ties (llama.cpp's gaps are the Q4_1 model's,
         // which moves logits by up to ~0.5).
         if f32_prefix < before_near_tie(c, 0.05) {
-            let gap = own_gap(&*f32_model, &prompts[i], &from_f32_gguf[i], f32_prefix);
+            let gap = f32_gguf_gap(&c.prompt, &from_f32_gguf[i], f32_prefix);
             eprintln!("prompt {i}: the f32 GGUF's own top-2 gap there is {gap}");
             assert!(
                 gap < 0.01,
