@@ -45,6 +45,11 @@ pub struct BenchArgs {
     /// crashes (CPUs that report AMX that the VM does not enable).
     #[arg(long, allow_hyphen_values = true)]
     pub llama_bench_arg: Vec<String>,
+    /// Measure this many times, alternating with llama-bench, and end with
+    /// each figure's median and the median of the rounds' ratios: on a
+    /// shared host either side's speed drifts 10% or more within minutes.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub rounds: u32,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -239,12 +244,39 @@ fn single_stream(row: &Row) -> Option<f64> {
         .map(|(_, t)| *t)
 }
 
+/// One round's figures: the bandwidth bound, wick's rows and llama-bench's
+/// (pp, tg).
+struct Round {
+    bound: Option<f64>,
+    rows: Vec<Row>,
+    llama: Option<(f64, f64)>,
+}
+
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let path = crate::model_fetch::resolve_model(args.model.as_deref())?;
     let threads = rayon::current_num_threads();
     println!("model: {}  threads: {threads}", path.display());
+    let weight_bytes = gguf_weight_bytes_per_token(&path);
+    let mut rounds = Vec::new();
+    for r in 1..=args.rounds {
+        if args.rounds > 1 {
+            println!("\nround {r} of {}", args.rounds);
+        }
+        rounds.push(run_round(args, &path, weight_bytes)?);
+    }
+    if rounds.len() > 1 {
+        print_medians(args, &rounds);
+    }
+    Ok(())
+}
+
+fn run_round(
+    args: &BenchArgs,
+    path: &std::path::Path,
+    weight_bytes: Option<u64>,
+) -> anyhow::Result<Round> {
     // Measured before loading, while the machine's memory is quiet.
-    let bound = gguf_weight_bytes_per_token(&path).map(|bytes| {
+    let bound = weight_bytes.map(|bytes| {
         let bw = read_bandwidth();
         println!(
             "memory read bandwidth {:.1} GB/s; weights read per token {:.1} MB; \
@@ -267,10 +299,10 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     );
     let mut rows = Vec::new();
     for &w in &args.weights {
-        let row = measure(args, &path, w)?;
-        let name = serde_json::to_value(w)?.as_str().unwrap_or("?").to_string();
+        let row = measure(args, path, w)?;
         println!(
-            "{name:<8} {:>12.1} {}{}",
+            "{:<8} {:>12.1} {}{}",
+            format_name(w),
             row.prefill_tok_s,
             row.decode_tok_s
                 .iter()
@@ -287,33 +319,111 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         );
         rows.push(row);
     }
-    if let Some(bin) = &args.llama_bench {
-        let (pp, tg) = llama_bench(
-            bin,
-            &path,
-            args.prompt_tokens,
-            args.decode_tokens,
-            &args.llama_bench_arg,
-        )?;
-        println!(
-            "llama.cpp llama-bench: pp{} {pp:.1} tok/s, tg{} {tg:.1} tok/s",
-            args.prompt_tokens, args.decode_tokens
-        );
-        if let Some(b) = bound {
-            println!("  llama.cpp tg = {:.0}% of the bound", 100.0 * tg / b);
-        }
-        for row in &rows {
-            let single = single_stream(row);
+    let llama = match &args.llama_bench {
+        Some(bin) => {
+            let (pp, tg) = llama_bench(
+                bin,
+                path,
+                args.prompt_tokens,
+                args.decode_tokens,
+                &args.llama_bench_arg,
+            )?;
             println!(
-                "  {:?}: prefill {:.2}x llama.cpp{}",
-                row.weights,
-                row.prefill_tok_s / pp,
-                single
-                    .map(|t| format!(", single-stream decode {:.2}x llama.cpp", t / tg))
-                    .unwrap_or_default()
+                "llama.cpp llama-bench: pp{} {pp:.1} tok/s, tg{} {tg:.1} tok/s",
+                args.prompt_tokens, args.decode_tokens
             );
+            if let Some(b) = bound {
+                println!("  llama.cpp tg = {:.0}% of the bound", 100.0 * tg / b);
+            }
+            for row in &rows {
+                let single = single_stream(row);
+                println!(
+                    "  {:?}: prefill {:.2}x llama.cpp{}",
+                    row.weights,
+                    row.prefill_tok_s / pp,
+                    single
+                        .map(|t| format!(", single-stream decode {:.2}x llama.cpp", t / tg))
+                        .unwrap_or_default()
+                );
+            }
+            Some((pp, tg))
+        }
+        None => None,
+    };
+    println!("{}", serde_json::to_string(&rows)?);
+    Ok(Round { bound, rows, llama })
+}
+
+fn format_name(w: WeightFormat) -> String {
+    serde_json::to_value(w)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| "?".to_string())
+}
+
+/// The middle value (the mean of the middle two for an even count).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n % 2 {
+        1 => v[n / 2],
+        _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Each figure's median over the rounds; ratios are taken within a round
+/// (wick and llama-bench back to back) before their median.
+fn print_medians(args: &BenchArgs, rounds: &[Round]) {
+    let over = |f: &dyn Fn(&Round) -> Option<f64>| -> Option<f64> {
+        let v: Vec<f64> = rounds.iter().map(f).collect::<Option<_>>()?;
+        Some(median(v))
+    };
+    println!("\nmedians of {} rounds", rounds.len());
+    for (i, &w) in args.weights.iter().enumerate() {
+        let decode = args
+            .batch
+            .iter()
+            .enumerate()
+            .filter_map(|(j, b)| {
+                Some(format!(
+                    ", decode@{b} {:.1}",
+                    over(&|r| Some(r.rows[i].decode_tok_s.get(j)?.1))?
+                ))
+            })
+            .collect::<String>();
+        println!(
+            "{}: pp{} {:.1}{decode} tok/s",
+            format_name(w),
+            args.prompt_tokens,
+            over(&|r| Some(r.rows[i].prefill_tok_s)).unwrap_or(f64::NAN),
+        );
+        if let Some(p) = over(&|r| Some(single_stream(&r.rows[i])? / r.bound?)) {
+            println!("  decode@1 = {:.0}% of the bound", 100.0 * p);
+        }
+        if let Some(x) = over(&|r| Some(r.rows[i].prefill_tok_s / r.llama?.0)) {
+            print!("  prefill {x:.2}x llama.cpp");
+            if let Some(y) = over(&|r| Some(single_stream(&r.rows[i])? / r.llama?.1)) {
+                print!(", single-stream decode {y:.2}x llama.cpp");
+            }
+            println!();
         }
     }
-    println!("{}", serde_json::to_string(&rows)?);
-    Ok(())
+    if let (Some(pp), Some(tg)) = (over(&|r| Some(r.llama?.0)), over(&|r| Some(r.llama?.1))) {
+        println!(
+            "llama.cpp: pp{} {pp:.1}, tg{} {tg:.1} tok/s",
+            args.prompt_tokens, args.decode_tokens
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn median_takes_the_middle_or_the_mean_of_the_middle_two() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(vec![7.0]), 7.0);
+    }
 }
