@@ -4,6 +4,8 @@
 //! core from the matmuls, and its `swiglu` makes three passes (two strided).
 //! Other devices use candle's ops.
 
+use std::mem::MaybeUninit;
+
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
@@ -26,6 +28,34 @@ fn values<'s>(storage: &'s CpuStorage, layout: &Layout) -> Result<&'s [f32]> {
     Ok(&storage.as_slice::<f32>()?[start..end])
 }
 
+/// `len` values, written a chunk of `chunk` at a time (in parallel when
+/// there are several) by `fill(i, chunk_i)`, which returns how many it
+/// wrote. Nothing is zeroed first: prefill-sized outputs are megabytes, and
+/// zeroing them cost as much as a pass of the op itself.
+fn written(
+    len: usize,
+    chunk: usize,
+    fill: impl Fn(usize, &mut [MaybeUninit<f32>]) -> usize + Sync,
+) -> Vec<f32> {
+    let mut out = Vec::with_capacity(len);
+    if len == 0 {
+        return out;
+    }
+    let spare = &mut out.spare_capacity_mut()[..len];
+    let run = |(i, o): (usize, &mut [MaybeUninit<f32>])| {
+        let n = o.len();
+        assert_eq!(fill(i, o), n, "elementwise: chunk {i} not fully written");
+    };
+    match len > chunk {
+        true => spare.par_chunks_mut(chunk).enumerate().for_each(run),
+        false => run((0, spare)),
+    }
+    // SAFETY: every chunk, hence each of the `len` values, was written (the
+    // assertion above), and the capacity is `len`.
+    unsafe { out.set_len(len) };
+    out
+}
+
 /// Values per parallel task of `add`.
 const ADD_CHUNK: usize = 1 << 14;
 
@@ -44,20 +74,17 @@ impl CustomOp2 for Add {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let (a, b) = (values(s1, l1)?, values(s2, l2)?);
-        let mut out = vec![0f32; a.len()];
-        let sum = |((o, a), b): ((&mut [f32], &[f32]), &[f32])| {
-            for ((o, a), b) in o.iter_mut().zip(a).zip(b) {
-                *o = a + b;
-            }
-        };
-        if a.len() > ADD_CHUNK {
-            out.par_chunks_mut(ADD_CHUNK)
-                .zip(a.par_chunks(ADD_CHUNK))
-                .zip(b.par_chunks(ADD_CHUNK))
-                .for_each(sum);
-        } else {
-            sum(((&mut out, a), b));
+        if a.len() != b.len() {
+            candle_core::bail!("add of {} and {} values", a.len(), b.len());
         }
+        let out = written(a.len(), ADD_CHUNK, |i, o| {
+            let at = i * ADD_CHUNK;
+            let (a, b) = (&a[at..at + o.len()], &b[at..at + o.len()]);
+            o.iter_mut()
+                .zip(a.iter().zip(b))
+                .map(|(o, (a, b))| o.write(a + b))
+                .count()
+        });
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 }
@@ -97,25 +124,19 @@ impl CustomOp1 for SwiGlu {
         }
         let x = values(storage, layout)?;
         let f = width / 2;
-        let mut out = vec![0f32; rows * f];
-        let row = |(o, x): (&mut [f32], &[f32])| {
-            let (gate, up) = x.split_at(f);
-            for ((o, &g), &u) in o.iter_mut().zip(gate).zip(up) {
-                *o = silu(g) * u;
-            }
-        };
-        let rows_of = |o: &mut [f32], x: &[f32]| {
+        let out = written(rows * f, ROWS_PER_TASK * f, |i, o| {
+            let x = &x[i * ROWS_PER_TASK * width..];
             o.chunks_exact_mut(f)
                 .zip(x.chunks_exact(width))
-                .for_each(row)
-        };
-        if rows > ROWS_PER_TASK {
-            out.par_chunks_mut(ROWS_PER_TASK * f)
-                .zip(x.par_chunks(ROWS_PER_TASK * width))
-                .for_each(|(o, x)| rows_of(o, x));
-        } else {
-            rows_of(&mut out, x);
-        }
+                .map(|(o, x)| {
+                    let (gate, up) = x.split_at(f);
+                    o.iter_mut()
+                        .zip(gate.iter().zip(up))
+                        .map(|(o, (&g, &u))| o.write(silu(g) * u))
+                        .count()
+                })
+                .sum()
+        });
         Ok((CpuStorage::F32(out), Shape::from((rows, f))))
     }
 }
