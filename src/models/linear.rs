@@ -159,6 +159,12 @@ impl Linear {
         Ok(Linear { weights, bias })
     }
 
+    /// The matrices on wick's kernels that this layer alone holds (a tied
+    /// head's table is the embedding's too), for [`crate::quant::share_pages`].
+    pub fn own_matrices(&mut self) -> Vec<&mut QuantMatrix> {
+        self.weights.own_matrices()
+    }
+
     /// `x`: `[rows, in]` f32. Returns `[rows, out]` f32.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = self.weights.forward(x)?;
@@ -170,6 +176,14 @@ impl Linear {
 }
 
 impl Weights {
+    fn own_matrices(&mut self) -> Vec<&mut QuantMatrix> {
+        match self {
+            Weights::Wick(m) => Arc::get_mut(m).into_iter().collect(),
+            Weights::Parts(parts) => parts.iter_mut().flat_map(Weights::own_matrices).collect(),
+            Weights::Candle(_) | Weights::Dense(_) => Vec::new(),
+        }
+    }
+
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
             Weights::Wick(m) => x.contiguous()?.apply_op1_no_bwd(&WickMatmul(m)),

@@ -443,12 +443,20 @@ impl Llama {
     fn assemble(
         config: Config,
         embed: Embedding,
-        blocks: Vec<Block>,
+        mut blocks: Vec<Block>,
         norm: Tensor,
-        lm_head: Linear,
+        mut lm_head: Linear,
         kv_dtype: KvDtype,
         device: &Device,
     ) -> Result<Self> {
+        // In the order a forward reads them.
+        crate::quant::share_pages(
+            blocks
+                .iter_mut()
+                .flat_map(|b| [&mut b.qkv, &mut b.o, &mut b.gate_up, &mut b.down])
+                .chain([&mut lm_head])
+                .flat_map(Linear::own_matrices),
+        );
         let rope = Rope::new(
             &config.inv_freq(),
             config.max_context,

@@ -35,13 +35,14 @@ mod x86;
 use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use candle_core::quantized::QTensor;
 use half::f16;
 
 use act::{ActBlocks, QuantActs};
 use formats::{Format, Geometry};
-pub(crate) use weight_buf::WeightBuf;
+pub(crate) use weight_buf::{WeightBuf, HUGE, LINE};
 
 /// Output rows per interleaved tile: one 512-bit register of i32 lanes.
 pub(crate) const TILE: usize = 16;
@@ -152,7 +153,11 @@ pub struct QuantMatrix {
     geom: Geometry,
     n: usize,
     k: usize,
-    data: WeightBuf,
+    /// The tiles are `len` bytes from `start` on: a buffer of the matrix's
+    /// own, or its place in one shared with others ([`share_pages`]).
+    data: Arc<WeightBuf>,
+    start: usize,
+    len: usize,
 }
 
 impl std::fmt::Debug for QuantMatrix {
@@ -231,7 +236,9 @@ impl QuantMatrix {
             geom,
             n,
             k,
-            data,
+            data: Arc::new(data),
+            start: 0,
+            len: bytes,
         }))
     }
 
@@ -246,7 +253,7 @@ impl QuantMatrix {
     }
 
     fn bytes(&self) -> &[u8] {
-        self.data.as_slice()
+        &self.data.as_slice()[self.start..][..self.len]
     }
 
     /// The tile-blocks of tile `t`.
@@ -385,6 +392,34 @@ impl QuantMatrix {
                 });
             }
         }
+    }
+}
+
+/// Moves the matrices smaller than a huge page into one buffer, in the order
+/// given, so that they too are read from 2 MiB pages.
+///
+/// Each matrix of a small model (SmolLM2's are 0.1-1.2 MB) otherwise has its
+/// own 4 KiB-paged allocation; as one buffer in the order a forward reads
+/// them, single-stream decode measured ~5% faster on the 2-core host.
+pub fn share_pages<'a>(matrices: impl IntoIterator<Item = &'a mut QuantMatrix>) {
+    let small: Vec<&mut QuantMatrix> = matrices.into_iter().filter(|m| m.len < HUGE).collect();
+    let place = |len: usize| len.next_multiple_of(LINE);
+    let total: usize = small.iter().map(|m| place(m.len)).sum();
+    if total < HUGE {
+        return;
+    }
+    let mut buf = WeightBuf::zeroed(total);
+    let mut start = 0;
+    let mut starts = Vec::with_capacity(small.len());
+    for m in &small {
+        buf.as_mut_slice()[start..][..m.len].copy_from_slice(m.bytes());
+        starts.push(start);
+        start += place(m.len);
+    }
+    let buf = Arc::new(buf);
+    for (m, start) in small.into_iter().zip(starts) {
+        m.data = buf.clone();
+        m.start = start;
     }
 }
 

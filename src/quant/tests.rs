@@ -290,6 +290,57 @@ fn dequantize_row_is_bit_exact() {
 }
 
 #[test]
+fn shared_pages_hold_the_same_weights() {
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let k = 1024;
+    // One matrix per format below a huge page, and one Q8_0 matrix above it,
+    // which keeps its own buffer.
+    let mut mats: Vec<(GgmlDType, Vec<f32>, QuantMatrix)> = ALL
+        .iter()
+        .chain([&GgmlDType::Q8_0])
+        .enumerate()
+        .map(|(i, &dtype)| {
+            let n = if i == ALL.len() { 2100 } else { 500 };
+            let (_, deq, qm) = candle_matrix(&weights(&mut rng, n, k), n, k, dtype);
+            (dtype, deq, qm)
+        })
+        .collect();
+    let x = gaussian(&mut rng, 3 * k);
+    let before: Vec<Vec<Vec<f32>>> = mats
+        .iter()
+        .map(|(_, _, qm)| isas().into_iter().map(|isa| run(qm, isa, &x, 3)).collect())
+        .collect();
+    let big_buffer = mats.last().unwrap().2.data.clone();
+
+    share_pages(mats.iter_mut().map(|(_, _, qm)| qm));
+
+    let (big, small) = mats.split_last().unwrap();
+    assert!(
+        Arc::ptr_eq(&big.2.data, &big_buffer),
+        "the large matrix moved"
+    );
+    for ((dtype, deq, qm), before) in small.iter().zip(&before) {
+        assert!(
+            Arc::ptr_eq(&qm.data, &small[0].2.data),
+            "{dtype:?} not shared"
+        );
+        assert_eq!(
+            qm.bytes().as_ptr() as usize % LINE,
+            0,
+            "{dtype:?} alignment"
+        );
+        let mut row = vec![0.0; k];
+        for r in 0..qm.n() {
+            qm.dequantize_row(r, &mut row);
+            assert_eq!(row, deq[r * k..(r + 1) * k], "{dtype:?} row {r}");
+        }
+        for (isa, before) in isas().into_iter().zip(before) {
+            assert_eq!(&run(qm, isa, &x, 3), before, "{dtype:?} on {isa:?}");
+        }
+    }
+}
+
+#[test]
 fn quantize_q8_0_matches_candle() {
     let mut rng = ChaCha8Rng::seed_from_u64(5);
     let (n, k) = (21, 128);

@@ -12,9 +12,9 @@ use std::alloc::Layout;
 use std::ptr::NonNull;
 
 /// Alignment of every buffer: a tile starts on a cache line.
-const LINE: usize = 64;
+pub(crate) const LINE: usize = 64;
 /// The huge page size, and the smallest buffer worth mapping on its own.
-const HUGE: usize = 2 << 20;
+pub(crate) const HUGE: usize = 2 << 20;
 
 pub(crate) struct WeightBuf {
     ptr: NonNull<u8>,
