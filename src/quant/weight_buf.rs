@@ -7,6 +7,8 @@
 //! only to regions that ask before their first touch, so large buffers are
 //! mapped on their own, 2 MiB aligned, and advised; everything else (small
 //! buffers, other systems, a failed mapping) comes from the global allocator.
+//! A loaded model's small matrices are then moved into one large buffer
+//! together ([`super::share_pages`]).
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
