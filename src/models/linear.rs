@@ -59,18 +59,18 @@ enum Weights {
 
 impl Linear {
     /// From quantized (GGUF) matrices with the same input size, their
-    /// outputs side by side (q/k/v, gate/up). Stacked into one matrix, one
-    /// matmul call, when their block types match; files that mix types per
-    /// tensor (`*_K_M`) multiply each on its own.
+    /// outputs side by side (q/k/v, gate/up). Neighbours of one block type
+    /// are stacked into one matrix, one matmul call; files that mix types per
+    /// tensor (`*_K_M`: q and k Q5_0, v Q8_0) multiply each run on its own.
     pub fn stacked(ws: Vec<QTensor>, format: WeightFormat, device: &Device) -> Result<Self> {
-        let weights = if ws.iter().all(|w| w.dtype() == ws[0].dtype()) {
-            Self::weights(stack_rows(&ws, device)?, format, device)?
+        let mut parts = ws
+            .chunk_by(|a, b| a.dtype() == b.dtype())
+            .map(|run| Self::weights(stack_rows(run, device)?, format, device))
+            .collect::<Result<Vec<_>>>()?;
+        let weights = if parts.len() == 1 {
+            parts.remove(0)
         } else {
-            Weights::Parts(
-                ws.into_iter()
-                    .map(|w| Self::weights(w, format, device))
-                    .collect::<Result<_>>()?,
-            )
+            Weights::Parts(parts)
         };
         Ok(Linear {
             weights,
