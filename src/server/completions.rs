@@ -1,7 +1,7 @@
 //! `POST /v1/completions`: the handler and the builder that shapes its
 //! chunks (the echoed prompt, legacy logprobs with text offsets).
 
-use std::collections::HashMap;
+use indexmap::IndexMap;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
@@ -138,10 +138,39 @@ fn completion_logprobs(lps: &[TokenLogprob], mut offset: usize) -> CompletionLog
     for lp in lps {
         out.tokens.push(lp.token.clone());
         out.token_logprobs.push(Some(lp.logprob));
-        out.top_logprobs
-            .push(Some(lp.top.iter().cloned().collect::<HashMap<_, _>>()));
+        out.top_logprobs.push(Some(top_map(&lp.top)));
         out.text_offset.push(offset);
         offset += lp.token.chars().count();
     }
     out
+}
+
+/// The alternatives as OpenAI's map, most likely first. Two tokens can decode
+/// to the same text; the likelier keeps the entry.
+fn top_map(top: &[(String, f32)]) -> IndexMap<String, f32> {
+    let mut sorted: Vec<&(String, f32)> = top.iter().collect();
+    sorted.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let mut map = IndexMap::with_capacity(sorted.len());
+    for (token, logprob) in sorted {
+        map.entry(token.clone()).or_insert(*logprob);
+    }
+    map
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top_logprobs_list_the_likeliest_first_once_per_text() {
+        let top = [
+            (" La".to_string(), -3.4),
+            (" Paris".to_string(), -0.5),
+            ("".to_string(), -2.9),
+            (" the".to_string(), -2.3),
+            ("".to_string(), -2.5),
+        ];
+        let json = serde_json::to_string(&top_map(&top)).unwrap();
+        assert_eq!(json, r#"{" Paris":-0.5," the":-2.3,"":-2.5," La":-3.4}"#);
+    }
 }

@@ -11,6 +11,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
 
 // On an untagged enum, `expecting` is the whole error message when no
@@ -320,7 +321,8 @@ pub struct PromptTokensDetails {
 pub struct CompletionLogprobs {
     pub tokens: Vec<String>,
     pub token_logprobs: Vec<Option<f32>>,
-    pub top_logprobs: Vec<Option<HashMap<String, f32>>>,
+    /// Most likely first, as OpenAI lists them.
+    pub top_logprobs: Vec<Option<IndexMap<String, f32>>>,
     /// Character offset of each token in the choice's text.
     pub text_offset: Vec<usize>,
 }
@@ -769,7 +771,7 @@ mod tests {
                 logprobs: Some(CompletionLogprobs {
                     tokens: vec![" world".into()],
                     token_logprobs: vec![Some(-0.5)],
-                    top_logprobs: vec![Some(HashMap::from([(" world".to_string(), -0.5)]))],
+                    top_logprobs: vec![Some(IndexMap::from([(" world".to_string(), -0.5)]))],
                     text_offset: vec![5],
                 }),
                 finish_reason: Some("length".into()),
