@@ -252,7 +252,9 @@ impl QuantMatrix {
         self.k
     }
 
-    fn bytes(&self) -> &[u8] {
+    /// The repacked weights as the kernels read them: every byte a
+    /// one-row product must stream from memory.
+    pub fn bytes(&self) -> &[u8] {
         &self.data.as_slice()[self.start..][..self.len]
     }
 
