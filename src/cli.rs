@@ -8,6 +8,7 @@ use crate::engine::EngineConfig;
 use crate::kv_cache::KvDtype;
 use crate::loader::{LoadOptions, WeightDtype};
 use crate::models::linear::WeightFormat;
+use crate::quant::Kernel;
 
 #[derive(Debug, Clone, Args)]
 pub struct ModelArgs {
@@ -20,6 +21,10 @@ pub struct ModelArgs {
     /// How weights are held and multiplied.
     #[arg(long, value_enum, default_value_t = WeightFormat::Native, env = "WICK_WEIGHTS")]
     pub weights: WeightFormat,
+    /// Which CPU code path multiplies weights held on wick's own kernels:
+    /// the fastest this CPU runs, or a named one (generic runs anywhere).
+    #[arg(long, value_enum, default_value_t = Kernel::Auto, env = "WICK_CPU_KERNEL")]
+    pub cpu_kernel: Kernel,
     /// Dtype of safetensors weights (Hugging Face checkpoints).
     #[arg(long, value_enum, default_value_t = WeightDtype::F32, env = "WICK_DTYPE")]
     pub dtype: WeightDtype,
@@ -90,6 +95,7 @@ impl ModelArgs {
     pub fn load_options(&self) -> LoadOptions {
         LoadOptions {
             weights: self.weights,
+            kernel: self.cpu_kernel,
             dtype: self.dtype,
             chat_template: self.chat_template.clone(),
         }

@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use crate::chat_template::ChatTemplate;
 use crate::models::gpt2::Gpt2;
-use crate::models::linear::WeightFormat;
+use crate::models::linear::WeightSpec;
 use crate::models::llama::Llama;
 use crate::models::Model;
 use crate::tokenizer::Tokenizer;
@@ -69,7 +69,7 @@ fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
 /// Loads the model a checkpoint's `config.json` describes.
 pub fn load_model(
     dir: &Path,
-    format: WeightFormat,
+    spec: WeightSpec,
     dtype: DType,
     device: &Device,
 ) -> Result<Box<dyn Model>> {
@@ -102,8 +102,8 @@ pub fn load_model(
         ))
     };
     Ok(match model_type.as_str() {
-        "gpt2" => Box::new(Gpt2::from_safetensors(&config, vb, format).map_err(with_config)?),
-        _ => Box::new(Llama::from_safetensors(&config, vb, format).map_err(with_config)?),
+        "gpt2" => Box::new(Gpt2::from_safetensors(&config, vb, spec).map_err(with_config)?),
+        _ => Box::new(Llama::from_safetensors(&config, vb, spec).map_err(with_config)?),
     })
 }
 

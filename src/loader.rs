@@ -12,9 +12,10 @@ use candle_core::{DType, Device};
 
 use crate::chat_template::ChatTemplate;
 use crate::hf_dir;
-use crate::models::linear::WeightFormat;
+use crate::models::linear::{WeightFormat, WeightSpec};
 use crate::models::llama::{GgufArch, Llama};
 use crate::models::Model;
+use crate::quant::Kernel;
 use crate::tokenizer::Tokenizer;
 
 pub struct LoadedModel {
@@ -59,6 +60,8 @@ impl From<WeightDtype> for DType {
 #[derive(Debug, Clone, Default)]
 pub struct LoadOptions {
     pub weights: WeightFormat,
+    /// The CPU kernels for weights on wick's own.
+    pub kernel: Kernel,
     pub dtype: WeightDtype,
     /// A Jinja chat template file to use instead of (or in the absence of)
     /// the model's own.
@@ -70,6 +73,15 @@ impl From<WeightFormat> for LoadOptions {
         LoadOptions {
             weights,
             ..Default::default()
+        }
+    }
+}
+
+impl LoadOptions {
+    fn spec(&self) -> WeightSpec {
+        WeightSpec {
+            format: self.weights,
+            kernel: self.kernel,
         }
     }
 }
@@ -156,7 +168,7 @@ pub fn load_tokenizer(path: &Path) -> anyhow::Result<Tokenizer> {
 pub fn load(path: &Path, options: &LoadOptions, device: &Device) -> anyhow::Result<LoadedModel> {
     let mut loaded = match path.is_dir() {
         true => load_hf(path, options, device)?,
-        false => load_gguf(path, options.weights, device)?,
+        false => load_gguf(path, options.spec(), device)?,
     };
     release_freed_memory();
     if let Some(file) = &options.chat_template {
@@ -180,7 +192,7 @@ fn release_freed_memory() {
 
 fn load_hf(dir: &Path, options: &LoadOptions, device: &Device) -> anyhow::Result<LoadedModel> {
     let (tokenizer, chat_template) = hf_dir::load_tokenizer(dir)?;
-    let model = hf_dir::load_model(dir, options.weights, options.dtype.into(), device)?;
+    let model = hf_dir::load_model(dir, options.spec(), options.dtype.into(), device)?;
     Ok(LoadedModel {
         model,
         tokenizer,
@@ -189,7 +201,7 @@ fn load_hf(dir: &Path, options: &LoadOptions, device: &Device) -> anyhow::Result
     })
 }
 
-fn load_gguf(path: &Path, format: WeightFormat, device: &Device) -> anyhow::Result<LoadedModel> {
+fn load_gguf(path: &Path, spec: WeightSpec, device: &Device) -> anyhow::Result<LoadedModel> {
     let name = path
         .file_stem()
         .and_then(|s| s.to_str())
@@ -216,7 +228,7 @@ fn load_gguf(path: &Path, format: WeightFormat, device: &Device) -> anyhow::Resu
         }
         None => None,
     };
-    let model = Llama::from_gguf(&content, &mut reader, format, device)
+    let model = Llama::from_gguf(&content, &mut reader, spec, device)
         .context("loading the model weights")?;
     Ok(LoadedModel {
         model: Box::new(model),

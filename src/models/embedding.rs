@@ -8,7 +8,7 @@ use std::sync::Arc;
 use candle_core::quantized::QTensor;
 use candle_core::{Device, Result, Tensor};
 
-use super::linear::WeightFormat;
+use super::linear::{WeightFormat, WeightSpec};
 use crate::quant::QuantMatrix;
 
 pub enum Embedding {
@@ -19,11 +19,12 @@ pub enum Embedding {
 
 impl Embedding {
     /// Quantized when weights are held as stored on the CPU and wick has
-    /// kernels for the type; dense f32 otherwise.
-    pub fn new(table: &QTensor, format: WeightFormat, device: &Device) -> Result<Self> {
-        if format == WeightFormat::Native && device.is_cpu() {
+    /// kernels for the type; dense f32 otherwise. A head tied to the table
+    /// multiplies on `spec`'s kernel.
+    pub fn new(table: &QTensor, spec: WeightSpec, device: &Device) -> Result<Self> {
+        if spec.format == WeightFormat::Native && device.is_cpu() {
             if let Some(m) = QuantMatrix::from_qtensor(table)? {
-                return Ok(Embedding::Quant(Arc::new(m)));
+                return Ok(Embedding::Quant(Arc::new(m.with_kernel(spec.kernel)?)));
             }
         }
         Ok(Embedding::Dense(table.dequantize(device)?))

@@ -7,7 +7,7 @@ use candle_nn::VarBuilder;
 use serde::Deserialize;
 
 use super::elementwise;
-use super::linear::{Linear, WeightFormat};
+use super::linear::{Linear, WeightSpec};
 use super::{FlatBatch, Model, ModelInfo};
 use crate::attention::{paged_attention, AttnDims};
 use crate::kv_cache::{KvCache, KvDtype};
@@ -123,12 +123,12 @@ pub struct Gpt2 {
 
 impl Gpt2 {
     /// From a Hugging Face checkpoint: `config.json` text and its weights.
-    /// Linear layers are held in `vb`'s dtype (or as `format` says);
+    /// Linear layers are held in `vb`'s dtype (or as `spec` says);
     /// embeddings and norms in f32.
     pub fn from_safetensors(
         config_json: &str,
         vb: VarBuilder,
-        format: WeightFormat,
+        spec: WeightSpec,
     ) -> anyhow::Result<Self> {
         let config = Config::from_hf(config_json)?;
         let activation = config.activation()?;
@@ -152,7 +152,7 @@ impl Gpt2 {
                 .get_unchecked(&format!("{name}.weight"))?
                 .t()?
                 .contiguous()?;
-            Linear::dense(w, Some(f32_tensor(&format!("{name}.bias"))?), format)
+            Linear::dense(w, Some(f32_tensor(&format!("{name}.bias"))?), spec)
         };
         let blocks = (0..config.n_layer)
             .map(|i| {
@@ -167,7 +167,7 @@ impl Gpt2 {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let lm_head = Linear::dense(vb.get_unchecked("wte.weight")?, None, format)?;
+        let lm_head = Linear::dense(vb.get_unchecked("wte.weight")?, None, spec)?;
         let info = ModelInfo {
             num_layers: config.n_layer,
             num_heads: config.n_head,

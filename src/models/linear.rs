@@ -8,7 +8,7 @@ use std::sync::Arc;
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Module, Result, Shape, Tensor};
 
-use crate::quant::QuantMatrix;
+use crate::quant::{Kernel, QuantMatrix};
 
 /// How weights are held and multiplied (`--weights`).
 #[derive(
@@ -40,6 +40,23 @@ pub enum WeightFormat {
     Bf16,
 }
 
+/// How a loader builds each layer's weights: their format, and which CPU
+/// kernels multiply those held on wick's own.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WeightSpec {
+    pub format: WeightFormat,
+    pub kernel: Kernel,
+}
+
+impl From<WeightFormat> for WeightSpec {
+    fn from(format: WeightFormat) -> Self {
+        WeightSpec {
+            format,
+            kernel: Kernel::Auto,
+        }
+    }
+}
+
 pub struct Linear {
     weights: Weights,
     /// `[out]` f32, added after the product.
@@ -62,10 +79,10 @@ impl Linear {
     /// outputs side by side (q/k/v, gate/up). Neighbours of one block type
     /// are stacked into one matrix, one matmul call; files that mix types per
     /// tensor (`*_K_M`: q and k Q5_0, v Q8_0) multiply each run on its own.
-    pub fn stacked(ws: Vec<QTensor>, format: WeightFormat, device: &Device) -> Result<Self> {
+    pub fn stacked(ws: Vec<QTensor>, spec: WeightSpec, device: &Device) -> Result<Self> {
         let mut parts = ws
             .chunk_by(|a, b| a.dtype() == b.dtype())
-            .map(|run| Self::weights(stack_rows(run, device)?, format, device))
+            .map(|run| Self::weights(stack_rows(run, device)?, spec, device))
             .collect::<Result<Vec<_>>>()?;
         let weights = if parts.len() == 1 {
             parts.remove(0)
@@ -78,10 +95,10 @@ impl Linear {
         })
     }
 
-    /// From a quantized (GGUF) matrix, held as `format` says.
-    pub fn new(w: QTensor, format: WeightFormat, device: &Device) -> Result<Self> {
+    /// From a quantized (GGUF) matrix, held as `spec` says.
+    pub fn new(w: QTensor, spec: WeightSpec, device: &Device) -> Result<Self> {
         Ok(Linear {
-            weights: Self::weights(w, format, device)?,
+            weights: Self::weights(w, spec, device)?,
             bias: None,
         })
     }
@@ -102,7 +119,7 @@ impl Linear {
         })
     }
 
-    fn weights(w: QTensor, format: WeightFormat, device: &Device) -> Result<Weights> {
+    fn weights(w: QTensor, spec: WeightSpec, device: &Device) -> Result<Weights> {
         let dense = |dtype: DType| -> Result<Weights> {
             Ok(Weights::Dense(w.dequantize(device)?.to_dtype(dtype)?))
         };
@@ -110,9 +127,11 @@ impl Linear {
             if !device.is_cpu() {
                 return Ok(None);
             }
-            Ok(QuantMatrix::from_qtensor(w)?.map(|m| Weights::Wick(Arc::new(m))))
+            QuantMatrix::from_qtensor(w)?
+                .map(|m| Ok(Weights::Wick(Arc::new(m.with_kernel(spec.kernel)?))))
+                .transpose()
         };
-        let weights = match format {
+        let weights = match spec.format {
             WeightFormat::F32 => dense(DType::F32)?,
             WeightFormat::Bf16 => dense(DType::BF16)?,
             WeightFormat::Native => match wick(&w)? {
@@ -138,13 +157,14 @@ impl Linear {
     /// From a dense `[out, in]` matrix (safetensors checkpoints): kept in its
     /// dtype, or re-quantized to Q8_0 for wick's kernels with
     /// `WeightFormat::Q8_0` on the CPU. Other formats describe GGUF weights.
-    pub fn dense(w: Tensor, bias: Option<Tensor>, format: WeightFormat) -> Result<Self> {
-        let weights = match format {
+    pub fn dense(w: Tensor, bias: Option<Tensor>, spec: WeightSpec) -> Result<Self> {
+        let weights = match spec.format {
             WeightFormat::Native => Weights::Dense(w),
             WeightFormat::Q8_0 if w.device().is_cpu() => {
                 let (n, k) = w.dims2()?;
                 let values = w.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-                Weights::Wick(Arc::new(QuantMatrix::quantize_q8_0(&values, n, k)?))
+                let m = QuantMatrix::quantize_q8_0(&values, n, k)?.with_kernel(spec.kernel)?;
+                Weights::Wick(Arc::new(m))
             }
             WeightFormat::Q8_0 => {
                 let q = QTensor::quantize(&w.to_dtype(DType::F32)?, GgmlDType::Q8_0)?;

@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 use super::elementwise;
 use super::embedding::Embedding;
-use super::linear::{Linear, WeightFormat};
+use super::linear::{Linear, WeightSpec};
 use super::rope::Rope;
 use super::{FlatBatch, Model, ModelInfo};
 use crate::attention::{paged_attention, AttnDims};
@@ -296,7 +296,7 @@ impl Llama {
     pub fn from_gguf<R: Read + Seek>(
         content: &gguf_file::Content,
         reader: &mut R,
-        format: WeightFormat,
+        spec: WeightSpec,
         device: &Device,
     ) -> anyhow::Result<Self> {
         let mut config = Config::from_gguf(content)?;
@@ -326,7 +326,7 @@ impl Llama {
             config.rope_freq_factors = Some(factors);
         }
         let embed_q = qt("token_embd.weight")?;
-        let embed = Embedding::new(&embed_q, format, device)?;
+        let embed = Embedding::new(&embed_q, spec, device)?;
         let mut blocks = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
             let p = format!("blk.{i}");
@@ -336,7 +336,7 @@ impl Llama {
                     .map(|n| qt(&format!("{p}.{n}.weight")))
                     .collect::<anyhow::Result<Vec<QTensor>>>()?;
                 let what = || format!("{p}.{}", names.join("+"));
-                let linear = Linear::stacked(ws, format, device)
+                let linear = Linear::stacked(ws, spec, device)
                     .map_err(|e| anyhow::anyhow!("{}: {e}", what()))?;
                 // Qwen2's q/k/v carry biases; Llama's layers have none.
                 let biases: Vec<String> = names.iter().map(|n| format!("{p}.{n}.bias")).collect();
@@ -368,9 +368,9 @@ impl Llama {
             content.tensor_infos.contains_key("output.weight"),
             embed.shared(),
         ) {
-            (true, _) => Linear::new(qt("output.weight")?, format, device)?,
+            (true, _) => Linear::new(qt("output.weight")?, spec, device)?,
             (false, Some(table)) => Linear::shared(table),
-            (false, None) => Linear::new(embed_q, format, device)?,
+            (false, None) => Linear::new(embed_q, spec, device)?,
         };
         Ok(Self::assemble(
             config,
@@ -384,12 +384,12 @@ impl Llama {
     }
 
     /// From a Hugging Face checkpoint: `config.json` text and its weights.
-    /// Linear layers are held in `vb`'s dtype (or as `format` says); norms
+    /// Linear layers are held in `vb`'s dtype (or as `spec` says); norms
     /// and embeddings in f32.
     pub fn from_safetensors(
         config_json: &str,
         vb: VarBuilder,
-        format: WeightFormat,
+        spec: WeightSpec,
     ) -> anyhow::Result<Self> {
         let (config, tied) = Config::from_hf(config_json)?;
         let device = vb.device().clone();
@@ -413,7 +413,7 @@ impl Llama {
                 )?),
                 false => None,
             };
-            Linear::dense(Tensor::cat(&ws, 0)?, bias, format)
+            Linear::dense(Tensor::cat(&ws, 0)?, bias, spec)
         };
         let mut blocks = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
@@ -432,7 +432,7 @@ impl Llama {
             true => "model.embed_tokens.weight",
             false => "lm_head.weight",
         };
-        let lm_head = Linear::dense(vb.get_unchecked(head)?, None, format)?;
+        let lm_head = Linear::dense(vb.get_unchecked(head)?, None, spec)?;
         let norm = f32_tensor("model.norm.weight")?;
         let kv_dtype = KvDtype::for_weights(vb.dtype());
         Ok(Self::assemble(

@@ -64,13 +64,57 @@ const PAR_MIN_MACS_OUTSIDE: usize = 1 << 23;
 /// Multiply-adds per chunk of tiles claimed by a thread (~0.5 µs of one core).
 const PAR_CHUNK_MACS: usize = 1 << 17;
 
-/// Kernel selection for [`QuantMatrix::matmul_with`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Which CPU code path wick's quantized matmuls run (`--cpu-kernel`). All
+/// compute the same integer block sums; only the float rounding of scaling
+/// and summing them differs.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
 pub enum Kernel {
     /// The fastest path the running CPU supports.
+    #[default]
     Auto,
     /// Portable code (what CPUs without the SIMD paths run).
     Generic,
+    /// AVX2 with FMA and F16C (x86-64).
+    Avx2,
+    /// AVX-512 F, BW and VNNI (x86-64).
+    Avx512,
+}
+
+impl Kernel {
+    /// Whether this CPU has the instructions this choice names.
+    pub fn runs_here(self) -> bool {
+        self.isa().is_ok()
+    }
+
+    /// The code path this choice runs on this CPU; an error when the CPU
+    /// lacks the instructions it names.
+    pub(crate) fn isa(self) -> candle_core::Result<Isa> {
+        let unsupported = || {
+            candle_core::Error::Msg(format!(
+                "this CPU cannot run the {self:?} kernels; use auto or generic"
+            ))
+        };
+        match self {
+            Kernel::Auto => Ok(Isa::detect()),
+            Kernel::Generic => Ok(Isa::Generic),
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 if x86::avx2_supported() => Ok(Isa::Avx2),
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 if x86::avx512_vnni_supported() => Ok(Isa::Avx512Vnni),
+            Kernel::Avx2 | Kernel::Avx512 => Err(unsupported()),
+        }
+    }
 }
 
 /// The concrete code path a call runs on.
@@ -158,6 +202,8 @@ pub struct QuantMatrix {
     data: Arc<WeightBuf>,
     start: usize,
     len: usize,
+    /// The code path [`matmul`](Self::matmul) runs.
+    isa: Isa,
 }
 
 impl std::fmt::Debug for QuantMatrix {
@@ -239,7 +285,17 @@ impl QuantMatrix {
             data: Arc::new(data),
             start: 0,
             len: bytes,
+            isa: Isa::detect(),
         }))
+    }
+
+    /// Runs [`matmul`](Self::matmul) on `kernel`; an error when this CPU
+    /// lacks its instructions.
+    pub fn with_kernel(self, kernel: Kernel) -> candle_core::Result<Self> {
+        Ok(Self {
+            isa: kernel.isa()?,
+            ..self
+        })
     }
 
     /// Output rows.
@@ -286,11 +342,12 @@ impl QuantMatrix {
         }
     }
 
-    /// `out[m, n] = x[m, k] · Wᵀ` on the fastest kernel for this CPU.
+    /// `out[m, n] = x[m, k] · Wᵀ` on the matrix's kernel (by default the
+    /// fastest for this CPU, see [`with_kernel`](Self::with_kernel)).
     ///
     /// Panics if `x.len() != m * k` or `out.len() != m * n`.
     pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32]) {
-        self.matmul_with(Kernel::Auto, x, m, out)
+        self.matmul_isa(self.isa, x, m, out)
     }
 
     /// [`matmul`](Self::matmul) into a new vector, which is not zeroed first:
@@ -298,19 +355,16 @@ impl QuantMatrix {
     pub fn matmul_to_vec(&self, x: &[f32], m: usize) -> Vec<f32> {
         let len = m * self.n;
         let mut out = Vec::with_capacity(len);
-        self.matmul_raw(Isa::detect(), x, m, OutPtr(out.as_mut_ptr()));
+        self.matmul_raw(self.isa, x, m, OutPtr(out.as_mut_ptr()));
         // SAFETY: the capacity holds m * n values and every tile's task wrote
         // all its columns of every row (`OutTile::write` per row and tile).
         unsafe { out.set_len(len) };
         out
     }
 
-    /// [`matmul`](Self::matmul) on a chosen kernel.
+    /// [`matmul`](Self::matmul) on a chosen kernel, which this CPU must run.
     pub fn matmul_with(&self, kernel: Kernel, x: &[f32], m: usize, out: &mut [f32]) {
-        let isa = match kernel {
-            Kernel::Auto => Isa::detect(),
-            Kernel::Generic => Isa::Generic,
-        };
+        let isa = kernel.isa().expect("a kernel this CPU runs");
         self.matmul_isa(isa, x, m, out)
     }
 

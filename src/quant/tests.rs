@@ -31,6 +31,33 @@ fn gaussian(rng: &mut ChaCha8Rng, len: usize) -> Vec<f32> {
         .collect()
 }
 
+/// `m x k` Gaussian activations; with `outliers`, as a transformer's hidden
+/// states have them: a few channels ~50x the rest, so most of a block's
+/// quants are small and its scale is set by one value.
+fn activations(rng: &mut ChaCha8Rng, m: usize, k: usize, outliers: bool) -> Vec<f32> {
+    let mut x = gaussian(rng, m * k);
+    if outliers {
+        for row in x.chunks_exact_mut(k) {
+            for c in [3, k / 2 + 7, k - 40] {
+                row[c] *= 50.0;
+            }
+        }
+    }
+    x
+}
+
+/// A SIMD kernel's result against the generic one's: the same integer
+/// sums, so only the float rounding of scaling and adding them differs.
+fn assert_same_sums(got: &[f32], generic: &[f32], e: &Expected, what: &str) {
+    for (o, (&a, &g)) in got.iter().zip(generic).enumerate() {
+        let tol = 1e-6 * e.abs[o] + 1e-7;
+        assert!(
+            ((a - g) as f64).abs() <= tol,
+            "{what} vs generic: out[{o}] {a} vs {g}"
+        );
+    }
+}
+
 /// Weights with per-row scale and offset, so Q4_1 minima are far from zero
 /// and a dropped min term or scale shows up.
 fn weights(rng: &mut ChaCha8Rng, n: usize, k: usize) -> Vec<f32> {
@@ -167,22 +194,24 @@ fn check_format(dtype: GgmlDType, seed: u64) {
         assert_eq!((qm.n(), qm.k()), (n, k));
         let isas = isas();
         let mut noise: Vec<Noise> = isas.iter().map(|_| Noise::default()).collect();
-        for m in [1, 2, 3, 5, 16, 33, 64] {
-            let x = gaussian(&mut rng, m * k);
+        for (m, outliers) in [1, 2, 3, 5, 16, 33, 64, 1, 5, 64]
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| (m, i >= 7))
+        {
+            let x = activations(&mut rng, m, k, outliers);
             let e = expected(&x, &deq, m, n, k, bs);
             let generic = run(&qm, Isa::Generic, &x, m);
             for (&isa, noise) in isas.iter().zip(&mut noise) {
                 let got = run(&qm, isa, &x, m);
-                let what = format!("{dtype:?} {n}x{k} m={m} {isa:?}");
+                let what = format!("{dtype:?} {n}x{k} m={m} outliers={outliers} {isa:?}");
+                // A few outliers dominate their rows' error, too few samples
+                // for the pooled mean-square check: the bound per output holds.
+                let mut apart = Noise::default();
+                let noise = if outliers { &mut apart } else { noise };
                 check_against_exact(&got, &e, noise, &what);
                 // Same integer sums, so only float rounding differs.
-                for (o, (&a, &g)) in got.iter().zip(&generic).enumerate() {
-                    let tol = 1e-6 * e.abs[o] + 1e-7;
-                    assert!(
-                        ((a - g) as f64).abs() <= tol,
-                        "{what} vs generic: out[{o}] {a} vs {g}"
-                    );
-                }
+                assert_same_sums(&got, &generic, &e, &what);
             }
             let mut auto = vec![0.0; m * n];
             qm.matmul(&x, m, &mut auto);
@@ -251,25 +280,51 @@ fn q8_0_matches_dequantized_reference() {
     check_format(GgmlDType::Q8_0, 2);
 }
 
-/// A full M_BLOCK of rows, then a remainder: Q6_K for the AVX2 path that
-/// keeps every row's sums of a tile in one buffer.
+/// A full M_BLOCK of rows, then a remainder (as a long prefill runs), in
+/// every format: each row's sums of a tile kept in one buffer (AVX2), and
+/// full 8-row passes (AVX-512), against the generic kernel's.
 #[test]
 fn more_rows_than_an_m_block() {
     let mut rng = ChaCha8Rng::seed_from_u64(3);
     let m = M_BLOCK + 3;
-    for (dtype, k) in [(GgmlDType::Q4_1, 64), (GgmlDType::Q6K, 256)] {
-        let n = 40;
+    for dtype in ALL {
+        let (n, k) = (40, 2 * QK_K);
         let w = weights(&mut rng, n, k);
         let (_, deq, qm) = candle_matrix(&w, n, k, dtype);
-        let x = gaussian(&mut rng, m * k);
+        let x = activations(&mut rng, m, k, true);
         let e = expected(&x, &deq, m, n, k, dtype.block_size());
+        let generic = run(&qm, Isa::Generic, &x, m);
         for isa in isas() {
             let mut noise = Noise::default();
             let what = format!("{dtype:?} m={m} {isa:?}");
-            check_against_exact(&run(&qm, isa, &x, m), &e, &mut noise, &what);
+            let got = run(&qm, isa, &x, m);
+            check_against_exact(&got, &e, &mut noise, &what);
             noise.check(&what);
+            assert_same_sums(&got, &generic, &e, &what);
         }
     }
+}
+
+/// A matrix on a named kernel runs it; one this CPU lacks is refused.
+#[test]
+fn kernels_are_chosen_per_matrix() {
+    let mut rng = ChaCha8Rng::seed_from_u64(14);
+    let (n, k, m) = (33, 512, 3);
+    let w = weights(&mut rng, n, k);
+    let x = gaussian(&mut rng, m * k);
+    for kernel in [Kernel::Auto, Kernel::Generic, Kernel::Avx2, Kernel::Avx512] {
+        let (_, _, qm) = candle_matrix(&w, n, k, GgmlDType::Q4K);
+        let Ok(isa) = kernel.isa() else {
+            assert!(qm.with_kernel(kernel).is_err(), "{kernel:?}");
+            continue;
+        };
+        assert!(isas().contains(&isa), "{kernel:?} -> {isa:?}");
+        let want = run(&qm, isa, &x, m);
+        let qm = qm.with_kernel(kernel).unwrap();
+        assert_eq!(qm.matmul_to_vec(&x, m), want, "{kernel:?}");
+    }
+    assert_eq!(Kernel::Generic.isa().unwrap(), Isa::Generic);
+    assert_eq!(Kernel::Auto.isa().unwrap(), Isa::detect());
 }
 
 /// Every format's repacking keeps GGML's values to the bit: layouts and
@@ -466,6 +521,20 @@ fn activation_quantizers_agree() {
             let mut got = QuantActs::default();
             got.quantize(&x, 2, x.len() / 2, blocks, isa, false);
             assert_eq!(got.qs(), want.qs(), "{isa:?} {blocks:?}");
+            assert_eq!(got.scales(), want.scales(), "{isa:?} {blocks:?}");
+            assert_eq!(got.supers(), want.supers(), "{isa:?} {blocks:?}");
+        }
+    }
+    // Rows enough to quantize on the pool, with outlier channels.
+    let (m, k) = (64, 1536);
+    let x = activations(&mut rng, m, k, true);
+    for blocks in [act::ActBlocks::B32, act::ActBlocks::B256] {
+        let mut want = QuantActs::default();
+        want.quantize(&x, m, k, blocks, Isa::Generic, false);
+        for isa in isas() {
+            let mut got = QuantActs::default();
+            got.quantize(&x, m, k, blocks, isa, true);
+            assert_eq!(got.qs(), want.qs(), "{isa:?} {blocks:?} on the pool");
             assert_eq!(got.scales(), want.scales(), "{isa:?} {blocks:?}");
             assert_eq!(got.supers(), want.supers(), "{isa:?} {blocks:?}");
         }
