@@ -8,6 +8,11 @@
 //! by accident. Compiling a grammar can take a while for a large schema, so
 //! the server does it on a blocking thread before the request reaches the
 //! scheduler.
+//!
+//! A grammar comes from a client, so its size is bounded before llguidance
+//! sees it ([`LIMITS`]), its compiler runs on a thread with a stack of its
+//! own (it recurses through `$ref` chains), and its errors carry no parser
+//! internals.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,6 +26,33 @@ use toktrie::{ApproximateTokEnv, SimpleVob, TokRxInfo, TokTrie};
 
 use crate::tokenizer::Tokenizer;
 
+/// What a client's grammar may hold; past these it is refused before it
+/// is compiled, the limit named.
+pub struct GrammarLimits {
+    /// Nesting of a JSON schema's objects and arrays, or of a Lark
+    /// grammar's brackets.
+    pub max_depth: usize,
+    /// `$ref`s in a JSON schema: each resolves through the compiler's
+    /// stack, and a chain of them nests as deep as it is long.
+    pub max_refs: usize,
+    /// Bytes of the schema (as JSON) or of the Lark text.
+    pub max_bytes: usize,
+}
+
+/// A schema OpenAI's structured outputs accept (5 levels of nesting, 5,000
+/// properties) stays well inside these.
+pub const LIMITS: GrammarLimits = GrammarLimits {
+    max_depth: 64,
+    max_refs: 256,
+    max_bytes: 256 << 10,
+};
+
+/// The compiler's stack: a 300-deep `$ref` chain overflowed a 2 MiB one.
+const COMPILE_STACK_BYTES: usize = 64 << 20;
+
+/// Characters of an llguidance error kept: its first line says what failed.
+const MAX_ERROR_CHARS: usize = 200;
+
 /// What a sequence's output must follow.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Grammar {
@@ -33,6 +65,60 @@ pub enum Grammar {
 }
 
 impl Grammar {
+    /// Refuses a grammar past [`LIMITS`]. Walks the schema with a stack of
+    /// its own, so no depth of JSON can overflow this thread's.
+    pub fn check_limits(&self) -> Result<()> {
+        let l = &LIMITS;
+        match self {
+            Grammar::JsonObject => Ok(()),
+            Grammar::JsonSchema(schema) => {
+                let bytes = serde_json::to_vec(schema)?.len();
+                if bytes > l.max_bytes {
+                    bail!("the schema is {bytes} bytes; the limit is {}", l.max_bytes);
+                }
+                let (mut refs, mut stack) = (0, vec![(schema, 1)]);
+                while let Some((v, depth)) = stack.pop() {
+                    if depth > l.max_depth {
+                        bail!("the schema nests deeper than {} levels", l.max_depth);
+                    }
+                    match v {
+                        Value::Object(o) => {
+                            refs += o.contains_key("$ref") as usize;
+                            stack.extend(o.values().map(|v| (v, depth + 1)));
+                        }
+                        Value::Array(a) => stack.extend(a.iter().map(|v| (v, depth + 1))),
+                        _ => {}
+                    }
+                }
+                if refs > l.max_refs {
+                    bail!("the schema has {refs} $refs; the limit is {}", l.max_refs);
+                }
+                Ok(())
+            }
+            Grammar::Lark(text) => {
+                if text.len() > l.max_bytes {
+                    bail!(
+                        "the grammar is {} bytes; the limit is {}",
+                        text.len(),
+                        l.max_bytes
+                    );
+                }
+                let mut depth = 0usize;
+                for c in text.chars() {
+                    match c {
+                        '(' | '[' | '{' => depth += 1,
+                        ')' | ']' | '}' => depth = depth.saturating_sub(1),
+                        _ => {}
+                    }
+                    if depth > l.max_depth {
+                        bail!("the grammar nests deeper than {} brackets", l.max_depth);
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
     fn top_level(&self) -> TopLevelGrammar {
         let json = |mut schema: Value| {
             // JSON as Python's json.dumps writes it, not whatever whitespace
@@ -75,23 +161,51 @@ impl ConstraintFactory {
         };
         let env: toktrie::TokEnv = Arc::new(ApproximateTokEnv::new(TokTrie::from(&info, &words)));
         let mut factory = ParserFactory::new_simple(&env)?;
-        // Grammar errors reach the client as a 400; nothing for stderr.
+        // Grammar errors reach the client; nothing for stderr, and no
+        // parser state or grammar dump in them.
         factory.quiet();
+        factory.limits_mut().verbose_errors = false;
         Ok(ConstraintFactory { factory })
     }
 
     /// A fresh matcher for one sequence; an invalid grammar is an error
-    /// whose message names what is wrong.
+    /// whose message names what is wrong. The first mask is computed here
+    /// too, so a grammar that cannot even start fails now, not mid-stream.
     pub fn compile(&self, grammar: &Grammar) -> Result<Constraint> {
-        let parser = self.factory.create_parser(grammar.top_level())?;
-        let matcher = Matcher::new(Ok(parser));
-        if let Some(e) = matcher.get_error() {
-            bail!("{e}");
-        }
+        grammar.check_limits()?;
+        let compiled = std::thread::scope(|scope| {
+            std::thread::Builder::new()
+                .name("grammar-compile".into())
+                .stack_size(COMPILE_STACK_BYTES)
+                .spawn_scoped(scope, || -> Result<Matcher> {
+                    let parser = self.factory.create_parser(grammar.top_level())?;
+                    let mut matcher = Matcher::new(Ok(parser));
+                    matcher.compute_mask_or_eos()?;
+                    match matcher.get_error() {
+                        Some(e) => bail!("{e}"),
+                        None => Ok(matcher),
+                    }
+                })?
+                .join()
+                .map_err(|_| anyhow::anyhow!("the grammar compiler failed on this grammar"))
+        });
+        let matcher = compiled?.map_err(terse)?;
         Ok(Constraint {
             grammar: grammar.clone(),
             matcher,
         })
+    }
+}
+
+/// An llguidance error as a client may see it: on one line, without any
+/// parser state, bounded.
+pub fn terse(e: anyhow::Error) -> anyhow::Error {
+    let text = e.to_string();
+    let text = text.split("<state>").next().unwrap_or_default();
+    let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    match line.char_indices().nth(MAX_ERROR_CHARS) {
+        Some((at, _)) => anyhow::anyhow!("{}…", &line[..at]),
+        None => anyhow::anyhow!("{line}"),
     }
 }
 
@@ -118,12 +232,14 @@ impl PartialEq for Constraint {
 impl Constraint {
     /// The tokens allowed next; once the grammar is complete, EOS alone.
     pub fn mask(&mut self) -> Result<TokenMask> {
-        Ok(TokenMask(self.matcher.compute_mask_or_eos()?))
+        Ok(TokenMask(
+            self.matcher.compute_mask_or_eos().map_err(terse)?,
+        ))
     }
 
     /// Advances past a sampled token.
     pub fn commit(&mut self, token: u32) -> Result<()> {
-        self.matcher.consume_token(token)
+        self.matcher.consume_token(token).map_err(terse)
     }
 
     /// The grammar is complete: nothing but EOS may follow.

@@ -179,7 +179,7 @@ impl Engine {
         let mut events = self.scheduler.postprocess(sampled, &self.eos_ids);
         for (id, msg) in failed {
             self.scheduler.abort(id);
-            events.push(StepEvent::ended(id, FinishReason::Error(msg)));
+            events.push(StepEvent::ended(id, FinishReason::Grammar(msg)));
         }
         events
     }
@@ -188,8 +188,8 @@ impl Engine {
     /// samples one token for every sequence whose pending tokens are now all
     /// cached, in parallel: each sequence draws from its own RNG, so the
     /// order does not matter. A constrained row samples under its grammar
-    /// mask and advances its grammar; one whose grammar fails is returned
-    /// apart, with the error.
+    /// mask and advances its grammar; one whose grammar fails (the only way
+    /// a row fails to sample) is returned apart, with the error.
     fn sample(
         &mut self,
         logits: Vec<Vec<f32>>,

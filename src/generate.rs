@@ -102,7 +102,7 @@ pub fn generate(
             let Some(reason) = delta.finish else {
                 continue;
             };
-            if let FinishReason::Error(msg) = &reason {
+            if let FinishReason::Error(msg) | FinishReason::Grammar(msg) = &reason {
                 return Err(WickError::Internal(msg.clone()));
             }
             let mut p = pending.remove(&id).expect("pending request");

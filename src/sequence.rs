@@ -18,6 +18,8 @@ pub enum FinishReason {
     Abort,
     /// A failure while running it; the message says what.
     Error(String),
+    /// Its grammar could not go on (a client error); the message says why.
+    Grammar(String),
 }
 
 impl FinishReason {
@@ -27,7 +29,7 @@ impl FinishReason {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
             FinishReason::Abort => "abort",
-            FinishReason::Error(_) => "error",
+            FinishReason::Error(_) | FinishReason::Grammar(_) => "error",
         }
     }
 }

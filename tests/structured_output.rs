@@ -313,3 +313,122 @@ async fn unconstrained_rows_are_untouched_by_constrained_neighbours() {
     assert!(others.iter().all(|(st, _)| *st == 200));
     assert_eq!(alone["choices"][0]["text"], beside.1["choices"][0]["text"]);
 }
+
+/// `$defs` chained `n` deep through `kw` (`items`, ...), ending in a string.
+fn ref_chain(n: usize, kw: &str) -> Value {
+    let mut defs = serde_json::Map::new();
+    for i in 0..n {
+        defs.insert(
+            format!("d{i}"),
+            json!({"type": "array", kw: {"$ref": format!("#/$defs/d{}", i + 1)}}),
+        );
+    }
+    defs.insert(format!("d{n}"), json!({"type": "string"}));
+    json!({"$ref": "#/$defs/d0", "$defs": defs})
+}
+
+fn schema_format(schema: Value) -> Value {
+    json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+}
+
+/// Grammars built to overflow the compiler's stack, or to fail inside it,
+/// get a 400 that names what is wrong and carries no parser internals; the
+/// server lives on.
+#[tokio::test(flavor = "multi_thread")]
+async fn hostile_grammars_are_refused_and_the_server_lives() {
+    let s = Server::start(&[]);
+    let mut all_of = json!({"type": "string"});
+    for _ in 0..40 {
+        all_of = json!({"allOf": [all_of]});
+    }
+    let forced_tool = |schema: Value| {
+        json!({
+            "tools": [{"type": "function", "function": {"name": "f",
+                "parameters": {"type": "object", "properties": {"a": schema}}}}],
+            "tool_choice": {"type": "function", "function": {"name": "f"}},
+        })
+    };
+    let cases = [
+        // A chain that overflowed a worker's stack at 300.
+        (
+            json!({"response_format": schema_format(ref_chain(1000, "items"))}),
+            "256",
+        ),
+        (
+            json!({"response_format": schema_format(ref_chain(300, "items"))}),
+            "$ref",
+        ),
+        (forced_tool(ref_chain(1000, "items")), "$ref"),
+        (
+            json!({"response_format": schema_format(all_of)}),
+            "64 levels",
+        ),
+        (
+            json!({"response_format": schema_format(
+                json!({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}))}),
+            "",
+        ),
+        (
+            json!({"response_format": schema_format(
+                json!({"type": "object", "x-guidance": {"whitespace_pattern": "("}}))}),
+            "regex",
+        ),
+        // Fails on its first mask, at generation.
+        (
+            json!({"response_format": schema_format(
+                json!({"type": "string", "pattern": "^(.{1,100}){1,100}$"}))}),
+            "",
+        ),
+    ];
+    for (extra, says) in cases {
+        for stream in [false, true] {
+            let mut body = ask(extra.clone());
+            body["max_tokens"] = json!(8);
+            body["stream"] = json!(stream);
+            let resp = reqwest::Client::new()
+                .post(s.url("/v1/chat/completions"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let st = resp.status().as_u16();
+            let text = resp.text().await.unwrap();
+            // A stream already under way ends in one error event instead.
+            let r: Value = match st {
+                200 if stream => text
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("data: "))
+                    .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+                    .find(|v| v.get("error").is_some())
+                    .unwrap_or(Value::Null),
+                _ => serde_json::from_str(&text).unwrap_or(Value::Null),
+            };
+            let message = r["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let shown = format!("{extra:.200}: {st} {text:.400}");
+            if st == 200 {
+                assert!(stream && !message.is_empty(), "{shown}");
+                assert_eq!(r["error"]["type"], "invalid_request_error", "{shown}");
+            } else {
+                common::assert_error(st, &r, 400, None);
+            }
+            assert!(message.contains(says), "{shown}");
+            assert!(
+                !message.contains("<state>") && message.len() < 300,
+                "{shown}"
+            );
+        }
+    }
+    // The longest chain within the limits compiles and runs.
+    let (st, r) = post(
+        &s,
+        "/v1/chat/completions",
+        ask(json!({"response_format": schema_format(ref_chain(255, "items")), "max_tokens": 8})),
+    )
+    .await;
+    assert_eq!(st, 200, "{r:.400}");
+    let health = reqwest::get(s.url("/health")).await.unwrap();
+    assert_eq!(health.status(), 200);
+}

@@ -272,6 +272,7 @@ impl Generation {
                 "the server shut down before this request finished",
             ))),
             FinishReason::Error(msg) => Some(self.fail(ApiError::internal(msg.clone()))),
+            FinishReason::Grammar(msg) => Some(self.fail(ApiError::bad_request(msg.clone(), None))),
             FinishReason::Length => {
                 self.any_length = true;
                 self.count_if_done();
