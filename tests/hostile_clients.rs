@@ -163,3 +163,31 @@ async fn requests_cut_off_at_shutdown_get_an_error_not_a_made_up_finish() {
         .wait_exit(Duration::from_secs(5))
         .is_some_and(|s| s.success()));
 }
+
+/// `/tokenize` takes the byte bound the generation endpoints apply before
+/// encoding, and the same bound on how many tokenize at once: 16 bodies of
+/// 8 MB at once are refused without being encoded, and the process stays
+/// small.
+#[tokio::test(flavor = "multi_thread")]
+async fn huge_tokenize_bodies_are_refused_before_encoding() {
+    let s = Server::start(&[]);
+    let text = "hello world ".repeat((8 << 20) / 12 - 64);
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let url = s.url("/tokenize");
+            let body = json!({"prompt": text.clone()});
+            tokio::spawn(async move { post_url(url, body).await })
+        })
+        .collect();
+    for t in tasks {
+        let (st, r) = t.await.unwrap();
+        common::assert_error(st, &r, 400, Some("prompt"));
+        assert_eq!(r["error"]["code"], "context_length_exceeded", "{r}");
+    }
+    let peak = s.peak_rss();
+    assert!(peak < 2 << 30, "peak RSS {} MiB", peak >> 20);
+    // Text within the bound still tokenizes.
+    let (st, r) = post(&s, "/tokenize", json!({"prompt": "hello world"})).await;
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(r["count"], r["tokens"].as_array().unwrap().len(), "{r}");
+}

@@ -59,6 +59,10 @@ pub struct ModelState {
     /// Compiles output grammars; `None` if this vocabulary could not be
     /// mapped to bytes (then constrained output is refused).
     pub constraints: Option<ConstraintFactory>,
+    /// Validation and `/tokenize` (the work that tokenizes text and
+    /// compiles grammars) run at most this many at once, one per core:
+    /// more would only queue on the CPU while holding their memory.
+    pub tokenizing: Arc<tokio::sync::Semaphore>,
 }
 
 impl ModelState {
@@ -228,6 +232,9 @@ fn load(args: &ServeArgs, metrics: Arc<Metrics>) -> anyhow::Result<ModelState> {
         engine: handle,
         metrics,
         constraints,
+        tokenizing: Arc::new(tokio::sync::Semaphore::new(
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+        )),
     })
 }
 

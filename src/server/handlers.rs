@@ -32,16 +32,34 @@ pub fn ready(state: &AppState) -> Result<Arc<ModelState>, ApiError> {
         .ok_or_else(|| ApiError::unavailable("the model is still loading"))
 }
 
-/// Validation tokenizes, so it runs on the blocking pool.
+/// Runs tokenizing work on the blocking pool, once one of the model's
+/// permits for it is free.
+async fn tokenizing<T: Send + 'static>(
+    model: &Arc<ModelState>,
+    work: impl FnOnce(&ModelState) -> T + Send + 'static,
+) -> Result<T, ApiError> {
+    let permit = model
+        .tokenizing
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let model = model.clone();
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        work(&model)
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))
+}
+
+/// Validation tokenizes and compiles grammars.
 pub async fn plan<R: Send + 'static>(
     model: &Arc<ModelState>,
     req: R,
     validate: fn(&R, &ModelContext) -> Result<GenerationPlan, ApiError>,
 ) -> Result<GenerationPlan, ApiError> {
-    let model = model.clone();
-    tokio::task::spawn_blocking(move || validate(&req, &model.context()))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?
+    tokenizing(model, move |m| validate(&req, &m.context())).await?
 }
 
 pub async fn health(State(state): State<Arc<AppState>>) -> Response {
@@ -146,11 +164,10 @@ pub async fn tokenize(
     })?;
     // vLLM's default: the tokenizer's special tokens (BOS) are added.
     let add_special = req.add_special_tokens.unwrap_or(true);
-    let m = model.clone();
-    let mut tokens = tokio::task::spawn_blocking(move || m.tokenizer.encode(&text))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?
-        .map_err(|e| ApiError::bad_request(format!("{e:#}"), Some("prompt")))?;
+    let mut tokens = tokenizing(&model, move |m| {
+        crate::server::validation::encode(&text, &m.context(), "prompt")
+    })
+    .await??;
     if !add_special {
         if model.tokenizer.add_bos() && !tokens.is_empty() {
             tokens.remove(0);

@@ -357,7 +357,7 @@ fn response_format(f: &ResponseFormat) -> Result<Option<Grammar>, ApiError> {
 
 /// Tokenizes, after refusing text too long to fit the context without
 /// spending the time to encode it.
-fn encode(text: &str, ctx: &ModelContext, param: &str) -> Result<Vec<u32>, ApiError> {
+pub(crate) fn encode(text: &str, ctx: &ModelContext, param: &str) -> Result<Vec<u32>, ApiError> {
     if text.len() > ctx.tokenizer.max_text_bytes(ctx.max_context) {
         return Err(ApiError::context_length_exceeded(
             format!(

@@ -236,6 +236,17 @@ impl Server {
         self.base.strip_prefix("http://").unwrap()
     }
 
+    /// The server process's peak resident memory in bytes (`VmHWM`).
+    pub fn peak_rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let kib = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .expect("VmHWM in /proc/PID/status");
+        kib << 10
+    }
+
     /// Sends SIGTERM.
     pub fn terminate(&self) {
         let pid = self.child.id().to_string();
