@@ -200,3 +200,43 @@ async fn json_logs_have_one_access_line_per_request() {
     );
     assert!(0.0 < ttft && ttft <= total, "{line}");
 }
+
+/// A client's request id cannot forge fields of the text access line: it is
+/// logged and echoed with only letters, digits and `-_.:` kept.
+#[tokio::test(flavor = "multi_thread")]
+async fn request_ids_cannot_forge_log_fields() {
+    let mut s = Server::start_with(&[], &[("RUST_LOG", "warn,wick=info")], Stdio::piped());
+    let forged = "abc status=200 path=/admin/secret method=DELETE";
+    let r = reqwest::Client::new()
+        .post(s.url("/v1/completions"))
+        .header("x-request-id", forged)
+        .json(&json!({"prompt": "Hi", "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let body: Value = r.json().await.unwrap();
+    let id = "abc_status_200_path__admin_secret_method_DELETE";
+    assert_eq!(body["id"], format!("cmpl-{id}"));
+    s.terminate();
+    s.wait_exit(Duration::from_secs(10));
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut s.child.stderr.take().unwrap(), &mut log).unwrap();
+    let access: Vec<&str> = log.lines().filter(|l| l.contains(id)).collect();
+    assert!(!access.is_empty(), "{log}");
+    for line in access {
+        // Colours off: each field once, as the server set it.
+        let plain: String = line
+            .split('\x1b')
+            .enumerate()
+            .map(|(i, part)| match (i, part.split_once('m')) {
+                (1.., Some((_, rest))) => rest,
+                _ => part,
+            })
+            .collect();
+        for (field, count) in [("path=", 1), ("method=", 1), ("status=", 1)] {
+            assert_eq!(plain.matches(field).count(), count, "{plain}");
+        }
+        assert!(plain.contains("path=/v1/completions") && plain.contains("method=POST"));
+    }
+}

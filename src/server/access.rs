@@ -16,13 +16,22 @@ use super::body_guard::{guard_body, BodyEnd};
 const MAX_REQUEST_ID_CHARS: usize = 128;
 
 /// The client's `X-Request-Id` (set to a fresh UUID by the request-id layer
-/// when it sent none), clipped: it is echoed into every response id.
+/// when it sent none), clipped, and with every character but letters,
+/// digits and `-_.:` made `_`: it is echoed into every response id and log
+/// line, where a space or `=` would forge fields.
 pub fn request_id(headers: &HeaderMap) -> String {
-    let id = headers
+    let id: String = headers
         .get("x-request-id")
         .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-        .unwrap_or_default();
-    super::error::clip(&id, MAX_REQUEST_ID_CHARS)
+        .unwrap_or_default()
+        .chars()
+        .take(MAX_REQUEST_ID_CHARS)
+        .map(|c| match c {
+            'a'..='z' | 'A'..='Z' | '0'..='9' | '-' | '_' | '.' | ':' => c,
+            _ => '_',
+        })
+        .collect();
+    id
 }
 
 /// What a handler learns about a request that the access line reports.
