@@ -41,6 +41,9 @@ async fn api_keys_guard_the_api_and_not_the_probes() {
         (Some("sk-one"), 401),
         (Some("Bearer sk-one"), 200),
         (Some("Bearer sk-from-file"), 200),
+        // The scheme is case-insensitive (RFC 7235).
+        (Some("bearer sk-one"), 200),
+        (Some("BEARER sk-one"), 200),
     ] {
         for (path, body) in [
             ("/v1/completions", completion()),
@@ -72,7 +75,7 @@ async fn api_keys_guard_the_api_and_not_the_probes() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn cors_preflight_and_allowed_origins() {
-    let any = Server::start(&["--api-key", "sk-one"]);
+    let any = Server::start(&["--api-key", "sk-one", "--allowed-origins", "*"]);
     let client = reqwest::Client::new();
     let preflight = |s: &Server, origin: &str| {
         client
@@ -110,6 +113,66 @@ async fn cors_preflight_and_allowed_origins() {
     );
     let r = preflight(&listed, "https://evil.example").await.unwrap();
     assert!(!r.headers().contains_key("access-control-allow-origin"));
+
+    // By default no page on another origin may read a response.
+    let default = Server::start(&[]);
+    let r = preflight(&default, "https://chat.example").await.unwrap();
+    assert!(!r.headers().contains_key("access-control-allow-origin"));
+    let r = client
+        .post(default.url("/v1/completions"))
+        .header("origin", "https://chat.example")
+        .json(&completion())
+        .send()
+        .await
+        .unwrap();
+    assert!(!r.headers().contains_key("access-control-allow-origin"));
+}
+
+/// Bound to loopback, wick answers only requests addressed to a loopback
+/// name (a DNS-rebinding page sends its own), unless --allowed-hosts names
+/// more; two Host headers are refused whatever they say.
+#[tokio::test(flavor = "multi_thread")]
+async fn foreign_and_duplicate_hosts_are_refused() {
+    let raw = |s: &Server, head: &str| {
+        let mut c = std::net::TcpStream::connect(s.addr()).unwrap();
+        std::io::Write::write_all(
+            &mut c,
+            format!("GET /v1/models HTTP/1.1\r\n{head}\r\n").as_bytes(),
+        )
+        .unwrap();
+        let mut out = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut c, &mut out);
+        let text = String::from_utf8_lossy(&out).into_owned();
+        let status: u16 = text
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        (
+            status,
+            serde_json::from_str::<Value>(body).unwrap_or(Value::Null),
+        )
+    };
+    let s = Server::start(&[]);
+    let port = s.addr().rsplit(':').next().unwrap().to_string();
+    for ok in [format!("localhost:{port}"), format!("127.0.0.1:{port}")] {
+        let (st, _) = raw(&s, &format!("Host: {ok}\r\nConnection: close\r\n"));
+        assert_eq!(st, 200, "{ok}");
+    }
+    let (st, r) = raw(&s, "Host: evil.example\r\nConnection: close\r\n");
+    common::assert_error(st, &r, 403, None);
+    let (st, r) = raw(
+        &s,
+        &format!("Host: localhost:{port}\r\nHost: evil.example\r\nConnection: close\r\n"),
+    );
+    common::assert_error(st, &r, 400, None);
+    // A list replaces the loopback names (the test reaches it by address).
+    let listed = Server::start(&["--allowed-hosts", "wick.lan,127.0.0.1"]);
+    let (st, _) = raw(&listed, "Host: wick.lan\r\nConnection: close\r\n");
+    assert_eq!(st, 200);
+    let (st, _) = raw(&listed, "Host: localhost\r\nConnection: close\r\n");
+    assert_eq!(st, 403);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -27,6 +27,7 @@ use super::auth::{self, ApiKeys};
 use super::config::ServeArgs;
 use super::engine_loop::{self, EngineHandle};
 use super::error::ApiError;
+use super::host_check::{self, AllowedHosts};
 use super::listener::{self, ConnectionLimits};
 use super::metrics::Metrics;
 use super::respond::StreamShape;
@@ -121,8 +122,9 @@ impl RequestLimits {
 /// Everything between a connection and the handlers.
 pub struct RouterConfig {
     pub api_keys: Vec<String>,
-    /// `*` alone allows any origin.
+    /// `*` alone allows any origin; none, no CORS.
     pub allowed_origins: Vec<String>,
+    pub allowed_hosts: AllowedHosts,
 }
 
 pub fn router(state: Arc<AppState>, cfg: &RouterConfig) -> anyhow::Result<Router> {
@@ -155,12 +157,19 @@ pub fn router(state: Arc<AppState>, cfg: &RouterConfig) -> anyhow::Result<Router
             tracing::info_span!("request", id = %access::request_id(req.headers()))
         }))
         .layer(middleware::from_fn(access::log_access))
-        .layer(cors(&cfg.allowed_origins)?)
+        .option_layer(cors(&cfg.allowed_origins)?)
+        .layer(middleware::from_fn_with_state(
+            cfg.allowed_hosts.clone(),
+            host_check::check_host,
+        ))
         .layer(CatchPanicLayer::custom(panic_response));
     Ok(api.layer(layers))
 }
 
-fn cors(origins: &[String]) -> anyhow::Result<CorsLayer> {
+fn cors(origins: &[String]) -> anyhow::Result<Option<CorsLayer>> {
+    if origins.is_empty() {
+        return Ok(None);
+    }
     let allow = if origins.iter().any(|o| o == "*") {
         AllowOrigin::any()
     } else {
@@ -173,11 +182,13 @@ fn cors(origins: &[String]) -> anyhow::Result<CorsLayer> {
             .collect::<anyhow::Result<Vec<_>>>()?;
         AllowOrigin::list(list)
     };
-    Ok(CorsLayer::new()
-        .allow_origin(allow)
-        .allow_methods(Any)
-        .allow_headers(Any)
-        .expose_headers([HeaderName::from_static("x-request-id")]))
+    Ok(Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods(Any)
+            .allow_headers(Any)
+            .expose_headers([HeaderName::from_static("x-request-id")]),
+    ))
 }
 
 /// A panicking handler fails its own request with a 500, never the server.
@@ -307,6 +318,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let router_cfg = RouterConfig {
         api_keys: args.api_keys()?,
         allowed_origins: args.allowed_origins.clone(),
+        allowed_hosts: AllowedHosts::new(&args.allowed_hosts, &args.host),
     };
     let listener = tokio::net::TcpListener::bind(addr)
         .await

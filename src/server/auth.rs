@@ -39,10 +39,14 @@ pub async fn require_api_key(State(keys): State<ApiKeys>, req: Request, next: Ne
     if !is_protected(req.uri().path()) {
         return next.run(req).await;
     }
-    let given = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .map(|v| v.as_bytes().strip_prefix(b"Bearer ").unwrap_or(b""));
+    // The scheme is case-insensitive (RFC 7235): `bearer KEY` counts.
+    let given = req.headers().get(header::AUTHORIZATION).map(|v| {
+        let v = v.as_bytes();
+        match v.get(..7) {
+            Some(scheme) if scheme.eq_ignore_ascii_case(b"bearer ") => &v[7..],
+            _ => b"",
+        }
+    });
     match given {
         Some(key) if keys.accepts(key) => next.run(req).await,
         _ => {

@@ -80,14 +80,15 @@ pub struct ServeArgs {
     #[arg(long, env = "WICK_API_KEY_FILE")]
     pub api_key_file: Option<PathBuf>,
     /// Origins a browser page may call wick from (CORS), comma-separated;
-    /// `*` allows any, as vLLM's default does.
-    #[arg(
-        long,
-        default_value = "*",
-        value_delimiter = ',',
-        env = "WICK_ALLOWED_ORIGINS"
-    )]
+    /// `*` allows any. Default: none, so a page on another origin cannot
+    /// read wick's responses.
+    #[arg(long, value_delimiter = ',', env = "WICK_ALLOWED_ORIGINS")]
     pub allowed_origins: Vec<String>,
+    /// `Host` names requests may carry, comma-separated; `*` allows any.
+    /// Default: bound to a loopback address, loopback names only (against
+    /// DNS rebinding); bound elsewhere, any.
+    #[arg(long, value_delimiter = ',', env = "WICK_ALLOWED_HOSTS")]
+    pub allowed_hosts: Vec<String>,
     /// `text`, or `json`: one JSON object per log line, the access lines
     /// included.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "WICK_LOG_FORMAT")]
@@ -255,7 +256,7 @@ mod tests {
         assert_eq!((a.max_waiting, a.max_body_bytes), (1024, 8 << 20));
         assert_eq!((a.request_timeout_secs, a.shutdown_grace_secs), (None, 30));
         assert_eq!((a.client_timeout_secs, a.max_connections), (30, 4096));
-        assert_eq!(a.allowed_origins, ["*"]);
+        assert!(a.allowed_origins.is_empty() && a.allowed_hosts.is_empty());
         assert_eq!(a.log_format, LogFormat::Text);
         assert!(a.model.model.is_none() && a.served_model_name.is_empty());
         assert_eq!(a.max_model_len, None);

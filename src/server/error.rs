@@ -173,6 +173,11 @@ impl ApiError {
         )
     }
 
+    /// 403: the request may not be answered at all (a foreign `Host`).
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, INVALID_REQUEST, message)
+    }
+
     /// 401, worded as OpenAI's: `provided` says whether a key was sent at all.
     pub fn unauthorized(provided: bool) -> Self {
         let message = if provided {

@@ -12,6 +12,7 @@ pub mod engine_loop;
 pub mod error;
 pub mod generation;
 pub mod handlers;
+pub mod host_check;
 pub mod json_body;
 pub mod listener;
 pub mod metrics;
