@@ -109,12 +109,25 @@ impl Engine {
 
     /// Queues a request after checking it can run at all.
     pub fn add_request(&mut self, prompt: Vec<u32>, params: SamplingParams) -> Result<SeqId> {
+        self.add_to_group(prompt, params, None)
+    }
+
+    /// Queues one sequence of a request whose first sequence was `group`
+    /// (`None` for the first): a request's sequences share one fair share
+    /// of the KV pool.
+    pub fn add_to_group(
+        &mut self,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        group: Option<SeqId>,
+    ) -> Result<SeqId> {
         let info = self.runner.model().info();
         request_rules::check_prompt(&prompt, info.vocab_size)?;
         params.validate(info.vocab_size)?;
         request_rules::check_context(prompt.len(), params.max_tokens, info.max_context)?;
         let id = self.next_id;
-        let seq = Sequence::new(id, prompt, params, info.max_context, &self.eos_ids);
+        let mut seq = Sequence::new(id, prompt, params, info.max_context, &self.eos_ids);
+        seq.group = group.unwrap_or(id);
         if !self.scheduler.fits(&seq) {
             let (bs, blocks) = (self.scheduler.block_size(), self.scheduler.num_blocks());
             return Err(WickError::KvCacheTooSmall(format!(
@@ -140,6 +153,11 @@ impl Engine {
 
     pub fn stats(&self) -> EngineStats {
         self.scheduler.stats()
+    }
+
+    /// How long each sequence first admitted since the last call waited.
+    pub fn take_queue_waits(&mut self) -> Vec<std::time::Duration> {
+        self.scheduler.take_queue_waits()
     }
 
     /// One continuous-batching step: schedule, run one forward over the flat

@@ -11,9 +11,15 @@
 //! holds, and computes only the rest (at least its last token, whose logits
 //! it samples from). When the pool runs dry the most recently admitted
 //! sequence is preempted: its blocks are freed (their content stays cached
-//! while the pool allows) and it goes back to the head of the queue.
+//! while the pool allows) and it queues again behind those already waiting.
+//!
+//! No request can lock others out ([`FairShare`]): while any wait, prompts
+//! already running leave part of each step's budget to admissions, and one
+//! request's sequences may hold at most half the pool at their longest, so
+//! the rest of its `n` waits rather than crowding others out.
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
 use crate::block_manager::BlockManager;
 use crate::sampler::SampledToken;
@@ -25,6 +31,46 @@ pub struct SchedulerConfig {
     pub max_num_seqs: usize,
     /// Most tokens (prefill chunks plus decode rows) in one forward pass.
     pub max_num_batched_tokens: usize,
+}
+
+/// How the step budget and the KV pool are shared between requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FairShare {
+    /// Tokens of each step's budget that running prompts leave to
+    /// admissions while any sequence waits: a new request's prompt (or its
+    /// first chunk) then runs in the next step, however long the prompts
+    /// before it.
+    pub admit_reserve: usize,
+    /// Most blocks one request's running sequences may need at their
+    /// longest (`max_len`); its first sequence is admitted regardless.
+    pub max_group_blocks: usize,
+}
+
+impl FairShare {
+    /// A quarter of the step budget for admissions, half the pool a request.
+    pub fn new(max_num_batched_tokens: usize, num_blocks: usize) -> Self {
+        FairShare {
+            admit_reserve: max_num_batched_tokens / 4,
+            max_group_blocks: num_blocks / 2,
+        }
+    }
+
+    /// Tokens a running sequence with `pending` tokens may take of `budget`:
+    /// a prompt chunk leaves the reserve when others wait; a decode row (one
+    /// token) always runs.
+    fn chunk(&self, pending: usize, budget: usize, others_wait: bool) -> usize {
+        let cap = match (pending > 1, others_wait) {
+            (true, true) => budget.saturating_sub(self.admit_reserve),
+            _ => budget,
+        };
+        pending.min(cap)
+    }
+
+    /// Whether a group already holding `held` blocks (at its sequences'
+    /// longest) may admit one more needing `more`.
+    fn admits(&self, held: usize, more: usize) -> bool {
+        held == 0 || held + more <= self.max_group_blocks
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -43,7 +89,11 @@ pub struct SchedulerStats {
 
 pub struct Scheduler {
     cfg: SchedulerConfig,
+    share: FairShare,
     blocks: BlockManager,
+    /// How long each sequence admitted since the last [`take_queue_waits`]
+    /// (`Scheduler::take_queue_waits`) waited for its first admission.
+    queue_waits: Vec<Duration>,
     waiting: VecDeque<Sequence>,
     /// In admission order: the last one is the first to be preempted.
     running: Vec<Sequence>,
@@ -55,8 +105,10 @@ pub struct Scheduler {
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig, blocks: BlockManager) -> Self {
         Scheduler {
+            share: FairShare::new(cfg.max_num_batched_tokens, blocks.num_blocks()),
             cfg,
             blocks,
+            queue_waits: Vec::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
             num_preemptions: 0,
@@ -81,6 +133,11 @@ impl Scheduler {
 
     pub fn add(&mut self, seq: Sequence) {
         self.waiting.push_back(seq);
+    }
+
+    /// The queue waits of the sequences first admitted since the last call.
+    pub fn take_queue_waits(&mut self) -> Vec<Duration> {
+        std::mem::take(&mut self.queue_waits)
     }
 
     pub fn has_work(&self) -> bool {
@@ -122,9 +179,12 @@ impl Scheduler {
     pub fn schedule(&mut self) -> Vec<SeqId> {
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut preempted = Vec::new();
+        let others_wait = !self.waiting.is_empty();
         let mut i = 0;
         while i < self.running.len() {
-            let chunk = self.running[i].pending().min(budget);
+            let chunk = self
+                .share
+                .chunk(self.running[i].pending(), budget, others_wait);
             self.running[i].chunk = 0;
             if chunk == 0 {
                 i += 1;
@@ -153,14 +213,33 @@ impl Scheduler {
         if preempted.is_empty() {
             self.admit(budget);
         }
-        preempted
+        // Behind everyone already waiting, in arrival order among themselves.
+        preempted.sort_by_key(|s| s.id);
+        let ids = preempted.iter().map(|s| s.id).collect();
+        self.waiting.extend(preempted);
+        ids
     }
 
+    /// Admits waiting sequences in queue order while the budget, the
+    /// sequence cap and the pool allow; one whose request already holds
+    /// its share of the pool stays queued without holding up the rest.
     fn admit(&mut self, mut budget: usize) {
+        let mut at = 0;
         while budget > 0 && self.running.len() < self.cfg.max_num_seqs {
-            let Some(seq) = self.waiting.front_mut() else {
+            let Some(seq) = self.waiting.get(at) else {
                 break;
             };
+            let held: usize = self
+                .running
+                .iter()
+                .filter(|r| r.group == seq.group)
+                .map(|r| self.blocks.blocks_for(r.max_len))
+                .sum();
+            if !self.share.admits(held, self.blocks.blocks_for(seq.max_len)) {
+                at += 1;
+                continue;
+            }
+            let seq = &mut self.waiting[at];
             let hit = match_prefix(&mut self.blocks, seq);
             let chunk = seq.pending().min(budget);
             if !self
@@ -173,23 +252,26 @@ impl Scheduler {
             }
             self.prefix_queries += hit.queried as u64;
             self.prefix_hits += hit.found as u64;
+            if seq.cached_prompt_tokens.is_none() {
+                self.queue_waits.push(seq.queued_at.elapsed());
+            }
             seq.cached_prompt_tokens
                 .get_or_insert(hit.found.min(seq.prompt_len));
             seq.chunk = chunk;
             register_full_blocks(&mut self.blocks, seq);
             budget -= chunk;
-            let seq = self.waiting.pop_front().expect("front exists");
+            let seq = self.waiting.remove(at).expect("index in range");
             self.running.push(seq);
         }
     }
 
-    fn preempt(&mut self, index: usize) -> SeqId {
+    /// Takes a running sequence out and frees its blocks, to be queued again.
+    fn preempt(&mut self, index: usize) -> Sequence {
         let mut seq = self.running.remove(index);
         release(&mut self.blocks, &mut seq);
         self.num_preemptions += 1;
-        let id = seq.id;
-        self.waiting.push_front(seq);
-        id
+        seq.queued_at = std::time::Instant::now();
+        seq
     }
 
     /// Appends each sampled token to its sequence, and retires the ones it
@@ -395,11 +477,13 @@ mod tests {
         assert_eq!(chunks(&s), [(1, 10)]);
         run_step(&mut s);
         s.schedule();
-        assert_eq!(chunks(&s), [(1, 10)]);
+        // Seq 2 waits, so seq 1 leaves it the reserve (a quarter, 2): seq 2
+        // starts at once instead of after seq 1's whole prompt.
+        assert_eq!(chunks(&s), [(1, 8), (2, 2)]);
         run_step(&mut s);
         s.schedule();
-        // 5 prompt tokens left for seq 1, then seq 2 is admitted with its 3.
-        assert_eq!(chunks(&s), [(1, 5), (2, 3)]);
+        // No one waits: the whole budget goes to the running prompts.
+        assert_eq!(chunks(&s), [(1, 7), (2, 1)]);
         run_step(&mut s);
         s.schedule();
         assert_eq!(chunks(&s), [(1, 1), (2, 1)], "both decode");
@@ -430,20 +514,25 @@ mod tests {
     }
 
     #[test]
-    fn out_of_blocks_preempts_the_newest_and_requeues_it_first() {
-        // 3 blocks of 4 tokens; three sequences of 4 prompt tokens fill them.
+    fn out_of_blocks_preempts_the_newest_and_requeues_it_behind_the_waiting() {
+        // 3 blocks of 4 tokens; three sequences of 4 prompt tokens fill them,
+        // and a fourth waits for a block.
         let mut s = scheduler(3, 8, 100);
-        for id in 1..=3 {
+        for id in 1..=4 {
             s.add(seq(id, 4, 8));
         }
         s.schedule();
         assert_eq!(s.running.len(), 3);
         run_step(&mut s);
         // Each now needs a second block for its 5th token: only seq 1 gets one
-        // after seqs 3 and 2 are preempted, newest first.
-        assert_eq!(s.schedule(), [3, 2]);
+        // after seqs 3 and 2 are preempted, newest first. They queue behind
+        // seq 4, which waited longer, in their own arrival order.
+        assert_eq!(s.schedule(), [2, 3]);
         assert_eq!(chunks(&s), [(1, 1)]);
-        assert_eq!(s.waiting.iter().map(|q| q.id).collect::<Vec<_>>(), [2, 3]);
+        assert_eq!(
+            s.waiting.iter().map(|q| q.id).collect::<Vec<_>>(),
+            [4, 2, 3]
+        );
         assert!(s
             .waiting
             .iter()
@@ -451,6 +540,43 @@ mod tests {
         assert_eq!(s.stats().preemptions, 2);
         // No admissions in a step that preempted.
         assert_eq!(s.stats().blocks_used, 2);
+    }
+
+    #[test]
+    fn one_request_holds_at_most_half_the_pool_and_others_pass_it() {
+        // 16 blocks of 4: a request of 8 sequences that each grow to 12
+        // tokens (3 blocks) may run 2 at once (6 blocks > 8 / 2 for 3).
+        let mut s = scheduler(16, 64, 100);
+        for id in 0..8 {
+            let mut q = seq(id, 4, 8);
+            q.group = 0;
+            s.add(q);
+        }
+        s.add(seq(100, 4, 8));
+        s.schedule();
+        let running: Vec<SeqId> = s.running.iter().map(|q| q.id).collect();
+        // The third of the group stays queued; the later request passes it.
+        assert_eq!(running, [0, 1, 100]);
+        assert_eq!(s.waiting.len(), 6);
+        // As the group's sequences finish, the next ones run.
+        for _ in 0..9 {
+            run_step(&mut s);
+            s.schedule();
+        }
+        assert!(s.running.iter().any(|q| q.id == 2), "{:?}", chunks(&s));
+        assert_eq!(s.take_queue_waits().len(), 5);
+    }
+
+    #[test]
+    fn fair_share_caps_only_prompt_chunks_and_only_while_others_wait() {
+        let f = FairShare::new(512, 100);
+        assert_eq!((f.admit_reserve, f.max_group_blocks), (128, 50));
+        assert_eq!(f.chunk(8000, 512, true), 384);
+        assert_eq!(f.chunk(8000, 512, false), 512);
+        assert_eq!(f.chunk(1, 1, true), 1, "a decode row always runs");
+        assert_eq!(f.chunk(8000, 100, true), 0);
+        assert!(f.admits(0, 80), "a request's first sequence always runs");
+        assert!(f.admits(20, 30) && !f.admits(21, 30));
     }
 
     #[test]

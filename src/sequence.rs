@@ -1,6 +1,8 @@
 //! One request's state inside the engine: its tokens, how many of them are in
 //! the KV cache, the blocks holding them, and its own sampler.
 
+use std::time::Instant;
+
 use crate::block_manager::{BlockHash, BlockId};
 use crate::models::LogitRows;
 use crate::sampler::{SampledToken, Sampler};
@@ -36,6 +38,11 @@ impl FinishReason {
 
 pub struct Sequence {
     pub id: SeqId,
+    /// The request it belongs to (the id of its first sequence): a
+    /// request's `n` choices and prompts share the KV pool as one.
+    pub group: SeqId,
+    /// When it last joined the waiting queue.
+    pub queued_at: Instant,
     /// Prompt followed by the generated tokens.
     pub tokens: Vec<u32>,
     pub prompt_len: usize,
@@ -100,6 +107,8 @@ impl Sequence {
         sampler.set_eos_ids(eos_ids);
         Sequence {
             id,
+            group: id,
+            queued_at: Instant::now(),
             sampler,
             max_len: (prompt_len + params.max_tokens).min(max_context),
             tokens: prompt,

@@ -27,11 +27,11 @@ fn parse_response(raw: &[u8]) -> (u16, Value) {
 /// Two connections stalled mid-request: one in its head, one in its body.
 fn half_sent_requests(s: &Server) -> (TcpStream, TcpStream) {
     let mut head = TcpStream::connect(s.addr()).unwrap();
-    write!(head, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n").unwrap();
+    write!(head, "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n").unwrap();
     let mut body = TcpStream::connect(s.addr()).unwrap();
     write!(
         body,
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n\
+        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\ncontent-type: application/json\r\n\
          content-length: 1000\r\n\r\n{{\"prompt\""
     )
     .unwrap();
@@ -74,7 +74,7 @@ async fn at_the_cap_with_every_connection_busy_new_ones_get_503() {
         busy.push(open_stream(&s, &long_stream()).await);
     }
     let mut extra = TcpStream::connect(s.addr()).unwrap();
-    write!(extra, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    write!(extra, "GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
     let (closed, raw) = closed_within(&mut extra, Duration::from_secs(5));
     assert!(closed);
     let (status, body) = parse_response(&raw);
@@ -190,4 +190,54 @@ async fn huge_tokenize_bodies_are_refused_before_encoding() {
     let (st, r) = post(&s, "/tokenize", json!({"prompt": "hello world"})).await;
     assert_eq!(st, 200, "{r}");
     assert_eq!(r["count"], r["tokens"].as_array().unwrap().len(), "{r}");
+}
+
+/// Waits until the server runs at least `n` sequences.
+async fn until_running(s: &Server, n: f64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while common::metric(s, "wick:num_requests_running").await < n {
+        assert!(Instant::now() < deadline, "the big request never ran");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Fair admission: a small request is answered while one client's
+/// `n = 128, max_tokens = 1000` request holds the pool, and while an
+/// 8,000-token prompt prefills, not after them; its queue wait is in
+/// /metrics.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_request_cannot_lock_others_out() {
+    let s = Server::start(&[]);
+    let small = json!({"prompt": "Hi there", "max_tokens": 1});
+    let big = tokio::spawn(post_url(
+        s.url("/v1/completions"),
+        json!({"prompt": "Once upon a time", "n": 128, "max_tokens": 1000, "ignore_eos": true}),
+    ));
+    until_running(&s, 8.0).await;
+    let (st, r) = post(&s, "/v1/completions", small.clone()).await;
+    assert_eq!(st, 200, "{r}");
+    assert!(
+        !big.is_finished(),
+        "the small request waited for the big one"
+    );
+    big.abort();
+
+    // One prompt of 8,000 tokens (16 steps of prefill at the default
+    // budget) with max_tokens 1: the small request starts in the next step.
+    let long: Vec<u32> = (0..8000).map(|i| 1000 + i % 20000).collect();
+    let long = tokio::spawn(post_url(
+        s.url("/v1/completions"),
+        json!({"prompt": long, "max_tokens": 1}),
+    ));
+    until_running(&s, 1.0).await;
+    let (st, r) = post(&s, "/v1/completions", small).await;
+    assert_eq!(st, 200, "{r}");
+    assert!(
+        !long.is_finished(),
+        "the small request waited for the prefill"
+    );
+    let (st, r) = long.await.unwrap();
+    assert_eq!(st, 200, "{r}");
+    let waits = common::metric(&s, "wick:request_queue_time_seconds_count").await;
+    assert!(waits >= 3.0, "{waits}");
 }

@@ -161,10 +161,13 @@ impl Loop {
             return Err(WickError::Unavailable("the server is shutting down".into()));
         }
         let prompt_tokens: usize = seqs.iter().map(|(p, _)| p.len()).sum();
-        let mut ids = Vec::with_capacity(seqs.len());
+        let mut ids: Vec<SeqId> = Vec::with_capacity(seqs.len());
         let mut refusal = None;
         for (prompt, params) in seqs {
-            match self.engine.add_request(prompt, params) {
+            match self
+                .engine
+                .add_to_group(prompt, params, ids.first().copied())
+            {
                 Ok(id) => ids.push(id),
                 Err(e) => {
                     refusal = Some(e);
@@ -213,6 +216,9 @@ impl Loop {
         // a client that reads /metrics after its answer finds them there.
         let generated = events.iter().filter(|ev| ev.token.is_some()).count();
         self.metrics.add_generation_tokens(generated as u64);
+        for wait in self.engine.take_queue_waits() {
+            self.metrics.observe_queue_time(wait.as_secs_f64());
+        }
         self.publish_stats();
         let mut gone = Vec::new();
         for ev in events {

@@ -51,6 +51,7 @@ pub struct Metrics {
     generation_tokens: IntCounter,
     request_success: IntCounterVec,
     ttft: Histogram,
+    queue_time: Histogram,
     inter_token: Histogram,
     time_per_output_token: Histogram,
     e2e: Histogram,
@@ -177,6 +178,11 @@ impl Metrics {
                 "Histogram of time to first token in seconds.",
                 TTFT_BUCKETS,
             ),
+            queue_time: histogram(
+                "wick:request_queue_time_seconds",
+                "Histogram of time each sequence waited in the queue before it first ran, in seconds.",
+                TTFT_BUCKETS,
+            ),
             inter_token: histogram(
                 "wick:inter_token_latency_seconds",
                 "Histogram of inter-token latency in seconds.",
@@ -232,6 +238,10 @@ impl Metrics {
 
     pub fn observe_ttft(&self, secs: f64) {
         self.ttft.observe(secs);
+    }
+
+    pub fn observe_queue_time(&self, secs: f64) {
+        self.queue_time.observe(secs);
     }
 
     pub fn observe_inter_token(&self, secs: f64) {
