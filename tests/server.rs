@@ -541,6 +541,22 @@ async fn oversized_requests_are_refused_before_they_run() {
         .unwrap();
     let st = r.status().as_u16();
     assert_error(st, &r.json().await.unwrap(), 415, None);
+    // A compressed body is refused, not parsed as text.
+    let r = reqwest::Client::new()
+        .post(s.url("/v1/completions"))
+        .header("content-type", "application/json")
+        .header("content-encoding", "gzip")
+        .body(vec![0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3])
+        .send()
+        .await
+        .unwrap();
+    let st = r.status().as_u16();
+    let b: Value = r.json().await.unwrap();
+    assert_error(st, &b, 415, None);
+    assert!(
+        b["error"]["message"].as_str().unwrap().contains("gzip"),
+        "{b}"
+    );
     assert_eq!(metric(&s, "wick:num_requests_waiting").await, 0.0);
 }
 

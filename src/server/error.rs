@@ -152,6 +152,18 @@ impl ApiError {
         )
     }
 
+    /// 415: request bodies are sent uncompressed.
+    pub fn unsupported_encoding(coding: &str) -> Self {
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            INVALID_REQUEST,
+            format!(
+                "Content-Encoding `{}` is not supported; send the body uncompressed",
+                clip(coding, MAX_ECHO_CHARS)
+            ),
+        )
+    }
+
     /// 408: the client did not send its whole body in time.
     pub fn body_timeout(limit: Duration) -> Self {
         Self::new(
@@ -200,6 +212,14 @@ impl ApiError {
             ..Self::unavailable(
                 "The server is overloaded: too many requests are waiting. Retry later.",
             )
+        }
+    }
+
+    /// 503 with `Retry-After` while the model loads.
+    pub fn loading() -> Self {
+        ApiError {
+            retry_after: Some(1),
+            ..Self::unavailable("the model is still loading")
         }
     }
 
@@ -473,8 +493,15 @@ mod tests {
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(retry.as_deref(), Some("7"));
         assert_eq!(body["error"]["type"], "server_error");
-        let (_, retry, _) = run(parts(ApiError::unavailable("loading")));
+        let (_, retry, _) = run(parts(ApiError::unavailable("shutting down")));
         assert_eq!(retry, None);
+        let (status, retry, _) = run(parts(ApiError::loading()));
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            retry.as_deref(),
+            Some("1"),
+            "clients retry a loading server"
+        );
     }
 
     #[test]

@@ -25,11 +25,7 @@ pub fn ready(state: &AppState) -> Result<Arc<ModelState>, ApiError> {
     if state.is_shutting_down() {
         return Err(shutting_down());
     }
-    state
-        .model
-        .get()
-        .cloned()
-        .ok_or_else(|| ApiError::unavailable("the model is still loading"))
+    state.model.get().cloned().ok_or_else(ApiError::loading)
 }
 
 /// Runs tokenizing work on the blocking pool, once one of the model's

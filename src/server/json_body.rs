@@ -29,6 +29,13 @@ impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for JsonBody<T> {
         if !content_type.as_deref().is_some_and(is_json) {
             return Err(ApiError::unsupported_media_type(content_type.as_deref()));
         }
+        // A compressed body would otherwise be parsed as plain text.
+        if let Some(coding) = req.headers().get(header::CONTENT_ENCODING) {
+            let coding = String::from_utf8_lossy(coding.as_bytes());
+            if !coding.trim().eq_ignore_ascii_case("identity") {
+                return Err(ApiError::unsupported_encoding(&coding));
+            }
+        }
         let limits = &state.limits;
         let read = tokio::time::timeout(limits.client_timeout, Bytes::from_request(req, state));
         // A request still arriving at shutdown would be refused once read:
