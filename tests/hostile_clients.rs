@@ -241,3 +241,22 @@ async fn one_request_cannot_lock_others_out() {
     let waits = common::metric(&s, "wick:request_queue_time_seconds_count").await;
     assert!(waits >= 3.0, "{waits}");
 }
+
+/// Connections that trickle their request bodies cannot fill the cap: past
+/// a second of upload, the slowest is closed to let a new client in.
+#[tokio::test(flavor = "multi_thread")]
+async fn slow_bodies_cannot_fill_the_connection_cap() {
+    let s = Server::start(&["--max-connections", "4"]);
+    let mut slow: Vec<TcpStream> = (0..4).map(|_| half_sent_requests(&s).1).collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    for _ in 0..2 {
+        let health = reqwest::get(s.url("/health")).await.unwrap();
+        assert_eq!(health.status(), 200);
+    }
+    let closed = slow
+        .iter_mut()
+        .map(|c| closed_within(c, Duration::from_millis(500)).0)
+        .filter(|&closed| closed)
+        .count();
+    assert!(closed >= 1, "no slow body was closed");
+}

@@ -8,8 +8,11 @@
 //!   timeout fails the connection.
 //! - At most `max_connections` are open. At the cap, the oldest idle
 //!   connection (no request in progress) is closed to make room, so
-//!   `/health` and real requests still get in; with none idle, the new
-//!   connection gets a 503 and is closed.
+//!   `/health` and real requests still get in; with none idle, the one that
+//!   has been sending a request body longest, if for over [`SLOW_UPLOAD`]
+//!   (a whole body arrives in milliseconds from any client that is not
+//!   holding a slot on purpose); with neither, the new connection gets a
+//!   503 and is closed.
 //! - On shutdown, idle connections close at once and busy ones after their
 //!   response; whatever is left when the drain time is up is dropped.
 
@@ -17,7 +20,7 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -40,6 +43,10 @@ use super::error::ApiError;
 /// hyper's own cap on header count; past it hyper answers a bare 431.
 const MAX_HEADERS: usize = 256;
 
+/// How long a request body may have been arriving before its connection
+/// may be closed to make room for a new one at the cap.
+const SLOW_UPLOAD: Duration = Duration::from_secs(1);
+
 #[derive(Debug, Clone, Copy)]
 pub struct ConnectionLimits {
     pub max_connections: usize,
@@ -60,7 +67,19 @@ enum Close {
 struct Conn {
     /// Requests in progress: from their head until their response body is gone.
     active: Arc<AtomicUsize>,
+    /// While a request body is arriving: when it began ([`Clock`]); else 0.
+    uploading: Arc<AtomicU64>,
     close: watch::Sender<Close>,
+}
+
+/// Milliseconds since the server started, plus one (0 means "not set").
+#[derive(Clone, Copy)]
+struct Clock(Instant);
+
+impl Clock {
+    fn now(self) -> u64 {
+        self.0.elapsed().as_millis() as u64 + 1
+    }
 }
 
 /// Open connections by age: ids grow with each accept.
@@ -71,15 +90,24 @@ fn lock(registry: &Registry) -> std::sync::MutexGuard<'_, BTreeMap<u64, Conn>> {
     registry.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Closes the oldest connection with no request in progress; false if
-/// every connection is busy.
-fn evict_idle(registry: &Registry) -> bool {
+/// Closes the oldest connection with no request in progress, else the one
+/// sending a body for longest past [`SLOW_UPLOAD`]; false if there is none.
+fn evict_idle(registry: &Registry, clock: Clock) -> bool {
     let mut conns = lock(registry);
     let idle = conns
         .iter()
         .find(|(_, c)| c.active.load(Ordering::Acquire) == 0)
         .map(|(&id, _)| id);
-    match idle.and_then(|id| conns.remove(&id)) {
+    let slow = || {
+        let cutoff = clock.now().checked_sub(SLOW_UPLOAD.as_millis() as u64)?;
+        conns
+            .iter()
+            .map(|(&id, c)| (c.uploading.load(Ordering::Acquire), id))
+            .filter(|&(since, _)| since != 0 && since <= cutoff)
+            .min()
+            .map(|(_, id)| id)
+    };
+    match idle.or_else(slow).and_then(|id| conns.remove(&id)) {
         Some(conn) => {
             let _ = conn.close.send(Close::Now);
             true
@@ -106,6 +134,7 @@ pub async fn serve(
         .max_buf_size((4 * limits.max_header_bytes).max(8192))
         .max_headers(MAX_HEADERS);
     let refusal = refusal_response();
+    let clock = Clock(Instant::now());
     let mut next_id = 0u64;
     let mut last_accept_warning: Option<Instant> = None;
     tokio::pin!(shutdown);
@@ -118,7 +147,7 @@ pub async fn serve(
             Ok((stream, _)) => stream,
             Err(e) => {
                 // Out of file descriptors, most likely: make room and don't spin.
-                evict_idle(&registry);
+                evict_idle(&registry, clock);
                 if last_accept_warning.is_none_or(|t| t.elapsed() > Duration::from_secs(1)) {
                     tracing::warn!("accept failed: {e}");
                     last_accept_warning = Some(Instant::now());
@@ -127,7 +156,7 @@ pub async fn serve(
                 continue;
             }
         };
-        if lock(&registry).len() >= limits.max_connections && !evict_idle(&registry) {
+        if lock(&registry).len() >= limits.max_connections && !evict_idle(&registry, clock) {
             // The send buffer of a new socket is empty, so this never blocks.
             let _ = stream.try_write(&refusal);
             continue;
@@ -135,17 +164,21 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let (close, close_rx) = watch::channel(Close::Open);
         let active = Arc::new(AtomicUsize::new(0));
+        let uploading = Arc::new(AtomicU64::new(0));
         next_id += 1;
         lock(&registry).insert(
             next_id,
             Conn {
                 active: active.clone(),
+                uploading: uploading.clone(),
                 close,
             },
         );
         let service = ConnService {
             app: app.clone(),
             active,
+            uploading,
+            clock,
             max_header_bytes: limits.max_header_bytes,
         };
         tokio::spawn(run_connection(
@@ -221,7 +254,19 @@ fn refusal_response() -> Vec<u8> {
 struct ConnService {
     app: Router,
     active: Arc<AtomicUsize>,
+    uploading: Arc<AtomicU64>,
+    clock: Clock,
     max_header_bytes: usize,
+}
+
+/// A request body still arriving on its connection, until it is read or
+/// dropped.
+struct Uploading(Arc<AtomicU64>);
+
+impl BodyEnd for Uploading {
+    fn body_dropped(&mut self, _complete: bool) {
+        self.0.store(0, Ordering::Release);
+    }
 }
 
 /// One request in progress on its connection, until its response body is gone.
@@ -268,7 +313,15 @@ impl Service<Request<Incoming>> for ConnService {
             return Box::pin(std::future::ready(Ok(refused)));
         }
         let active = Active::new(self.active.clone());
-        let response = self.app.clone().oneshot(req.map(Body::new));
+        let req = match http_body::Body::is_end_stream(req.body()) {
+            true => req.map(Body::new),
+            false => {
+                self.uploading.store(self.clock.now(), Ordering::Release);
+                let guard = Uploading(self.uploading.clone());
+                req.map(|b| guard_body(Body::new(b), guard))
+            }
+        };
+        let response = self.app.clone().oneshot(req);
         Box::pin(async move {
             let response = response.await?;
             Ok(response.map(|body| guard_body(body, active)))
