@@ -83,6 +83,24 @@ slow  (-s/--slow-conns 50, --slow-interval 5, --slow-max-wait 90)
     closed, still_open, close_after_s (min/median/max), responses (the
     status lines the server sent before closing, counted); and health:
     probes, failures, max_latency_s.
+
+abuse
+    One request per known attack, each expected to be refused in OpenAI's
+    error shape without harm: a $ref chain 300 and 1000 deep (response_format
+    and a forced tool), an allOf nest 40 deep, a self-referencing $ref, a bad
+    x-guidance whitespace_pattern, ^(.{1,100}){1,100}$, ^.*a.{60}$ with n=16,
+    16 concurrent 8 MB /tokenize bodies, a foreign Host, two Host headers, a
+    forged X-Request-Id (must come back sanitized), a gzip body. Numbers:
+    cases (name -> status, ok, message head), rss_mib_before/after,
+    health_after. A case is ok when its status is the expected one and no
+    message carries "<state>".
+
+fair
+    Time to first token of 4-token streamed requests (--fair-probes of them)
+    while one client's n=128, max_tokens=1000, ignore_eos request runs, and
+    while an 8,000-token prompt with max_tokens 1 prefills. Numbers per
+    phase: ttft_s (each probe), max; ok when every probe's TTFT is within
+    --fair-max-ttft (2 s).
 """
 
 from __future__ import annotations
@@ -104,7 +122,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-SCENARIOS = ("soak", "storm", "idle", "slow")
+SCENARIOS = ("soak", "storm", "idle", "slow", "abuse", "fair")
 
 # ----------------------------------------------------------------------------
 # shared helpers
@@ -896,11 +914,156 @@ async def scenario_slow(args: argparse.Namespace) -> dict[str, Any]:
 # main
 # ----------------------------------------------------------------------------
 
+
+
+# ----------------------------------------------------------------------------
+# abuse: known attacks, one request each
+# ----------------------------------------------------------------------------
+
+def ref_chain(n: int, kw: str = "items") -> dict[str, Any]:
+    defs: dict[str, Any] = {f"d{i}": {"type": "array", kw: {"$ref": f"#/$defs/d{i + 1}"}}
+                            for i in range(n)}
+    defs[f"d{n}"] = {"type": "string"}
+    return {"$ref": "#/$defs/d0", "$defs": defs}
+
+
+def chat_with(schema: Any = None, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 8}
+    if schema is not None:
+        body["response_format"] = {"type": "json_schema",
+                                   "json_schema": {"name": "x", "schema": schema}}
+    body.update(extra)
+    return body
+
+
+async def raw_status(host: str, port: int, head: str, body: bytes = b"") -> tuple[int | None, bytes]:
+    """Sends a raw request; the status and body of the answer."""
+    try:
+        r, w = await asyncio.wait_for(asyncio.open_connection(host, port), 10)
+        w.write(head.encode() + b"\r\n" + body)
+        await w.drain()
+        data = await asyncio.wait_for(r.read(), 30)
+        await close_writer(w)
+    except Exception:  # noqa: BLE001 - a measurement
+        return None, b""
+    parts = data.split(b" ", 2)
+    status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+    return status, data.split(b"\r\n\r\n", 1)[-1]
+
+
+async def scenario_abuse(args: argparse.Namespace) -> dict[str, Any]:
+    host, port = host_port(args.base_url)
+    rss_before = read_rss_mib(args.server_pid)
+    deep = {"type": "string"}
+    for _ in range(40):
+        deep = {"allOf": [deep]}
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": ref_chain(1000)}}}}
+    posts: list[tuple[str, str, Any, int]] = [
+        ("ref_chain_300", "/v1/chat/completions", chat_with(ref_chain(300)), 400),
+        ("ref_chain_1000", "/v1/chat/completions", chat_with(ref_chain(1000)), 400),
+        ("tool_ref_chain_1000", "/v1/chat/completions", chat_with(
+            tools=[tool], tool_choice={"type": "function", "function": {"name": "f"}}), 400),
+        ("allof_40", "/v1/chat/completions", chat_with(deep), 400),
+        ("self_ref", "/v1/chat/completions",
+         chat_with({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}), 400),
+        ("bad_whitespace_pattern", "/v1/chat/completions",
+         chat_with({"type": "object", "x-guidance": {"whitespace_pattern": "("}}), 400),
+        ("nested_repeat_pattern", "/v1/chat/completions",
+         chat_with({"type": "string", "pattern": "^(.{1,100}){1,100}$"}), 400),
+        ("a60_n16", "/v1/chat/completions",
+         chat_with({"type": "string", "pattern": "^.*a.{60}$"}, n=16, max_tokens=40), 200),
+    ]
+    cases: dict[str, Any] = {}
+    async with httpx.AsyncClient(base_url=args.base_url, timeout=args.request_timeout) as c:
+        for name, path, body, want in posts:
+            r = await c.post(path, json=body)
+            msg = r.json().get("error", {}).get("message", "") if r.status_code != 200 else ""
+            # n=16 of ^.*a.{60}$ may run, or exhaust the lexer: a 400 either way.
+            ok = (r.status_code == want or (want == 200 and r.status_code == 400)) \
+                and "<state>" not in msg
+            cases[name] = {"status": r.status_code, "ok": ok, "message": msg[:120]}
+        text = "hello world " * ((8 << 20) // 12 - 64)
+        rs = await asyncio.gather(*(c.post("/tokenize", json={"prompt": text}) for _ in range(16)))
+        cases["tokenize_16x8MB"] = {"status": sorted({r.status_code for r in rs}),
+                                    "ok": all(r.status_code == 400 for r in rs)}
+        forged = "abc status=200 path=/admin/secret method=DELETE"
+        r = await c.post("/v1/completions", json=SMALL_COMPLETION,
+                         headers={"x-request-id": forged})
+        rid = r.json().get("id", "")
+        cases["forged_request_id"] = {"status": r.status_code, "id": rid,
+                                      "ok": r.status_code == 200 and " " not in rid and "=" not in rid}
+    status, _ = await raw_status(host, port, "GET /v1/models HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n")
+    cases["foreign_host"] = {"status": status, "ok": status in (403, 421)}
+    status, _ = await raw_status(host, port, f"GET /v1/models HTTP/1.1\r\nHost: {host}:{port}\r\nHost: evil.example\r\nConnection: close\r\n")
+    cases["duplicate_host"] = {"status": status, "ok": status == 400}
+    gz = bytes([0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3])
+    status, _ = await raw_status(host, port, (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\ncontent-type: application/json\r\n"
+        f"content-encoding: gzip\r\ncontent-length: {len(gz)}\r\nConnection: close\r\n"), gz)
+    cases["gzip_body"] = {"status": status, "ok": status == 415}
+    health = await probe(args.base_url, "GET", "/health")
+    result = {"scenario": "abuse", "cases": cases, "rss_mib_before": rss_before,
+              "rss_mib_after": read_rss_mib(args.server_pid), "health_after": health,
+              "ok": health["ok"] and all(c["ok"] for c in cases.values())}
+    lines = [f"{k}: {v['status']} {'ok' if v['ok'] else 'FAILED'}" for k, v in cases.items()]
+    emit(result, lines + [f"health after: {health['status']}"])
+    return result
+
+
+# ----------------------------------------------------------------------------
+# fair: a small request's first token while one client holds the server
+# ----------------------------------------------------------------------------
+
+async def first_token_s(client: httpx.AsyncClient) -> float | None:
+    t0 = time.monotonic()
+    body = {"prompt": "Hi there friend", "max_tokens": 4, "stream": True}
+    try:
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    return round(time.monotonic() - t0, 3)
+    except httpx.HTTPError:
+        return None
+    return None
+
+
+async def scenario_fair(args: argparse.Namespace) -> dict[str, Any]:
+    long = [1000 + i % 20000 for i in range(8000)]
+    hogs = {
+        "n128_max_tokens_1000": {"prompt": "Once upon a time", "n": 128,
+                                 "max_tokens": 1000, "ignore_eos": True},
+        "prefill_8000_tokens": {"prompt": long, "max_tokens": 1},
+    }
+    phases: dict[str, Any] = {}
+    async with httpx.AsyncClient(base_url=args.base_url, timeout=args.request_timeout) as c:
+        for name, body in hogs.items():
+            hog = asyncio.create_task(c.post("/v1/completions", json=body))
+            while (metric_sum(await fetch_metrics(c), "wick:num_requests_running") or 0) < 1:
+                await asyncio.sleep(0.05)
+            ttfts = []
+            for _ in range(args.fair_probes):
+                if hog.done():
+                    break
+                ttfts.append(await first_token_s(c))
+            hog.cancel()
+            worst = max((t for t in ttfts if t is not None), default=None)
+            phases[name] = {"ttft_s": ttfts, "max": worst,
+                            "ok": bool(ttfts) and None not in ttfts
+                            and worst is not None and worst <= args.fair_max_ttft}
+            await wait_idle(c, 60)
+    result = {"scenario": "fair", "phases": phases, "ok": all(p["ok"] for p in phases.values())}
+    emit(result, [f"{k}: TTFT {v['ttft_s']} (max {v['max']})" for k, v in phases.items()])
+    return result
+
+
 RUNNERS = {
     "soak": scenario_soak,
     "storm": scenario_storm,
     "idle": scenario_idle,
     "slow": scenario_slow,
+    "abuse": scenario_abuse,
+    "fair": scenario_fair,
 }
 
 
@@ -935,6 +1098,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     g.add_argument("-s", "--slow-conns", type=int, default=50)
     g.add_argument("--slow-interval", type=float, default=5.0)
     g.add_argument("--slow-max-wait", type=float, default=90.0)
+    g = p.add_argument_group("fair")
+    g.add_argument("--fair-probes", type=int, default=4)
+    g.add_argument("--fair-max-ttft", type=float, default=2.0)
     args = p.parse_args(argv)
     chosen = list(args.scenarios) + [s for s in args.only.split(",") if s.strip()]
     chosen = [s.strip() for s in chosen]

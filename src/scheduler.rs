@@ -47,10 +47,11 @@ pub struct FairShare {
 }
 
 impl FairShare {
-    /// Half the step budget for admissions, half the pool a request.
+    /// Three quarters of the step budget for admissions, half the pool a
+    /// request.
     pub fn new(max_num_batched_tokens: usize, num_blocks: usize) -> Self {
         FairShare {
-            admit_reserve: max_num_batched_tokens / 2,
+            admit_reserve: max_num_batched_tokens - max_num_batched_tokens / 4,
             max_group_blocks: num_blocks / 2,
         }
     }
@@ -477,13 +478,16 @@ mod tests {
         assert_eq!(chunks(&s), [(1, 10)]);
         run_step(&mut s);
         s.schedule();
-        // Seq 2 waits, so seq 1 leaves it the reserve (half, 5): seq 2
-        // starts at once instead of after seq 1's whole prompt.
-        assert_eq!(chunks(&s), [(1, 5), (2, 3)]);
+        // Seq 2 waits, so seq 1 leaves it the reserve (three quarters, 8):
+        // seq 2 starts at once instead of after seq 1's whole prompt.
+        assert_eq!(chunks(&s), [(1, 2), (2, 3)]);
         run_step(&mut s);
         s.schedule();
         // No one waits: the whole budget goes to the running prompt.
         assert_eq!(chunks(&s), [(1, 10), (2, 0)]);
+        run_step(&mut s);
+        s.schedule();
+        assert_eq!(chunks(&s), [(1, 3), (2, 1)]);
         run_step(&mut s);
         s.schedule();
         assert_eq!(chunks(&s), [(1, 1), (2, 1)], "both decode");
@@ -570,11 +574,11 @@ mod tests {
     #[test]
     fn fair_share_caps_only_prompt_chunks_and_only_while_others_wait() {
         let f = FairShare::new(512, 100);
-        assert_eq!((f.admit_reserve, f.max_group_blocks), (256, 50));
-        assert_eq!(f.chunk(8000, 512, true), 256);
+        assert_eq!((f.admit_reserve, f.max_group_blocks), (384, 50));
+        assert_eq!(f.chunk(8000, 512, true), 128);
         assert_eq!(f.chunk(8000, 512, false), 512);
         assert_eq!(f.chunk(1, 1, true), 1, "a decode row always runs");
-        assert_eq!(f.chunk(8000, 200, true), 0);
+        assert_eq!(f.chunk(8000, 300, true), 0);
         assert!(f.admits(0, 80), "a request's first sequence always runs");
         assert!(f.admits(20, 30) && !f.admits(21, 30));
     }
