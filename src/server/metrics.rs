@@ -316,6 +316,7 @@ mod tests {
             ("wick:generation_tokens_total", "counter"),
             ("wick:request_success_total", "counter"),
             ("wick:time_to_first_token_seconds", "histogram"),
+            ("wick:request_queue_time_seconds", "histogram"),
             ("wick:inter_token_latency_seconds", "histogram"),
             ("wick:time_per_output_token_seconds", "histogram"),
             ("wick:e2e_request_latency_seconds", "histogram"),
@@ -349,7 +350,7 @@ mod tests {
             }
             checked += 1;
         }
-        assert_eq!(checked, 16);
+        assert_eq!(checked, 17);
     }
 
     #[test]
