@@ -15,8 +15,9 @@
 //!
 //! No request can lock others out ([`FairShare`]): while any wait, prompts
 //! already running leave part of each step's budget to admissions, and one
-//! request's sequences may hold at most half the pool at their longest, so
-//! the rest of its `n` waits rather than crowding others out.
+//! request's sequences beyond its first few may hold at most half the pool
+//! at their longest, so the rest of its `n` waits rather than crowding
+//! others out.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -42,9 +43,14 @@ pub struct FairShare {
     /// before it.
     pub admit_reserve: usize,
     /// Most blocks one request's running sequences may need at their
-    /// longest (`max_len`); its first sequence is admitted regardless.
+    /// longest (`max_len`), beyond its first [`MIN_GROUP_SEQS`].
     pub max_group_blocks: usize,
 }
+
+/// Sequences of one request that run together whatever they may need: a
+/// chat's `n = 2` without `max_tokens` may each grow to the whole context,
+/// and should not then take turns.
+const MIN_GROUP_SEQS: usize = 4;
 
 impl FairShare {
     /// Three quarters of the step budget for admissions, half the pool a
@@ -67,10 +73,10 @@ impl FairShare {
         pending.min(cap)
     }
 
-    /// Whether a group already holding `held` blocks (at its sequences'
-    /// longest) may admit one more needing `more`.
-    fn admits(&self, held: usize, more: usize) -> bool {
-        held == 0 || held + more <= self.max_group_blocks
+    /// Whether a group running `seqs` sequences, which hold `held` blocks
+    /// at their longest, may admit one more needing `more`.
+    fn admits(&self, seqs: usize, held: usize, more: usize) -> bool {
+        seqs < MIN_GROUP_SEQS || held + more <= self.max_group_blocks
     }
 }
 
@@ -230,13 +236,14 @@ impl Scheduler {
             let Some(seq) = self.waiting.get(at) else {
                 break;
             };
-            let held: usize = self
-                .running
-                .iter()
-                .filter(|r| r.group == seq.group)
-                .map(|r| self.blocks.blocks_for(r.max_len))
-                .sum();
-            if !self.share.admits(held, self.blocks.blocks_for(seq.max_len)) {
+            let group = self.running.iter().filter(|r| r.group == seq.group);
+            let (seqs, held) = group.fold((0, 0), |(n, b), r| {
+                (n + 1, b + self.blocks.blocks_for(r.max_len))
+            });
+            if !self
+                .share
+                .admits(seqs, held, self.blocks.blocks_for(seq.max_len))
+            {
                 at += 1;
                 continue;
             }
@@ -548,10 +555,10 @@ mod tests {
 
     #[test]
     fn one_request_holds_at_most_half_the_pool_and_others_pass_it() {
-        // 16 blocks of 4: a request of 8 sequences that each grow to 12
-        // tokens (3 blocks) may run 2 at once (6 blocks > 8 / 2 for 3).
-        let mut s = scheduler(16, 64, 100);
-        for id in 0..8 {
+        // 32 blocks of 4: a request of 12 sequences that each grow to 12
+        // tokens (3 blocks) may run 5 at once (15 blocks; 18 > 32 / 2).
+        let mut s = scheduler(32, 64, 100);
+        for id in 0..12 {
             let mut q = seq(id, 4, 8);
             q.group = 0;
             s.add(q);
@@ -559,16 +566,29 @@ mod tests {
         s.add(seq(100, 4, 8));
         s.schedule();
         let running: Vec<SeqId> = s.running.iter().map(|q| q.id).collect();
-        // The third of the group stays queued; the later request passes it.
-        assert_eq!(running, [0, 1, 100]);
-        assert_eq!(s.waiting.len(), 6);
+        // The sixth of the group stays queued; the later request passes it.
+        assert_eq!(running, [0, 1, 2, 3, 4, 100]);
+        assert_eq!(s.waiting.len(), 7);
         // As the group's sequences finish, the next ones run.
         for _ in 0..9 {
             run_step(&mut s);
             s.schedule();
         }
-        assert!(s.running.iter().any(|q| q.id == 2), "{:?}", chunks(&s));
-        assert_eq!(s.take_queue_waits().len(), 5);
+        assert!(s.running.iter().any(|q| q.id == 5), "{:?}", chunks(&s));
+        assert_eq!(s.take_queue_waits().len(), 11);
+    }
+
+    #[test]
+    fn a_few_choices_run_together_however_long_they_may_grow() {
+        // Each may grow to the whole pool (16 blocks), yet n = 2 runs at once.
+        let mut s = scheduler(16, 64, 100);
+        for id in 0..2 {
+            let mut q = seq(id, 4, 60);
+            q.group = 0;
+            s.add(q);
+        }
+        s.schedule();
+        assert_eq!(s.running.len(), 2);
     }
 
     #[test]
@@ -579,8 +599,9 @@ mod tests {
         assert_eq!(f.chunk(8000, 512, false), 512);
         assert_eq!(f.chunk(1, 1, true), 1, "a decode row always runs");
         assert_eq!(f.chunk(8000, 300, true), 0);
-        assert!(f.admits(0, 80), "a request's first sequence always runs");
-        assert!(f.admits(20, 30) && !f.admits(21, 30));
+        assert!(f.admits(0, 0, 80), "a request's first sequences always run");
+        assert!(f.admits(3, 240, 80));
+        assert!(f.admits(4, 20, 30) && !f.admits(4, 21, 30));
     }
 
     #[test]
