@@ -50,7 +50,7 @@ pub const LIMITS: GrammarLimits = GrammarLimits {
 /// The compiler's stack: a 300-deep `$ref` chain overflowed a 2 MiB one.
 const COMPILE_STACK_BYTES: usize = 64 << 20;
 
-/// Characters of an llguidance error kept: its first line says what failed.
+/// Characters of an llguidance error kept: the start says what failed.
 const MAX_ERROR_CHARS: usize = 200;
 
 /// What a sequence's output must follow.

@@ -19,8 +19,8 @@
 //! at their longest, so the rest of its `n` waits rather than crowding
 //! others out.
 
-use std::collections::VecDeque;
-use std::time::Duration;
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
 
 use crate::block_manager::BlockManager;
 use crate::sampler::SampledToken;
@@ -231,19 +231,20 @@ impl Scheduler {
     /// sequence cap and the pool allow; one whose request already holds
     /// its share of the pool stays queued without holding up the rest.
     fn admit(&mut self, mut budget: usize) {
+        // Per request: its running sequences, and the blocks they may need.
+        let mut groups: HashMap<SeqId, (usize, usize)> = HashMap::new();
+        for r in &self.running {
+            let g = groups.entry(r.group).or_default();
+            *g = (g.0 + 1, g.1 + self.blocks.blocks_for(r.max_len));
+        }
         let mut at = 0;
         while budget > 0 && self.running.len() < self.cfg.max_num_seqs {
             let Some(seq) = self.waiting.get(at) else {
                 break;
             };
-            let group = self.running.iter().filter(|r| r.group == seq.group);
-            let (seqs, held) = group.fold((0, 0), |(n, b), r| {
-                (n + 1, b + self.blocks.blocks_for(r.max_len))
-            });
-            if !self
-                .share
-                .admits(seqs, held, self.blocks.blocks_for(seq.max_len))
-            {
+            let need = self.blocks.blocks_for(seq.max_len);
+            let (seqs, held) = groups.get(&seq.group).copied().unwrap_or_default();
+            if !self.share.admits(seqs, held, need) {
                 at += 1;
                 continue;
             }
@@ -269,6 +270,7 @@ impl Scheduler {
             register_full_blocks(&mut self.blocks, seq);
             budget -= chunk;
             let seq = self.waiting.remove(at).expect("index in range");
+            groups.insert(seq.group, (seqs + 1, held + need));
             self.running.push(seq);
         }
     }
@@ -278,7 +280,7 @@ impl Scheduler {
         let mut seq = self.running.remove(index);
         release(&mut self.blocks, &mut seq);
         self.num_preemptions += 1;
-        seq.queued_at = std::time::Instant::now();
+        seq.queued_at = Instant::now();
         seq
     }
 
@@ -430,6 +432,16 @@ mod tests {
         Sequence::new(id, prompt, params, 1 << 20, &[])
     }
 
+    /// Sequences `ids` of one request (group `ids.start`).
+    fn group(ids: std::ops::Range<SeqId>, prompt_len: usize, max_tokens: usize) -> Vec<Sequence> {
+        let first = ids.start;
+        ids.map(|id| Sequence {
+            group: first,
+            ..seq(id, prompt_len, max_tokens)
+        })
+        .collect()
+    }
+
     fn seq(id: SeqId, prompt_len: usize, max_tokens: usize) -> Sequence {
         // Distinct prompts, so the prefix cache plays no part.
         seq_of(
@@ -558,11 +570,7 @@ mod tests {
         // 32 blocks of 4: a request of 12 sequences that each grow to 12
         // tokens (3 blocks) may run 5 at once (15 blocks; 18 > 32 / 2).
         let mut s = scheduler(32, 64, 100);
-        for id in 0..12 {
-            let mut q = seq(id, 4, 8);
-            q.group = 0;
-            s.add(q);
-        }
+        group(0..12, 4, 8).into_iter().for_each(|q| s.add(q));
         s.add(seq(100, 4, 8));
         s.schedule();
         let running: Vec<SeqId> = s.running.iter().map(|q| q.id).collect();
@@ -582,11 +590,7 @@ mod tests {
     fn a_few_choices_run_together_however_long_they_may_grow() {
         // Each may grow to the whole pool (16 blocks), yet n = 2 runs at once.
         let mut s = scheduler(16, 64, 100);
-        for id in 0..2 {
-            let mut q = seq(id, 4, 60);
-            q.group = 0;
-            s.add(q);
-        }
+        group(0..2, 4, 60).into_iter().for_each(|q| s.add(q));
         s.schedule();
         assert_eq!(s.running.len(), 2);
     }
