@@ -101,6 +101,17 @@ fair
     while an 8,000-token prompt with max_tokens 1 prefills. Numbers per
     phase: ttft_s (each probe), max; ok when every probe's TTFT is within
     --fair-max-ttft (2 s).
+
+grammar
+    Latency of --grammar-plain plain 16-token chats, sent at once: alone,
+    beside as many unconstrained 64-token chats, and beside as many 64-token
+    chats under the regex ^.*a.{60}$ (about 1 ms of mask a token, against
+    microseconds for a JSON schema). Numbers: p50/max latency per phase,
+    slowdown (p50 beside the grammar over p50 beside unconstrained chats),
+    grammar_status (status counts of the constrained chats), mask_deferrals
+    (wick:grammar_mask_deferrals_total during that phase). ok when every
+    plain chat succeeds, the constrained ones end in 200 or a clean 400, and
+    slowdown is within --grammar-max-slowdown (1.35).
 """
 
 from __future__ import annotations
@@ -122,7 +133,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-SCENARIOS = ("soak", "storm", "idle", "slow", "abuse", "fair")
+SCENARIOS = ("soak", "storm", "idle", "slow", "abuse", "fair", "grammar")
 
 # ----------------------------------------------------------------------------
 # shared helpers
@@ -1057,6 +1068,55 @@ async def scenario_fair(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+# ----------------------------------------------------------------------------
+# grammar: an expensive grammar's neighbours
+# ----------------------------------------------------------------------------
+
+async def timed_chat(client: httpx.AsyncClient, body: dict[str, Any]) -> tuple[int | None, float]:
+    t0 = time.monotonic()
+    try:
+        r = await client.post("/v1/chat/completions", json=body)
+        status = r.status_code
+    except httpx.HTTPError:
+        status = None
+    return status, time.monotonic() - t0
+
+
+async def scenario_grammar(args: argparse.Namespace) -> dict[str, Any]:
+    n = args.grammar_plain
+    plain = chat_with(max_tokens=16, ignore_eos=True)
+    free = chat_with(max_tokens=64, ignore_eos=True)
+    costly = chat_with({"type": "string", "pattern": "^.*a.{60}$"}, max_tokens=64)
+    phases: dict[str, Any] = {}
+    async with httpx.AsyncClient(base_url=args.base_url, timeout=args.request_timeout) as c:
+        for name, neighbour in (("alone", None), ("beside_unconstrained", free),
+                                ("beside_grammar", costly)):
+            before = metric_sum(await fetch_metrics(c), "wick:grammar_mask_deferrals_total") or 0
+            others = [asyncio.create_task(timed_chat(c, neighbour))
+                      for _ in range(n if neighbour else 0)]
+            await asyncio.sleep(0.5 if neighbour else 0)
+            mine = await asyncio.gather(*(timed_chat(c, plain) for _ in range(n)))
+            theirs = await asyncio.gather(*others)
+            after = metric_sum(await fetch_metrics(c), "wick:grammar_mask_deferrals_total") or 0
+            lat = sorted(t for _, t in mine)
+            phases[name] = {
+                "p50_s": round(lat[len(lat) // 2], 3), "max_s": round(lat[-1], 3),
+                "plain_ok": all(s == 200 for s, _ in mine),
+                "neighbour_status": dict(Counter(str(s) for s, _ in theirs)),
+                "mask_deferrals": after - before,
+            }
+            await wait_idle(c, 60)
+    slowdown = round(phases["beside_grammar"]["p50_s"] / phases["beside_unconstrained"]["p50_s"], 3)
+    grammar_clean = set(phases["beside_grammar"]["neighbour_status"]) <= {"200", "400"}
+    ok = all(p["plain_ok"] for p in phases.values()) and grammar_clean \
+        and slowdown <= args.grammar_max_slowdown
+    result = {"scenario": "grammar", "phases": phases, "slowdown": slowdown, "ok": ok}
+    emit(result, [f"{k}: p50 {v['p50_s']} s, max {v['max_s']} s, neighbours "
+                  f"{v['neighbour_status']}, mask deferrals {v['mask_deferrals']}"
+                  for k, v in phases.items()] + [f"slowdown beside the grammar: {slowdown}"])
+    return result
+
+
 RUNNERS = {
     "soak": scenario_soak,
     "storm": scenario_storm,
@@ -1064,6 +1124,7 @@ RUNNERS = {
     "slow": scenario_slow,
     "abuse": scenario_abuse,
     "fair": scenario_fair,
+    "grammar": scenario_grammar,
 }
 
 
@@ -1101,6 +1162,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     g = p.add_argument_group("fair")
     g.add_argument("--fair-probes", type=int, default=4)
     g.add_argument("--fair-max-ttft", type=float, default=2.0)
+    g = p.add_argument_group("grammar")
+    g.add_argument("--grammar-plain", type=int, default=32)
+    g.add_argument("--grammar-max-slowdown", type=float, default=1.35)
     args = p.parse_args(argv)
     chosen = list(args.scenarios) + [s for s in args.only.split(",") if s.strip()]
     chosen = [s.strip() for s in chosen]

@@ -16,6 +16,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use llguidance::api::TopLevelGrammar;
@@ -193,6 +194,7 @@ impl ConstraintFactory {
         Ok(Constraint {
             grammar: grammar.clone(),
             matcher,
+            cost: Duration::ZERO,
         })
     }
 }
@@ -214,6 +216,8 @@ pub fn terse(e: anyhow::Error) -> anyhow::Error {
 pub struct Constraint {
     grammar: Grammar,
     matcher: Matcher,
+    /// What its masks have recently taken to compute, averaged.
+    cost: Duration,
 }
 
 impl std::fmt::Debug for Constraint {
@@ -232,9 +236,15 @@ impl PartialEq for Constraint {
 impl Constraint {
     /// The tokens allowed next; once the grammar is complete, EOS alone.
     pub fn mask(&mut self) -> Result<TokenMask> {
-        Ok(TokenMask(
-            self.matcher.compute_mask_or_eos().map_err(terse)?,
-        ))
+        let start = Instant::now();
+        let mask = self.matcher.compute_mask_or_eos().map_err(terse)?;
+        self.cost = (self.cost + start.elapsed()) / 2;
+        Ok(TokenMask(mask))
+    }
+
+    /// What the next mask is expected to take: the recent ones, averaged.
+    pub fn cost(&self) -> Duration {
+        self.cost
     }
 
     /// Advances past a sampled token.

@@ -3,6 +3,7 @@
 //! only; text, stop strings and HTTP live with whoever drives it.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Instant;
 
 use rayon::prelude::*;
 
@@ -177,10 +178,15 @@ impl Engine {
             .scheduled_mut()
             .filter(|s| s.params.constraint.is_some() && s.num_cached + s.chunk == s.len())
             .collect();
-        let (result, masks) = rayon::join(
-            || catch_unwind(AssertUnwindSafe(|| runner.run(&batch))),
+        let ((result, took), masks) = rayon::join(
+            || {
+                let start = Instant::now();
+                let result = catch_unwind(AssertUnwindSafe(|| runner.run(&batch)));
+                (result, start.elapsed())
+            },
             || grammar_masks(&mut constrained),
         );
+        self.scheduler.note_forward(took);
         let logits = match result {
             Ok(Ok(logits)) => logits,
             Ok(Err(e)) => return self.fail_scheduled(&e.to_string()),

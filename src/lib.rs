@@ -20,6 +20,7 @@ pub mod hf_dir;
 pub mod hub;
 pub mod kv_cache;
 pub mod loader;
+pub mod mask_budget;
 pub mod model_fetch;
 pub mod model_runner;
 pub mod models;

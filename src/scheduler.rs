@@ -18,11 +18,16 @@
 //! request's sequences beyond its first few may hold at most half the pool
 //! at their longest, so the rest of its `n` waits rather than crowding
 //! others out.
+//!
+//! Nor can a grammar slow everyone down ([`MaskBudget`]): constrained
+//! decode rows whose masks would take more than a share of the forward
+//! pass's time sit the step out, in turns.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use crate::block_manager::BlockManager;
+use crate::mask_budget::MaskBudget;
 use crate::sampler::SampledToken;
 use crate::sequence::{FinishReason, SeqId, Sequence, StepEvent};
 
@@ -89,6 +94,8 @@ pub struct SchedulerStats {
     pub blocks_used: usize,
     pub blocks_total: usize,
     pub preemptions: u64,
+    /// Decode rows that sat a step out for their grammar's mask time.
+    pub mask_deferrals: u64,
     /// Prompt tokens looked up in the prefix cache, and found there.
     pub prefix_queries: u64,
     pub prefix_hits: u64,
@@ -97,6 +104,9 @@ pub struct SchedulerStats {
 pub struct Scheduler {
     cfg: SchedulerConfig,
     share: FairShare,
+    masks: MaskBudget,
+    /// How long the last forward pass took: the measure of the mask budget.
+    last_forward: Duration,
     blocks: BlockManager,
     /// How long each sequence admitted since the last [`take_queue_waits`]
     /// (`Scheduler::take_queue_waits`) waited for its first admission.
@@ -105,6 +115,7 @@ pub struct Scheduler {
     /// In admission order: the last one is the first to be preempted.
     running: Vec<Sequence>,
     num_preemptions: u64,
+    num_mask_deferrals: u64,
     prefix_queries: u64,
     prefix_hits: u64,
 }
@@ -114,11 +125,14 @@ impl Scheduler {
         Scheduler {
             share: FairShare::new(cfg.max_num_batched_tokens, blocks.num_blocks()),
             cfg,
+            masks: MaskBudget::default(),
+            last_forward: Duration::ZERO,
             blocks,
             queue_waits: Vec::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
             num_preemptions: 0,
+            num_mask_deferrals: 0,
             prefix_queries: 0,
             prefix_hits: 0,
         }
@@ -167,9 +181,30 @@ impl Scheduler {
             blocks_used: self.blocks.num_used(),
             blocks_total: self.blocks.num_blocks(),
             preemptions: self.num_preemptions,
+            mask_deferrals: self.num_mask_deferrals,
             prefix_queries: self.prefix_queries,
             prefix_hits: self.prefix_hits,
         }
+    }
+
+    /// How long the forward pass just run took.
+    pub fn note_forward(&mut self, took: Duration) {
+        self.last_forward = took;
+    }
+
+    /// The constrained decode rows that sit this step out ([`MaskBudget`]).
+    fn mask_sit_outs(&self) -> Vec<SeqId> {
+        let (ids, rows): (Vec<SeqId>, Vec<_>) = self
+            .running
+            .iter()
+            .filter_map(|s| s.mask_row().map(|r| (s.id, r)))
+            .unzip();
+        let others = rows.len() < self.running.len() || !self.waiting.is_empty();
+        let runs = self.masks.select(&rows, self.last_forward, others);
+        ids.into_iter()
+            .zip(runs)
+            .filter_map(|(id, runs)| (!runs).then_some(id))
+            .collect()
     }
 
     /// The sequences this step runs (a non-zero `chunk`), in batch order.
@@ -187,12 +222,19 @@ impl Scheduler {
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut preempted = Vec::new();
         let others_wait = !self.waiting.is_empty();
+        let sit_outs = self.mask_sit_outs();
+        self.num_mask_deferrals += sit_outs.len() as u64;
         let mut i = 0;
         while i < self.running.len() {
-            let chunk = self
-                .share
-                .chunk(self.running[i].pending(), budget, others_wait);
-            self.running[i].chunk = 0;
+            let seq = &mut self.running[i];
+            seq.chunk = 0;
+            if sit_outs.contains(&seq.id) {
+                seq.sat_out += 1;
+                i += 1;
+                continue;
+            }
+            seq.sat_out = 0;
+            let chunk = self.share.chunk(seq.pending(), budget, others_wait);
             if chunk == 0 {
                 i += 1;
                 continue;

@@ -4,6 +4,7 @@
 use std::time::Instant;
 
 use crate::block_manager::{BlockHash, BlockId};
+use crate::mask_budget::MaskRow;
 use crate::models::LogitRows;
 use crate::sampler::{SampledToken, Sampler};
 use crate::sampling_params::SamplingParams;
@@ -64,6 +65,9 @@ pub struct Sequence {
     /// Prompt tokens the prefix cache supplied when the sequence was first
     /// admitted (reported as `cached_tokens`); `None` until then.
     pub cached_prompt_tokens: Option<usize>,
+    /// Decode steps sat out in a row for its grammar's mask time
+    /// ([`crate::mask_budget::MaskBudget`]).
+    pub sat_out: u32,
 }
 
 /// What happened to one sequence in a step. A token that comes with
@@ -120,6 +124,7 @@ impl Sequence {
             prompt_logprobs: Vec::new(),
             block_hashes: Vec::new(),
             cached_prompt_tokens: None,
+            sat_out: 0,
         }
     }
 
@@ -137,6 +142,16 @@ impl Sequence {
 
     pub fn output(&self) -> &[u32] {
         &self.tokens[self.prompt_len..]
+    }
+
+    /// A decode row under a grammar: the mask it would compute this step,
+    /// as a [`MaskRow`].
+    pub fn mask_row(&self) -> Option<MaskRow> {
+        let c = self.params.constraint.as_ref()?;
+        (self.pending() == 1).then(|| MaskRow {
+            cost: c.cost(),
+            sat_out: self.sat_out,
+        })
     }
 
     /// Tokens not yet in the cache (the rest of the prompt, or the last sampled token).

@@ -260,3 +260,62 @@ async fn slow_bodies_cannot_fill_the_connection_cap() {
         .count();
     assert!(closed >= 1, "no slow body was closed");
 }
+
+/// Sends `n` copies of `body` to chat completions at once; their statuses
+/// and bodies.
+async fn chats(s: &Server, body: Value, n: usize) -> Vec<(u16, Value)> {
+    let calls: Vec<_> = (0..n)
+        .map(|_| tokio::spawn(post_url(s.url("/v1/chat/completions"), body.clone())))
+        .collect();
+    let mut out = Vec::new();
+    for c in calls {
+        out.push(c.await.unwrap());
+    }
+    out
+}
+
+/// An expensive grammar (about a millisecond of mask a token) cannot slow
+/// the plain requests beside it: its rows take turns sitting steps out,
+/// and still finish under their grammar. A JSON schema's masks are cheap
+/// enough never to wait.
+#[tokio::test(flavor = "multi_thread")]
+async fn expensive_grammars_take_turns_instead_of_slowing_everyone() {
+    let s = Server::start(&[]);
+    let deferrals = || common::metric(&s, "wick:grammar_mask_deferrals_total");
+    let grammar = |schema: Value| {
+        json!({"messages": [{"role": "user", "content": "Write something"}], "max_tokens": 24,
+               "response_format": {"type": "json_schema",
+                                   "json_schema": {"name": "x", "schema": schema}}})
+    };
+    let plain = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 24,
+                       "ignore_eos": true});
+    let (costly, others) = tokio::join!(
+        chats(
+            &s,
+            grammar(json!({"type": "string", "pattern": "^.*a.{60}$"})),
+            12
+        ),
+        chats(&s, plain.clone(), 12),
+    );
+    for (st, r) in costly.iter().chain(&others) {
+        assert_eq!(*st, 200, "{r}");
+    }
+    for (_, r) in &costly {
+        let text = r["choices"][0]["message"]["content"].as_str().unwrap();
+        assert!(text.starts_with('"'), "not under its grammar: {text:?}");
+    }
+    let after_costly = deferrals().await;
+    assert!(after_costly > 0.0, "no row sat out for its mask time");
+
+    let person = json!({"type": "object", "properties": {"name": {"type": "string"},
+                        "age": {"type": "integer"}}, "required": ["name", "age"]});
+    let (cheap, others) = tokio::join!(chats(&s, grammar(person), 12), chats(&s, plain, 12));
+    for (st, r) in cheap.iter().chain(&others) {
+        assert_eq!(*st, 200, "{r}");
+    }
+    assert_eq!(
+        deferrals().await,
+        after_costly,
+        "a JSON schema's rows waited"
+    );
+}

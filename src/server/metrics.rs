@@ -45,6 +45,7 @@ pub struct Metrics {
     blocks_used: IntGauge,
     blocks_total: IntGauge,
     preemptions: EngineTotal,
+    mask_deferrals: EngineTotal,
     prefix_queries: EngineTotal,
     prefix_hits: EngineTotal,
     prompt_tokens: IntCounter,
@@ -156,6 +157,11 @@ impl Metrics {
                 "wick:num_preemptions_total",
                 "Cumulative number of preemptions from the engine.",
             )),
+            mask_deferrals: EngineTotal::new(counter(
+                "wick:grammar_mask_deferrals_total",
+                "Decode steps constrained sequences sat out because their grammar masks \
+                 would have taken more than their share of the step.",
+            )),
             prefix_queries: EngineTotal::new(counter(
                 "wick:prefix_cache_queries_total",
                 "Prefix cache queries, in terms of number of queried tokens.",
@@ -224,6 +230,7 @@ impl Metrics {
         self.kv_usage.set(usage);
         self.kv_usage_legacy.set(usage);
         self.preemptions.catch_up(s.preemptions);
+        self.mask_deferrals.catch_up(s.mask_deferrals);
         self.prefix_queries.catch_up(s.prefix_queries);
         self.prefix_hits.catch_up(s.prefix_hits);
     }
@@ -310,6 +317,7 @@ mod tests {
             ("wick:kv_blocks_used", "gauge"),
             ("wick:kv_blocks_capacity", "gauge"),
             ("wick:num_preemptions_total", "counter"),
+            ("wick:grammar_mask_deferrals_total", "counter"),
             ("wick:prefix_cache_queries_total", "counter"),
             ("wick:prefix_cache_hits_total", "counter"),
             ("wick:prompt_tokens_total", "counter"),
@@ -350,7 +358,7 @@ mod tests {
             }
             checked += 1;
         }
-        assert_eq!(checked, 17);
+        assert_eq!(checked, 18);
     }
 
     #[test]
@@ -363,6 +371,7 @@ mod tests {
             blocks_used: 30,
             blocks_total: 120,
             preemptions: 2,
+            mask_deferrals: 4,
             prefix_queries: 900,
             prefix_hits: 640,
         });
@@ -385,6 +394,7 @@ mod tests {
         assert_eq!(v("wick:kv_cache_usage_perc"), 0.25);
         assert_eq!(v("wick:gpu_cache_usage_perc"), 0.25);
         assert_eq!(v("wick:num_preemptions_total"), 2.0);
+        assert_eq!(v("wick:grammar_mask_deferrals_total"), 4.0);
         assert_eq!(v("wick:prefix_cache_queries_total"), 900.0);
         assert_eq!(v("wick:prefix_cache_hits_total"), 640.0);
         assert_eq!(v("wick:prompt_tokens_total"), 128.0);
