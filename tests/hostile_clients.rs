@@ -97,16 +97,29 @@ async fn slow_heads_and_bodies_are_cut_off() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn oversized_headers_get_431_with_a_json_body() {
-    let s = Server::start(&["--max-header-bytes", "4096"]);
+    let s = Server::start(&["--max-header-bytes", "16384"]);
     let r = reqwest::Client::new()
         .get(s.url("/health"))
-        .header("x-filler", "a".repeat(5000))
+        .header("x-filler", "a".repeat(20000))
         .send()
         .await
         .unwrap();
     let status = r.status().as_u16();
     assert_eq!(r.headers()["content-type"], "application/json");
     common::assert_error(status, &r.json().await.unwrap(), 431, None);
+    // Too many header fields, each small.
+    let mut many = reqwest::Client::new().get(s.url("/health"));
+    for i in 0..300 {
+        many = many.header(format!("x-h{i}"), "1");
+    }
+    let r = many.send().await.unwrap();
+    let status = r.status().as_u16();
+    let body: Value = r.json().await.unwrap();
+    common::assert_error(status, &body, 431, None);
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("256"),
+        "{body}"
+    );
     assert_eq!(reqwest::get(s.url("/health")).await.unwrap().status(), 200);
 }
 

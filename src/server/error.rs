@@ -185,6 +185,15 @@ impl ApiError {
         )
     }
 
+    /// 431: more header fields than wick reads.
+    pub fn too_many_headers(limit: usize) -> Self {
+        Self::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            INVALID_REQUEST,
+            format!("Requests may carry at most {limit} header fields"),
+        )
+    }
+
     /// 403: the request may not be answered at all (a foreign `Host`).
     pub fn forbidden(message: impl Into<String>) -> Self {
         Self::new(StatusCode::FORBIDDEN, INVALID_REQUEST, message)

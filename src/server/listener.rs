@@ -40,7 +40,9 @@ use tower::{Service, ServiceExt};
 use super::body_guard::{guard_body, BodyEnd};
 use super::error::ApiError;
 
-/// hyper's own cap on header count; past it hyper answers a bare 431.
+/// Most headers a request may carry; past it a 431 with a JSON body. hyper
+/// parses up to four times as many (a few bytes of index each), and past
+/// that answers a bare 431 itself.
 const MAX_HEADERS: usize = 256;
 
 /// How long a request body may have been arriving before its connection
@@ -132,7 +134,7 @@ pub async fn serve(
         // Headers a little past the limit still reach the 431 check with a
         // JSON body; far past it hyper answers a bare 431 itself.
         .max_buf_size((4 * limits.max_header_bytes).max(8192))
-        .max_headers(MAX_HEADERS);
+        .max_headers(4 * MAX_HEADERS);
     let refusal = refusal_response();
     let clock = Clock(Instant::now());
     let mut next_id = 0u64;
@@ -308,9 +310,15 @@ impl Service<Request<Incoming>> for ConnService {
     }
 
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
-        if header_bytes(&req) > self.max_header_bytes {
-            let refused = ApiError::headers_too_large(self.max_header_bytes).into_response();
-            return Box::pin(std::future::ready(Ok(refused)));
+        let refused = if req.headers().len() > MAX_HEADERS {
+            Some(ApiError::too_many_headers(MAX_HEADERS))
+        } else if header_bytes(&req) > self.max_header_bytes {
+            Some(ApiError::headers_too_large(self.max_header_bytes))
+        } else {
+            None
+        };
+        if let Some(refused) = refused {
+            return Box::pin(std::future::ready(Ok(refused.into_response())));
         }
         let active = Active::new(self.active.clone());
         let req = match http_body::Body::is_end_stream(req.body()) {
