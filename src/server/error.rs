@@ -232,6 +232,11 @@ impl ApiError {
         }
     }
 
+    /// 503 once the server has begun to shut down.
+    pub fn shutting_down() -> Self {
+        Self::unavailable("the server is shutting down")
+    }
+
     /// 503 while the model loads or the server shuts down.
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, SERVER_ERROR, message)

@@ -17,13 +17,9 @@ use super::unsupported;
 use super::validation::{check_model, GenerationPlan, ModelContext};
 use super::{AppState, ModelState};
 
-pub fn shutting_down() -> ApiError {
-    ApiError::unavailable("the server is shutting down")
-}
-
 pub fn ready(state: &AppState) -> Result<Arc<ModelState>, ApiError> {
     if state.is_shutting_down() {
-        return Err(shutting_down());
+        return Err(ApiError::shutting_down());
     }
     state.model.get().cloned().ok_or_else(ApiError::loading)
 }

@@ -14,7 +14,7 @@ use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
 use super::validation::parse_json;
-use super::{handlers, AppState};
+use super::AppState;
 
 pub struct JsonBody<T>(pub T);
 
@@ -43,7 +43,7 @@ impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for JsonBody<T> {
         let mut stopping = state.shutting_down.subscribe();
         let read = tokio::select! {
             read = read => read,
-            _ = stopping.wait_for(|&stop| stop) => return Err(handlers::shutting_down()),
+            _ = stopping.wait_for(|&stop| stop) => return Err(ApiError::shutting_down()),
         };
         let body = read
             .map_err(|_| ApiError::body_timeout(limits.client_timeout))?
