@@ -26,6 +26,7 @@
 mod act;
 pub(crate) mod formats;
 mod generic;
+mod super_scales;
 #[cfg(test)]
 mod tests;
 mod weight_buf;

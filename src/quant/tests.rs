@@ -569,7 +569,7 @@ fn super_activation_sums() {
                 }
             );
         }
-        let p = act::SuperScales::pair(&s.sums16, 3);
+        let p = super_scales::SuperScales::pair(&s.sums16, 3);
         assert_eq!((p as i16, (p >> 16) as i16), (s.sums16[6], s.sums16[7]));
     }
 }

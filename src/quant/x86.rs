@@ -9,8 +9,8 @@
 
 use std::arch::x86_64::*;
 
-use super::act::SuperScales;
 use super::formats::{Bits, Layout, Scales, QK_K};
+use super::super_scales::SuperScales;
 use super::{TileJob, M_BLOCK, QK, TILE};
 
 /// Activation rows kept in registers per pass over a tile's blocks: each needs
