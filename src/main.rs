@@ -3,11 +3,11 @@ use std::io::Write;
 use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
-use wick::chat_template::ChatMessage;
 use wick::cli::ModelArgs;
 use wick::engine::Engine;
-use wick::sampling_params::SamplingParams;
+use wick::sampling::params::SamplingParams;
 use wick::server::config::LogFormat;
+use wick::text::chat_template::ChatMessage;
 
 #[derive(Parser)]
 #[command(
@@ -31,7 +31,7 @@ enum Command {
         text: String,
     },
     /// Measure prefill and decode throughput.
-    Bench(wick::bench::BenchArgs),
+    Bench(wick::cli::bench::BenchArgs),
     /// Serve the OpenAI-compatible HTTP API.
     Serve(wick::server::config::ServeArgs),
     /// Write a GGUF Llama model as a Hugging Face checkpoint directory
@@ -137,15 +137,15 @@ fn run() -> anyhow::Result<()> {
         Command::Serve(_) => serve(&matches),
         Command::Generate(args) => generate(args),
         Command::Tokenize { model, text } => {
-            let path = wick::model_fetch::resolve_model(model.as_deref())?;
-            let tokenizer = wick::loader::load_tokenizer(&path)?;
+            let path = wick::load::model_fetch::resolve_model(model.as_deref())?;
+            let tokenizer = wick::load::loader::load_tokenizer(&path)?;
             println!("{}", serde_json::to_string(&tokenizer.encode(&text)?)?);
             Ok(())
         }
-        Command::Bench(args) => wick::bench::run(&args),
+        Command::Bench(args) => wick::cli::bench::run(&args),
         Command::ExportHf { model, out } => {
-            let path = wick::model_fetch::resolve_model(model.as_deref())?;
-            wick::export_hf::export(&path, &out)?;
+            let path = wick::load::model_fetch::resolve_model(model.as_deref())?;
+            wick::cli::export_hf::export(&path, &out)?;
             eprintln!("wrote {}", out.display());
             Ok(())
         }
@@ -169,8 +169,8 @@ fn serve(matches: &clap::ArgMatches) -> anyhow::Result<()> {
 
 fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let path = args.model.model_path()?;
-    let device = wick::loader::device(&args.model.device)?;
-    let loaded = wick::loader::load(&path, &args.model.load_options(), &device)?;
+    let device = wick::load::loader::device(&args.model.device)?;
+    let loaded = wick::load::loader::load(&path, &args.model.load_options(), &device)?;
     let params = SamplingParams {
         max_tokens: args.max_tokens,
         temperature: args.temperature,
@@ -207,7 +207,7 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         loaded.tokenizer.eos_ids().to_vec(),
         &args.model.engine.config(),
     )?;
-    let (outputs, stats) = wick::generate::generate(&mut engine, &loaded.tokenizer, requests)?;
+    let (outputs, stats) = wick::cli::generate::generate(&mut engine, &loaded.tokenizer, requests)?;
     let mut out = std::io::stdout().lock();
     for c in &outputs {
         if args.json {

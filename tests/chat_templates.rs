@@ -9,7 +9,7 @@ use std::path::Path;
 use chrono::NaiveDateTime;
 use serde::Deserialize;
 use serde_json::Value;
-use wick::chat_template::{ChatMessage, ChatTemplate, Message, RenderError};
+use wick::text::chat_template::{ChatMessage, ChatTemplate, Message, RenderError};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/chat_templates");
 
@@ -215,7 +215,7 @@ fn environment_matches_transformers() {
 
 #[test]
 fn smollm2_template_is_the_default_models() {
-    let path = wick::model_fetch::default_model_path().expect("default model");
+    let path = wick::load::model_fetch::default_model_path().expect("default model");
     let mut f = std::fs::File::open(path).unwrap();
     let content = candle_core::quantized::gguf_file::Content::read(&mut f).unwrap();
     let template = content.metadata["tokenizer.chat_template"]

@@ -7,14 +7,14 @@ mod common;
 use std::collections::HashMap;
 
 use candle_core::Device;
-use wick::block_manager::BlockManager;
+use wick::engine::block_manager::BlockManager;
+use wick::engine::kv_cache::{KvCache, KvDtype, KvLayout};
+use wick::engine::sequence::SeqId;
 use wick::engine::{Engine, EngineConfig};
 use wick::error::WickError;
-use wick::kv_cache::{KvCache, KvDtype, KvLayout};
 use wick::models::linear::WeightFormat;
 use wick::models::{FlatBatch, LogitRows, Model};
-use wick::sampling_params::SamplingParams;
-use wick::sequence::SeqId;
+use wick::sampling::params::SamplingParams;
 
 const PROMPTS: [&str; 8] = [
     "The capital of France is",
@@ -72,7 +72,10 @@ fn drive(
         }
         for ev in engine.step() {
             assert!(
-                !matches!(ev.finish, Some(wick::sequence::FinishReason::Error(_))),
+                !matches!(
+                    ev.finish,
+                    Some(wick::engine::sequence::FinishReason::Error(_))
+                ),
                 "{ev:?}"
             );
             if let Some(t) = ev.token {
@@ -86,7 +89,7 @@ fn drive(
         .collect()
 }
 
-fn requests(tok: &wick::tokenizer::Tokenizer) -> Vec<(Vec<u32>, SamplingParams)> {
+fn requests(tok: &wick::text::tokenizer::Tokenizer) -> Vec<(Vec<u32>, SamplingParams)> {
     PROMPTS
         .iter()
         .enumerate()

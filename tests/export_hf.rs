@@ -13,7 +13,7 @@ use candle_core::quantized::gguf_file;
 use candle_core::{Device, Tensor};
 use tempfile::TempDir;
 use wick::engine::{Engine, EngineConfig};
-use wick::loader::{load, LoadOptions, LoadedModel};
+use wick::load::loader::{load, LoadOptions, LoadedModel};
 use wick::models::linear::WeightFormat;
 use wick::models::llama::Config;
 
@@ -267,7 +267,7 @@ fn exported_checkpoint_loads_back_and_continues_like_the_gguf() {
             "{t:?}"
         );
     }
-    let messages = [wick::chat_template::ChatMessage {
+    let messages = [wick::text::chat_template::ChatMessage {
         role: "user".into(),
         content: "Hi".into(),
     }];

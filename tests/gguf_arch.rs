@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::gguf_file::Content;
 use candle_core::Device;
 use common::transformers_ref::{read_reference, worst_logit_diff, Reference};
+use wick::engine::kv_cache::KvDtype;
 use wick::engine::{Engine, EngineConfig};
-use wick::kv_cache::KvDtype;
-use wick::loader::{load, LoadOptions, LoadedModel};
+use wick::load::loader::{load, LoadOptions, LoadedModel};
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")

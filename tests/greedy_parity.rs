@@ -20,7 +20,7 @@
 
 mod common;
 
-use wick::kv_cache::KvDtype;
+use wick::engine::kv_cache::KvDtype;
 use wick::models::linear::WeightFormat;
 
 /// llama.cpp's token may trail wick's best by at most this many nats.
@@ -62,7 +62,7 @@ fn greedy_choices_match_llama_cpp_within_quantization_noise() {
         .map(|l| serde_json::from_str(l).expect("json line"))
         .collect();
     assert_eq!(cases.len(), 8);
-    let loaded = wick::loader::load(
+    let loaded = wick::load::loader::load(
         &model,
         &WeightFormat::Native.into(),
         &candle_core::Device::Cpu,
@@ -80,7 +80,7 @@ fn greedy_choices_match_llama_cpp_within_quantization_noise() {
 }
 
 fn check_storage(
-    loaded: &wick::loader::LoadedModel,
+    loaded: &wick::load::loader::LoadedModel,
     cases: &[Case],
     force_tensor_kv: bool,
     dtype: KvDtype,

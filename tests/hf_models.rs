@@ -11,11 +11,11 @@ use common::transformers_ref::{self, read_reference, Reference};
 use std::path::{Path, PathBuf};
 
 use candle_core::Device;
+use wick::engine::kv_cache::KvLayout;
 use wick::engine::{Engine, EngineConfig};
-use wick::kv_cache::KvLayout;
-use wick::loader::{load, LoadOptions, LoadedModel, WeightDtype};
+use wick::load::loader::{load, LoadOptions, LoadedModel, WeightDtype};
 use wick::models::linear::WeightFormat;
-use wick::sampling_params::SamplingParams;
+use wick::sampling::params::SamplingParams;
 
 const FIXTURES: [&str; 2] = ["gpt2-tiny", "llama-tiny"];
 
@@ -208,7 +208,7 @@ fn prompt_logprobs_match_transformers_across_chunks_and_preemption() {
 fn tokenizers_match_transformers() {
     for name in FIXTURES {
         let r = reference(name);
-        let tokenizer = wick::loader::load_tokenizer(&fixture(name)).unwrap();
+        let tokenizer = wick::load::loader::load_tokenizer(&fixture(name)).unwrap();
         for case in &r.tokenizer {
             assert_eq!(
                 tokenizer.encode(&case.text).unwrap(),
@@ -275,8 +275,8 @@ fn chat_template_jinja_file_is_read() {
         "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{% endfor %}",
     )
     .unwrap();
-    let (_, template) = wick::hf_dir::load_tokenizer(dir.path()).unwrap();
-    let messages = [wick::chat_template::ChatMessage {
+    let (_, template) = wick::load::hf_dir::load_tokenizer(dir.path()).unwrap();
+    let messages = [wick::text::chat_template::ChatMessage {
         role: "user".into(),
         content: "hi".into(),
     }];

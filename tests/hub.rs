@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use candle_core::Device;
 use serde_json::json;
-use wick::hub::{resolve_in, Hub};
-use wick::loader::{load, LoadOptions};
+use wick::load::hub::{resolve_in, Hub};
+use wick::load::loader::{load, LoadOptions};
 
 const REPO: &str = "org/tiny-llama";
 const REPO_DIR: &str = "models--org--tiny-llama";
@@ -331,7 +331,7 @@ fn the_cli_finds_a_repo_id_through_hf_hub_cache() {
         String::from_utf8_lossy(&out.stderr)
     );
     let ids: Vec<u32> = serde_json::from_slice(&out.stdout).unwrap();
-    let want = wick::loader::load_tokenizer(&fixture())
+    let want = wick::load::loader::load_tokenizer(&fixture())
         .unwrap()
         .encode("<|im_start|>hi")
         .unwrap();

@@ -4,7 +4,7 @@ use std::fs;
 use std::io::Read;
 use std::time::{Duration, Instant};
 
-use wick::model_fetch::{default_model_path, resolve_model, wick_home};
+use wick::load::model_fetch::{default_model_path, resolve_model, wick_home};
 
 #[test]
 fn default_model_is_fetched_once() {

@@ -7,10 +7,10 @@ mod common;
 
 use std::collections::HashMap;
 
+use wick::engine::kv_cache::{KvDtype, KvLayout};
+use wick::engine::sequence::{FinishReason, SeqId};
 use wick::engine::{Engine, EngineConfig};
-use wick::kv_cache::{KvDtype, KvLayout};
-use wick::sampling_params::SamplingParams;
-use wick::sequence::{FinishReason, SeqId};
+use wick::sampling::params::SamplingParams;
 
 /// What one request produced.
 #[derive(Debug, Clone, PartialEq)]
@@ -120,7 +120,7 @@ fn on_and_off(
     (cached, on)
 }
 
-fn tokenizer() -> wick::tokenizer::Tokenizer {
+fn tokenizer() -> wick::text::tokenizer::Tokenizer {
     common::load_default(wick::models::linear::WeightFormat::Native).tokenizer
 }
 

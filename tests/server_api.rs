@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use wick::chat_template::{ChatTemplate, Message};
+use wick::text::chat_template::{ChatTemplate, Message};
 
 use common::{assert_error, post, Server};
 

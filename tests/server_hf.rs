@@ -32,7 +32,7 @@ async fn gpt2_checkpoint_serves_completions_and_refuses_chat_without_template() 
     let dir = gpt2_dir();
     let server = Server::start(&["--model", dir.to_str().unwrap()]);
     let r = reference();
-    let tokenizer = wick::loader::load_tokenizer(&dir).unwrap();
+    let tokenizer = wick::load::loader::load_tokenizer(&dir).unwrap();
 
     let (status, models) = get_json(&server, "/v1/models").await;
     assert_eq!(status, 200);
@@ -113,7 +113,7 @@ async fn chat_template_flag_enables_chat_for_gpt2() {
     });
     let (status, body) = post(&server, "/v1/chat/completions", chat).await;
     assert_eq!(status, 200, "{body}");
-    let tokenizer = wick::loader::load_tokenizer(&dir).unwrap();
+    let tokenizer = wick::load::loader::load_tokenizer(&dir).unwrap();
     let prompt_ids = tokenizer.encode("user: hi\nassistant:").unwrap();
     assert_eq!(body["usage"]["prompt_tokens"], prompt_ids.len(), "{body}");
     assert_eq!(body["choices"][0]["message"]["role"], "assistant");

@@ -3,10 +3,10 @@
 use std::path::PathBuf;
 
 use candle_core::quantized::gguf_file::Content;
-use wick::tokenizer::Tokenizer;
+use wick::text::tokenizer::Tokenizer;
 
 fn model_path() -> PathBuf {
-    wick::model_fetch::default_model_path().expect("fetching the default model")
+    wick::load::model_fetch::default_model_path().expect("fetching the default model")
 }
 
 const REFERENCE: &str = concat!(

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use candle_core::quantized::gguf_file::Content;
-use wick::tokenizer::Tokenizer;
+use wick::text::tokenizer::Tokenizer;
 
 fn fixture(file: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -9,8 +9,8 @@
 
 use candle_core::{DType, Device, Result, Storage, Tensor};
 
-use crate::block_manager::BlockId;
-use crate::kv_cache::{HostPool, LayerCache};
+use crate::engine::block_manager::BlockId;
+use crate::engine::kv_cache::{HostPool, LayerCache};
 
 mod host;
 
@@ -254,7 +254,7 @@ fn attend_tensor(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv_cache::{KvCache, KvDtype, KvLayout};
+    use crate::engine::kv_cache::{KvCache, KvDtype, KvLayout};
 
     fn rand_tensor(rows: usize, cols: usize, seed: u64) -> Tensor {
         // A small LCG keeps the test free of RNG dependencies' version churn.

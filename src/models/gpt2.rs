@@ -10,7 +10,7 @@ use super::elementwise;
 use super::linear::{Linear, WeightSpec};
 use super::{FlatBatch, Model, ModelInfo};
 use crate::attention::{paged_attention, AttnDims};
-use crate::kv_cache::{KvCache, KvDtype};
+use crate::engine::kv_cache::{KvCache, KvDtype};
 
 /// The fields of a Hugging Face GPT-2 `config.json` that wick reads.
 #[derive(Debug, Clone, PartialEq, Deserialize)]

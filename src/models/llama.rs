@@ -16,7 +16,7 @@ use super::linear::{Linear, WeightSpec};
 use super::rope::Rope;
 use super::{FlatBatch, Model, ModelInfo};
 use crate::attention::{paged_attention, AttnDims};
-use crate::kv_cache::{KvCache, KvDtype};
+use crate::engine::kv_cache::{KvCache, KvDtype};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {

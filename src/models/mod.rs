@@ -12,7 +12,7 @@ pub mod rope;
 use candle_core::{Device, Result, Tensor};
 
 pub use crate::attention::{LogitRows, SeqSlice};
-use crate::kv_cache::{KvCache, KvDtype};
+use crate::engine::kv_cache::{KvCache, KvDtype};
 
 /// What the engine needs to know about a loaded model.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,7 +45,7 @@ impl FlatBatch {
         &mut self,
         tokens: &[u32],
         positions: std::ops::Range<usize>,
-        block_table: Vec<crate::block_manager::BlockId>,
+        block_table: Vec<crate::engine::block_manager::BlockId>,
         logits: LogitRows,
     ) {
         self.seqs.push(SeqSlice {

@@ -437,7 +437,7 @@ fn unsupported_dtype_is_none() {
 
 /// One tensor of the default model, fetched through the users' code path.
 fn real_tensor(name: &str) -> QTensor {
-    let path = crate::model_fetch::default_model_path().expect("default model");
+    let path = crate::load::model_fetch::default_model_path().expect("default model");
     let mut file = std::fs::File::open(path).unwrap();
     let content = gguf_file::Content::read(&mut file).unwrap();
     content.tensor(&mut file, name, &Device::Cpu).unwrap()

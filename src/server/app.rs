@@ -33,10 +33,10 @@ use super::metrics::Metrics;
 use super::respond::StreamShape;
 use super::validation::{GenerationPlan, ModelContext};
 use super::{chat, completions, handlers};
-use crate::chat_template::ChatTemplate;
-use crate::constraint::ConstraintFactory;
 use crate::engine::Engine;
-use crate::tokenizer::Tokenizer;
+use crate::sampling::constraint::ConstraintFactory;
+use crate::text::chat_template::ChatTemplate;
+use crate::text::tokenizer::Tokenizer;
 
 /// Everything a handler needs once the model is loaded.
 pub struct ModelState {
@@ -204,8 +204,8 @@ fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> axum::respo
 
 fn load(args: &ServeArgs, metrics: Arc<Metrics>) -> anyhow::Result<ModelState> {
     let path = args.model.model_path()?;
-    let device = crate::loader::device(&args.model.device)?;
-    let loaded = crate::loader::load(&path, &args.model.load_options(), &device)?;
+    let device = crate::load::loader::device(&args.model.device)?;
+    let loaded = crate::load::loader::load(&path, &args.model.load_options(), &device)?;
     let info = loaded.model.info().clone();
     let max_context = match args.max_model_len {
         Some(n) if n > info.max_context => anyhow::bail!(

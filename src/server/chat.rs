@@ -20,9 +20,9 @@ use super::protocol::{
 use super::respond::{respond, Envelope, OutputBuilder};
 use super::validation::validate_chat;
 use super::AppState;
-use crate::output::{Delta, TokenLogprob};
-use crate::sequence::FinishReason;
-use crate::tool_parser::{ToolCallParser, ToolEvent};
+use crate::engine::output::{Delta, TokenLogprob};
+use crate::engine::sequence::FinishReason;
+use crate::text::tool_parser::{ToolCallParser, ToolEvent};
 
 pub async fn chat_completions(
     State(state): State<Arc<AppState>>,
@@ -250,7 +250,7 @@ fn chat_logprobs(lps: &[TokenLogprob]) -> ChatLogprobs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tool_parser::ToolFormat;
+    use crate::text::tool_parser::ToolFormat;
 
     fn builder(parser: ToolCallParser, parallel: bool) -> ChatBuilder {
         ChatBuilder {

@@ -11,7 +11,7 @@
 use super::error::ApiError;
 use super::protocol::{ChatRequestMessage, FunctionArguments, MessageContent, RequestToolCall};
 use super::unsupported;
-use crate::chat_template::{FunctionCall, Message, ToolCall};
+use crate::text::chat_template::{FunctionCall, Message, ToolCall};
 
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
@@ -195,7 +195,7 @@ mod tests {
     use serde_json::{json, Value};
 
     use super::*;
-    use crate::chat_template::ChatTemplate;
+    use crate::text::chat_template::ChatTemplate;
 
     const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/chat_templates");
 

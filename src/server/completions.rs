@@ -16,8 +16,8 @@ use super::protocol::{CompletionChoice, CompletionLogprobs, CompletionRequest};
 use super::respond::{respond, Envelope, OutputBuilder};
 use super::validation::{validate_completion, GenerationPlan};
 use super::AppState;
-use crate::output::{Delta, TokenLogprob};
-use crate::tokenizer::Tokenizer;
+use crate::engine::output::{Delta, TokenLogprob};
+use crate::text::tokenizer::Tokenizer;
 
 pub async fn completions(
     State(state): State<Arc<AppState>>,

@@ -9,10 +9,10 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use super::metrics::Metrics;
+use crate::engine::sequence::{FinishReason, SeqId, StepEvent};
 use crate::engine::Engine;
 use crate::error::WickError;
-use crate::sampling_params::SamplingParams;
-use crate::sequence::{FinishReason, SeqId, StepEvent};
+use crate::sampling::params::SamplingParams;
 
 pub enum Command {
     /// A request's sequences (one per choice), queued or refused together.

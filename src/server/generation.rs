@@ -19,8 +19,8 @@ use super::metrics::Metrics;
 use super::protocol::{PromptTokensDetails, Usage};
 use super::validation::{GenerationPlan, ModelContext};
 use super::{handlers, AppState, ModelState};
-use crate::output::{Delta, SequenceOutput};
-use crate::sequence::{FinishReason, SeqId, StepEvent};
+use crate::engine::output::{Delta, SequenceOutput};
+use crate::engine::sequence::{FinishReason, SeqId, StepEvent};
 
 pub struct Generation {
     model: Arc<ModelState>,

@@ -182,7 +182,7 @@ pub async fn detokenize(
     let model = ready(&state)?;
     unsupported::refuse(&req.unknown, "")?;
     check_model(req.model.as_deref(), &model.name, &model.aliases)?;
-    crate::request_rules::check_token_ids(&req.tokens, model.vocab_size, "tokens")?;
+    crate::engine::request_rules::check_token_ids(&req.tokens, model.vocab_size, "tokens")?;
     let text = model
         .tokenizer
         .decode(&req.tokens)

@@ -14,7 +14,7 @@ use serde::Serialize;
 use super::error::ApiError;
 use super::generation::Generation;
 use super::protocol::{self, Usage};
-use crate::output::Delta;
+use crate::engine::output::Delta;
 
 pub trait OutputBuilder: Send + 'static {
     /// A choice as one stream chunk carries it.

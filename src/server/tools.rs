@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use super::protocol::{ChatCompletionRequest, ToolChoice};
 use super::unsupported;
-use crate::tool_parser::{ToolCallParser, ToolFormat};
+use crate::text::tool_parser::{ToolCallParser, ToolFormat};
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum ToolMode {

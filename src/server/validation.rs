@@ -17,11 +17,11 @@ use super::protocol::{
 };
 use super::tools::{self, ToolPlan};
 use super::unsupported;
-use crate::chat_template::ChatTemplate;
-use crate::constraint::{Constraint, ConstraintFactory, Grammar};
-use crate::request_rules;
-use crate::sampling_params::{SamplingParams, MAX_LOGPROBS};
-use crate::tokenizer::Tokenizer;
+use crate::engine::request_rules;
+use crate::sampling::constraint::{Constraint, ConstraintFactory, Grammar};
+use crate::sampling::params::{SamplingParams, MAX_LOGPROBS};
+use crate::text::chat_template::ChatTemplate;
+use crate::text::tokenizer::Tokenizer;
 
 /// Completions' `max_tokens` when absent, as OpenAI.
 pub const DEFAULT_COMPLETION_MAX_TOKENS: usize = 16;
@@ -620,8 +620,8 @@ mod tests {
     fn model() -> &'static (Tokenizer, ChatTemplate) {
         static MODEL: OnceLock<(Tokenizer, ChatTemplate)> = OnceLock::new();
         MODEL.get_or_init(|| {
-            let tokenizer = crate::tokenizer::test_tokenizer();
-            let path = crate::model_fetch::default_model_path().expect("default model");
+            let tokenizer = crate::text::tokenizer::test_tokenizer();
+            let path = crate::load::model_fetch::default_model_path().expect("default model");
             let content = Content::read(&mut std::fs::File::open(path).unwrap()).unwrap();
             let meta = |key: &str| content.metadata[key].clone();
             let token = |key: &str| tokenizer.id_to_token(meta(key).to_u32().unwrap()).unwrap();

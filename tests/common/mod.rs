@@ -12,21 +12,21 @@ use std::time::{Duration, Instant};
 
 use candle_core::Device;
 use serde_json::Value;
+use wick::engine::sequence::SeqId;
 use wick::engine::{Engine, EngineConfig};
-use wick::loader::{load, LoadedModel};
+use wick::load::loader::{load, LoadedModel};
 use wick::models::linear::WeightFormat;
-use wick::sampling_params::SamplingParams;
-use wick::sequence::SeqId;
+use wick::sampling::params::SamplingParams;
 
 pub fn model_path() -> PathBuf {
-    wick::model_fetch::default_model_path().expect("fetching the default model")
+    wick::load::model_fetch::default_model_path().expect("fetching the default model")
 }
 
 pub fn load_default(format: WeightFormat) -> LoadedModel {
     load(&model_path(), &format.into(), &Device::Cpu).expect("loading the default model")
 }
 
-pub fn engine(cfg: &EngineConfig) -> (Engine, wick::tokenizer::Tokenizer) {
+pub fn engine(cfg: &EngineConfig) -> (Engine, wick::text::tokenizer::Tokenizer) {
     let loaded = load_default(WeightFormat::Native);
     let eos = loaded.tokenizer.eos_ids().to_vec();
     (
@@ -89,11 +89,11 @@ pub fn greedy_batch(engine: &mut Engine, requests: Vec<(Vec<u32>, usize)>) -> Ve
 pub fn teacher_forced_logits(
     model: &dyn wick::models::Model,
     seqs: &[(usize, Vec<u32>)],
-    kv_dtype: wick::kv_cache::KvDtype,
+    kv_dtype: wick::engine::kv_cache::KvDtype,
     force_tensor_kv: bool,
 ) -> Vec<Vec<Vec<f32>>> {
-    use wick::block_manager::BlockManager;
-    use wick::kv_cache::{KvCache, KvLayout};
+    use wick::engine::block_manager::BlockManager;
+    use wick::engine::kv_cache::{KvCache, KvLayout};
     use wick::models::{FlatBatch, LogitRows};
 
     let info = model.info().clone();

@@ -2,8 +2,8 @@
 //! by `scripts/make_fixtures.py` and `scripts/make_gguf_fixtures.py`), and
 //! how wick's logits are compared against them.
 
-use wick::kv_cache::KvDtype;
-use wick::loader::LoadedModel;
+use wick::engine::kv_cache::KvDtype;
+use wick::load::loader::LoadedModel;
 
 #[derive(serde::Deserialize)]
 pub struct Reference {
@@ -24,7 +24,7 @@ pub struct TokenizerCase {
 
 #[derive(serde::Deserialize)]
 pub struct ChatCase {
-    pub messages: Vec<wick::chat_template::ChatMessage>,
+    pub messages: Vec<wick::text::chat_template::ChatMessage>,
     pub prompt: String,
     pub ids: Vec<u32>,
 }

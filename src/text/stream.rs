@@ -2,9 +2,9 @@
 //! hold-back. Runs with whoever consumes engine events, never on the
 //! scheduler's hot path.
 
-use crate::detokenizer::IncrementalDecoder;
-use crate::stop::StopMatcher;
-use crate::tokenizer::Tokenizer;
+use crate::text::detokenizer::IncrementalDecoder;
+use crate::text::stop::StopMatcher;
+use crate::text::tokenizer::Tokenizer;
 
 pub struct TextStream {
     decoder: IncrementalDecoder,

@@ -2,23 +2,31 @@
 //! advances them one continuous-batching step at a time. It speaks token ids
 //! only; text, stop strings and HTTP live with whoever drives it.
 
+pub mod block_manager;
+pub mod kv_cache;
+pub mod mask_budget;
+pub mod model_runner;
+pub mod output;
+pub mod request_rules;
+pub mod scheduler;
+pub mod sequence;
+
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
 
 use rayon::prelude::*;
 
-use crate::block_manager::BlockManager;
-use crate::constraint::TokenMask;
+use crate::engine::block_manager::BlockManager;
+use crate::engine::kv_cache::{KvCache, KvDtype, KvLayout};
+use crate::engine::model_runner::ModelRunner;
+use crate::engine::scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
+use crate::engine::sequence::{FinishReason, SeqId, Sequence, StepEvent};
 use crate::error::{Result, WickError};
-use crate::kv_cache::{KvCache, KvDtype, KvLayout};
-use crate::model_runner::ModelRunner;
 use crate::models::LogitRows;
 use crate::models::Model;
-use crate::request_rules;
-use crate::sampler::{score_token, SampledToken};
-use crate::sampling_params::SamplingParams;
-use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
-use crate::sequence::{FinishReason, SeqId, Sequence, StepEvent};
+use crate::sampling::constraint::TokenMask;
+use crate::sampling::params::SamplingParams;
+use crate::sampling::sampler::{score_token, SampledToken};
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {

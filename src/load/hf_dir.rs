@@ -13,12 +13,12 @@ use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
 use serde_json::Value;
 
-use crate::chat_template::ChatTemplate;
 use crate::models::gpt2::Gpt2;
 use crate::models::linear::WeightSpec;
 use crate::models::llama::Llama;
 use crate::models::Model;
-use crate::tokenizer::Tokenizer;
+use crate::text::chat_template::ChatTemplate;
+use crate::text::tokenizer::Tokenizer;
 
 const SUPPORTED: &str = "gpt2 and llama";
 

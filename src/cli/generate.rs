@@ -4,12 +4,12 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use crate::engine::output::SequenceOutput;
+use crate::engine::sequence::FinishReason;
 use crate::engine::Engine;
 use crate::error::{Result, WickError};
-use crate::output::SequenceOutput;
-use crate::sampling_params::SamplingParams;
-use crate::sequence::FinishReason;
-use crate::tokenizer::Tokenizer;
+use crate::sampling::params::SamplingParams;
+use crate::text::tokenizer::Tokenizer;
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Completion {

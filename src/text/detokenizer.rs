@@ -10,7 +10,7 @@
 
 use anyhow::Result;
 
-use crate::tokenizer::Tokenizer;
+use crate::text::tokenizer::Tokenizer;
 
 #[derive(Debug, Default)]
 pub struct IncrementalDecoder {
@@ -74,7 +74,7 @@ fn text_after<'a>(prefix: &str, full: &'a str) -> &'a str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenizer::test_tokenizer;
+    use crate::text::tokenizer::test_tokenizer;
 
     /// Streams `ids` one by one; returns the pieces (flush last).
     fn stream(tok: &Tokenizer, ids: &[u32]) -> Vec<String> {
@@ -125,7 +125,7 @@ mod tests {
     /// continues the prompt; it is not the start of a text).
     #[test]
     fn sentencepiece_streams_its_spaces() {
-        let content = crate::tokenizer::vocab_fixture("llama-spm");
+        let content = crate::text::tokenizer::vocab_fixture("llama-spm");
         let tok = Tokenizer::from_gguf(&content).unwrap();
         // ▁Hello ▁world ▁🦙 (four byte tokens) ▁!
         let ids = tok.encode("Hello world \u{1F999} !").unwrap()[1..].to_vec();

@@ -1,12 +1,16 @@
 //! Command-line options shared by every subcommand that loads a model.
 
+pub mod bench;
+pub mod export_hf;
+pub mod generate;
+
 use std::path::PathBuf;
 
 use clap::Args;
 
+use crate::engine::kv_cache::KvDtype;
 use crate::engine::EngineConfig;
-use crate::kv_cache::KvDtype;
-use crate::loader::{LoadOptions, WeightDtype};
+use crate::load::loader::{LoadOptions, WeightDtype};
 use crate::models::linear::WeightFormat;
 use crate::quant::Kernel;
 
@@ -89,7 +93,7 @@ impl EngineArgs {
 
 impl ModelArgs {
     pub fn model_path(&self) -> anyhow::Result<PathBuf> {
-        crate::model_fetch::resolve_model(self.model.as_deref())
+        crate::load::model_fetch::resolve_model(self.model.as_deref())
     }
 
     pub fn load_options(&self) -> LoadOptions {

@@ -2,7 +2,7 @@
 //! validation applies them before it accepts a request (to answer with the
 //! right field named), and the engine applies them to every request it is
 //! handed, whoever the caller; sampling parameters have theirs in
-//! [`SamplingParams::validate`](crate::sampling_params::SamplingParams::validate).
+//! [`SamplingParams::validate`](crate::sampling::params::SamplingParams::validate).
 
 use crate::error::WickError;
 

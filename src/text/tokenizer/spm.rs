@@ -114,7 +114,7 @@ fn merges_by_score(vocab: &Vocab, ids: &HashMap<&str, u32>) -> Vec<(String, Stri
 mod tests {
     use candle_core::quantized::gguf_file::Value;
 
-    use crate::tokenizer::{vocab_fixture, Tokenizer};
+    use crate::text::tokenizer::{vocab_fixture, Tokenizer};
 
     fn llama2() -> Tokenizer {
         Tokenizer::from_gguf(&vocab_fixture("llama-spm")).unwrap()

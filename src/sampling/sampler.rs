@@ -22,7 +22,7 @@ use std::cmp::Ordering;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::sampling_params::SamplingParams;
+use crate::sampling::params::SamplingParams;
 use crate::vec_math::{exp_into, fast_exp, max_of, sum_of, LANES};
 
 /// Temperatures below this are greedy, as in vLLM: dividing by a near-zero

@@ -17,7 +17,7 @@ use crate::cli::EngineArgs;
 use crate::engine::Engine;
 use crate::models::linear::WeightFormat;
 use crate::quant::WeightBuf;
-use crate::sampling_params::SamplingParams;
+use crate::sampling::params::SamplingParams;
 
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
@@ -85,8 +85,8 @@ fn greedy(max_tokens: usize) -> SamplingParams {
 }
 
 fn measure(args: &BenchArgs, path: &std::path::Path, weights: WeightFormat) -> anyhow::Result<Row> {
-    let device = crate::loader::device(&args.device)?;
-    let loaded = crate::loader::load(path, &weights.into(), &device)?;
+    let device = crate::load::loader::device(&args.device)?;
+    let loaded = crate::load::loader::load(path, &weights.into(), &device)?;
     let mut cfg = args.engine.config();
     cfg.max_num_batched_tokens = cfg.max_num_batched_tokens.max(args.prompt_tokens);
     let mut engine = Engine::new(loaded.model, Vec::new(), &cfg)?;
@@ -253,7 +253,7 @@ struct Round {
 }
 
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
-    let path = crate::model_fetch::resolve_model(args.model.as_deref())?;
+    let path = crate::load::model_fetch::resolve_model(args.model.as_deref())?;
     let threads = rayon::current_num_threads();
     println!("model: {}  threads: {threads}", path.display());
     let weight_bytes = gguf_weight_bytes_per_token(&path);

@@ -26,10 +26,10 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use crate::block_manager::BlockManager;
-use crate::mask_budget::MaskBudget;
-use crate::sampler::SampledToken;
-use crate::sequence::{FinishReason, SeqId, Sequence, StepEvent};
+use crate::engine::block_manager::BlockManager;
+use crate::engine::mask_budget::MaskBudget;
+use crate::engine::sequence::{FinishReason, SeqId, Sequence, StepEvent};
+use crate::sampling::sampler::SampledToken;
 
 #[derive(Debug, Clone, Copy)]
 pub struct SchedulerConfig {
@@ -463,7 +463,7 @@ fn register_full_blocks(blocks: &mut BlockManager, seq: &mut Sequence) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sampling_params::SamplingParams;
+    use crate::sampling::params::SamplingParams;
 
     fn seq_of(id: SeqId, prompt: Vec<u32>, max_tokens: usize) -> Sequence {
         let params = SamplingParams {

@@ -1,6 +1,6 @@
 //! The paged KV pool: per layer, `num_blocks` blocks of `block_size` token
 //! slots for K and for V. Which blocks a sequence owns is decided by the
-//! [`crate::block_manager::BlockManager`]; this file only holds the memory and
+//! [`crate::engine::block_manager::BlockManager`]; this file only holds the memory and
 //! knows where a (block, slot) lives.
 //!
 //! K and V are stored as f16 for quantized (GGUF) models, as llama.cpp

@@ -2,9 +2,9 @@
 //! with the KV pool, and hands back one logits row per sequence that
 //! finished its pending tokens this step.
 
-use crate::kv_cache::KvCache;
+use crate::engine::kv_cache::KvCache;
+use crate::engine::sequence::Sequence;
 use crate::models::{FlatBatch, Model};
-use crate::sequence::Sequence;
 
 pub struct ModelRunner {
     model: Box<dyn Model>,

@@ -25,7 +25,7 @@ use serde_json::Value;
 use tokenizers::DecoderWrapper;
 use toktrie::{ApproximateTokEnv, SimpleVob, TokRxInfo, TokTrie};
 
-use crate::tokenizer::Tokenizer;
+use crate::text::tokenizer::Tokenizer;
 
 /// What a client's grammar may hold; past these it is refused before it
 /// is compiled, the limit named.
@@ -341,7 +341,7 @@ fn gpt2_byte_chars() -> Vec<char> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenizer::vocab_fixture;
+    use crate::text::tokenizer::vocab_fixture;
 
     /// A SentencePiece vocabulary's tokens carry their `▁` as a space and
     /// byte-fallback tokens their byte, so a grammar sees the text the model

@@ -11,9 +11,9 @@ use candle_core::{Device, Tensor};
 use serde_json::json;
 use tokenizers::processors::PostProcessorWrapper;
 
-use crate::loader::open_model_gguf;
+use crate::load::loader::open_model_gguf;
 use crate::models::llama::{Config, GgufArch};
-use crate::tokenizer::Tokenizer;
+use crate::text::tokenizer::Tokenizer;
 
 /// The HF name of a GGUF Llama tensor.
 fn hf_name(gguf: &str) -> Option<String> {

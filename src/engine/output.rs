@@ -8,11 +8,11 @@
 //! had already scheduled the next step) are ignored, so a choice finishes
 //! once and counts no token past its end.
 
-use crate::sampler::SampledToken;
-use crate::sequence::FinishReason;
-use crate::sequence::StepEvent;
-use crate::text_stream::TextStream;
-use crate::tokenizer::Tokenizer;
+use crate::engine::sequence::FinishReason;
+use crate::engine::sequence::StepEvent;
+use crate::sampling::sampler::SampledToken;
+use crate::text::stream::TextStream;
+use crate::text::tokenizer::Tokenizer;
 
 /// One token's logprob with its top alternatives, as text.
 #[derive(Debug, Clone, PartialEq)]
@@ -176,7 +176,7 @@ mod tests {
 
     #[test]
     fn a_stop_string_finishes_once_and_later_events_are_ignored() {
-        let tok = crate::tokenizer::test_tokenizer();
+        let tok = crate::text::tokenizer::test_tokenizer();
         let tokens = ids(&tok, "Hello there. More text. And more.");
         let mut out = SequenceOutput::new(vec![".".into()], false);
         let deltas = run(&mut out, &tok, &tokens);
@@ -202,7 +202,7 @@ mod tests {
 
     #[test]
     fn eos_is_counted_not_shown() {
-        let tok = crate::tokenizer::test_tokenizer();
+        let tok = crate::text::tokenizer::test_tokenizer();
         let mut out = SequenceOutput::new(Vec::new(), false);
         let mut deltas = run(&mut out, &tok, &ids(&tok, "Hi"));
         let eos = tok.eos_ids()[0];
@@ -221,7 +221,7 @@ mod tests {
 
     #[test]
     fn end_releases_held_back_text() {
-        let tok = crate::tokenizer::test_tokenizer();
+        let tok = crate::text::tokenizer::test_tokenizer();
         // "Hel" could begin the stop string "Hello!", so it is held back.
         let mut out = SequenceOutput::new(vec!["Hello!".into()], false);
         let shown: String = run(&mut out, &tok, &ids(&tok, "Hello"))

@@ -3,7 +3,7 @@
 //! Ranges follow the OpenAI API where it defines the parameter and vLLM
 //! otherwise, so clients written for either are accepted unchanged.
 
-use crate::constraint::Constraint;
+use crate::sampling::constraint::Constraint;
 use serde::{Deserialize, Serialize};
 
 use crate::error::WickError;

@@ -58,8 +58,8 @@ pub fn resolve_model(arg: Option<&str>) -> Result<PathBuf> {
         // A GGUF file, or a Hugging Face checkpoint directory: the loader
         // checks what it holds.
         Ok(path)
-    } else if crate::hub::is_repo_id(arg) {
-        crate::hub::resolve(arg)
+    } else if crate::load::hub::is_repo_id(arg) {
+        crate::load::hub::resolve(arg)
     } else {
         bail!(
             "model {arg} not found: pass --model PATH to a GGUF file or a Hugging Face \

@@ -407,7 +407,7 @@ fn meta_u32(content: &Content, key: &str) -> Result<Option<u32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenizer::vocab_fixture;
+    use crate::text::tokenizer::vocab_fixture;
 
     /// llama.cpp tries the longest special token first, wherever it is;
     /// leftmost-first matching would take `ab` out of `abcd` instead.

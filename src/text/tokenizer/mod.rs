@@ -175,7 +175,7 @@ impl Tokenizer {
     /// `special = true`, HF's `skip_special_tokens = false`): nothing the model
     /// produced is hidden. Callers stop before EOG ids, so those never show up
     /// in generated text. Incomplete UTF-8 at the end becomes U+FFFD; streaming
-    /// goes through [`crate::detokenizer::IncrementalDecoder`] instead.
+    /// goes through [`crate::text::detokenizer::IncrementalDecoder`] instead.
     ///
     /// The ids are taken as the start of a text: a SentencePiece vocabulary
     /// drops the space its tokenizer prepended (`▁Hello` is `Hello`).
@@ -264,7 +264,7 @@ fn render(pieces: &[Vec<u8>], ids: &[u32], strip_leading_space: bool) -> String 
 /// The default model's tokenizer, for unit tests here and in sibling modules.
 #[cfg(test)]
 pub(crate) fn test_tokenizer() -> Tokenizer {
-    let path = crate::model_fetch::default_model_path().expect("default model");
+    let path = crate::load::model_fetch::default_model_path().expect("default model");
     let mut f = std::fs::File::open(path).unwrap();
     let content = Content::read(&mut f).expect("read gguf");
     Tokenizer::from_gguf(&content).expect("tokenizer")

@@ -3,11 +3,11 @@
 
 use std::time::Instant;
 
-use crate::block_manager::{BlockHash, BlockId};
-use crate::mask_budget::MaskRow;
+use crate::engine::block_manager::{BlockHash, BlockId};
+use crate::engine::mask_budget::MaskRow;
 use crate::models::LogitRows;
-use crate::sampler::{SampledToken, Sampler};
-use crate::sampling_params::SamplingParams;
+use crate::sampling::params::SamplingParams;
+use crate::sampling::sampler::{SampledToken, Sampler};
 
 pub type SeqId = u64;
 
@@ -66,7 +66,7 @@ pub struct Sequence {
     /// admitted (reported as `cached_tokens`); `None` until then.
     pub cached_prompt_tokens: Option<usize>,
     /// Decode steps sat out in a row for its grammar's mask time
-    /// ([`crate::mask_budget::MaskBudget`]).
+    /// ([`crate::engine::mask_budget::MaskBudget`]).
     pub sat_out: u32,
 }
 

@@ -10,13 +10,13 @@ use anyhow::{bail, Context};
 use candle_core::quantized::gguf_file;
 use candle_core::{DType, Device};
 
-use crate::chat_template::ChatTemplate;
-use crate::hf_dir;
+use crate::load::hf_dir;
 use crate::models::linear::{WeightFormat, WeightSpec};
 use crate::models::llama::{GgufArch, Llama};
 use crate::models::Model;
 use crate::quant::Kernel;
-use crate::tokenizer::Tokenizer;
+use crate::text::chat_template::ChatTemplate;
+use crate::text::tokenizer::Tokenizer;
 
 pub struct LoadedModel {
     pub model: Box<dyn Model>,
@@ -136,7 +136,7 @@ fn open_gguf(path: &Path) -> anyhow::Result<(gguf_file::Content, BufReader<File>
             // candle names neither the tensor nor the type it cannot read.
             let named = File::open(path)
                 .ok()
-                .and_then(|f| crate::gguf_header::unreadable_tensor(&mut BufReader::new(f)));
+                .and_then(|f| crate::load::gguf_header::unreadable_tensor(&mut BufReader::new(f)));
             match named {
                 Some(why) => bail!("{}: {why}", path.display()),
                 None => Err(anyhow::Error::new(e)

@@ -1,0 +1,8 @@
+//! Finding a model and opening it: the default model's fetch, the hub
+//! cache, GGUF files and Hugging Face checkpoint directories.
+
+pub mod gguf_header;
+pub mod hf_dir;
+pub mod hub;
+pub mod loader;
+pub mod model_fetch;

@@ -1,0 +1,7 @@
+//! Choosing each sequence's next token: its parameters as validated from a
+//! request, the sampler that draws from a row of logits under them, and the
+//! grammar that may mask that row first.
+
+pub mod constraint;
+pub mod params;
+pub mod sampler;
