@@ -1,8 +1,17 @@
 //! wick: an OpenAI-compatible LLM inference server on candle.
 //!
-//! The engine half (this crate's library) knows nothing of HTTP: a model, a
-//! paged KV cache, a scheduler and per-request samplers, driven one `step` at a
-//! time by whoever owns the [`engine::Engine`].
+//! A request's path, by layer:
+//! - [`server`]: HTTP, validation into engine types, streaming back;
+//! - [`engine`]: the continuous-batching step loop, its scheduler, the paged
+//!   KV pool and its blocks, and the runner that flattens a step's batch;
+//! - [`models`]: the architectures, over [`quant`]'s weight kernels and
+//!   [`attention`] on the KV pool;
+//! - [`sampling`]: each row's next token, under its grammar;
+//! - [`text`]: tokens to text and back, chat templates, stops, tool calls.
+//!
+//! [`load`] finds and opens a model; [`cli`] holds the subcommands other than
+//! the server. The engine knows nothing of HTTP: whoever owns the
+//! [`engine::Engine`] drives it one `step` at a time.
 
 pub mod attention;
 pub mod cli;
