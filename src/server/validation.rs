@@ -1297,10 +1297,10 @@ mod tests {
 
     /// What changes no output is accepted; so is a null anywhere (not
     /// sent), `best_of` equal to `n`, text-only `modalities`, `tool_choice`
-    /// none without tools, and the response-format field, ignored until
-    /// wick implements it.
+    /// none without tools, and a `response_format` of plain `text` (the
+    /// default).
     #[test]
-    fn harmless_and_not_yet_implemented_fields_are_accepted() {
+    fn harmless_fields_are_accepted() {
         completion(json!({"prompt": "x", "best_of": 1, "user": "u", "suffix": null, "foo": null}))
             .unwrap();
         completion(json!({"prompt": "x", "best_of": 2, "n": 2})).unwrap();
