@@ -4,13 +4,15 @@
 //! query token attends causally to every cached position of its sequence up to
 //! its own. No padding and no per-step cache copies: the CPU kernel reads the
 //! keys straight out of the blocks (see [`host`]). The tensor path (any device) gathers a
-//! sequence's rows with `index_select`; it is the fallback for CUDA and is
-//! tested against the CPU kernel.
+//! sequence's rows with `index_select`, through views of the step's
+//! metadata uploaded once per step ([`StepMeta`]); it is the fallback for
+//! CUDA and is tested against the CPU kernel.
 
 use candle_core::{DType, Device, Result, Storage, Tensor};
 
 use crate::engine::block_manager::BlockId;
 use crate::engine::kv_cache::{HostPool, LayerCache};
+use crate::models::StepMeta;
 
 mod host;
 
@@ -76,9 +78,10 @@ impl AttnDims {
 pub fn paged_attention(
     qkv: &Tensor,
     cache: &mut LayerCache,
-    seqs: &[SeqSlice],
+    meta: &StepMeta,
     dims: AttnDims,
 ) -> Result<Tensor> {
+    let seqs = meta.seqs();
     let (t, width) = qkv.dims2()?;
     if width != dims.qkv_width() {
         candle_core::bail!(
@@ -159,7 +162,7 @@ pub fn paged_attention(
             let q = qkv.narrow(1, 0, k_at)?.contiguous()?;
             let k = qkv.narrow(1, k_at, kv_dim)?.contiguous()?;
             let v = qkv.narrow(1, v_at, kv_dim)?.contiguous()?;
-            attend_tensor(&q, &k, &v, k_pool, v_pool, seqs, dims)
+            attend_tensor(&q, &k, &v, k_pool, v_pool, meta, dims)
         }
     }
 }
@@ -170,46 +173,28 @@ fn attend_tensor(
     v: &Tensor,
     k_pool: &Tensor,
     v_pool: &Tensor,
-    seqs: &[SeqSlice],
+    meta: &StepMeta,
     dims: AttnDims,
 ) -> Result<Tensor> {
-    let device = q.device();
     let (hd, nh, group) = (dims.head_dim, dims.num_heads, dims.group());
     let kv_dim = dims.num_kv_heads * hd;
-    let slot = |s: &SeqSlice, pos: usize| {
-        s.block_table[pos / dims.block_size] * dims.block_size as u32
-            + (pos % dims.block_size) as u32
-    };
-    // Scatter this step's rows into their slots.
-    let new_slots: Vec<u32> = seqs
-        .iter()
-        .flat_map(|s| (0..s.len).map(move |i| (s, s.first_pos + i)))
-        .map(|(s, pos)| slot(s, pos))
-        .collect();
-    let rows: Vec<u32> = seqs
-        .iter()
-        .flat_map(|s| s.start as u32..(s.start + s.len) as u32)
-        .collect();
-    let rows = Tensor::new(rows.as_slice(), device)?;
-    let n_new = new_slots.len();
-    let idx = Tensor::new(new_slots.as_slice(), device)?
+    // Scatter this step's rows into their slots: the batch's rows are its
+    // sequences' new tokens in order, so row r goes to slot r of the step.
+    let n_new = meta.num_tokens();
+    let idx = meta
+        .slots_t()?
         .reshape((n_new, 1))?
         .broadcast_as((n_new, kv_dim))?
         .contiguous()?;
-    let to_pool = |x: &Tensor| {
-        x.index_select(&rows, 0)?
-            .to_dtype(k_pool.dtype())?
-            .contiguous()
-    };
+    let to_pool = |x: &Tensor| x.to_dtype(k_pool.dtype())?.contiguous();
     k_pool.scatter_set(&idx, &to_pool(k)?, 0)?;
     v_pool.scatter_set(&idx, &to_pool(v)?, 0)?;
 
     let scale = 1.0 / (hd as f64).sqrt();
-    let mut outs = Vec::with_capacity(seqs.len());
-    for s in seqs {
+    let mut outs = Vec::with_capacity(meta.seqs().len());
+    for (i, s) in meta.seqs().iter().enumerate() {
         let ctx = s.context_len();
-        let slots: Vec<u32> = (0..ctx).map(|pos| slot(s, pos)).collect();
-        let slots = Tensor::new(slots.as_slice(), device)?;
+        let slots = meta.gather_t(i)?;
         // [ctx, kv_heads, hd] -> repeat each kv head for its query group -> [nh, ctx, hd]
         let expand = |pool: &Tensor| -> Result<Tensor> {
             pool.index_select(&slots, 0)?
@@ -226,21 +211,11 @@ fn attend_tensor(
             .reshape((s.len, nh, hd))?
             .transpose(0, 1)?
             .contiguous()?;
-        let att = (qs.matmul(&ks.t()?)? * scale)?;
-        // Query i sits at position first_pos + i and sees keys 0..=first_pos + i.
-        let mask: Vec<f32> = (0..s.len)
-            .flat_map(|i| {
-                (0..ctx).map(move |j| {
-                    if j <= s.first_pos + i {
-                        0.0
-                    } else {
-                        f32::NEG_INFINITY
-                    }
-                })
-            })
-            .collect();
-        let mask = Tensor::from_vec(mask, (1, s.len, ctx), device)?;
-        let att = candle_nn::ops::softmax_last_dim(&att.broadcast_add(&mask)?)?;
+        let mut att = (qs.matmul(&ks.t()?)? * scale)?;
+        if let Some(mask) = meta.mask_t(i)? {
+            att = att.broadcast_add(&mask)?;
+        }
+        let att = candle_nn::ops::softmax_last_dim(&att)?;
         outs.push(
             att.matmul(&vs)?
                 .transpose(0, 1)?
@@ -255,6 +230,7 @@ fn attend_tensor(
 mod tests {
     use super::*;
     use crate::engine::kv_cache::{KvCache, KvDtype, KvLayout};
+    use crate::models::FlatBatch;
 
     fn rand_tensor(rows: usize, cols: usize, seed: u64) -> Tensor {
         // A small LCG keeps the test free of RNG dependencies' version churn.
@@ -430,27 +406,21 @@ mod tests {
             let (c0, c1) = (lens[0] - 4, lens[1] - 1);
             let mut got = [Vec::new(), Vec::new()];
             for split in [[(0, c0), (0, c1)], [(c0, lens[0]), (c1, lens[1])]] {
-                let mut seqs = Vec::new();
+                let mut batch = FlatBatch::default();
                 let (mut qs, mut ks, mut vs) = (Vec::new(), Vec::new(), Vec::new());
-                let mut start = 0;
                 for (si, &(a, b)) in split.iter().enumerate() {
                     let (q, k, v) = &full[si];
                     qs.push(q.narrow(0, a, b - a).unwrap());
                     ks.push(k.narrow(0, a, b - a).unwrap());
                     vs.push(v.narrow(0, a, b - a).unwrap());
-                    seqs.push(SeqSlice {
-                        start,
-                        len: b - a,
-                        first_pos: a,
-                        block_table: tables[si].clone(),
-                        logits: LogitRows::Last,
-                    });
-                    start += b - a;
+                    let tokens = vec![0; lens[si]];
+                    batch.push(&tokens, a..b, tables[si].clone(), LogitRows::Last);
                 }
                 let cat = |xs: &[Tensor]| Tensor::cat(xs, 0).unwrap();
                 let qkv = Tensor::cat(&[cat(&qs), cat(&ks), cat(&vs)], 1).unwrap();
-                let out = paged_attention(&qkv, cache.layer_mut(0), &seqs, dims).unwrap();
-                for (si, s) in seqs.iter().enumerate() {
+                let meta = StepMeta::new(&batch, &cache, &Device::Cpu).unwrap();
+                let out = paged_attention(&qkv, cache.layer_mut(0), &meta, dims).unwrap();
+                for (si, s) in batch.seqs.iter().enumerate() {
                     got[si].push(out.narrow(0, s.start, s.len).unwrap());
                 }
             }

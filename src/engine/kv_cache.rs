@@ -166,6 +166,11 @@ impl KvCache {
         &self.layout
     }
 
+    /// Whether the CPU kernel's layout holds it (else candle ops read it).
+    pub fn on_host(&self) -> bool {
+        matches!(self.layers.first(), Some(LayerCache::Host { .. }))
+    }
+
     pub fn layer_mut(&mut self, layer: usize) -> &mut LayerCache {
         &mut self.layers[layer]
     }

@@ -31,9 +31,10 @@ impl Embedding {
     }
 
     /// `[tokens, hidden]` f32.
-    pub fn forward(&self, tokens: &[u32], device: &Device) -> Result<Tensor> {
+    /// `tokens` are the ids, `on_device` the same on the table's device.
+    pub fn forward(&self, tokens: &[u32], on_device: &Tensor) -> Result<Tensor> {
         match self {
-            Embedding::Dense(t) => t.index_select(&Tensor::new(tokens, device)?, 0),
+            Embedding::Dense(t) => t.index_select(on_device, 0),
             Embedding::Quant(m) => {
                 let k = m.k();
                 let mut rows = vec![0f32; tokens.len() * k];
@@ -43,7 +44,7 @@ impl Embedding {
                     }
                     m.dequantize_row(t as usize, row);
                 }
-                Tensor::from_vec(rows, (tokens.len(), k), device)
+                Tensor::from_vec(rows, (tokens.len(), k), on_device.device())
             }
         }
     }

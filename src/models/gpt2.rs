@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 use super::elementwise;
 use super::linear::{Linear, WeightSpec};
-use super::{FlatBatch, Model, ModelInfo};
+use super::{FlatBatch, Model, ModelInfo, StepMeta};
 use crate::attention::{paged_attention, AttnDims};
 use crate::engine::kv_cache::{KvCache, KvDtype};
 
@@ -211,12 +211,12 @@ impl Model for Gpt2 {
             head_dim: self.config.head_dim(),
             block_size: cache.layout().block_size,
         };
-        let tokens = Tensor::new(batch.tokens.as_slice(), &self.device)?;
-        let positions = Tensor::new(batch.positions.as_slice(), &self.device)?;
-        let mut x = (self.wte.index_select(&tokens, 0)? + self.wpe.index_select(&positions, 0)?)?;
+        let meta = StepMeta::new(batch, cache, &self.device)?;
+        let mut x = (self.wte.index_select(&meta.tokens_t()?, 0)?
+            + self.wpe.index_select(&meta.positions_t()?, 0)?)?;
         for (i, b) in self.blocks.iter().enumerate() {
             let qkv = b.qkv.forward(&b.ln_1.forward(&x)?)?;
-            let attn = paged_attention(&qkv, cache.layer_mut(i), &batch.seqs, dims)?;
+            let attn = paged_attention(&qkv, cache.layer_mut(i), &meta, dims)?;
             x = elementwise::add(&x, &b.attn_proj.forward(&attn)?)?;
             let h = b.fc.forward(&b.ln_2.forward(&x)?)?;
             let h = match self.activation {
@@ -225,12 +225,13 @@ impl Model for Gpt2 {
             };
             x = elementwise::add(&x, &b.mlp_proj.forward(&h)?)?;
         }
-        let rows = batch.logit_rows();
-        if rows.is_empty() {
+        if meta.num_logit_rows() == 0 {
             return Tensor::zeros((0, self.config.vocab_size), DType::F32, &self.device);
         }
-        let rows = Tensor::new(rows.as_slice(), &self.device)?;
-        self.lm_head
-            .forward(&self.ln_f.forward(&x.index_select(&rows, 0)?)?)
+        self.lm_head.forward(
+            &self
+                .ln_f
+                .forward(&x.index_select(&meta.logit_rows_t()?, 0)?)?,
+        )
     }
 }

@@ -14,7 +14,7 @@ use super::elementwise;
 use super::embedding::Embedding;
 use super::linear::{Linear, WeightSpec};
 use super::rope::Rope;
-use super::{FlatBatch, Model, ModelInfo};
+use super::{FlatBatch, Model, ModelInfo, StepMeta};
 use crate::attention::{paged_attention, AttnDims};
 use crate::engine::kv_cache::{KvCache, KvDtype};
 
@@ -507,13 +507,15 @@ impl Model for Llama {
             head_dim: hd,
             block_size: cache.layout().block_size,
         };
-        let mut x = self.embed.forward(&batch.tokens, &self.device)?;
+        let meta = StepMeta::new(batch, cache, &self.device)?;
+        let positions = meta.positions_t()?;
+        let mut x = self.embed.forward(meta.tokens(), &meta.tokens_t()?)?;
         for (i, b) in self.blocks.iter().enumerate() {
             let h = candle_nn::ops::rms_norm(&x, &b.attn_norm, c.rms_norm_eps as f32)?;
-            let qkv = self
-                .rope
-                .apply(&b.qkv.forward(&h)?, &batch.positions, nh + nkv)?;
-            let attn = paged_attention(&qkv, cache.layer_mut(i), &batch.seqs, dims)?;
+            let qkv =
+                self.rope
+                    .apply(&b.qkv.forward(&h)?, meta.positions(), &positions, nh + nkv)?;
+            let attn = paged_attention(&qkv, cache.layer_mut(i), &meta, dims)?;
             x = elementwise::add(&x, &b.o.forward(&attn)?)?;
             let h = candle_nn::ops::rms_norm(&x, &b.ffn_norm, c.rms_norm_eps as f32)?;
             let mlp = b
@@ -521,13 +523,11 @@ impl Model for Llama {
                 .forward(&elementwise::swiglu(&b.gate_up.forward(&h)?)?)?;
             x = elementwise::add(&x, &mlp)?;
         }
-        let rows = batch.logit_rows();
-        if rows.is_empty() {
+        if meta.num_logit_rows() == 0 {
             return Tensor::zeros((0, c.vocab_size), candle_core::DType::F32, &self.device);
         }
-        let rows = Tensor::new(rows.as_slice(), &self.device)?;
         let x = candle_nn::ops::rms_norm(
-            &x.index_select(&rows, 0)?,
+            &x.index_select(&meta.logit_rows_t()?, 0)?,
             &self.norm,
             c.rms_norm_eps as f32,
         )?;

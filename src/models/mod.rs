@@ -8,11 +8,13 @@ pub mod gpt2;
 pub mod linear;
 pub mod llama;
 pub mod rope;
+pub mod step_meta;
 
 use candle_core::{Device, Result, Tensor};
 
 pub use crate::attention::{LogitRows, SeqSlice};
 use crate::engine::kv_cache::{KvCache, KvDtype};
+pub use step_meta::StepMeta;
 
 /// What the engine needs to know about a loaded model.
 #[derive(Debug, Clone, PartialEq)]

@@ -51,8 +51,15 @@ impl Rope {
 
     /// `qkv`: `[T, width]` stacked rows. Returns them with the first
     /// `rotated` heads of row `t` (the query and key heads) rotated to
-    /// `positions[t]`, the rest (value heads) as they were.
-    pub fn apply(&self, qkv: &Tensor, positions: &[u32], rotated: usize) -> Result<Tensor> {
+    /// `positions[t]`, the rest (value heads) as they were. `on_device` is
+    /// `positions` on `qkv`'s device (a view of the step's upload).
+    pub fn apply(
+        &self,
+        qkv: &Tensor,
+        positions: &[u32],
+        on_device: &Tensor,
+        rotated: usize,
+    ) -> Result<Tensor> {
         let (t, width) = qkv.dims2()?;
         if t != positions.len() || rotated * self.head_dim > width {
             candle_core::bail!(
@@ -71,17 +78,16 @@ impl Rope {
                 positions,
                 rotated,
             }),
-            false => self.apply_candle(qkv, positions, rotated),
+            false => self.apply_candle(qkv, on_device, rotated),
         }
     }
 
     /// The any-device path: candle's rope over the gathered table rows.
-    fn apply_candle(&self, qkv: &Tensor, positions: &[u32], rotated: usize) -> Result<Tensor> {
+    fn apply_candle(&self, qkv: &Tensor, pos: &Tensor, rotated: usize) -> Result<Tensor> {
         let (t, width) = qkv.dims2()?;
         let (hd, split) = (self.head_dim, rotated * self.head_dim);
-        let pos = Tensor::new(positions, qkv.device())?;
         // `(b = T, t = 1, d / 2)` rows for candle's `(T, heads, 1, d)` layout.
-        let table = |x: &Tensor| x.index_select(&pos, 0)?.reshape((t, 1, hd / 2));
+        let table = |x: &Tensor| x.index_select(pos, 0)?.reshape((t, 1, hd / 2));
         let (cos, sin) = (table(&self.cos_t)?, table(&self.sin_t)?);
         let rope = match self.interleaved {
             true => candle_nn::rotary_emb::rope_i,
@@ -180,8 +186,9 @@ mod tests {
                     .collect();
                 let qkv = Tensor::from_vec(data.clone(), (t, width), &Device::Cpu).unwrap();
                 let positions: Vec<u32> = (0..t as u32).map(|i| (i * 37) % 500).collect();
-                let got = rope.apply(&qkv, &positions, rotated).unwrap();
-                let want = rope.apply_candle(&qkv, &positions, rotated).unwrap();
+                let on_device = Tensor::new(positions.as_slice(), &Device::Cpu).unwrap();
+                let got = rope.apply(&qkv, &positions, &on_device, rotated).unwrap();
+                let want = rope.apply_candle(&qkv, &on_device, rotated).unwrap();
                 let got: Vec<f32> = got.flatten_all().unwrap().to_vec1().unwrap();
                 let want: Vec<f32> = want.flatten_all().unwrap().to_vec1().unwrap();
                 assert_eq!(got, want, "interleaved={interleaved} t={t}");
@@ -196,7 +203,8 @@ mod tests {
                 }
             }
             let qkv = Tensor::zeros((1, width), DType::F32, &Device::Cpu).unwrap();
-            assert!(rope.apply(&qkv, &[512], rotated).is_err());
+            let at = Tensor::new(&[512u32], &Device::Cpu).unwrap();
+            assert!(rope.apply(&qkv, &[512], &at, rotated).is_err());
         }
     }
 }

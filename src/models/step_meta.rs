@@ -1,0 +1,289 @@
+//! A step's metadata, packed once and uploaded once.
+//!
+//! Every layer of a forward pass needs the same facts about the flat batch:
+//! token ids, positions, the KV slot each new row is written to, the slots
+//! each sequence reads back, its causal mask, and the rows that want logits.
+//! Built per layer and per sequence they would cost a host-to-device upload
+//! each (about a thousand small copies a step at 32 streams and 16 layers on
+//! a GPU); here they are packed into one `u32` buffer (and one `f32` buffer
+//! of masks, when a prompt chunk needs one) and every use is a view into it.
+//! On the CPU the host kernels read the same slices directly, and the
+//! gather slots and masks only the tensor path needs are not built.
+
+use candle_core::{Device, Result, Tensor};
+
+use super::{FlatBatch, SeqSlice};
+use crate::engine::kv_cache::KvCache;
+
+/// Where each section of the packed buffer starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Sections {
+    tokens: usize,
+    positions: usize,
+    slots: usize,
+    logit_rows: usize,
+    gather: usize,
+    end: usize,
+}
+
+/// Where one sequence's views start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SeqViews {
+    /// Its slots for positions `0..context_len`, within the gather section.
+    gather: usize,
+    /// Its `[len, context_len]` mask within the mask buffer; none for a
+    /// decode row, which sees every cached position.
+    mask: Option<usize>,
+}
+
+pub struct StepMeta<'a> {
+    batch: &'a FlatBatch,
+    host: Vec<u32>,
+    at: Sections,
+    views: Vec<SeqViews>,
+    /// `host` on the model's device.
+    packed: Tensor,
+    masks: Option<Tensor>,
+}
+
+impl<'a> StepMeta<'a> {
+    /// Packs `batch` for `cache` and uploads it to `device`: one copy, plus
+    /// one for the masks if any.
+    pub fn new(batch: &'a FlatBatch, cache: &KvCache, device: &Device) -> Result<Self> {
+        let block_size = cache.layout().block_size;
+        let (host, at, views, masks) = pack(batch, block_size, !cache.on_host());
+        let packed = Tensor::new(host.as_slice(), device)?;
+        let masks = match masks.len() {
+            0 => None,
+            n => Some(Tensor::from_vec(masks, n, device)?),
+        };
+        Ok(StepMeta {
+            batch,
+            host,
+            at,
+            views,
+            packed,
+            masks,
+        })
+    }
+
+    pub fn seqs(&self) -> &[SeqSlice] {
+        &self.batch.seqs
+    }
+
+    pub fn num_tokens(&self) -> usize {
+        self.batch.tokens.len()
+    }
+
+    pub fn tokens(&self) -> &[u32] {
+        &self.host[self.at.tokens..self.at.positions]
+    }
+
+    pub fn positions(&self) -> &[u32] {
+        &self.host[self.at.positions..self.at.slots]
+    }
+
+    pub fn num_logit_rows(&self) -> usize {
+        self.at.gather - self.at.logit_rows
+    }
+
+    fn view(&self, from: usize, len: usize) -> Result<Tensor> {
+        self.packed.narrow(0, from, len)
+    }
+
+    pub fn tokens_t(&self) -> Result<Tensor> {
+        self.view(self.at.tokens, self.num_tokens())
+    }
+
+    pub fn positions_t(&self) -> Result<Tensor> {
+        self.view(self.at.positions, self.num_tokens())
+    }
+
+    /// The pool slot each new row's K/V goes to, in row order.
+    pub fn slots_t(&self) -> Result<Tensor> {
+        self.view(self.at.slots, self.num_tokens())
+    }
+
+    /// [`FlatBatch::logit_rows`] on the device.
+    pub fn logit_rows_t(&self) -> Result<Tensor> {
+        self.view(self.at.logit_rows, self.num_logit_rows())
+    }
+
+    /// Sequence `i`'s slots for positions `0..context_len`, to gather its
+    /// keys and values (a pool read by candle ops only).
+    pub fn gather_t(&self, i: usize) -> Result<Tensor> {
+        let Some(v) = self.views.get(i) else {
+            candle_core::bail!("no gather slots for sequence {i}: the pool is on the host");
+        };
+        self.view(self.at.gather + v.gather, self.batch.seqs[i].context_len())
+    }
+
+    /// Sequence `i`'s causal mask, `[1, len, context_len]` (0 where a row
+    /// may look, -inf past its own position); `None` for a decode row.
+    pub fn mask_t(&self, i: usize) -> Result<Option<Tensor>> {
+        let (Some(at), Some(masks)) = (self.views.get(i).and_then(|v| v.mask), &self.masks) else {
+            return Ok(None);
+        };
+        let s = &self.batch.seqs[i];
+        let len = s.len * s.context_len();
+        Ok(Some(masks.narrow(0, at, len)?.reshape((
+            1,
+            s.len,
+            s.context_len(),
+        ))?))
+    }
+}
+
+/// The slot of position `pos` in a sequence cached in `table`.
+fn slot(table: &[u32], block_size: usize, pos: usize) -> u32 {
+    table[pos / block_size] * block_size as u32 + (pos % block_size) as u32
+}
+
+/// The packed `u32` buffer, its sections, and with `views` each sequence's
+/// gather slots and the masks of its prompt chunks.
+fn pack(
+    batch: &FlatBatch,
+    block_size: usize,
+    views: bool,
+) -> (Vec<u32>, Sections, Vec<SeqViews>, Vec<f32>) {
+    let t = batch.tokens.len();
+    let rows = batch.logit_rows();
+    let gather_len: usize = match views {
+        true => batch.seqs.iter().map(SeqSlice::context_len).sum(),
+        false => 0,
+    };
+    let at = Sections {
+        tokens: 0,
+        positions: t,
+        slots: 2 * t,
+        logit_rows: 3 * t,
+        gather: 3 * t + rows.len(),
+        end: 3 * t + rows.len() + gather_len,
+    };
+    let mut host = Vec::with_capacity(at.end);
+    host.extend_from_slice(&batch.tokens);
+    host.extend_from_slice(&batch.positions);
+    for s in &batch.seqs {
+        host.extend((s.first_pos..s.context_len()).map(|p| slot(&s.block_table, block_size, p)));
+    }
+    host.extend_from_slice(&rows);
+    let mut masks = Vec::new();
+    if !views {
+        return (host, at, Vec::new(), masks);
+    }
+    let mut views = Vec::with_capacity(batch.seqs.len());
+    for s in &batch.seqs {
+        let gather = host.len() - at.gather;
+        host.extend((0..s.context_len()).map(|p| slot(&s.block_table, block_size, p)));
+        let mask = (s.len > 1).then(|| {
+            let from = masks.len();
+            // Row i sits at position first_pos + i and sees keys 0..=first_pos + i.
+            for i in 0..s.len {
+                masks.extend((0..s.context_len()).map(|j| match j <= s.first_pos + i {
+                    true => 0.0,
+                    false => f32::NEG_INFINITY,
+                }));
+            }
+            from
+        });
+        views.push(SeqViews { gather, mask });
+    }
+    debug_assert_eq!(host.len(), at.end);
+    (host, at, views, masks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::kv_cache::{KvDtype, KvLayout};
+    use crate::models::LogitRows;
+
+    /// An 8-block pool of `block_size`-token blocks, on the host or not.
+    fn cache(block_size: usize, host: bool) -> KvCache {
+        let layout = KvLayout {
+            num_layers: 1,
+            num_kv_heads: 1,
+            head_dim: 4,
+            block_size,
+            num_blocks: 8,
+            dtype: KvDtype::F32,
+        };
+        KvCache::new(layout, &Device::Cpu, !host).unwrap()
+    }
+
+    /// A decode row at position 9 of a sequence in blocks [5, 2, 7], and a
+    /// 3-token prompt chunk at positions 4..7 in blocks [1, 3], 4-token
+    /// blocks.
+    fn batch() -> FlatBatch {
+        let mut b = FlatBatch::default();
+        let seq0: Vec<u32> = (100..110).collect();
+        b.push(&seq0, 9..10, vec![5, 2, 7], LogitRows::Last);
+        let seq1: Vec<u32> = (200..207).collect();
+        b.push(&seq1, 4..7, vec![1, 3], LogitRows::All);
+        b
+    }
+
+    fn to_vec(t: Tensor) -> Vec<u32> {
+        t.to_vec1::<u32>().unwrap()
+    }
+
+    #[test]
+    fn sections_hold_the_batch() {
+        let b = batch();
+        let m = StepMeta::new(&b, &cache(4, false), &Device::Cpu).unwrap();
+        assert_eq!(m.tokens(), &[109, 204, 205, 206]);
+        assert_eq!(m.positions(), &[9, 4, 5, 6]);
+        // Position 9 is block 2 (id 7), offset 1; 4..7 are block 1 (id 3).
+        assert_eq!(to_vec(m.slots_t().unwrap()), vec![29, 12, 13, 14]);
+        assert_eq!(to_vec(m.logit_rows_t().unwrap()), vec![0, 1, 2, 3]);
+        assert_eq!(to_vec(m.tokens_t().unwrap()), m.tokens());
+        assert_eq!(to_vec(m.positions_t().unwrap()), m.positions());
+    }
+
+    #[test]
+    fn each_sequence_gathers_its_whole_context() {
+        let b = batch();
+        let m = StepMeta::new(&b, &cache(4, false), &Device::Cpu).unwrap();
+        let want0: Vec<u32> = [20, 21, 22, 23, 8, 9, 10, 11, 28, 29].into();
+        assert_eq!(to_vec(m.gather_t(0).unwrap()), want0);
+        assert_eq!(to_vec(m.gather_t(1).unwrap()), vec![4, 5, 6, 7, 12, 13, 14]);
+    }
+
+    #[test]
+    fn only_prompt_chunks_carry_a_causal_mask() {
+        let b = batch();
+        let m = StepMeta::new(&b, &cache(4, false), &Device::Cpu).unwrap();
+        assert!(m.mask_t(0).unwrap().is_none());
+        let mask = m.mask_t(1).unwrap().unwrap();
+        assert_eq!(mask.dims(), &[1, 3, 7]);
+        let rows = mask.squeeze(0).unwrap().to_vec2::<f32>().unwrap();
+        for (i, row) in rows.iter().enumerate() {
+            for (j, &x) in row.iter().enumerate() {
+                // Row i is at position 4 + i.
+                assert_eq!(x == 0.0, j <= 4 + i, "row {i} key {j}: {x}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_batch_of_decode_rows_uploads_no_masks() {
+        let mut b = FlatBatch::default();
+        for i in 0..3u32 {
+            let toks: Vec<u32> = (0..5).collect();
+            b.push(&toks, 4..5, vec![i], LogitRows::Last);
+        }
+        let m = StepMeta::new(&b, &cache(8, false), &Device::Cpu).unwrap();
+        assert!(m.masks.is_none());
+        assert_eq!(to_vec(m.slots_t().unwrap()), vec![4, 12, 20]);
+        assert_eq!(m.host.len(), 3 * 3 + 3 + 3 * 5);
+    }
+
+    #[test]
+    fn a_host_pool_gets_no_gather_slots_or_masks() {
+        let b = batch();
+        let m = StepMeta::new(&b, &cache(4, true), &Device::Cpu).unwrap();
+        assert_eq!(to_vec(m.slots_t().unwrap()), vec![29, 12, 13, 14]);
+        assert_eq!(m.host.len(), 3 * 4 + 4);
+        assert!(m.masks.is_none() && m.gather_t(0).is_err());
+    }
+}
