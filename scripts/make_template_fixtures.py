@@ -56,6 +56,7 @@ TEMPLATES = {
     "Mistral-Small-3.2-24B-Instruct-2506.jinja": ("<s>", "</s>"),
     "unsloth-mistral-Devstral-Small-2507.jinja": ("<s>", "</s>"),
     "Qwen-Qwen2.5-7B-Instruct.jinja": ("", "<|im_end|>"),
+    "Qwen-Qwen3-0.6B.jinja": ("", "<|im_end|>"),
     "microsoft-Phi-3.5-mini-instruct.jinja": ("<s>", "<|endoftext|>"),
 }
 
