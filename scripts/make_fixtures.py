@@ -45,6 +45,8 @@ from transformers import (  # noqa: E402
     LlamaConfig,
     LlamaForCausalLM,
     PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "tests" / "fixtures"
@@ -297,6 +299,33 @@ def main():
         std=0.15,
         # Small shards, so the sharded layout (and its index) is exercised.
         max_shard_size="150KB",
+    )
+
+    # Qwen3: an RMSNorm per query and key head, no biases, a tied head,
+    # and a head size (32) that is not hidden / heads (16).
+    build(
+        "qwen3-tiny",
+        lambda: Qwen3ForCausalLM(
+            Qwen3Config(
+                vocab_size=len(llama_tok),
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=32,
+                max_position_embeddings=256,
+                rope_theta=1000000.0,
+                rms_norm_eps=1e-6,
+                tie_word_embeddings=True,
+                bos_token_id=bos,
+                eos_token_id=eos,
+            )
+        ),
+        llama_tok,
+        chat=True,
+        seed=4,
+        std=0.15,
     )
 
 

@@ -1,6 +1,7 @@
 //! GGUF architectures against transformers: tiny random-weight Llama (Llama
-//! 3.1 RoPE scaling, so the file carries `rope_freqs.weight`) and Qwen2 (q/k/v
-//! biases, NEOX RoPE, tied head) converted by llama.cpp's own
+//! 3.1 RoPE scaling, so the file carries `rope_freqs.weight`), Qwen2 (q/k/v
+//! biases, NEOX RoPE, tied head) and Qwen3 (per-head q/k norms, head size
+//! not hidden / heads) converted by llama.cpp's own
 //! `convert_hf_to_gguf.py` (`scripts/make_gguf_fixtures.py`), compared with
 //! transformers' logits and greedy continuations for the same weights.
 
@@ -20,7 +21,7 @@ fn fixtures() -> PathBuf {
 }
 
 /// `(GGUF stem, its transformers reference, a tensor only that feature has)`.
-const CASES: [(&str, &str, &str); 2] = [
+const CASES: [(&str, &str, &str); 3] = [
     (
         "llama3-rope",
         "llama-tiny/reference.json",
@@ -30,6 +31,11 @@ const CASES: [(&str, &str, &str); 2] = [
         "qwen2",
         "gguf-tiny/qwen2-reference.json",
         "blk.0.attn_q.bias",
+    ),
+    (
+        "qwen3",
+        "qwen3-tiny/reference.json",
+        "blk.0.attn_q_norm.weight",
     ),
 ];
 

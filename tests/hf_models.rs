@@ -17,7 +17,7 @@ use wick::load::loader::{load, LoadOptions, LoadedModel, WeightDtype};
 use wick::models::linear::WeightFormat;
 use wick::sampling::params::SamplingParams;
 
-const FIXTURES: [&str; 2] = ["gpt2-tiny", "llama-tiny"];
+const FIXTURES: [&str; 3] = ["gpt2-tiny", "llama-tiny", "qwen3-tiny"];
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -293,7 +293,7 @@ fn unsupported_checkpoints_are_refused_clearly() {
     });
     let e = load_error(dir.path());
     assert!(
-        e.contains("\"mistral\"") && e.contains("gpt2 and llama"),
+        e.contains("\"mistral\"") && e.contains("gpt2, llama and qwen3"),
         "{e}"
     );
 

@@ -87,6 +87,9 @@ pub enum GgufArch {
     Llama,
     /// Qwen2 and Qwen2.5: q/k/v biases, RoPE on the halves of each head.
     Qwen2,
+    /// Qwen3: no biases, an RMSNorm over each query and key head before
+    /// RoPE on the halves of each head.
+    Qwen3,
 }
 
 impl GgufArch {
@@ -100,9 +103,10 @@ impl GgufArch {
         match arch {
             "llama" => Ok(GgufArch::Llama),
             "qwen2" => Ok(GgufArch::Qwen2),
+            "qwen3" => Ok(GgufArch::Qwen3),
             other => anyhow::bail!(
                 "GGUF architecture {other:?} is not supported; wick runs \"llama\" (Llama 2 and \
-                 3.x, Mistral, TinyLlama) and \"qwen2\" (Qwen2, Qwen2.5) files"
+                 3.x, Mistral, TinyLlama), \"qwen2\" (Qwen2, Qwen2.5) and \"qwen3\" files"
             ),
         }
     }
@@ -112,6 +116,7 @@ impl GgufArch {
         match self {
             GgufArch::Llama => "llama",
             GgufArch::Qwen2 => "qwen2",
+            GgufArch::Qwen3 => "qwen3",
         }
     }
 }
@@ -161,7 +166,7 @@ impl Config {
             rope_scaling,
             rope_freq_factors: None,
             // llama.cpp's converter permutes Llama's q/k rows for pairwise
-            // RoPE; Qwen2's stay in HF order (NEOX-style halves).
+            // RoPE; Qwen's stay in HF order (NEOX-style halves).
             rope_interleaved: arch == GgufArch::Llama,
             max_context: md("context_length")?.to_u32()? as usize,
             vocab_size,
@@ -274,6 +279,8 @@ struct Block {
     attn_norm: Tensor,
     /// q, k and v stacked: `[(heads + 2 * kv_heads) * head_dim, hidden]`.
     qkv: Linear,
+    /// Qwen3's per-head RMSNorm weights for the query and key heads.
+    qk_norm: Option<(Tensor, Tensor)>,
     o: Linear,
     ffn_norm: Tensor,
     /// gate and up stacked, gate first, as `swiglu` expects.
@@ -353,9 +360,18 @@ impl Llama {
             let gate_up = linear(&["ffn_gate", "ffn_up"])?;
             let o = linear(&["attn_output"])?;
             let down = linear(&["ffn_down"])?;
+            let q_norm = format!("{p}.attn_q_norm.weight");
+            let qk_norm = match content.tensor_infos.contains_key(&q_norm) {
+                true => Some((
+                    qt(&q_norm)?.dequantize(device)?,
+                    qt(&format!("{p}.attn_k_norm.weight"))?.dequantize(device)?,
+                )),
+                false => None,
+            };
             blocks.push(Block {
                 attn_norm: qt(&format!("{p}.attn_norm.weight"))?.dequantize(device)?,
                 qkv,
+                qk_norm,
                 o,
                 ffn_norm: qt(&format!("{p}.ffn_norm.weight"))?.dequantize(device)?,
                 gate_up,
@@ -418,9 +434,18 @@ impl Llama {
         let mut blocks = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
             let p = format!("model.layers.{i}");
+            let q_norm = format!("{p}.self_attn.q_norm.weight");
+            let qk_norm = match vb.contains_tensor(&q_norm) {
+                true => Some((
+                    f32_tensor(&q_norm)?,
+                    f32_tensor(&format!("{p}.self_attn.k_norm.weight"))?,
+                )),
+                false => None,
+            };
             blocks.push(Block {
                 attn_norm: f32_tensor(&format!("{p}.input_layernorm.weight"))?,
                 qkv: linear(&format!("{p}.self_attn"), &["q_proj", "k_proj", "v_proj"])?,
+                qk_norm,
                 o: linear(&format!("{p}.self_attn"), &["o_proj"])?,
                 ffn_norm: f32_tensor(&format!("{p}.post_attention_layernorm.weight"))?,
                 gate_up: linear(&format!("{p}.mlp"), &["gate_proj", "up_proj"])?,
@@ -489,6 +514,26 @@ impl Llama {
     }
 }
 
+/// Qwen3's RMSNorm over each query head (with `q`'s weights) and each key
+/// head (with `k`'s) of stacked `[T, qkv_width]` rows; value heads as they
+/// were.
+fn norm_heads(qkv: &Tensor, (q, k): &(Tensor, Tensor), c: &Config) -> Result<Tensor> {
+    let (t, hd, eps) = (qkv.dim(0)?, c.head_dim, c.rms_norm_eps as f32);
+    let heads = |from: usize, n: usize, w: &Tensor| -> Result<Tensor> {
+        let x = qkv.narrow(1, from * hd, n * hd)?.contiguous()?;
+        candle_nn::ops::rms_norm(&x.reshape((t * n, hd))?, w, eps)?.reshape((t, n * hd))
+    };
+    let (nh, nkv) = (c.num_heads, c.num_kv_heads);
+    Tensor::cat(
+        &[
+            heads(0, nh, q)?,
+            heads(nh, nkv, k)?,
+            qkv.narrow(1, (nh + nkv) * hd, nkv * hd)?,
+        ],
+        1,
+    )
+}
+
 impl Model for Llama {
     fn info(&self) -> &ModelInfo {
         &self.info
@@ -512,9 +557,14 @@ impl Model for Llama {
         let mut x = self.embed.forward(meta.tokens(), &meta.tokens_t()?)?;
         for (i, b) in self.blocks.iter().enumerate() {
             let h = candle_nn::ops::rms_norm(&x, &b.attn_norm, c.rms_norm_eps as f32)?;
-            let qkv =
-                self.rope
-                    .apply(&b.qkv.forward(&h)?, meta.positions(), &positions, nh + nkv)?;
+            let qkv = b.qkv.forward(&h)?;
+            let qkv = match &b.qk_norm {
+                Some(norms) => norm_heads(&qkv, norms, c)?,
+                None => qkv,
+            };
+            let qkv = self
+                .rope
+                .apply(&qkv, meta.positions(), &positions, nh + nkv)?;
             let attn = paged_attention(&qkv, cache.layer_mut(i), &meta, dims)?;
             x = elementwise::add(&x, &b.o.forward(&attn)?)?;
             let h = candle_nn::ops::rms_norm(&x, &b.ffn_norm, c.rms_norm_eps as f32)?;
