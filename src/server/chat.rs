@@ -22,6 +22,7 @@ use super::validation::validate_chat;
 use super::AppState;
 use crate::engine::output::{Delta, TokenLogprob};
 use crate::engine::sequence::FinishReason;
+use crate::text::reasoning::{Piece, ReasoningParser};
 use crate::text::tool_parser::{ToolCallParser, ToolEvent};
 
 pub async fn chat_completions(
@@ -37,6 +38,9 @@ pub async fn chat_completions(
         want_logprobs: plan.logprobs.is_some(),
         started: vec![false; g.num_choices()],
         parsers: (0..g.num_choices()).map(|_| plan.tools.parser()).collect(),
+        thinking: (0..g.num_choices())
+            .map(|_| plan.reasoning.map(ReasoningParser::new))
+            .collect(),
         calls: vec![0; g.num_choices()],
         parallel: plan.tools.parallel,
     };
@@ -50,6 +54,9 @@ pub struct ChatBuilder {
     started: Vec<bool>,
     /// Per choice: the reader of its tool calls, when it may make some.
     parsers: Vec<Option<ToolCallParser>>,
+    /// Per choice: what tells its thinking from its answer, when the
+    /// template thinks.
+    thinking: Vec<Option<ReasoningParser>>,
     /// Per choice: tool calls sent so far.
     calls: Vec<usize>,
     parallel: bool,
@@ -79,23 +86,50 @@ impl OutputBuilder for ChatBuilder {
                 ChatDelta {
                     role: Some("assistant".into()),
                     content: Some(String::new()),
-                    tool_calls: None,
+                    ..ChatDelta::default()
                 },
             ));
         }
         let mut logprobs = self.want_logprobs.then(|| chat_logprobs(&d.logprobs));
-        let deltas = match &mut self.parsers[i] {
-            None => vec![content(d.text)],
-            Some(parser) => {
-                let mut events = parser.push(&d.text);
+        // Thinking goes out as it comes; the answer through the tool parser.
+        let pieces = match &mut self.thinking[i] {
+            None => vec![Piece::Content(d.text)],
+            Some(thinking) => {
+                let mut pieces = thinking.push(&d.text);
                 if d.finish.is_some() {
-                    events.extend(parser.finish());
+                    pieces.extend(thinking.finish());
                 }
-                self.tool_deltas(i, events)
+                pieces
             }
         };
+        let mut deltas = Vec::new();
+        for piece in pieces {
+            let text = match piece {
+                Piece::Reasoning(text) => {
+                    deltas.push(ChatDelta {
+                        reasoning_content: Some(text),
+                        ..ChatDelta::default()
+                    });
+                    continue;
+                }
+                Piece::Content(text) => text,
+            };
+            match &mut self.parsers[i] {
+                None => deltas.push(content(text)),
+                Some(parser) => {
+                    let events = parser.push(&text);
+                    deltas.extend(self.tool_deltas(i, events));
+                }
+            }
+        }
+        if let (Some(parser), Some(_)) = (&mut self.parsers[i], &d.finish) {
+            let events = parser.finish();
+            deltas.extend(self.tool_deltas(i, events));
+        }
         for delta in deltas {
-            let empty = delta.content.as_deref() == Some("") && delta.tool_calls.is_none();
+            let empty = delta.content.as_deref() == Some("")
+                && delta.tool_calls.is_none()
+                && delta.reasoning_content.is_none();
             if empty && logprobs.as_ref().is_none_or(|l| l.content.is_empty()) {
                 continue;
             }
@@ -130,6 +164,7 @@ impl OutputBuilder for ChatBuilder {
             message: ResponseMessage {
                 role: "assistant".into(),
                 content: Some(String::new()),
+                reasoning_content: None,
                 tool_calls: None,
             },
             logprobs: self.want_logprobs.then(ChatLogprobs::default),
@@ -145,6 +180,12 @@ impl OutputBuilder for ChatBuilder {
         let message = &mut choice.message;
         if let Some(text) = chunk.delta.content {
             message.content.get_or_insert_default().push_str(&text);
+        }
+        if let Some(text) = chunk.delta.reasoning_content {
+            message
+                .reasoning_content
+                .get_or_insert_default()
+                .push_str(&text);
         }
         for call in chunk.delta.tool_calls.into_iter().flatten() {
             let calls = message.tool_calls.get_or_insert_default();
@@ -257,6 +298,7 @@ mod tests {
             want_logprobs: false,
             started: vec![false],
             parsers: vec![Some(parser)],
+            thinking: vec![Some(ReasoningParser::new(false))],
             calls: vec![0],
             parallel,
         }
@@ -337,5 +379,30 @@ mod tests {
         );
         assert_eq!(whole.message.tool_calls, None);
         assert_eq!(whole.finish_reason.as_deref(), Some("stop"));
+    }
+
+    /// Thinking streams as `reasoning_content`, and a call made after it
+    /// is read from the answer alone.
+    #[test]
+    fn thinking_then_a_call() {
+        let pieces = [
+            "<think>I should",
+            " call it.</",
+            "think>\n<tool_call>{\"name\": \"now\", \"arguments\": {}}",
+            "</tool_call>",
+        ];
+        let mut b = builder(ToolCallParser::new(ToolFormat::Hermes), true);
+        let (chunks, whole) = run(&mut b, &pieces);
+        let thought: String = chunks
+            .iter()
+            .filter_map(|c| c.delta.reasoning_content.as_deref())
+            .collect();
+        assert_eq!(thought, "I should call it.");
+        let msg = &whole.message;
+        assert_eq!(msg.reasoning_content.as_deref(), Some("I should call it."));
+        assert_eq!(msg.content, None);
+        let calls = msg.tool_calls.as_ref().unwrap();
+        assert_eq!(calls[0].function.name, "now");
+        assert_eq!(whole.finish_reason.as_deref(), Some("tool_calls"));
     }
 }

@@ -239,6 +239,8 @@ pub struct ChatCompletionRequest {
     /// Whether one reply may hold several calls (default true).
     pub parallel_tool_calls: Option<bool>,
     pub response_format: Option<ResponseFormat>,
+    /// Variables for the chat template (vLLM's), e.g. `enable_thinking`.
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     /// Fields this type does not declare, refused by validation.
     #[serde(flatten)]
     pub unknown: UnknownFields,
@@ -390,6 +392,9 @@ pub struct ResponseMessage {
     pub role: String,
     /// Null when the reply is only tool calls, as OpenAI sends it.
     pub content: Option<String>,
+    /// The model's thinking, apart from its answer (models that think).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ResponseToolCall>>,
 }
@@ -448,6 +453,9 @@ pub struct ChatDelta {
     pub role: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// The model's thinking, apart from its answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
@@ -727,7 +735,7 @@ mod tests {
             ChatDelta {
                 role: Some("assistant".into()),
                 content: Some(String::new()),
-                tool_calls: None,
+                ..ChatDelta::default()
             },
             None,
             None,
@@ -822,6 +830,7 @@ mod tests {
                 message: ResponseMessage {
                     role: "assistant".into(),
                     content: Some("Hi".into()),
+                    reasoning_content: None,
                     tool_calls: None,
                 },
                 logprobs: Some(ChatLogprobs {

@@ -21,6 +21,7 @@ use crate::engine::request_rules;
 use crate::sampling::constraint::{Constraint, ConstraintFactory, Grammar};
 use crate::sampling::params::{SamplingParams, MAX_LOGPROBS};
 use crate::text::chat_template::ChatTemplate;
+use crate::text::reasoning::ReasoningParser;
 use crate::text::tokenizer::Tokenizer;
 
 /// Completions' `max_tokens` when absent, as OpenAI.
@@ -68,6 +69,10 @@ pub struct GenerationPlan {
     pub prompt_texts: Vec<String>,
     /// How tool calls are produced and read (chat only).
     pub tools: ToolPlan,
+    /// Chat with a template that writes thinking blocks: whether the prompt
+    /// leaves the model inside one. Its output is then split into
+    /// reasoning and answer.
+    pub reasoning: Option<bool>,
 }
 
 /// Parses a request body. Invalid JSON is a 400 without `param`; a missing or
@@ -452,6 +457,7 @@ pub fn validate_completion(
         logprobs,
         prompt_texts,
         tools: ToolPlan::none(),
+        reasoning: None,
     })
 }
 
@@ -500,7 +506,19 @@ pub fn validate_chat(
     })?;
     let messages = chat_messages::conversation(&req.messages)?;
     let tools = tools::plan(req, template.source())?;
-    let render = |messages: &[_]| template.render_with_tools(messages, tools.tools.as_ref(), true);
+    let kwargs = req.chat_template_kwargs.as_ref();
+    if let Some(name) = kwargs
+        .into_iter()
+        .flat_map(|k| k.keys())
+        .find(|k| ChatTemplate::RESERVED.contains(&k.as_str()))
+    {
+        return Err(ApiError::bad_request(
+            format!("chat_template_kwargs may not set `{name}`: wick sets it from the request"),
+            Some("chat_template_kwargs"),
+        ));
+    }
+    let render =
+        |messages: &[_]| template.render_request(messages, tools.tools.as_ref(), true, kwargs);
     // Rendered as transformers would first; a template that cannot take a
     // turn without content gets it as vLLM sends it.
     let rendered = render(&messages)
@@ -564,6 +582,8 @@ pub fn validate_chat(
         logprobs,
         prompt_texts: Vec::new(),
         tools,
+        reasoning: ReasoningParser::template_thinks(template.source())
+            .then(|| ReasoningParser::prompt_opens_block(&rendered)),
     })
 }
 

@@ -101,6 +101,30 @@ impl ChatTemplate {
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<String, RenderError> {
+        self.render_request(messages, tools, add_generation_prompt, None)
+    }
+
+    /// Names the template receives from wick itself, which a request's
+    /// `chat_template_kwargs` may not set.
+    pub const RESERVED: [&'static str; 6] = [
+        "messages",
+        "tools",
+        "documents",
+        "add_generation_prompt",
+        "bos_token",
+        "eos_token",
+    ];
+
+    /// As [`Self::render_with_tools`], with a request's own variables
+    /// (`chat_template_kwargs`, e.g. `enable_thinking`) beside them; none
+    /// of them is one of [`Self::RESERVED`].
+    pub fn render_request(
+        &self,
+        messages: &[Message],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+        kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+    ) -> Result<String, RenderError> {
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
@@ -114,6 +138,7 @@ impl ChatTemplate {
             add_generation_prompt => add_generation_prompt,
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
+            ..Value::from_serialize(kwargs)
         };
         template.render(ctx).map_err(|e| {
             match std::error::Error::source(&e).and_then(|s| s.downcast_ref::<Raised>()) {
