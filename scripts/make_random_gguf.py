@@ -1,6 +1,8 @@
 """Writes a random-weight GGUF of Llama-3.2-1B's shape, for benchmarks at a
 realistic size: hidden 2048, 16 layers, 32 heads over 8 KV heads, FFN 8192,
 with the default model's tokenizer (vocabulary 49152) and chat template.
+With --arch qwen3, Qwen3-1.7B's shape instead: 28 layers, 16 heads of 128
+over 8 KV heads, FFN 6144, an RMSNorm per query and key head.
 
     pip install gguf==0.17.1 numpy
     python3 scripts/make_random_gguf.py --tokenizer-from SmolLM2-135M-Instruct.Q4_1.gguf \
@@ -19,8 +21,11 @@ import subprocess
 import gguf
 import numpy as np
 
-HIDDEN, LAYERS, HEADS, KV_HEADS, FFN = 2048, 16, 32, 8, 8192
-HEAD_DIM = HIDDEN // HEADS
+# (hidden, layers, heads, KV heads, head size, FFN) per architecture.
+SHAPES = {
+    "llama": (2048, 16, 32, 8, 64, 8192),
+    "qwen3": (2048, 28, 16, 8, 128, 6144),
+}
 
 
 def main() -> None:
@@ -30,21 +35,25 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--llama-quantize", help="llama.cpp's llama-quantize, to make --types")
     ap.add_argument("--types", default="Q4_K_M,Q4_0")
+    ap.add_argument("--arch", choices=sorted(SHAPES), default="llama")
     args = ap.parse_args()
+    hidden, layers, heads, kv_heads, head_dim, ffn = SHAPES[args.arch]
 
     src = gguf.GGUFReader(args.tokenizer_from)
     vocab = len(src.fields["tokenizer.ggml.tokens"].data)
-    w = gguf.GGUFWriter(args.out, "llama")
-    w.add_name("random-llama-1b")
+    w = gguf.GGUFWriter(args.out, args.arch)
+    w.add_name(f"random-{args.arch}")
     w.add_context_length(8192)
-    w.add_embedding_length(HIDDEN)
-    w.add_block_count(LAYERS)
-    w.add_feed_forward_length(FFN)
-    w.add_head_count(HEADS)
-    w.add_head_count_kv(KV_HEADS)
-    w.add_rope_dimension_count(HEAD_DIM)
-    w.add_rope_freq_base(500000.0)
-    w.add_layer_norm_rms_eps(1e-5)
+    w.add_embedding_length(hidden)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(500000.0 if args.arch == "llama" else 1000000.0)
+    w.add_layer_norm_rms_eps(1e-5 if args.arch == "llama" else 1e-6)
     w.add_vocab_size(vocab)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     for name, field in src.fields.items():
@@ -56,19 +65,22 @@ def main() -> None:
     def rand(*shape):
         return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16)
 
-    ones = np.ones(HIDDEN, dtype=np.float32)
-    w.add_tensor("token_embd.weight", rand(vocab, HIDDEN))
-    for i in range(LAYERS):
+    ones = np.ones(hidden, dtype=np.float32)
+    w.add_tensor("token_embd.weight", rand(vocab, hidden))
+    for i in range(layers):
         p = f"blk.{i}"
         w.add_tensor(f"{p}.attn_norm.weight", ones)
-        w.add_tensor(f"{p}.attn_q.weight", rand(HIDDEN, HIDDEN))
-        w.add_tensor(f"{p}.attn_k.weight", rand(KV_HEADS * HEAD_DIM, HIDDEN))
-        w.add_tensor(f"{p}.attn_v.weight", rand(KV_HEADS * HEAD_DIM, HIDDEN))
-        w.add_tensor(f"{p}.attn_output.weight", rand(HIDDEN, HIDDEN))
+        w.add_tensor(f"{p}.attn_q.weight", rand(heads * head_dim, hidden))
+        w.add_tensor(f"{p}.attn_k.weight", rand(kv_heads * head_dim, hidden))
+        w.add_tensor(f"{p}.attn_v.weight", rand(kv_heads * head_dim, hidden))
+        if args.arch == "qwen3":
+            w.add_tensor(f"{p}.attn_q_norm.weight", np.ones(head_dim, dtype=np.float32))
+            w.add_tensor(f"{p}.attn_k_norm.weight", np.ones(head_dim, dtype=np.float32))
+        w.add_tensor(f"{p}.attn_output.weight", rand(hidden, heads * head_dim))
         w.add_tensor(f"{p}.ffn_norm.weight", ones)
-        w.add_tensor(f"{p}.ffn_gate.weight", rand(FFN, HIDDEN))
-        w.add_tensor(f"{p}.ffn_up.weight", rand(FFN, HIDDEN))
-        w.add_tensor(f"{p}.ffn_down.weight", rand(HIDDEN, FFN))
+        w.add_tensor(f"{p}.ffn_gate.weight", rand(ffn, hidden))
+        w.add_tensor(f"{p}.ffn_up.weight", rand(ffn, hidden))
+        w.add_tensor(f"{p}.ffn_down.weight", rand(hidden, ffn))
     w.add_tensor("output_norm.weight", ones)
     w.write_header_to_file()
     w.write_kv_data_to_file()
