@@ -44,6 +44,8 @@ from transformers import (  # noqa: E402
     GPT2LMHeadModel,
     LlamaConfig,
     LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
     PreTrainedTokenizerFast,
     Qwen3Config,
     Qwen3ForCausalLM,
@@ -299,6 +301,34 @@ def main():
         std=0.15,
         # Small shards, so the sharded layout (and its index) is exercised.
         max_shard_size="150KB",
+    )
+
+    # Mistral: Llama's layers under another model_type, with a sliding
+    # window (64) shorter than the positions (256): wick's context stops at
+    # the window, within which the two attentions agree.
+    build(
+        "mistral-tiny",
+        lambda: MistralForCausalLM(
+            MistralConfig(
+                vocab_size=len(llama_tok),
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=256,
+                sliding_window=64,
+                rope_theta=1000000.0,
+                rms_norm_eps=1e-5,
+                tie_word_embeddings=False,
+                bos_token_id=bos,
+                eos_token_id=eos,
+            )
+        ),
+        llama_tok,
+        chat=True,
+        seed=5,
+        std=0.15,
     )
 
     # Qwen3: an RMSNorm per query and key head, no biases, a tied head,

@@ -17,7 +17,7 @@ use wick::load::loader::{load, LoadOptions, LoadedModel, WeightDtype};
 use wick::models::linear::WeightFormat;
 use wick::sampling::params::SamplingParams;
 
-const FIXTURES: [&str; 3] = ["gpt2-tiny", "llama-tiny", "qwen3-tiny"];
+const FIXTURES: [&str; 4] = ["gpt2-tiny", "llama-tiny", "mistral-tiny", "qwen3-tiny"];
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -286,14 +286,25 @@ fn chat_template_jinja_file_is_read() {
     );
 }
 
+/// Mistral's sliding window (64 here, under 256 positions) bounds the
+/// context: within it, windowed attention is full attention, which the
+/// logit tests above check against transformers.
+#[test]
+fn mistral_context_stops_at_its_sliding_window() {
+    let loaded = load_fixture("mistral-tiny", &LoadOptions::default());
+    assert_eq!(loaded.model.info().max_context, 64);
+    let llama = load_fixture("llama-tiny", &LoadOptions::default());
+    assert_eq!(llama.model.info().max_context, 256);
+}
+
 #[test]
 fn unsupported_checkpoints_are_refused_clearly() {
     let dir = edited_copy("llama-tiny", "config.json", |c| {
-        c["model_type"] = "mistral".into()
+        c["model_type"] = "falcon".into()
     });
     let e = load_error(dir.path());
     assert!(
-        e.contains("\"mistral\"") && e.contains("gpt2, llama and qwen3"),
+        e.contains("\"falcon\"") && e.contains("gpt2, llama, mistral and qwen3"),
         "{e}"
     );
 

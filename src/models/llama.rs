@@ -69,6 +69,8 @@ struct HfConfig {
     /// transformers 5 writes `rope_theta` and the scaling here instead.
     rope_parameters: Option<serde_json::Value>,
     max_position_embeddings: usize,
+    /// Mistral's: each token attends to at most this many before it.
+    sliding_window: Option<usize>,
     vocab_size: usize,
     #[serde(default)]
     tie_word_embeddings: bool,
@@ -206,7 +208,12 @@ impl Config {
             rope_scaling,
             rope_freq_factors: None,
             rope_interleaved: false,
-            max_context: c.max_position_embeddings,
+            // Within its window, sliding-window attention is full
+            // attention: the context stops there rather than attend wrongly
+            // past it.
+            max_context: c.sliding_window.map_or(c.max_position_embeddings, |w| {
+                w.min(c.max_position_embeddings)
+            }),
             vocab_size: c.vocab_size,
         };
         Ok((config, c.tie_word_embeddings))
