@@ -49,6 +49,8 @@ from transformers import (  # noqa: E402
     PreTrainedTokenizerFast,
     Qwen3Config,
     Qwen3ForCausalLM,
+    SmolLM3Config,
+    SmolLM3ForCausalLM,
 )
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "tests" / "fixtures"
@@ -358,6 +360,32 @@ def main():
         std=0.15,
     )
 
+
+    # SmolLM3: Llama's layers, the fourth (of 4) without RoPE.
+    build(
+        "smollm3-tiny",
+        lambda: SmolLM3ForCausalLM(
+            SmolLM3Config(
+                vocab_size=len(llama_tok),
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=4,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=256,
+                rope_theta=1000000.0,
+                rms_norm_eps=1e-6,
+                tie_word_embeddings=True,
+                bos_token_id=bos,
+                eos_token_id=eos,
+                pad_token_id=bos,
+            )
+        ),
+        llama_tok,
+        chat=True,
+        seed=6,
+        std=0.15,
+    )
 
 if __name__ == "__main__":
     main()

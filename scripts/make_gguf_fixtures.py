@@ -20,6 +20,9 @@ Qwen2's tensors in NEOX order with their biases, and drops a tied head):
 - `qwen3-{f32,q8_0}.gguf`: `tests/fixtures/qwen3-tiny` (per-head q/k
   norms, tied head, head size 32) converted; its reference is
   `tests/fixtures/qwen3-tiny/reference.json`.
+- `smollm3-{f32,q8_0}.gguf`: `tests/fixtures/smollm3-tiny` (4 layers, the
+  fourth without RoPE) converted; its reference is
+  `tests/fixtures/smollm3-tiny/reference.json`.
 
 The tiny byte-level tokenizers are none llama.cpp recognises, so the
 converter's pre-tokenizer check is told "smollm": the tests feed token ids
@@ -98,6 +101,7 @@ def main():
             convert(llama_cpp, mf.ROOT / "llama-tiny", OUT / f"llama3-rope-{outtype}.gguf", outtype)
             convert(llama_cpp, qwen_dir, OUT / f"qwen2-{outtype}.gguf", outtype)
             convert(llama_cpp, mf.ROOT / "qwen3-tiny", OUT / f"qwen3-{outtype}.gguf", outtype)
+            convert(llama_cpp, mf.ROOT / "smollm3-tiny", OUT / f"smollm3-{outtype}.gguf", outtype)
     for f in sorted(OUT.iterdir()):
         print(f"{f.name}: {f.stat().st_size / 1e6:.2f} MB")
 

@@ -1,7 +1,8 @@
 //! GGUF architectures against transformers: tiny random-weight Llama (Llama
 //! 3.1 RoPE scaling, so the file carries `rope_freqs.weight`), Qwen2 (q/k/v
-//! biases, NEOX RoPE, tied head) and Qwen3 (per-head q/k norms, head size
-//! not hidden / heads) converted by llama.cpp's own
+//! biases, NEOX RoPE, tied head), Qwen3 (per-head q/k norms, head size
+//! not hidden / heads) and SmolLM3 (every fourth layer without RoPE)
+//! converted by llama.cpp's own
 //! `convert_hf_to_gguf.py` (`scripts/make_gguf_fixtures.py`), compared with
 //! transformers' logits and greedy continuations for the same weights.
 
@@ -21,7 +22,7 @@ fn fixtures() -> PathBuf {
 }
 
 /// `(GGUF stem, its transformers reference, a tensor only that feature has)`.
-const CASES: [(&str, &str, &str); 3] = [
+const CASES: [(&str, &str, &str); 4] = [
     (
         "llama3-rope",
         "llama-tiny/reference.json",
@@ -36,6 +37,12 @@ const CASES: [(&str, &str, &str); 3] = [
         "qwen3",
         "qwen3-tiny/reference.json",
         "blk.0.attn_q_norm.weight",
+    ),
+    // The fourth layer is the one without RoPE.
+    (
+        "smollm3",
+        "smollm3-tiny/reference.json",
+        "blk.3.attn_q.weight",
     ),
 ];
 

@@ -20,7 +20,7 @@ use crate::models::Model;
 use crate::text::chat_template::ChatTemplate;
 use crate::text::tokenizer::Tokenizer;
 
-const SUPPORTED: &str = "gpt2, llama, mistral and qwen3";
+const SUPPORTED: &str = "gpt2, llama, mistral, qwen3 and smollm3";
 
 fn read_json(path: &Path) -> Result<Value> {
     let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -81,7 +81,10 @@ pub fn load_model(
         .as_str()
         .unwrap_or_default()
         .to_string();
-    if !matches!(model_type.as_str(), "gpt2" | "llama" | "mistral" | "qwen3") {
+    if !matches!(
+        model_type.as_str(),
+        "gpt2" | "llama" | "mistral" | "qwen3" | "smollm3"
+    ) {
         bail!(
             "model_type {model_type:?} in {} is not supported; wick runs {SUPPORTED}",
             config_path.display()

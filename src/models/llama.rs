@@ -34,6 +34,9 @@ pub struct Config {
     /// RoPE rotates adjacent pairs (GGUF: llama.cpp's converter permutes the
     /// q/k rows for it) rather than the two halves of each head (HF).
     pub rope_interleaved: bool,
+    /// Layers that skip RoPE (SmolLM3's every fourth); empty when all
+    /// rotate.
+    pub no_rope_layers: Vec<usize>,
     pub max_context: usize,
     pub vocab_size: usize,
 }
@@ -71,6 +74,10 @@ struct HfConfig {
     max_position_embeddings: usize,
     /// Mistral's: each token attends to at most this many before it.
     sliding_window: Option<usize>,
+    /// Qwen's: whether `sliding_window` applies at all.
+    use_sliding_window: Option<bool>,
+    /// SmolLM3's: per layer, 1 where it applies RoPE, 0 where not.
+    no_rope_layers: Option<Vec<u8>>,
     vocab_size: usize,
     #[serde(default)]
     tie_word_embeddings: bool,
@@ -92,6 +99,8 @@ pub enum GgufArch {
     /// Qwen3: no biases, an RMSNorm over each query and key head before
     /// RoPE on the halves of each head.
     Qwen3,
+    /// SmolLM3: Llama's layers, every fourth without RoPE.
+    SmolLm3,
 }
 
 impl GgufArch {
@@ -106,9 +115,11 @@ impl GgufArch {
             "llama" => Ok(GgufArch::Llama),
             "qwen2" => Ok(GgufArch::Qwen2),
             "qwen3" => Ok(GgufArch::Qwen3),
+            "smollm3" => Ok(GgufArch::SmolLm3),
             other => anyhow::bail!(
                 "GGUF architecture {other:?} is not supported; wick runs \"llama\" (Llama 2 and \
-                 3.x, Mistral, TinyLlama), \"qwen2\" (Qwen2, Qwen2.5) and \"qwen3\" files"
+                 3.x, Mistral, TinyLlama), \"qwen2\" (Qwen2, Qwen2.5), \"qwen3\" and \
+                 \"smollm3\" files"
             ),
         }
     }
@@ -119,6 +130,7 @@ impl GgufArch {
             GgufArch::Llama => "llama",
             GgufArch::Qwen2 => "qwen2",
             GgufArch::Qwen3 => "qwen3",
+            GgufArch::SmolLm3 => "smollm3",
         }
     }
 }
@@ -150,6 +162,12 @@ impl Config {
                  (and Llama 3.1's rope_freqs)"
             ),
         };
+        let num_layers = md("block_count")?.to_u32()? as usize;
+        // llama.cpp fixes SmolLM3's step at 4 rather than store it.
+        let no_rope_layers = match arch {
+            GgufArch::SmolLm3 => (3..num_layers).step_by(4).collect(),
+            _ => Vec::new(),
+        };
         let vocab_size = match md("vocab_size") {
             Ok(v) => v.to_u32()? as usize,
             Err(_) => content.tensor_infos["token_embd.weight"].shape.dims()[0],
@@ -157,7 +175,7 @@ impl Config {
         Ok(Config {
             hidden_size,
             intermediate_size: md("feed_forward_length")?.to_u32()? as usize,
-            num_layers: md("block_count")?.to_u32()? as usize,
+            num_layers,
             num_heads,
             num_kv_heads: md("attention.head_count_kv")?.to_u32()? as usize,
             head_dim,
@@ -167,9 +185,11 @@ impl Config {
                 .unwrap_or(10_000.0),
             rope_scaling,
             rope_freq_factors: None,
-            // llama.cpp's converter permutes Llama's q/k rows for pairwise
-            // RoPE; Qwen's stay in HF order (NEOX-style halves).
-            rope_interleaved: arch == GgufArch::Llama,
+            // llama.cpp's converter permutes Llama's (and SmolLM3's) q/k
+            // rows for pairwise RoPE; Qwen's stay in HF order (NEOX-style
+            // halves).
+            rope_interleaved: matches!(arch, GgufArch::Llama | GgufArch::SmolLm3),
+            no_rope_layers,
             max_context: md("context_length")?.to_u32()? as usize,
             vocab_size,
         })
@@ -208,12 +228,21 @@ impl Config {
             rope_scaling,
             rope_freq_factors: None,
             rope_interleaved: false,
+            no_rope_layers: c
+                .no_rope_layers
+                .iter()
+                .flatten()
+                .enumerate()
+                .filter(|&(_, &rope)| rope == 0)
+                .map(|(i, _)| i)
+                .collect(),
             // Within its window, sliding-window attention is full
             // attention: the context stops there rather than attend wrongly
             // past it.
-            max_context: c.sliding_window.map_or(c.max_position_embeddings, |w| {
-                w.min(c.max_position_embeddings)
-            }),
+            max_context: match (c.sliding_window, c.use_sliding_window) {
+                (Some(w), None | Some(true)) => w.min(c.max_position_embeddings),
+                _ => c.max_position_embeddings,
+            },
             vocab_size: c.vocab_size,
         };
         Ok((config, c.tie_word_embeddings))
@@ -569,9 +598,12 @@ impl Model for Llama {
                 Some(norms) => norm_heads(&qkv, norms, c)?,
                 None => qkv,
             };
-            let qkv = self
-                .rope
-                .apply(&qkv, meta.positions(), &positions, nh + nkv)?;
+            let qkv = match c.no_rope_layers.contains(&i) {
+                true => qkv,
+                false => self
+                    .rope
+                    .apply(&qkv, meta.positions(), &positions, nh + nkv)?,
+            };
             let attn = paged_attention(&qkv, cache.layer_mut(i), &meta, dims)?;
             x = elementwise::add(&x, &b.o.forward(&attn)?)?;
             let h = candle_nn::ops::rms_norm(&x, &b.ffn_norm, c.rms_norm_eps as f32)?;
