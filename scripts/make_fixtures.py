@@ -272,120 +272,59 @@ def main():
     llama_tok.chat_template = CHATML
     bos = llama_tok.convert_tokens_to_ids("<|endoftext|>")
     eos = llama_tok.convert_tokens_to_ids("<|im_end|>")
-    build(
-        "llama-tiny",
-        lambda: LlamaForCausalLM(
-            LlamaConfig(
-                vocab_size=len(llama_tok),
-                hidden_size=64,
-                intermediate_size=128,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                max_position_embeddings=256,
-                rope_theta=10000.0,
-                rope_scaling={
-                    "rope_type": "llama3",
-                    "factor": 8.0,
-                    "low_freq_factor": 1.0,
-                    "high_freq_factor": 4.0,
-                    "original_max_position_embeddings": 64,
-                },
-                rms_norm_eps=1e-5,
-                tie_word_embeddings=False,
-                bos_token_id=bos,
-                eos_token_id=eos,
-            )
-        ),
-        llama_tok,
-        chat=True,
-        seed=2,
-        std=0.15,
-        # Small shards, so the sharded layout (and its index) is exercised.
-        max_shard_size="150KB",
+    # What the chat fixtures share: the tokenizer and a 2-layer, 64-wide
+    # shape with 4 heads over 2 KV heads.
+    small = dict(
+        vocab_size=len(llama_tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=bos,
+        eos_token_id=eos,
     )
 
+    def chat_fixture(name, model, config, seed, save_args=None, **fields):
+        build(name, lambda: model(config(**{**small, **fields})), llama_tok, chat=True,
+              seed=seed, std=0.15, **(save_args or {}))
+
+    chat_fixture(
+        "llama-tiny", LlamaForCausalLM, LlamaConfig, seed=2,
+        rope_theta=10000.0,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        # Small shards, so the sharded layout (and its index) is exercised.
+        save_args={"max_shard_size": "150KB"},
+    )
     # Mistral: Llama's layers under another model_type, with a sliding
     # window (64) shorter than the positions (256): wick's context stops at
     # the window, within which the two attentions agree.
-    build(
-        "mistral-tiny",
-        lambda: MistralForCausalLM(
-            MistralConfig(
-                vocab_size=len(llama_tok),
-                hidden_size=64,
-                intermediate_size=128,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                max_position_embeddings=256,
-                sliding_window=64,
-                rope_theta=1000000.0,
-                rms_norm_eps=1e-5,
-                tie_word_embeddings=False,
-                bos_token_id=bos,
-                eos_token_id=eos,
-            )
-        ),
-        llama_tok,
-        chat=True,
-        seed=5,
-        std=0.15,
+    chat_fixture(
+        "mistral-tiny", MistralForCausalLM, MistralConfig, seed=5,
+        sliding_window=64, rope_theta=1000000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
     )
-
     # Qwen3: an RMSNorm per query and key head, no biases, a tied head,
     # and a head size (32) that is not hidden / heads (16).
-    build(
-        "qwen3-tiny",
-        lambda: Qwen3ForCausalLM(
-            Qwen3Config(
-                vocab_size=len(llama_tok),
-                hidden_size=64,
-                intermediate_size=128,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                head_dim=32,
-                max_position_embeddings=256,
-                rope_theta=1000000.0,
-                rms_norm_eps=1e-6,
-                tie_word_embeddings=True,
-                bos_token_id=bos,
-                eos_token_id=eos,
-            )
-        ),
-        llama_tok,
-        chat=True,
-        seed=4,
-        std=0.15,
+    chat_fixture(
+        "qwen3-tiny", Qwen3ForCausalLM, Qwen3Config, seed=4,
+        head_dim=32, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
     )
-
-
     # SmolLM3: Llama's layers, the fourth (of 4) without RoPE.
-    build(
-        "smollm3-tiny",
-        lambda: SmolLM3ForCausalLM(
-            SmolLM3Config(
-                vocab_size=len(llama_tok),
-                hidden_size=64,
-                intermediate_size=128,
-                num_hidden_layers=4,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                max_position_embeddings=256,
-                rope_theta=1000000.0,
-                rms_norm_eps=1e-6,
-                tie_word_embeddings=True,
-                bos_token_id=bos,
-                eos_token_id=eos,
-                pad_token_id=bos,
-            )
-        ),
-        llama_tok,
-        chat=True,
-        seed=6,
-        std=0.15,
+    chat_fixture(
+        "smollm3-tiny", SmolLM3ForCausalLM, SmolLM3Config, seed=6,
+        num_hidden_layers=4, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        pad_token_id=bos,
     )
+
 
 if __name__ == "__main__":
     main()
