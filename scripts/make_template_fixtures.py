@@ -143,6 +143,16 @@ CASES = {
         None,
         False,
     ),
+    # A thinking model's earlier answer, with its thinking apart (as wick
+    # and vLLM return it): Qwen3's template shows it after the last query.
+    "reasoning_history": (
+        [
+            {"role": "user", "content": "What is 2+2?"},
+            {"role": "assistant", "content": "4", "reasoning_content": "Two and two."},
+        ],
+        None,
+        False,
+    ),
     "whitespace_and_unicode": (
         [
             {"role": "system", "content": "  Réponds en français.\n"},

@@ -151,6 +151,7 @@ fn plain(case: &Case) -> Option<Vec<ChatMessage>> {
             Message {
                 role,
                 content: Some(content),
+                reasoning_content: None,
                 tool_calls: None,
                 tool_call_id: None,
                 name: None,

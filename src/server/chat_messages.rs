@@ -51,6 +51,12 @@ fn message(m: &ChatRequestMessage, at: &str) -> Result<Message, ApiError> {
             Some(&field("tool_calls")),
         ));
     }
+    if m.reasoning_content.is_some() && role != "assistant" {
+        return Err(ApiError::bad_request(
+            "only assistant messages carry reasoning_content",
+            Some(&field("reasoning_content")),
+        ));
+    }
     if m.tool_calls.as_ref().is_some_and(Vec::is_empty) {
         return Err(ApiError::bad_request(
             "tool_calls must not be empty: leave it out when no tool is called",
@@ -101,6 +107,7 @@ fn message(m: &ChatRequestMessage, at: &str) -> Result<Message, ApiError> {
     Ok(Message {
         role: role.to_string(),
         content,
+        reasoning_content: m.reasoning_content.clone(),
         tool_calls,
         tool_call_id: m.tool_call_id.clone(),
         name: m.name.clone(),
@@ -326,6 +333,10 @@ mod tests {
         refused(
             json!([{"role": "assistant", "content": "x", "tool_calls": []}]),
             "messages[0].tool_calls",
+        );
+        refused(
+            json!([{"role": "user", "content": "x", "reasoning_content": "y"}]),
+            "messages[0].reasoning_content",
         );
         let call =
             json!([{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]);

@@ -157,6 +157,8 @@ pub struct ChatRequestMessage {
     pub content: Option<MessageContent>,
     /// The participant's name, which some templates show.
     pub name: Option<String>,
+    /// An assistant turn's thinking, as wick returned it.
+    pub reasoning_content: Option<String>,
     /// The calls an assistant turn made.
     pub tool_calls: Option<Vec<RequestToolCall>>,
     /// On a `tool` turn: the call it answers.

@@ -19,6 +19,10 @@ pub struct Message {
     /// Absent on an assistant turn that only calls tools.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// An assistant turn's thinking, apart from its content (templates of
+    /// thinking models may show it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     /// The calls an assistant turn made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCall>>,
@@ -53,6 +57,7 @@ impl From<&ChatMessage> for Message {
         Message {
             role: m.role.clone(),
             content: Some(m.content.clone()),
+            reasoning_content: None,
             tool_calls: None,
             tool_call_id: None,
             name: None,
