@@ -243,6 +243,10 @@ pub struct ChatCompletionRequest {
     pub response_format: Option<ResponseFormat>,
     /// Variables for the chat template (vLLM's), e.g. `enable_thinking`.
     pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    /// How hard a thinking model thinks (`"low"`, `"high"`…), passed to
+    /// chat templates that read `reasoning_effort` (gpt-oss's), refused for
+    /// others.
+    pub reasoning_effort: Option<String>,
     /// Fields this type does not declare, refused by validation.
     #[serde(flatten)]
     pub unknown: UnknownFields,

@@ -7,7 +7,7 @@
 //! null counts as not sent, as it does for declared fields. Fields wick
 //! implements for some values only are checked here too.
 
-use super::error::ApiError;
+use super::error::{clip, ApiError, MAX_ECHO_CHARS};
 use super::protocol::UnknownFields;
 
 /// Refuses the first field of `unknown` that is set, by its path under
@@ -42,6 +42,37 @@ pub fn modalities(modalities: Option<&[String]>) -> Result<(), ApiError> {
         )),
         None => Ok(()),
     }
+}
+
+/// The values OpenAI takes for `reasoning_effort`.
+pub const REASONING_EFFORTS: [&str; 7] =
+    ["none", "minimal", "low", "medium", "high", "xhigh", "max"];
+
+/// `reasoning_effort`, one of OpenAI's values, for a chat template that
+/// reads it (`template_reads`); for any other it would change nothing, so
+/// it is refused as OpenAI refuses it for models that do not reason.
+pub fn reasoning_effort(effort: &str, template_reads: bool) -> Result<(), ApiError> {
+    if !REASONING_EFFORTS.contains(&effort) {
+        return Err(ApiError::bad_request(
+            format!(
+                "reasoning_effort must be one of {}, got {:?}",
+                REASONING_EFFORTS.join(", "),
+                clip(effort, MAX_ECHO_CHARS)
+            ),
+            Some("reasoning_effort"),
+        ));
+    }
+    if !template_reads {
+        return Err(ApiError {
+            code: Some("unsupported_parameter".into()),
+            ..ApiError::bad_request(
+                "Unsupported parameter: 'reasoning_effort' is not supported with this model: \
+                 its chat template has no reasoning effort (it does not read `reasoning_effort`).",
+                Some("reasoning_effort"),
+            )
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -82,5 +113,25 @@ mod tests {
         let e = modalities(Some(&["text".into(), "audio".into()])).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("modalities"));
         assert!(e.message.contains("audio"), "{}", e.message);
+    }
+
+    #[test]
+    fn reasoning_effort_values_and_templates() {
+        for effort in REASONING_EFFORTS {
+            reasoning_effort(effort, true).unwrap();
+        }
+        let e = reasoning_effort("extreme", true).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("reasoning_effort"));
+        assert!(e.message.contains("\"extreme\""), "{}", e.message);
+        let e = reasoning_effort("high", false).unwrap_err();
+        assert_eq!(
+            (e.param.as_deref(), e.code.as_deref()),
+            (Some("reasoning_effort"), Some("unsupported_parameter"))
+        );
+        assert!(
+            e.message.contains("chat template has no reasoning effort"),
+            "{}",
+            e.message
+        );
     }
 }

@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use serde_path_to_error::Segment;
 
 use super::chat_messages;
-use super::error::ApiError;
+use super::error::{clip, ApiError, MAX_ECHO_CHARS};
 use super::protocol::{
     ChatCompletionRequest, CompletionRequest, Prompt, ResponseFormat, Stop, StreamOptions,
     UnknownFields,
@@ -506,19 +506,10 @@ pub fn validate_chat(
     })?;
     let messages = chat_messages::conversation(&req.messages)?;
     let tools = tools::plan(req, template.source())?;
-    let kwargs = req.chat_template_kwargs.as_ref();
-    if let Some(name) = kwargs
-        .into_iter()
-        .flat_map(|k| k.keys())
-        .find(|k| ChatTemplate::RESERVED.contains(&k.as_str()))
-    {
-        return Err(ApiError::bad_request(
-            format!("chat_template_kwargs may not set `{name}`: wick sets it from the request"),
-            Some("chat_template_kwargs"),
-        ));
-    }
-    let render =
-        |messages: &[_]| template.render_request(messages, tools.tools.as_ref(), true, kwargs);
+    let kwargs = template_kwargs(req, template)?;
+    let render = |messages: &[_]| {
+        template.render_request(messages, tools.tools.as_ref(), true, kwargs.as_ref())
+    };
     // Rendered as transformers would first; a template that cannot take a
     // turn without content gets it as vLLM sends it.
     let rendered = render(&messages)
@@ -585,6 +576,46 @@ pub fn validate_chat(
         reasoning: ReasoningParser::template_thinks(template.source())
             .then(|| ReasoningParser::prompt_opens_block(&rendered)),
     })
+}
+
+/// The chat template's variables from the request: `chat_template_kwargs`
+/// (none of the names wick sets itself) and `reasoning_effort`, passed as
+/// the variable of that name, as vLLM does. Sent both ways, the two must
+/// agree: neither is silently dropped for the other.
+fn template_kwargs(
+    req: &ChatCompletionRequest,
+    template: &ChatTemplate,
+) -> Result<Option<serde_json::Map<String, serde_json::Value>>, ApiError> {
+    let kwargs = req.chat_template_kwargs.clone();
+    if let Some(name) = kwargs
+        .iter()
+        .flat_map(|k| k.keys())
+        .find(|k| ChatTemplate::RESERVED.contains(&k.as_str()))
+    {
+        return Err(ApiError::bad_request(
+            format!("chat_template_kwargs may not set `{name}`: wick sets it from the request"),
+            Some("chat_template_kwargs"),
+        ));
+    }
+    let Some(effort) = req.reasoning_effort.as_deref() else {
+        return Ok(kwargs);
+    };
+    unsupported::reasoning_effort(effort, template.reads("reasoning_effort"))?;
+    let mut kwargs = kwargs.unwrap_or_default();
+    match kwargs.get("reasoning_effort") {
+        Some(other) if other.as_str() != Some(effort) => Err(ApiError::bad_request(
+            format!(
+                "reasoning_effort {effort:?} conflicts with chat_template_kwargs.reasoning_effort \
+                 {}: send one",
+                clip(&other.to_string(), MAX_ECHO_CHARS)
+            ),
+            Some("reasoning_effort"),
+        )),
+        _ => {
+            kwargs.insert("reasoning_effort".into(), effort.into());
+            Ok(Some(kwargs))
+        }
+    }
 }
 
 /// A request naming a model must name one served: the main name or an

@@ -13,6 +13,7 @@ mod message;
 mod pyjson;
 mod pystr;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -29,6 +30,9 @@ pub struct ChatTemplate {
     /// The template's text, as clients that render prompts themselves ask
     /// for it (vLLM's `/tokenizer_info`).
     source: String,
+    /// The variables it reads from outside (minijinja's static analysis),
+    /// to tell which request options it understands.
+    reads: HashSet<String>,
     bos_token: String,
     eos_token: String,
 }
@@ -62,9 +66,11 @@ impl ChatTemplate {
         env.add_function("strftime_now", clock::strftime_now(clock::local_clock()));
         env.add_template_owned(TEMPLATE_NAME, template.clone())
             .context("invalid chat template")?;
+        let reads = env.get_template(TEMPLATE_NAME)?.undeclared_variables(false);
         Ok(ChatTemplate {
             env,
             source: template,
+            reads,
             bos_token,
             eos_token,
         })
@@ -72,6 +78,13 @@ impl ChatTemplate {
 
     pub fn source(&self) -> &str {
         &self.source
+    }
+
+    /// Whether the template reads the variable `name` from its context
+    /// (e.g. gpt-oss's reads `reasoning_effort`): one it only sets itself,
+    /// or mentions in a comment or string, it does not read.
+    pub fn reads(&self, name: &str) -> bool {
+        self.reads.contains(name)
     }
 
     /// Makes `strftime_now` read `now` instead of the local clock.
@@ -166,5 +179,48 @@ mod tests {
     #[test]
     fn bad_template_is_an_error() {
         assert!(ChatTemplate::new("{% for %}".into(), String::new(), String::new()).is_err());
+    }
+
+    fn template(source: &str) -> ChatTemplate {
+        ChatTemplate::new(source.into(), String::new(), String::new()).unwrap()
+    }
+
+    /// gpt-oss's way: a macro that defaults the effort when it is not sent.
+    const GPT_OSS_LIKE: &str = "{%- macro system() -%}\
+        {%- if reasoning_effort is not defined %}{%- set reasoning_effort = 'medium' %}{%- endif %}\
+        Reasoning: {{ reasoning_effort }}\
+        {%- endmacro -%}\
+        {{ system() }}{% for m in messages %}|{{ m.content }}{% endfor %}";
+
+    #[test]
+    fn reads_the_variables_it_looks_up() {
+        let t = template(GPT_OSS_LIKE);
+        assert!(t.reads("reasoning_effort"));
+        assert!(t.reads("messages"));
+        assert!(!t.reads("enable_thinking"));
+        // Set before use, or only named in a comment or a string: not read.
+        for source in [
+            "{% set reasoning_effort = 'high' %}{{ reasoning_effort }}",
+            "{# reasoning_effort #}{{ 'reasoning_effort' }}",
+            "{% for reasoning_effort in messages %}{{ reasoning_effort }}{% endfor %}",
+        ] {
+            assert!(!template(source).reads("reasoning_effort"), "{source}");
+        }
+    }
+
+    #[test]
+    fn reasoning_effort_reaches_a_template_that_reads_it() {
+        let t = template(GPT_OSS_LIKE);
+        let user = ChatMessage {
+            role: "user".into(),
+            content: "hi".into(),
+        };
+        let messages = [Message::from(&user)];
+        let render = |kwargs: Option<&serde_json::Map<_, _>>| {
+            t.render_request(&messages, None, true, kwargs).unwrap()
+        };
+        assert_eq!(render(None), "Reasoning: medium|hi");
+        let high = serde_json::json!({"reasoning_effort": "high"});
+        assert_eq!(render(high.as_object()), "Reasoning: high|hi");
     }
 }
