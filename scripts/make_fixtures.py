@@ -46,6 +46,8 @@ from transformers import (  # noqa: E402
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     PreTrainedTokenizerFast,
     Qwen3Config,
     Qwen3ForCausalLM,
@@ -199,7 +201,18 @@ def reference(model, tokenizer, chat):
     return ref
 
 
-def build(name, make_model, tokenizer, chat, seed, std, **save_args):
+def long_context(model, tokenizer, context, rows):
+    """For a model whose RoPE changes past `context` tokens: a prompt past
+    it and transformers' logits at its last `rows` positions, and the
+    context under which the other references (all shorter) hold."""
+    ids = tokenizer(TRAINING_TEXT, add_special_tokens=False)["input_ids"][: context + 32]
+    assert len(ids) == context + 32
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, -rows:].tolist()
+    return {"serve_context": context, "long": {"ids": ids, "from": len(ids) - rows, "logits": logits}}
+
+
+def build(name, make_model, tokenizer, chat, seed, std, extra=None, **save_args):
     out = ROOT / name
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -207,6 +220,8 @@ def build(name, make_model, tokenizer, chat, seed, std, **save_args):
     model = make_model().eval()
     randomize(model, std)
     ref = reference(model, tokenizer, chat)
+    if extra:
+        ref.update(extra(model, tokenizer))
     assert ref["greedy_min_gap"] >= 1e-3, f"{name}: greedy near-tie {ref['greedy_min_gap']}"
     model.save_pretrained(out, **save_args)
     # The chat template goes in tokenizer_config.json (as most hub
@@ -286,9 +301,9 @@ def main():
         eos_token_id=eos,
     )
 
-    def chat_fixture(name, model, config, seed, save_args=None, **fields):
+    def chat_fixture(name, model, config, seed, save_args=None, extra=None, **fields):
         build(name, lambda: model(config(**{**small, **fields})), llama_tok, chat=True,
-              seed=seed, std=0.15, **(save_args or {}))
+              seed=seed, std=0.15, extra=extra, **(save_args or {}))
 
     chat_fixture(
         "llama-tiny", LlamaForCausalLM, LlamaConfig, seed=2,
@@ -323,6 +338,21 @@ def main():
         "smollm3-tiny", SmolLM3ForCausalLM, SmolLM3Config, seed=6,
         num_hidden_layers=4, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
         pad_token_id=bos,
+    )
+    # Phi-3 in Phi-4-mini's form: fused q/k/v and gate/up, RoPE on three
+    # quarters of each head (12 of 16), LongRoPE from a pretrained context
+    # of 64 to 256. Its references are for a served context of 64 (short
+    # factors); "long" is a prompt past 64, where the long factors apply.
+    chat_fixture(
+        "phi3-tiny", Phi3ForCausalLM, Phi3Config, seed=7,
+        partial_rotary_factor=0.75, rope_theta=10000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=True, pad_token_id=bos, original_max_position_embeddings=64,
+        rope_scaling={
+            "rope_type": "longrope",
+            "short_factor": [1.0, 1.05, 1.2, 1.5, 2.0, 3.0],
+            "long_factor": [1.0, 1.5, 3.0, 6.0, 12.0, 24.0],
+        },
+        extra=lambda model, tok: long_context(model, tok, 64, 24),
     )
 
 

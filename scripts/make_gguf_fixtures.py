@@ -23,6 +23,11 @@ Qwen2's tensors in NEOX order with their biases, and drops a tied head):
 - `smollm3-{f32,q8_0}.gguf`: `tests/fixtures/smollm3-tiny` (4 layers, the
   fourth without RoPE) converted; its reference is
   `tests/fixtures/smollm3-tiny/reference.json`.
+- `phi3-{f32,q8_0}.gguf`: `tests/fixtures/phi3-tiny` (fused q/k/v and
+  gate/up, partial rotary, LongRoPE factors written as tensors) converted;
+  its reference is `tests/fixtures/phi3-tiny/reference.json`. The
+  converter reads Phi-3 vocabularies as SentencePiece unless the tokenizer
+  class is GPT-2's, so it is told to read this byte-level one as GPT-2's.
 
 The tiny byte-level tokenizers are none llama.cpp recognises, so the
 converter's pre-tokenizer check is told "smollm": the tests feed token ids
@@ -50,6 +55,9 @@ def convert(llama_cpp, hf_dir, out_file, outtype):
     from conversion import base
 
     base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "smollm"
+    from conversion import phi
+
+    phi.Phi3MiniModel.set_vocab = lambda self: self._set_vocab_gpt2()
     argv = sys.argv
     sys.argv = ["convert_hf_to_gguf.py", str(hf_dir), "--outfile", str(out_file), "--outtype", outtype]
     try:
@@ -102,6 +110,7 @@ def main():
             convert(llama_cpp, qwen_dir, OUT / f"qwen2-{outtype}.gguf", outtype)
             convert(llama_cpp, mf.ROOT / "qwen3-tiny", OUT / f"qwen3-{outtype}.gguf", outtype)
             convert(llama_cpp, mf.ROOT / "smollm3-tiny", OUT / f"smollm3-{outtype}.gguf", outtype)
+            convert(llama_cpp, mf.ROOT / "phi3-tiny", OUT / f"phi3-{outtype}.gguf", outtype)
     for f in sorted(OUT.iterdir()):
         print(f"{f.name}: {f.stat().st_size / 1e6:.2f} MB")
 

@@ -1,7 +1,8 @@
 //! GGUF architectures against transformers: tiny random-weight Llama (Llama
 //! 3.1 RoPE scaling, so the file carries `rope_freqs.weight`), Qwen2 (q/k/v
 //! biases, NEOX RoPE, tied head), Qwen3 (per-head q/k norms, head size
-//! not hidden / heads) and SmolLM3 (every fourth layer without RoPE)
+//! not hidden / heads), SmolLM3 (every fourth layer without RoPE) and Phi-3
+//! (fused q/k/v and gate/up, partial rotary, LongRoPE factor tensors)
 //! converted by llama.cpp's own
 //! `convert_hf_to_gguf.py` (`scripts/make_gguf_fixtures.py`), compared with
 //! transformers' logits and greedy continuations for the same weights.
@@ -22,7 +23,7 @@ fn fixtures() -> PathBuf {
 }
 
 /// `(GGUF stem, its transformers reference, a tensor only that feature has)`.
-const CASES: [(&str, &str, &str); 4] = [
+const CASES: [(&str, &str, &str); 5] = [
     (
         "llama3-rope",
         "llama-tiny/reference.json",
@@ -44,14 +45,25 @@ const CASES: [(&str, &str, &str); 4] = [
         "smollm3-tiny/reference.json",
         "blk.3.attn_q.weight",
     ),
+    // Fused q/k/v, partial rotary, LongRoPE factors as tensors.
+    (
+        "phi3",
+        "phi3-tiny/reference.json",
+        "rope_factors_long.weight",
+    ),
 ];
 
 fn gguf(stem: &str, ty: &str) -> PathBuf {
     fixtures().join(format!("gguf-tiny/{stem}-{ty}.gguf"))
 }
 
-fn load_gguf(path: &Path) -> LoadedModel {
-    load(path, &LoadOptions::default(), &Device::Cpu).unwrap()
+/// Served at the context `r` holds for (Phi-3's LongRoPE depends on it).
+fn load_gguf(path: &Path, r: &Reference) -> LoadedModel {
+    let options = LoadOptions {
+        context: r.serve_context,
+        ..Default::default()
+    };
+    load(path, &options, &Device::Cpu).unwrap()
 }
 
 /// The feature under test is really in the file, so a pass means it was read.
@@ -76,10 +88,30 @@ fn f32_gguf_logits_match_transformers() {
         assert_has_tensor(&path, marker);
         // f32 K/V too: GGUF models default to f16 K/V, whose rounding alone
         // moves these logits by about 3e-3.
-        let d = worst_logit_diff(&reference(rel), &load_gguf(&path), Some(KvDtype::F32));
+        let r = reference(rel);
+        let d = worst_logit_diff(&r, &load_gguf(&path, &r), Some(KvDtype::F32));
         eprintln!("{stem} f32: max |logit - transformers| = {d:e}");
         assert!(d <= 1e-4, "{stem}: logits differ from transformers by {d}");
     }
+}
+
+/// Phi-3's LongRoPE from the file's factor tensors and attention factor:
+/// at its full context, the long factors, as transformers uses past the
+/// pretrained context.
+#[test]
+fn phi3_gguf_long_rope_matches_transformers_past_the_pretrained_context() {
+    let r = reference("phi3-tiny/reference.json");
+    let options = LoadOptions {
+        context: Some(256),
+        ..Default::default()
+    };
+    let loaded = load(&gguf("phi3", "f32"), &options, &Device::Cpu).unwrap();
+    let d = common::transformers_ref::long_logit_diff(&r, &loaded, Some(KvDtype::F32));
+    eprintln!("phi3 f32 long: max |logit - transformers| = {d:e}");
+    assert!(
+        d <= 1e-4,
+        "long prompt: logits differ from transformers by {d}"
+    );
 }
 
 #[test]
@@ -89,7 +121,8 @@ fn q8_0_gguf_logits_stay_close() {
     for (stem, rel, marker) in CASES {
         let path = gguf(stem, "q8_0");
         assert_has_tensor(&path, marker);
-        let d = worst_logit_diff(&reference(rel), &load_gguf(&path), None);
+        let r = reference(rel);
+        let d = worst_logit_diff(&r, &load_gguf(&path, &r), None);
         eprintln!("{stem} q8_0: max |logit - transformers| = {d:e}");
         assert!(d <= 0.5, "{stem} q8_0: logits differ by {d}");
     }
@@ -99,7 +132,7 @@ fn q8_0_gguf_logits_stay_close() {
 fn f32_gguf_greedy_continuations_match_transformers() {
     for (stem, rel, _) in CASES {
         let r = reference(rel);
-        let loaded = load_gguf(&gguf(stem, "f32"));
+        let loaded = load_gguf(&gguf(stem, "f32"), &r);
         let cfg = EngineConfig {
             block_size: 4,
             kv_cache_bytes: 4 << 20,

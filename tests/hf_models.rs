@@ -17,12 +17,13 @@ use wick::load::loader::{load, LoadOptions, LoadedModel, WeightDtype};
 use wick::models::linear::WeightFormat;
 use wick::sampling::params::SamplingParams;
 
-const FIXTURES: [&str; 5] = [
+const FIXTURES: [&str; 6] = [
     "gpt2-tiny",
     "llama-tiny",
     "mistral-tiny",
     "qwen3-tiny",
     "smollm3-tiny",
+    "phi3-tiny",
 ];
 
 fn fixture(name: &str) -> PathBuf {
@@ -35,8 +36,14 @@ fn reference(name: &str) -> Reference {
     read_reference(&fixture(name).join("reference.json"))
 }
 
+/// Served at the context its reference holds for (Phi-3's LongRoPE
+/// depends on it) unless `options` says otherwise.
 fn load_fixture(name: &str, options: &LoadOptions) -> LoadedModel {
-    load(&fixture(name), options, &Device::Cpu).unwrap()
+    let options = LoadOptions {
+        context: options.context.or(reference(name).serve_context),
+        ..options.clone()
+    };
+    load(&fixture(name), &options, &Device::Cpu).unwrap()
 }
 
 fn with_dtype(dtype: WeightDtype) -> LoadOptions {
@@ -59,11 +66,35 @@ fn f32_logits_match_transformers_with_prefill_and_decode_batched() {
     }
 }
 
+/// Phi-3's LongRoPE: served at its full context (past the 64 it was
+/// "pretrained" at) the long factors and attention factor apply, as
+/// transformers applies them to a prompt past 64; served at 64, the short
+/// ones, which the other tests check.
+#[test]
+fn long_rope_follows_the_served_context() {
+    let r = reference("phi3-tiny");
+    let full = LoadOptions {
+        context: Some(256),
+        ..Default::default()
+    };
+    let d = transformers_ref::long_logit_diff(&r, &load_fixture("phi3-tiny", &full), None);
+    eprintln!("phi3-tiny long: max |logit - transformers| = {d:e}");
+    assert!(
+        d <= 1e-4,
+        "long prompt: logits differ from transformers by {d}"
+    );
+    // The short prompts at the full context get the long factors, which
+    // transformers does not use for them.
+    let mixed = transformers_ref::worst_logit_diff(&r, &load_fixture("phi3-tiny", &full), None);
+    assert!(mixed > 1e-2, "the factors made no difference ({mixed})");
+}
+
 #[test]
 fn half_precision_weights_stay_close() {
     // bf16 keeps 8 bits of mantissa, and its rounding adds up layer by
-    // layer: a loose bound per layer, but far below what a wrong layer
-    // would give (the logits span several units).
+    // layer and in the head: a loose bound per layer (and one for the
+    // head), but far below what a wrong layer would give (the logits span
+    // several units).
     for name in FIXTURES {
         let layers = load_fixture(name, &LoadOptions::default())
             .model
@@ -73,7 +104,7 @@ fn half_precision_weights_stay_close() {
             let d = worst_logit_diff(name, &with_dtype(dtype));
             eprintln!("{name} {dtype:?}: max |logit - transformers| = {d:e}");
             assert!(
-                d <= 0.05 * layers as f32,
+                d <= 0.05 * (layers + 1) as f32,
                 "{name} {dtype:?}: logits differ from transformers by {d}"
             );
         }
@@ -315,7 +346,7 @@ fn unsupported_checkpoints_are_refused_clearly() {
     });
     let e = load_error(dir.path());
     assert!(
-        e.contains("\"falcon\"") && e.contains("gpt2, llama, mistral, qwen3 and smollm3"),
+        e.contains("\"falcon\"") && e.contains("gpt2, llama, mistral, phi3, qwen3 and smollm3"),
         "{e}"
     );
 

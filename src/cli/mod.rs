@@ -102,6 +102,7 @@ impl ModelArgs {
             kernel: self.cpu_kernel,
             dtype: self.dtype,
             chat_template: self.chat_template.clone(),
+            context: None,
         }
     }
 }

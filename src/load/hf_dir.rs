@@ -20,7 +20,7 @@ use crate::models::Model;
 use crate::text::chat_template::ChatTemplate;
 use crate::text::tokenizer::Tokenizer;
 
-const SUPPORTED: &str = "gpt2, llama, mistral, qwen3 and smollm3";
+const SUPPORTED: &str = "gpt2, llama, mistral, phi3, qwen3 and smollm3";
 
 fn read_json(path: &Path) -> Result<Value> {
     let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -71,6 +71,7 @@ pub fn load_model(
     dir: &Path,
     spec: WeightSpec,
     dtype: DType,
+    context: Option<usize>,
     device: &Device,
 ) -> Result<Box<dyn Model>> {
     let config_path = dir.join("config.json");
@@ -83,7 +84,7 @@ pub fn load_model(
         .to_string();
     if !matches!(
         model_type.as_str(),
-        "gpt2" | "llama" | "mistral" | "qwen3" | "smollm3"
+        "gpt2" | "llama" | "mistral" | "phi3" | "qwen3" | "smollm3"
     ) {
         bail!(
             "model_type {model_type:?} in {} is not supported; wick runs {SUPPORTED}",
@@ -106,7 +107,7 @@ pub fn load_model(
     };
     Ok(match model_type.as_str() {
         "gpt2" => Box::new(Gpt2::from_safetensors(&config, vb, spec).map_err(with_config)?),
-        _ => Box::new(Llama::from_safetensors(&config, vb, spec).map_err(with_config)?),
+        _ => Box::new(Llama::from_safetensors(&config, vb, spec, context).map_err(with_config)?),
     })
 }
 

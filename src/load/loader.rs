@@ -66,6 +66,10 @@ pub struct LoadOptions {
     /// A Jinja chat template file to use instead of (or in the absence of)
     /// the model's own.
     pub chat_template: Option<PathBuf>,
+    /// The context the server will serve (`--max-model-len`), when less
+    /// than the model's: smaller RoPE tables, and Phi-3's LongRoPE factors
+    /// depend on it.
+    pub context: Option<usize>,
 }
 
 impl From<WeightFormat> for LoadOptions {
@@ -168,7 +172,7 @@ pub fn load_tokenizer(path: &Path) -> anyhow::Result<Tokenizer> {
 pub fn load(path: &Path, options: &LoadOptions, device: &Device) -> anyhow::Result<LoadedModel> {
     let mut loaded = match path.is_dir() {
         true => load_hf(path, options, device)?,
-        false => load_gguf(path, options.spec(), device)?,
+        false => load_gguf(path, options, device)?,
     };
     release_freed_memory();
     if let Some(file) = &options.chat_template {
@@ -192,7 +196,13 @@ fn release_freed_memory() {
 
 fn load_hf(dir: &Path, options: &LoadOptions, device: &Device) -> anyhow::Result<LoadedModel> {
     let (tokenizer, chat_template) = hf_dir::load_tokenizer(dir)?;
-    let model = hf_dir::load_model(dir, options.spec(), options.dtype.into(), device)?;
+    let model = hf_dir::load_model(
+        dir,
+        options.spec(),
+        options.dtype.into(),
+        options.context,
+        device,
+    )?;
     Ok(LoadedModel {
         model,
         tokenizer,
@@ -201,7 +211,7 @@ fn load_hf(dir: &Path, options: &LoadOptions, device: &Device) -> anyhow::Result
     })
 }
 
-fn load_gguf(path: &Path, spec: WeightSpec, device: &Device) -> anyhow::Result<LoadedModel> {
+fn load_gguf(path: &Path, options: &LoadOptions, device: &Device) -> anyhow::Result<LoadedModel> {
     let name = path
         .file_stem()
         .and_then(|s| s.to_str())
@@ -228,8 +238,14 @@ fn load_gguf(path: &Path, spec: WeightSpec, device: &Device) -> anyhow::Result<L
         }
         None => None,
     };
-    let model = Llama::from_gguf(&content, &mut reader, spec, device)
-        .context("loading the model weights")?;
+    let model = Llama::from_gguf(
+        &content,
+        &mut reader,
+        options.spec(),
+        options.context,
+        device,
+    )
+    .context("loading the model weights")?;
     Ok(LoadedModel {
         model: Box::new(model),
         tokenizer,

@@ -1,7 +1,9 @@
 //! Llama-family decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU)
 //! over a flat batch, with K/V in the paged pool. Llama 2 and 3.x, Mistral,
-//! TinyLlama and Qwen2/2.5 (q/k/v biases, half-split RoPE) are this one
-//! forward with different settings.
+//! TinyLlama, Qwen2/2.5 (q/k/v biases, half-split RoPE), Qwen3 (per-head
+//! q/k norms), SmolLM3 (layers without RoPE) and Phi-3/Phi-4-mini (fused
+//! matrices, partial rotary, LongRoPE) are this one forward with different
+//! settings.
 
 use std::io::{Read, Seek};
 
@@ -37,8 +39,36 @@ pub struct Config {
     /// Layers that skip RoPE (SmolLM3's every fourth); empty when all
     /// rotate.
     pub no_rope_layers: Vec<usize>,
+    /// Leading dimensions of each head that RoPE rotates: `head_dim`, or
+    /// less where only part rotates (Phi-4-mini's three quarters).
+    pub rope_dim: usize,
+    /// Phi-3's LongRoPE frequency divisors.
+    pub long_rope: Option<LongRope>,
     pub max_context: usize,
     pub vocab_size: usize,
+}
+
+/// LongRoPE (Phi-3.5, Phi-4-mini): per-frequency divisors tuned for
+/// contexts up to the pretrained length and for longer ones, and a scale on
+/// cos and sin. As llama.cpp does, the served context picks one set for
+/// every position (transformers picks per forward by the sequence's length,
+/// which would make a sequence's keys depend on how it was batched).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LongRope {
+    pub short_factor: Vec<f32>,
+    pub long_factor: Vec<f32>,
+    pub original_context: usize,
+    pub attn_factor: f32,
+}
+
+impl LongRope {
+    /// The divisors for a served context of `context` tokens.
+    fn factors(&self, context: usize) -> &[f32] {
+        match context > self.original_context {
+            true => &self.long_factor,
+            false => &self.short_factor,
+        }
+    }
 }
 
 /// The `rope_scaling` kinds wick supports, as `config.json` spells them.
@@ -78,6 +108,10 @@ struct HfConfig {
     use_sliding_window: Option<bool>,
     /// SmolLM3's: per layer, 1 where it applies RoPE, 0 where not.
     no_rope_layers: Option<Vec<u8>>,
+    /// Phi-4-mini's: the fraction of each head that RoPE rotates.
+    partial_rotary_factor: Option<f32>,
+    /// Phi-3's pretrained context, which LongRoPE scales from.
+    original_max_position_embeddings: Option<usize>,
     vocab_size: usize,
     #[serde(default)]
     tie_word_embeddings: bool,
@@ -101,6 +135,9 @@ pub enum GgufArch {
     Qwen3,
     /// SmolLM3: Llama's layers, every fourth without RoPE.
     SmolLm3,
+    /// Phi-3.x and Phi-4-mini: fused q/k/v and gate/up matrices, RoPE on
+    /// halves (of part of each head, for Phi-4-mini), LongRoPE factors.
+    Phi3,
 }
 
 impl GgufArch {
@@ -116,10 +153,11 @@ impl GgufArch {
             "qwen2" => Ok(GgufArch::Qwen2),
             "qwen3" => Ok(GgufArch::Qwen3),
             "smollm3" => Ok(GgufArch::SmolLm3),
+            "phi3" => Ok(GgufArch::Phi3),
             other => anyhow::bail!(
                 "GGUF architecture {other:?} is not supported; wick runs \"llama\" (Llama 2 and \
-                 3.x, Mistral, TinyLlama), \"qwen2\" (Qwen2, Qwen2.5), \"qwen3\" and \
-                 \"smollm3\" files"
+                 3.x, Mistral, TinyLlama), \"qwen2\" (Qwen2, Qwen2.5), \"qwen3\", \
+                 \"smollm3\" and \"phi3\" (Phi-3.x, Phi-4-mini) files"
             ),
         }
     }
@@ -131,6 +169,7 @@ impl GgufArch {
             GgufArch::Qwen2 => "qwen2",
             GgufArch::Qwen3 => "qwen3",
             GgufArch::SmolLm3 => "smollm3",
+            GgufArch::Phi3 => "phi3",
         }
     }
 }
@@ -147,10 +186,15 @@ impl Config {
         };
         let hidden_size = md("embedding_length")?.to_u32()? as usize;
         let num_heads = md("attention.head_count")?.to_u32()? as usize;
-        let head_dim = match md("attention.key_length").or_else(|_| md("rope.dimension_count")) {
-            Ok(v) => v.to_u32()? as usize,
-            Err(_) => hidden_size / num_heads,
+        let rope_dims = md("rope.dimension_count").and_then(|v| Ok(v.to_u32()? as usize));
+        // Phi-4-mini rotates part of each head, so its rotary size is not
+        // its head size; older Llama files give the head size only there.
+        let head_dim = match (md("attention.key_length"), &rope_dims, arch) {
+            (Ok(v), _, _) => v.to_u32()? as usize,
+            (Err(_), Ok(d), a) if a != GgufArch::Phi3 => *d,
+            _ => hidden_size / num_heads,
         };
+        let rope_dim = rope_dims.unwrap_or(head_dim);
         let rope_scaling = match md("rope.scaling.type").and_then(|v| Ok(v.to_string()?.clone())) {
             Err(_) => None,
             Ok(kind) if kind == "none" => None,
@@ -185,6 +229,9 @@ impl Config {
                 .unwrap_or(10_000.0),
             rope_scaling,
             rope_freq_factors: None,
+            // Phi-3's factors are tensors, which `Llama::from_gguf` reads.
+            long_rope: None,
+            rope_dim,
             // llama.cpp's converter permutes Llama's (and SmolLM3's) q/k
             // rows for pairwise RoPE; Qwen's stay in HF order (NEOX-style
             // halves).
@@ -202,19 +249,25 @@ impl Config {
         if let Some(act) = c.hidden_act.as_deref().filter(|a| *a != "silu") {
             anyhow::bail!("hidden_act {act:?} is not supported for llama (only \"silu\")");
         }
-        let mut rope_theta = c.rope_theta;
-        let rope_scaling = match (c.rope_parameters, c.rope_scaling) {
-            (Some(mut params), _) => {
-                if let Some(theta) = params.get("rope_theta").and_then(|t| t.as_f64()) {
-                    rope_theta = theta as f32;
-                }
-                if let Some(obj) = params.as_object_mut() {
-                    obj.remove("rope_theta");
-                }
-                parse_rope_scaling(params)?
+        let (mut rope_theta, mut partial) = (c.rope_theta, c.partial_rotary_factor.unwrap_or(1.0));
+        let mut params = c.rope_parameters.clone().or(c.rope_scaling.clone());
+        // transformers 5 keeps the base and the rotary fraction in there too.
+        if let Some(obj) = params.as_mut().and_then(|p| p.as_object_mut()) {
+            if let Some(theta) = obj.remove("rope_theta").and_then(|t| t.as_f64()) {
+                rope_theta = theta as f32;
             }
-            (None, Some(v)) => parse_rope_scaling(v)?,
-            (None, None) => None,
+            if let Some(f) = obj.remove("partial_rotary_factor").and_then(|f| f.as_f64()) {
+                partial = f as f32;
+            }
+        }
+        let head_dim = c.head_dim.unwrap_or(c.hidden_size / c.num_attention_heads);
+        let rope_dim = (head_dim as f32 * partial) as usize;
+        let (rope_scaling, long_rope) = match params {
+            Some(v) if matches!(rope_kind(&v).as_str(), "longrope" | "su") => {
+                (None, Some(long_rope(v, &c, rope_dim)?))
+            }
+            Some(v) => (parse_rope_scaling(v)?, None),
+            None => (None, None),
         };
         let config = Config {
             hidden_size: c.hidden_size,
@@ -222,11 +275,13 @@ impl Config {
             num_layers: c.num_hidden_layers,
             num_heads: c.num_attention_heads,
             num_kv_heads: c.num_key_value_heads.unwrap_or(c.num_attention_heads),
-            head_dim: c.head_dim.unwrap_or(c.hidden_size / c.num_attention_heads),
+            head_dim,
             rms_norm_eps: c.rms_norm_eps,
             rope_theta,
             rope_scaling,
             rope_freq_factors: None,
+            long_rope,
+            rope_dim,
             rope_interleaved: false,
             no_rope_layers: c
                 .no_rope_layers
@@ -248,11 +303,27 @@ impl Config {
         Ok((config, c.tie_word_embeddings))
     }
 
-    /// RoPE inverse frequencies, one per pair of head dimensions.
+    /// Caps the context at what the server will serve (`--max-model-len`),
+    /// which also picks Phi-3's LongRoPE factors.
+    pub fn serve_context(&mut self, context: Option<usize>) {
+        if let Some(n) = context.filter(|&n| n > 0) {
+            self.max_context = self.max_context.min(n);
+        }
+    }
+
+    /// The scale on RoPE's cos and sin: LongRoPE's attention factor, or 1.
+    fn rope_scale(&self) -> f32 {
+        self.long_rope.as_ref().map_or(1.0, |l| l.attn_factor)
+    }
+
+    /// RoPE inverse frequencies, one per pair of rotated head dimensions.
     fn inv_freq(&self) -> Vec<f32> {
-        let dim = self.head_dim as f32;
-        let factors = self.rope_freq_factors.as_deref();
-        let base = (0..self.head_dim / 2).map(|i| {
+        let dim = self.rope_dim as f32;
+        let factors = match &self.long_rope {
+            Some(l) => Some(l.factors(self.max_context)),
+            None => self.rope_freq_factors.as_deref(),
+        };
+        let base = (0..self.rope_dim / 2).map(|i| {
             let f = 1.0 / self.rope_theta.powf(2.0 * i as f32 / dim);
             factors.map_or(f, |fs| f / fs[i])
         });
@@ -285,6 +356,58 @@ impl Config {
     }
 }
 
+/// `rope_type`, or the older `type`, of a `rope_scaling` object.
+fn rope_kind(v: &serde_json::Value) -> String {
+    v.get("rope_type")
+        .or_else(|| v.get("type"))
+        .and_then(|t| t.as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Phi-3's `rope_scaling` of type "longrope" (once "su"), resolved as
+/// transformers does: the pretrained context from the config's top level
+/// first, the attention factor from the ratio of contexts unless given.
+fn long_rope(v: serde_json::Value, c: &HfConfig, rope_dim: usize) -> anyhow::Result<LongRope> {
+    #[derive(Deserialize)]
+    struct Params {
+        short_factor: Vec<f32>,
+        long_factor: Vec<f32>,
+        original_max_position_embeddings: Option<usize>,
+        factor: Option<f32>,
+        attention_factor: Option<f32>,
+    }
+    let p: Params = serde_json::from_value(v)
+        .map_err(|e| anyhow::anyhow!("rope_scaling of type \"longrope\": {e}"))?;
+    for (name, f) in [
+        ("short_factor", &p.short_factor),
+        ("long_factor", &p.long_factor),
+    ] {
+        anyhow::ensure!(
+            f.len() == rope_dim / 2,
+            "rope_scaling.{name} has {} factors for {rope_dim} rotary dimensions",
+            f.len()
+        );
+    }
+    let original = c
+        .original_max_position_embeddings
+        .or(p.original_max_position_embeddings)
+        .unwrap_or(c.max_position_embeddings);
+    let factor = p
+        .factor
+        .unwrap_or(c.max_position_embeddings as f32 / original as f32);
+    let attn_factor = p.attention_factor.unwrap_or(match factor <= 1.0 {
+        true => 1.0,
+        false => (1.0 + (factor as f64).ln() / (original as f64).ln()).sqrt() as f32,
+    });
+    Ok(LongRope {
+        short_factor: p.short_factor,
+        long_factor: p.long_factor,
+        original_context: original,
+        attn_factor,
+    })
+}
+
 /// `rope_scaling` from `config.json`: `rope_type` (or the older `type`) must
 /// be a kind wick implements; "default" means none.
 fn parse_rope_scaling(mut v: serde_json::Value) -> anyhow::Result<Option<RopeScaling>> {
@@ -306,7 +429,7 @@ fn parse_rope_scaling(mut v: serde_json::Value) -> anyhow::Result<Option<RopeSca
     }
     serde_json::from_value(v).map(Some).map_err(|e| {
         anyhow::anyhow!(
-            "rope_scaling of type {kind:?} is not supported ({e}); wick supports \"linear\" and \"llama3\""
+            "rope_scaling of type {kind:?} is not supported ({e}); wick supports \"linear\", \"llama3\" and \"longrope\""
         )
     })
 }
@@ -336,13 +459,16 @@ pub struct Llama {
 }
 
 impl Llama {
+    /// From a GGUF file; `context` caps the context (`--max-model-len`).
     pub fn from_gguf<R: Read + Seek>(
         content: &gguf_file::Content,
         reader: &mut R,
         spec: WeightSpec,
+        context: Option<usize>,
         device: &Device,
     ) -> anyhow::Result<Self> {
         let mut config = Config::from_gguf(content)?;
+        config.serve_context(context);
         // Every tensor error names the tensor and its block type.
         let mut qt = |name: &str| -> anyhow::Result<QTensor> {
             let kind = content
@@ -368,6 +494,34 @@ impl Llama {
             );
             config.rope_freq_factors = Some(factors);
         }
+        if content
+            .tensor_infos
+            .contains_key("rope_factors_long.weight")
+        {
+            let mut factors = |name: &str| -> anyhow::Result<Vec<f32>> {
+                let f = qt(name)?.dequantize(device)?.to_vec1::<f32>()?;
+                anyhow::ensure!(
+                    f.len() == config.rope_dim / 2,
+                    "{name} has {} factors for {} rotary dimensions",
+                    f.len(),
+                    config.rope_dim
+                );
+                Ok(f)
+            };
+            let (long_factor, short_factor) = (
+                factors("rope_factors_long.weight")?,
+                factors("rope_factors_short.weight")?,
+            );
+            let md = |key: &str| content.metadata.get(&format!("phi3.{key}"));
+            config.long_rope = Some(LongRope {
+                short_factor,
+                long_factor,
+                original_context: md("rope.scaling.original_context_length")
+                    .map_or(Ok(config.max_context as u32), |v| v.to_u32())?
+                    as usize,
+                attn_factor: md("rope.scaling.attn_factor").map_or(Ok(1.0), |v| v.to_f32())?,
+            });
+        }
         let embed_q = qt("token_embd.weight")?;
         let embed = Embedding::new(&embed_q, spec, device)?;
         let mut blocks = Vec::with_capacity(config.num_layers);
@@ -392,8 +546,21 @@ impl Llama {
                     .collect::<anyhow::Result<Vec<Tensor>>>()?;
                 Ok(linear.with_bias(Tensor::cat(&bias, 0)?)?)
             };
-            let qkv = linear(&["attn_q", "attn_k", "attn_v"])?;
-            let gate_up = linear(&["ffn_gate", "ffn_up"])?;
+            // Phi-3 files hold q/k/v in one matrix, and gate/up (gate
+            // first) in `ffn_up`.
+            let has = |n: &str| {
+                content
+                    .tensor_infos
+                    .contains_key(&format!("{p}.{n}.weight"))
+            };
+            let qkv = match has("attn_qkv") {
+                true => linear(&["attn_qkv"])?,
+                false => linear(&["attn_q", "attn_k", "attn_v"])?,
+            };
+            let gate_up = match has("ffn_gate") {
+                true => linear(&["ffn_gate", "ffn_up"])?,
+                false => linear(&["ffn_up"])?,
+            };
             let o = linear(&["attn_output"])?;
             let down = linear(&["ffn_down"])?;
             let q_norm = format!("{p}.attn_q_norm.weight");
@@ -437,13 +604,15 @@ impl Llama {
 
     /// From a Hugging Face checkpoint: `config.json` text and its weights.
     /// Linear layers are held in `vb`'s dtype (or as `spec` says); norms
-    /// and embeddings in f32.
+    /// and embeddings in f32. `context` caps the context.
     pub fn from_safetensors(
         config_json: &str,
         vb: VarBuilder,
         spec: WeightSpec,
+        context: Option<usize>,
     ) -> anyhow::Result<Self> {
-        let (config, tied) = Config::from_hf(config_json)?;
+        let (mut config, tied) = Config::from_hf(config_json)?;
+        config.serve_context(context);
         let device = vb.device().clone();
         let f32_tensor = |name: &str| vb.get_unchecked_dtype(name, DType::F32);
         let linear = |prefix: &str, names: &[&str]| -> Result<Linear> {
@@ -478,14 +647,23 @@ impl Llama {
                 )),
                 false => None,
             };
+            // Phi-3 fuses q/k/v and gate/up (gate first) in the checkpoint.
+            let fused = |name: &str| vb.contains_tensor(&format!("{p}.{name}.weight"));
+            let (attn, mlp) = (format!("{p}.self_attn"), format!("{p}.mlp"));
             blocks.push(Block {
                 attn_norm: f32_tensor(&format!("{p}.input_layernorm.weight"))?,
-                qkv: linear(&format!("{p}.self_attn"), &["q_proj", "k_proj", "v_proj"])?,
+                qkv: match fused("self_attn.qkv_proj") {
+                    true => linear(&attn, &["qkv_proj"])?,
+                    false => linear(&attn, &["q_proj", "k_proj", "v_proj"])?,
+                },
                 qk_norm,
-                o: linear(&format!("{p}.self_attn"), &["o_proj"])?,
+                o: linear(&attn, &["o_proj"])?,
                 ffn_norm: f32_tensor(&format!("{p}.post_attention_layernorm.weight"))?,
-                gate_up: linear(&format!("{p}.mlp"), &["gate_proj", "up_proj"])?,
-                down: linear(&format!("{p}.mlp"), &["down_proj"])?,
+                gate_up: match fused("mlp.gate_up_proj") {
+                    true => linear(&mlp, &["gate_up_proj"])?,
+                    false => linear(&mlp, &["gate_proj", "up_proj"])?,
+                },
+                down: linear(&mlp, &["down_proj"])?,
             });
         }
         let embed = Embedding::Dense(f32_tensor("model.embed_tokens.weight")?);
@@ -520,6 +698,8 @@ impl Llama {
         );
         let rope = Rope::new(
             &config.inv_freq(),
+            config.head_dim,
+            config.rope_scale(),
             config.max_context,
             config.rope_interleaved,
             device,
@@ -621,5 +801,42 @@ impl Model for Llama {
             c.rms_norm_eps as f32,
         )?;
         self.lm_head.forward(&x)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Phi-3.5-mini's `config.json` as published: the older "su" name, the
+    /// pretrained context at the top level, no attention factor given. The
+    /// served context picks the factors; the factor comes from the ratio.
+    #[test]
+    fn phi3_long_rope_from_config_json() {
+        let (short, long) = (vec![1.0f32; 48], vec![2.0f32; 48]);
+        let json = serde_json::json!({
+            "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32,
+            "num_attention_heads": 32, "num_key_value_heads": 32, "rms_norm_eps": 1e-5,
+            "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+            "rope_theta": 10000.0, "vocab_size": 32064, "hidden_act": "silu",
+            "sliding_window": 262144,
+            "rope_scaling": {"type": "su", "short_factor": short, "long_factor": long},
+        });
+        let (mut c, _) = Config::from_hf(&json.to_string()).unwrap();
+        let l = c.long_rope.clone().unwrap();
+        assert_eq!((l.original_context, c.rope_dim), (4096, 96));
+        let want = (1.0 + 32f64.ln() / 4096f64.ln()).sqrt() as f32;
+        assert!((c.rope_scale() - want).abs() < 1e-6, "{}", c.rope_scale());
+        let plain = 1.0 / 10_000f32.powf(2.0 / 96.0);
+        assert_eq!(c.inv_freq()[1], plain / 2.0);
+        c.serve_context(Some(4096));
+        assert_eq!(c.inv_freq()[1], plain);
+
+        // Phi-4-mini rotates three quarters of each head; factors of the
+        // wrong length are refused by name.
+        let mut json = json;
+        json["partial_rotary_factor"] = 0.75.into();
+        let e = Config::from_hf(&json.to_string()).unwrap_err().to_string();
+        assert!(e.contains("short_factor has 48 factors for 72"), "{e}");
     }
 }

@@ -11,13 +11,16 @@ use rayon::prelude::*;
 const ROWS_PER_TASK: usize = 32;
 
 pub struct Rope {
-    /// `[max_context, head_dim / 2]` cos and sin of position × frequency.
+    /// `[max_context, rot_dim / 2]` cos and sin of position × frequency.
     cos: Vec<f32>,
     sin: Vec<f32>,
     /// The same tables on the model's device, for candle's ops.
     cos_t: Tensor,
     sin_t: Tensor,
     head_dim: usize,
+    /// The leading dimensions of each head that rotate (all, or part for
+    /// Phi-4-mini's partial rotary).
+    rot_dim: usize,
     /// Rotate adjacent pairs (GGUF, whose converter permutes q/k for it)
     /// rather than the two halves of each head (Hugging Face).
     interleaved: bool,
@@ -25,26 +28,36 @@ pub struct Rope {
 
 impl Rope {
     /// Tables for positions `0..max_context` from the per-pair inverse
-    /// frequencies (`head_dim / 2` of them).
+    /// frequencies (`rot_dim / 2` of them, for heads of `head_dim`), cos and
+    /// sin multiplied by `scale` (LongRoPE's attention factor; else 1).
     pub fn new(
         inv_freq: &[f32],
+        head_dim: usize,
+        scale: f32,
         max_context: usize,
         interleaved: bool,
         device: &Device,
     ) -> Result<Self> {
         let half = inv_freq.len();
+        if 2 * half > head_dim {
+            candle_core::bail!("rope: {half} frequencies for heads of {head_dim}");
+        }
         let inv = Tensor::from_slice(inv_freq, (1, half), &Device::Cpu)?;
         let pos = Tensor::arange(0u32, max_context as u32, &Device::Cpu)?
             .to_dtype(DType::F32)?
             .reshape((max_context, 1))?;
         let angles = pos.broadcast_mul(&inv)?;
-        let (cos_t, sin_t) = (angles.cos()?, angles.sin()?);
+        let (mut cos_t, mut sin_t) = (angles.cos()?, angles.sin()?);
+        if scale != 1.0 {
+            (cos_t, sin_t) = ((cos_t * scale as f64)?, (sin_t * scale as f64)?);
+        }
         Ok(Rope {
             cos: cos_t.flatten_all()?.to_vec1()?,
             sin: sin_t.flatten_all()?.to_vec1()?,
             cos_t: cos_t.to_device(device)?,
             sin_t: sin_t.to_device(device)?,
-            head_dim: 2 * half,
+            head_dim,
+            rot_dim: 2 * half,
             interleaved,
         })
     }
@@ -68,7 +81,7 @@ impl Rope {
                 self.head_dim
             );
         }
-        let max = self.cos.len() / (self.head_dim / 2);
+        let max = self.cos.len() / (self.rot_dim / 2);
         if let Some(p) = positions.iter().find(|&&p| p as usize >= max) {
             candle_core::bail!("rope: position {p} is past the {max} the model was built for");
         }
@@ -85,19 +98,21 @@ impl Rope {
     /// The any-device path: candle's rope over the gathered table rows.
     fn apply_candle(&self, qkv: &Tensor, pos: &Tensor, rotated: usize) -> Result<Tensor> {
         let (t, width) = qkv.dims2()?;
-        let (hd, split) = (self.head_dim, rotated * self.head_dim);
+        let (hd, rd, split) = (self.head_dim, self.rot_dim, rotated * self.head_dim);
         // `(b = T, t = 1, d / 2)` rows for candle's `(T, heads, 1, d)` layout.
-        let table = |x: &Tensor| x.index_select(pos, 0)?.reshape((t, 1, hd / 2));
+        let table = |x: &Tensor| x.index_select(pos, 0)?.reshape((t, 1, rd / 2));
         let (cos, sin) = (table(&self.cos_t)?, table(&self.sin_t)?);
         let rope = match self.interleaved {
             true => candle_nn::rotary_emb::rope_i,
             false => candle_nn::rotary_emb::rope,
         };
-        let heads = qkv
-            .narrow(1, 0, split)?
-            .contiguous()?
-            .reshape((t, rotated, 1, hd))?;
-        let heads = rope(&heads, &cos, &sin)?.reshape((t, split))?;
+        let heads = qkv.narrow(1, 0, split)?.reshape((t, rotated, 1, hd))?;
+        let rot = rope(&heads.narrow(3, 0, rd)?.contiguous()?, &cos, &sin)?;
+        let heads = match rd < hd {
+            true => Tensor::cat(&[rot, heads.narrow(3, rd, hd - rd)?], 3)?,
+            false => rot,
+        }
+        .reshape((t, split))?;
         match split < width {
             true => Tensor::cat(&[heads, qkv.narrow(1, split, width - split)?], 1),
             false => Ok(heads),
@@ -115,10 +130,12 @@ impl HostRope<'_> {
     /// Rotates the leading heads of one row in place, as candle's kernels
     /// compute it (same products, same order: the same bits).
     fn row(&self, row: &mut [f32], pos: u32) {
-        let (hd, half) = (self.rope.head_dim, self.rope.head_dim / 2);
+        let (hd, rd) = (self.rope.head_dim, self.rope.rot_dim);
+        let half = rd / 2;
         let at = pos as usize * half;
         let (cos, sin) = (&self.rope.cos[at..at + half], &self.rope.sin[at..at + half]);
         for head in row[..self.rotated * hd].chunks_exact_mut(hd) {
+            let head = &mut head[..rd];
             if self.rope.interleaved {
                 for (pair, (&c, &s)) in head.chunks_exact_mut(2).zip(cos.iter().zip(sin)) {
                     let (x0, x1) = (pair[0], pair[1]);
@@ -170,16 +187,17 @@ mod tests {
     use super::*;
 
     /// The host pass against candle's ops (the other-device path), both pair
-    /// layouts, serial and parallel row counts, bit for bit; value heads
-    /// untouched.
+    /// layouts, whole and partial rotary, scaled or not, serial and
+    /// parallel row counts, bit for bit; value heads and the unrotated tail
+    /// of each head untouched.
     #[test]
     fn host_pass_equals_candle_rope() {
         let (hd, rotated, width) = (8, 3, 5 * 8);
-        let inv_freq: Vec<f32> = (0..hd / 2)
-            .map(|i| 1.0 / 10_000f32.powf(2.0 * i as f32 / hd as f32))
-            .collect();
-        for interleaved in [true, false] {
-            let rope = Rope::new(&inv_freq, 512, interleaved, &Device::Cpu).unwrap();
+        for (interleaved, rd, scale) in [(true, 8, 1.0), (false, 8, 1.0), (false, 6, 1.19)] {
+            let inv_freq: Vec<f32> = (0..rd / 2)
+                .map(|i| 1.0 / 10_000f32.powf(2.0 * i as f32 / rd as f32))
+                .collect();
+            let rope = Rope::new(&inv_freq, hd, scale, 512, interleaved, &Device::Cpu).unwrap();
             for t in [1, 5, 2 * ROWS_PER_TASK + 3] {
                 let data: Vec<f32> = (0..t * width)
                     .map(|i| ((i * 31 % 97) as f32 - 48.0) * 0.05)
@@ -193,10 +211,14 @@ mod tests {
                 let want: Vec<f32> = want.flatten_all().unwrap().to_vec1().unwrap();
                 assert_eq!(got, want, "interleaved={interleaved} t={t}");
                 for (r, row) in got.chunks_exact(width).enumerate() {
-                    assert_eq!(
-                        row[rotated * hd..],
-                        data[r * width + rotated * hd..(r + 1) * width]
-                    );
+                    let was = &data[r * width..(r + 1) * width];
+                    assert_eq!(row[rotated * hd..], was[rotated * hd..]);
+                    for h in 0..rotated {
+                        assert_eq!(
+                            row[h * hd + rd..(h + 1) * hd],
+                            was[h * hd + rd..(h + 1) * hd]
+                        );
+                    }
                     if positions[r] > 0 {
                         assert_ne!(row[..hd], data[r * width..r * width + hd]);
                     }

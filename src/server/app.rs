@@ -205,7 +205,11 @@ fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> axum::respo
 fn load(args: &ServeArgs, metrics: Arc<Metrics>) -> anyhow::Result<ModelState> {
     let path = args.model.model_path()?;
     let device = crate::load::loader::device(&args.model.device)?;
-    let loaded = crate::load::loader::load(&path, &args.model.load_options(), &device)?;
+    let options = crate::load::loader::LoadOptions {
+        context: args.max_model_len,
+        ..args.model.load_options()
+    };
+    let loaded = crate::load::loader::load(&path, &options, &device)?;
     let info = loaded.model.info().clone();
     let max_context = match args.max_model_len {
         Some(n) if n > info.max_context => anyhow::bail!(

@@ -14,6 +14,19 @@ pub struct Reference {
     pub tokenizer: Vec<TokenizerCase>,
     #[serde(default)]
     pub chat: Vec<ChatCase>,
+    /// The context to serve the model at for these answers to hold, where
+    /// its RoPE depends on it (Phi-3's LongRoPE).
+    pub serve_context: Option<usize>,
+    /// A prompt past `serve_context`, with the logits at its positions from
+    /// `from` on.
+    pub long: Option<LongCase>,
+}
+
+#[derive(serde::Deserialize)]
+pub struct LongCase {
+    pub ids: Vec<u32>,
+    pub from: usize,
+    pub logits: Vec<Vec<f32>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -62,6 +75,23 @@ pub fn worst_logit_diff(r: &Reference, loaded: &LoadedModel, kv_dtype: Option<Kv
         }
     }
     worst
+}
+
+/// Largest difference from transformers' logits on the reference's long
+/// prompt (the model loaded at its full context), prefilled up to `from`
+/// and then fed a token at a time.
+pub fn long_logit_diff(r: &Reference, loaded: &LoadedModel, kv_dtype: Option<KvDtype>) -> f32 {
+    let long = r.long.as_ref().expect("the reference has a long prompt");
+    let ids = long.ids.iter().copied().chain([0]).collect();
+    let kv_dtype = kv_dtype.unwrap_or(loaded.model.info().kv_dtype);
+    let got =
+        super::teacher_forced_logits(&*loaded.model, &[(long.from + 1, ids)], kv_dtype, false);
+    assert_eq!(got[0].len(), long.logits.len());
+    got[0]
+        .iter()
+        .zip(&long.logits)
+        .map(|(a, b)| max_abs_diff(a, b))
+        .fold(0.0, f32::max)
 }
 
 pub fn read_reference(path: &std::path::Path) -> Reference {
