@@ -1,16 +1,30 @@
 //! Runs the official `openai` Python SDK (tests/openai_sdk/) against a
-//! started `wick serve` behind an API key: a real client, sync and async.
+//! started `wick serve` behind an API key: a real client, sync and async,
+//! and a model that thinks, its reasoning shown apart from its answer.
 
 mod common;
 
 use std::process::Command;
+use std::sync::Once;
+
+use common::Server;
+
+/// Every SDK call goes through the API-key check, as on a real deployment.
+const KEY: &str = "sk-wick-sdk-test";
+const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_sdk");
 
 fn python() -> String {
     std::env::var("WICK_PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
-/// Installs the SDK and pytest from PyPI when they are missing.
+/// Installs the SDK and pytest from PyPI when they are missing, once for
+/// the tests running side by side.
 fn ensure_packages() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(install_packages);
+}
+
+fn install_packages() {
     let have = Command::new(python())
         .args(["-c", "import openai, pytest"])
         .stderr(std::process::Stdio::null())
@@ -34,18 +48,30 @@ fn ensure_packages() {
     }
 }
 
-#[test]
-fn openai_python_sdk_against_wick() {
+/// Runs the pytest file `file` of tests/openai_sdk/ against `server`.
+fn pytest(file: &str, server: &Server) {
     ensure_packages();
-    // Every SDK call goes through the API-key check, as on a real deployment.
-    let key = "sk-wick-sdk-test";
-    let server = common::Server::start(&["--api-key", key]);
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_sdk");
     let status = Command::new(python())
-        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", dir])
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+        .arg(format!("{DIR}/{file}"))
         .env("WICK_BASE_URL", &server.base)
-        .env("WICK_API_KEY", key)
+        .env("WICK_API_KEY", KEY)
         .status()
         .expect("running pytest");
-    assert!(status.success(), "the openai SDK tests failed");
+    assert!(status.success(), "the openai SDK tests in {file} failed");
+}
+
+#[test]
+fn openai_python_sdk_against_wick() {
+    let server = Server::start(&["--api-key", KEY]);
+    pytest("test_openai_sdk.py", &server);
+}
+
+/// The default model under a template that makes it think (see
+/// test_reasoning.py).
+#[test]
+fn openai_python_sdk_shows_reasoning_apart() {
+    let template = format!("{DIR}/thinking.jinja");
+    let server = Server::start(&["--api-key", KEY, "--chat-template", &template]);
+    pytest("test_reasoning.py", &server);
 }

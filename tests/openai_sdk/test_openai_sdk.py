@@ -163,6 +163,11 @@ def test_unsupported_fields_are_refused_by_name(client, model):
             model=model, messages=[{"role": "user", "content": "x"}], extra_body={"guided_choice": ["a", "b"]}
         )
     assert e.value.param == "guided_choice"
+    # The default model's template has no reasoning effort to set.
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}], reasoning_effort="low")
+    assert (e.value.param, e.value.code) == ("reasoning_effort", "unsupported_parameter")
+    assert "chat template has no reasoning effort" in e.value.message
 
 
 def test_parse_with_a_pydantic_model(client, model):
