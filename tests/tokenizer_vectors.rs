@@ -110,3 +110,8 @@ fn qwen2() {
 fn gpt_2() {
     check("gpt-2");
 }
+
+#[test]
+fn qwen35() {
+    check("qwen35");
+}

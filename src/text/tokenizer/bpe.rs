@@ -1,5 +1,5 @@
 //! Byte-level BPE (`tokenizer.ggml.model = "gpt2"`): GPT-2, Llama 3, Qwen2,
-//! SmolLM and their kin, told apart by `tokenizer.ggml.pre`.
+//! Qwen3.5, SmolLM and their kin, told apart by `tokenizer.ggml.pre`.
 //!
 //! llama.cpp splits text into words with a regex per pre-type (hand-written
 //! matchers for the common ones, which agree with the regexes), maps bytes
@@ -21,12 +21,14 @@ use tokenizers::{PreTokenizerWrapper, SplitDelimiterBehavior};
 use super::vocab::{meta_array, Vocab};
 use super::Family;
 
-/// Letters and numbers Unicode 16 added. llama.cpp classifies characters
-/// with its own Unicode 15 tables, where these are unassigned; the regex
-/// engine knows Unicode 16, so the patterns take them out of `\p{L}` and
-/// `\p{N}` (and put them among "other" characters) to split as llama.cpp does.
+/// Letters, numbers and marks Unicode 16 added. llama.cpp classifies
+/// characters with its own Unicode 15 tables, where these are unassigned;
+/// the regex engine knows Unicode 16, so the patterns take them out of
+/// `\p{L}`, `\p{N}` and `\p{M}` (and put them among "other" characters) to
+/// split as llama.cpp does.
 const UNICODE16_LETTERS: &str = r"\x{1C89}-\x{1C8A}\x{A7CB}-\x{A7CD}\x{A7DA}-\x{A7DC}\x{105C0}-\x{105F3}\x{10D4A}-\x{10D65}\x{10D6F}-\x{10D85}\x{10EC2}-\x{10EC4}\x{11380}-\x{11389}\x{1138B}\x{1138E}\x{11390}-\x{113B5}\x{113B7}\x{113D1}\x{113D3}\x{11BC0}-\x{11BE0}\x{13460}-\x{143FA}\x{16100}-\x{1611D}\x{16D40}-\x{16D6C}\x{18CFF}\x{1E5D0}-\x{1E5ED}\x{1E5F0}";
 const UNICODE16_NUMBERS: &str = r"\x{10D40}-\x{10D49}\x{116D0}-\x{116E3}\x{11BF0}-\x{11BF9}\x{16130}-\x{16139}\x{16D70}-\x{16D79}\x{1CCF0}-\x{1CCF9}\x{1E5F1}-\x{1E5FA}";
+const UNICODE16_MARKS: &str = r"\x{897}\x{10D69}-\x{10D6D}\x{10EFC}\x{113B8}-\x{113C0}\x{113C2}\x{113C5}\x{113C7}-\x{113CA}\x{113CC}-\x{113D0}\x{113D2}\x{113E1}-\x{113E2}\x{11F5A}\x{1611E}-\x{1612F}\x{1E5EE}-\x{1E5EF}";
 
 /// The word-splitting regexes of llama.cpp's `llm_tokenizer_bpe`, in the
 /// order applied, spelled as llama.cpp spells them; [`pattern`] makes their
@@ -41,6 +43,9 @@ enum Splits {
     Llama3,
     /// Llama 3's split with single digits.
     Qwen2,
+    /// Qwen2's split with combining marks (`\p{M}`) kept in letter runs, so
+    /// a decomposed `é` stays one word.
+    Qwen35,
 }
 
 /// GPT-2's word split. llama.cpp lists it without the final `|\s+`, but its
@@ -49,6 +54,7 @@ enum Splits {
 const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN35: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 impl Splits {
     fn patterns(self) -> &'static [&'static str] {
@@ -57,20 +63,31 @@ impl Splits {
             Splits::Gpt2 => &[GPT2],
             Splits::Llama3 => &[LLAMA3],
             Splits::Qwen2 => &[QWEN2],
+            Splits::Qwen35 => &[QWEN35],
         }
     }
 }
 
-/// `pattern` with its letter and number classes narrowed to llama.cpp's
-/// Unicode 15 tables (`onig` classes with the Unicode 16 additions taken out
-/// of `\p{L}`/`\p{N}` and put into their complements).
+/// `pattern` with its letter, number and mark classes narrowed to
+/// llama.cpp's Unicode 15 tables (`onig` classes with the Unicode 16
+/// additions taken out of `\p{L}`/`\p{N}`/`\p{M}` and put into their
+/// complements). Whole bracket classes come first, so their `\p{..}` are
+/// not rewritten on their own.
 fn pattern(llama_cpp: &str) -> String {
     let new = format!("{UNICODE16_LETTERS}{UNICODE16_NUMBERS}");
     let classes = [
         (r"[^\s\p{L}\p{N}]", format!(r"[[^\s\p{{L}}\p{{N}}]{new}]")),
         (
+            r"[^\s\p{L}\p{M}\p{N}]",
+            format!(r"[[^\s\p{{L}}\p{{M}}\p{{N}}]{new}{UNICODE16_MARKS}]"),
+        ),
+        (
             r"[^\r\n\p{L}\p{N}]",
             format!(r"[[^\r\n\p{{L}}\p{{N}}]{new}]"),
+        ),
+        (
+            r"[\p{L}\p{M}]",
+            format!(r"[[\p{{L}}\p{{M}}]&&[^{UNICODE16_LETTERS}{UNICODE16_MARKS}]]"),
         ),
         (r"\p{L}", format!(r"[\p{{L}}&&[^{UNICODE16_LETTERS}]]")),
         (r"\p{N}", format!(r"[\p{{N}}&&[^{UNICODE16_NUMBERS}]]")),
@@ -171,6 +188,12 @@ const PRE_TYPES: &[PreType] = &[
         ignore_merges: false,
         add_bos: false,
     },
+    PreType {
+        names: &["qwen35"],
+        splits: Splits::Qwen35,
+        ignore_merges: false,
+        add_bos: false,
+    },
 ];
 
 /// The supported pre-type named `pre`, or an error naming it.
@@ -184,9 +207,9 @@ fn pre_type(pre: Option<&str>) -> Result<&'static PreType> {
         .with_context(|| format!("unsupported GGUF pre-tokenizer {pre:?}"))
 }
 
-pub(super) fn build(content: &Content, vocab: &Vocab) -> Result<Family> {
-    let pre = pre_type(vocab.pre.as_deref())?;
-    let merges = meta_array(content, "tokenizer.ggml.merges")?
+/// `tokenizer.ggml.merges`, best first: each a pair of vocabulary strings.
+pub(super) fn merges(content: &Content) -> Result<Vec<(String, String)>> {
+    meta_array(content, "tokenizer.ggml.merges")?
         .iter()
         .map(|v| {
             let m = v.to_string()?;
@@ -194,7 +217,12 @@ pub(super) fn build(content: &Content, vocab: &Vocab) -> Result<Family> {
                 .map(|(a, b)| (a.to_string(), b.to_string()))
                 .with_context(|| format!("malformed merge {m:?}"))
         })
-        .collect::<Result<Vec<_>>>()?;
+        .collect()
+}
+
+pub(super) fn build(content: &Content, vocab: &Vocab) -> Result<Family> {
+    let pre = pre_type(vocab.pre.as_deref())?;
+    let merges = merges(content)?;
 
     // Later duplicates win, as in llama.cpp's token_to_id map.
     let ids = vocab
@@ -305,6 +333,21 @@ mod tests {
         );
         assert_eq!(split(Splits::Qwen2, "12 ab"), ["1", "2", " ab"]);
         assert_eq!(split(Splits::DigitsThenGpt2, "ab12"), ["ab", "1", "2"]);
+    }
+
+    /// Qwen3.5 keeps combining marks in letter runs, where Qwen2 splits a
+    /// decomposed `é` after its `e`; Unicode 16's new marks are no marks to
+    /// llama.cpp.
+    #[test]
+    fn qwen35_keeps_marks() {
+        assert_eq!(
+            split(Splits::Qwen35, "e\u{301}x 1"),
+            ["e\u{301}x", " ", "1"]
+        );
+        assert_eq!(split(Splits::Qwen2, "e\u{301}x"), ["e", "\u{301}x"]);
+        // U+0897 ARABIC PEPET (Unicode 16).
+        assert_eq!(split(Splits::Qwen35, "a\u{897}"), ["a", "\u{897}"]);
+        assert_eq!(split(Splits::Qwen35, "a\u{300}"), ["a\u{300}"]);
     }
 
     /// Unicode 16's new letters are not letters to llama.cpp, which splits
