@@ -8,9 +8,11 @@
 //!
 //! GGUF vocabularies come in families, one file each: `vocab` reads what
 //! they share, `bpe` builds byte-level BPE (GPT-2, Llama 3, Qwen2,
-//! SmolLM) and `spm` SentencePiece (Llama 2, Mistral, Phi-3).
+//! Qwen3.5, SmolLM), `spm` SentencePiece (Llama 2, Mistral, Phi-3) and
+//! `gemma4` Gemma 4's BPE over `▁`-spelled text.
 
 mod bpe;
+mod gemma4;
 mod spm;
 mod vocab;
 
@@ -60,8 +62,9 @@ impl Tokenizer {
     /// Builds the tokenizer from a GGUF's `tokenizer.ggml.*` metadata,
     /// reproducing llama.cpp's tokenizer for it so prompt ids match
     /// llama.cpp's exactly: byte-level BPE (`"gpt2"`) with a pre-type from
-    /// `bpe`'s table, or SentencePiece (`"llama"`). Anything else is an
-    /// error rather than a silently different tokenization.
+    /// `bpe`'s table, SentencePiece (`"llama"`) or Gemma 4's BPE
+    /// (`"gemma4"`). Anything else is an error rather than a silently
+    /// different tokenization.
     ///
     /// Control (and unknown) tokens become special added tokens and
     /// user-defined ones plain added tokens, so their text always encodes to
@@ -73,18 +76,24 @@ impl Tokenizer {
     /// `<reponame>` for a FIM repo token, so generation stops there too.
     pub fn from_gguf(content: &Content) -> Result<Tokenizer> {
         let model = vocab::model(content)?;
-        if model != "gpt2" && model != "llama" {
+        if !["gpt2", "llama", "gemma4"].contains(&model) {
             bail!(
-                "unsupported GGUF tokenizer model {model:?} (wick reads byte-level BPE \"gpt2\" \
-                 and SentencePiece \"llama\")"
+                "unsupported GGUF tokenizer model {model:?} (wick reads byte-level BPE \"gpt2\", \
+                 SentencePiece \"llama\" and \"gemma4\")"
             );
         }
         let vocab = Vocab::read(content)?;
         let family = match model {
             "gpt2" => bpe::build(content, &vocab)?,
+            "gemma4" => gemma4::build(content, &vocab)?,
             _ => spm::build(&vocab)?,
         };
-        let add_bos = vocab.add_bos.unwrap_or(family.add_bos);
+        let add_bos = match model {
+            // llama.cpp adds BOS to Gemma 4 prompts even where the file says
+            // not to: the model misbehaves without it.
+            "gemma4" => true,
+            _ => vocab.add_bos.unwrap_or(family.add_bos),
+        };
         let add_eos = vocab.add_eos.unwrap_or(false);
         let specials = vocab.specials();
         let tok = Self::from_hf(family.inner, vocab.eog, vocab.bos, add_bos)
@@ -272,7 +281,7 @@ pub(crate) fn test_tokenizer() -> Tokenizer {
 
 /// A vocabulary-only GGUF from llama.cpp's test vectors
 /// (`tests/fixtures/llama-cpp/vocab`), for unit tests: `llama-spm`, `phi-3`,
-/// `llama-bpe`, `qwen2` or `gpt-2`.
+/// `llama-bpe`, `qwen2`, `qwen35` or `gpt-2`.
 #[cfg(test)]
 pub(crate) fn vocab_fixture(name: &str) -> Content {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -29,7 +29,7 @@ use super::vocab::Vocab;
 use super::Family;
 
 /// SentencePiece's visible space.
-const SPACE: &str = "\u{2581}";
+pub(super) const SPACE: &str = "\u{2581}";
 
 pub(super) fn build(vocab: &Vocab) -> Result<Family> {
     // Later duplicates win, as in llama.cpp's token_to_id map.
@@ -63,18 +63,10 @@ pub(super) fn build(vocab: &Vocab) -> Result<Family> {
         normalizers.push(Prepend::new(SPACE.into()).into());
     }
     normalizers.push(Replace::new(" ", SPACE).map_err(anyhow::Error::msg)?.into());
-    let mut decoders: Vec<DecoderWrapper> = vec![
-        Replace::new(SPACE, " ").map_err(anyhow::Error::msg)?.into(),
-        ByteFallback::new().into(),
-        Fuse::new().into(),
-    ];
-    if add_space_prefix {
-        decoders.push(Strip::new(' ', 1, 0).into());
-    }
 
     let mut inner = tokenizers::Tokenizer::new(bpe);
     inner.with_normalizer(Some(NormalizerSequence::new(normalizers)));
-    inner.with_decoder(Some(DecoderSequence::new(decoders)));
+    inner.with_decoder(Some(decoder(add_space_prefix)?));
     inner.add_tokens(&vocab.added_tokens());
 
     Ok(Family {
@@ -83,6 +75,20 @@ pub(super) fn build(vocab: &Vocab) -> Result<Family> {
         add_bos: true,
         strip_leading_space: add_space_prefix,
     })
+}
+
+/// The `tokenizers` decoder for `▁`-spelled pieces with `<0xAB>` byte
+/// tokens, dropping the space the normalizer prepended if it did.
+pub(super) fn decoder(add_space_prefix: bool) -> Result<DecoderWrapper> {
+    let mut decoders: Vec<DecoderWrapper> = vec![
+        Replace::new(SPACE, " ").map_err(anyhow::Error::msg)?.into(),
+        ByteFallback::new().into(),
+        Fuse::new().into(),
+    ];
+    if add_space_prefix {
+        decoders.push(Strip::new(' ', 1, 0).into());
+    }
+    Ok(DecoderSequence::new(decoders).into())
 }
 
 /// Every split of a vocabulary entry into two entries, best first: by the

@@ -11,7 +11,8 @@ use tokenizers::AddedToken;
 /// end-of-generation wherever they occur in a vocabulary: its text-based EOG
 /// list plus its FIM pad/repo/separator candidates, which it also adds. (It
 /// keeps only the first FIM candidate found per kind and has a few
-/// per-family exceptions for vocabularies wick does not load; not mirrored.)
+/// per-family exceptions for vocabularies wick does not load; not mirrored.
+/// Gemma 4's, which `read` mirrors, is that `</s>` is no EOG there.)
 const EOG_TEXTS: &[&str] = &[
     "<|eot_id|>",
     "<|im_end|>",
@@ -228,6 +229,16 @@ impl Vocab {
             (0..n as u32)
                 .filter(|&id| Some(id) != eos && EOG_TEXTS.contains(&tokens[id as usize].as_str())),
         );
+        // Gemma 4's `</s>` is ordinary text: llama.cpp tells such a
+        // vocabulary by its `<|tool_response>` and makes `</s>` normal again.
+        if tokens.iter().any(|t| t == "<|tool_response>") {
+            for (id, text) in tokens.iter().enumerate() {
+                if text == "</s>" {
+                    kinds[id] = Kind::Normal;
+                    eog.retain(|&e| e != id as u32);
+                }
+            }
+        }
 
         let name = match content.metadata.get("general.name") {
             Some(Value::String(s)) => s.to_lowercase(),
@@ -457,6 +468,21 @@ mod tests {
         assert!(rstrip("<|user|>") && rstrip("</s>") && rstrip("[PAD32011]"));
         assert!(!rstrip("<s>") && !rstrip("<|endoftext|>") && !rstrip("<unk>"));
         assert_eq!(phi3.kinds[3], Kind::Byte);
+    }
+
+    /// With `<|tool_response>` in the vocabulary (Gemma 4), `</s>` is
+    /// ordinary text, neither control nor EOG.
+    #[test]
+    fn tool_response_makes_end_of_sentence_text() {
+        let mut content = vocab_fixture("qwen2");
+        let Some(Value::Array(tokens)) = content.metadata.get_mut("tokenizer.ggml.tokens") else {
+            panic!("tokens");
+        };
+        tokens[151646] = Value::String("<|tool_response>".into());
+        let vocab = Vocab::read(&content).unwrap();
+        assert_eq!(vocab.tokens[128247], "</s>");
+        assert_eq!(vocab.kinds[128247], Kind::Normal);
+        assert_eq!(vocab.eog, [151643, 151645, 151646]);
     }
 
     #[test]
