@@ -113,10 +113,7 @@ fn qwen35() {
     check("qwen35");
 }
 
-/// Its vocabulary GGUF (15.8 MB) is not committed; see
-/// `tests/fixtures/README.md` for where to copy it from.
 #[test]
-#[ignore = "needs tests/fixtures/llama-cpp/vocab/ggml-vocab-gemma-4.gguf, not committed"]
 fn gemma_4() {
     check("gemma-4");
 }
