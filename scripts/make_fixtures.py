@@ -40,6 +40,8 @@ from tokenizers import decoders, models, pre_tokenizers, trainers  # noqa: E402
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
     AutoTokenizer,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     GPT2Config,
     GPT2LMHeadModel,
     LlamaConfig,
@@ -132,8 +134,9 @@ def train_tokenizer(specials):
     return tok
 
 
-def randomize(model, std):
-    """Matrices N(0, std); norm weights 1 + N(0, 0.1); biases N(0, 0.1)."""
+def randomize(model, std, norm_center=1.0):
+    """Matrices N(0, std); norm weights norm_center + N(0, 0.1) (0 where
+    the model scales by 1 + w, as Gemma's do); biases N(0, 0.1)."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() >= 2:
@@ -141,7 +144,7 @@ def randomize(model, std):
             elif name.endswith("bias"):
                 p.normal_(0.0, 0.1)
             else:
-                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+                p.copy_(norm_center + 0.1 * torch.randn_like(p))
 
 
 def greedy(model, ids):
@@ -212,13 +215,13 @@ def long_context(model, tokenizer, context, rows):
     return {"serve_context": context, "long": {"ids": ids, "from": len(ids) - rows, "logits": logits}}
 
 
-def build(name, make_model, tokenizer, chat, seed, std, extra=None, **save_args):
+def build(name, make_model, tokenizer, chat, seed, std, extra=None, norm_center=1.0, **save_args):
     out = ROOT / name
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     torch.manual_seed(seed)
     model = make_model().eval()
-    randomize(model, std)
+    randomize(model, std, norm_center)
     ref = reference(model, tokenizer, chat)
     if extra:
         ref.update(extra(model, tokenizer))
@@ -301,9 +304,10 @@ def main():
         eos_token_id=eos,
     )
 
-    def chat_fixture(name, model, config, seed, save_args=None, extra=None, **fields):
+    def chat_fixture(name, model, config, seed, save_args=None, extra=None, norm_center=1.0,
+                     **fields):
         build(name, lambda: model(config(**{**small, **fields})), llama_tok, chat=True,
-              seed=seed, std=0.15, extra=extra, **(save_args or {}))
+              seed=seed, std=0.15, extra=extra, norm_center=norm_center, **(save_args or {}))
 
     chat_fixture(
         "llama-tiny", LlamaForCausalLM, LlamaConfig, seed=2,
@@ -353,6 +357,21 @@ def main():
             "long_factor": [1.0, 1.5, 3.0, 6.0, 12.0, 24.0],
         },
         extra=lambda model, tok: long_context(model, tok, 64, 24),
+    )
+    # Gemma 3: scaled embeddings, (1 + w) norms before and after attention
+    # and MLP, q/k norms, GeGLU, a final logit soft cap, and five local
+    # layers (a 16-token window, RoPE base 1e4) before a global one (base
+    # 1e6, linear scaling): the period llama.cpp assumes. The longer inputs
+    # reach past the window.
+    chat_fixture(
+        "gemma3-tiny", Gemma3ForCausalLM, Gemma3TextConfig, seed=8,
+        num_hidden_layers=6, head_dim=32, query_pre_attn_scalar=32, sliding_window=16,
+        final_logit_softcapping=8.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        pad_token_id=bos, norm_center=0.0,
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
     )
 
 

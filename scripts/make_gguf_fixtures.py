@@ -28,6 +28,9 @@ Qwen2's tensors in NEOX order with their biases, and drops a tied head):
   its reference is `tests/fixtures/phi3-tiny/reference.json`. The
   converter reads Phi-3 vocabularies as SentencePiece unless the tokenizer
   class is GPT-2's, so it is told to read this byte-level one as GPT-2's.
+- `gemma3-{f32,q8_0}.gguf`: `tests/fixtures/gemma3-tiny` (norms stored as
+  1 + w, five sliding-window layers and a global one, final soft cap)
+  converted; its reference is `tests/fixtures/gemma3-tiny/reference.json`.
 
 The tiny byte-level tokenizers are none llama.cpp recognises, so the
 converter's pre-tokenizer check is told "smollm": the tests feed token ids
@@ -111,6 +114,7 @@ def main():
             convert(llama_cpp, mf.ROOT / "qwen3-tiny", OUT / f"qwen3-{outtype}.gguf", outtype)
             convert(llama_cpp, mf.ROOT / "smollm3-tiny", OUT / f"smollm3-{outtype}.gguf", outtype)
             convert(llama_cpp, mf.ROOT / "phi3-tiny", OUT / f"phi3-{outtype}.gguf", outtype)
+            convert(llama_cpp, mf.ROOT / "gemma3-tiny", OUT / f"gemma3-{outtype}.gguf", outtype)
     for f in sorted(OUT.iterdir()):
         print(f"{f.name}: {f.stat().st_size / 1e6:.2f} MB")
 

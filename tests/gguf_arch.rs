@@ -2,7 +2,8 @@
 //! 3.1 RoPE scaling, so the file carries `rope_freqs.weight`), Qwen2 (q/k/v
 //! biases, NEOX RoPE, tied head), Qwen3 (per-head q/k norms, head size
 //! not hidden / heads), SmolLM3 (every fourth layer without RoPE) and Phi-3
-//! (fused q/k/v and gate/up, partial rotary, LongRoPE factor tensors)
+//! (fused q/k/v and gate/up, partial rotary, LongRoPE factor tensors) and
+//! Gemma 3 (sandwich norms, GeGLU, local sliding-window layers)
 //! converted by llama.cpp's own
 //! `convert_hf_to_gguf.py` (`scripts/make_gguf_fixtures.py`), compared with
 //! transformers' logits and greedy continuations for the same weights.
@@ -23,7 +24,7 @@ fn fixtures() -> PathBuf {
 }
 
 /// `(GGUF stem, its transformers reference, a tensor only that feature has)`.
-const CASES: [(&str, &str, &str); 5] = [
+const CASES: [(&str, &str, &str); 6] = [
     (
         "llama3-rope",
         "llama-tiny/reference.json",
@@ -50,6 +51,12 @@ const CASES: [(&str, &str, &str); 5] = [
         "phi3",
         "phi3-tiny/reference.json",
         "rope_factors_long.weight",
+    ),
+    // Norms after attention and MLP; sliding-window layers.
+    (
+        "gemma3",
+        "gemma3-tiny/reference.json",
+        "blk.0.post_ffw_norm.weight",
     ),
 ];
 

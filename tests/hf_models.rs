@@ -17,13 +17,14 @@ use wick::load::loader::{load, LoadOptions, LoadedModel, WeightDtype};
 use wick::models::linear::WeightFormat;
 use wick::sampling::params::SamplingParams;
 
-const FIXTURES: [&str; 6] = [
+const FIXTURES: [&str; 7] = [
     "gpt2-tiny",
     "llama-tiny",
     "mistral-tiny",
     "qwen3-tiny",
     "smollm3-tiny",
     "phi3-tiny",
+    "gemma3-tiny",
 ];
 
 fn fixture(name: &str) -> PathBuf {
@@ -346,7 +347,8 @@ fn unsupported_checkpoints_are_refused_clearly() {
     });
     let e = load_error(dir.path());
     assert!(
-        e.contains("\"falcon\"") && e.contains("gpt2, llama, mistral, phi3, qwen3 and smollm3"),
+        e.contains("\"falcon\"")
+            && e.contains("gemma3_text, gpt2, llama, mistral, phi3, qwen3 and smollm3"),
         "{e}"
     );
 

@@ -230,6 +230,10 @@ fn attend_item<T: KvElem>(
     // Query vector `qi` belongs to row `rows.start + qi / group` and sees
     // positions `..visible(qi)`.
     let visible = |qi: usize| s.first_pos + rows.start + qi / group + 1;
+    // A sliding-window layer's query sees only the last `window` of those;
+    // tiles wholly before the first row's window are never read.
+    let lowest = |qi: usize| dims.window.map_or(0, |w| visible(qi).saturating_sub(w));
+    let first_tile = lowest(0) / bs * bs;
     let n_queries = rows.len() * group;
 
     let scale = 1.0 / (hd as f32).sqrt();
@@ -277,13 +281,13 @@ fn attend_item<T: KvElem>(
             row.iter_mut().zip(scales).for_each(|(x, s)| *x *= s);
         }
     };
-    for b0 in (0..ctx).step_by(bs) {
+    for b0 in (first_tile..ctx).step_by(bs) {
         let n = bs.min(ctx - b0);
         // Tiles are scattered, so the hardware prefetcher cannot run ahead:
         // ask for the next one while this one is scored.
         match b0 + bs < ctx {
             true => fetch(tile_of(k_pool, s, b0 + bs, kv_head, dims)),
-            false => fetch(tile_of(v_pool, s, 0, kv_head, dims)),
+            false => fetch(tile_of(v_pool, s, first_tile, kv_head, dims)),
         }
         let Pool {
             values: keys,
@@ -312,6 +316,8 @@ fn attend_item<T: KvElem>(
     let mut inv_sums = Vec::with_capacity(n_queries);
     for qi in 0..n_queries {
         let (sc, hidden) = scores[qi * ctx..(qi + 1) * ctx].split_at_mut(visible(qi));
+        let (before, sc) = sc.split_at_mut(lowest(qi));
+        before[first_tile..].fill(0.0);
         let max = max_of(sc);
         for x in sc.iter_mut() {
             *x = fast_exp(*x - max);
@@ -322,7 +328,7 @@ fn attend_item<T: KvElem>(
     }
 
     let mut out = vec![0f32; n_queries * hd];
-    for b0 in (0..ctx).step_by(bs) {
+    for b0 in (first_tile..ctx).step_by(bs) {
         if b0 + bs < ctx {
             fetch(tile_of(v_pool, s, b0 + bs, kv_head, dims));
         }

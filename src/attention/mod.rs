@@ -52,6 +52,9 @@ pub struct AttnDims {
     pub num_kv_heads: usize,
     pub head_dim: usize,
     pub block_size: usize,
+    /// A sliding-window layer's window: each query sees at most this many
+    /// positions, its own included.
+    pub window: Option<usize>,
 }
 
 impl AttnDims {
@@ -212,7 +215,7 @@ fn attend_tensor(
             .transpose(0, 1)?
             .contiguous()?;
         let mut att = (qs.matmul(&ks.t()?)? * scale)?;
-        if let Some(mask) = meta.mask_t(i)? {
+        if let Some(mask) = meta.mask_t(i, dims.window.is_some())? {
             att = att.broadcast_add(&mask)?;
         }
         let att = candle_nn::ops::softmax_last_dim(&att)?;
@@ -249,7 +252,8 @@ mod tests {
     }
 
     /// Plain causal attention over one whole sequence with scalar loops: an
-    /// independent reference, no cache and no candle ops.
+    /// independent reference, no cache and no candle ops. With a window,
+    /// position i sees `i + 1 - window..=i`.
     fn reference(q: &Tensor, k: &Tensor, v: &Tensor, dims: AttnDims) -> Tensor {
         let (q, k, v) = (
             q.to_vec2::<f32>().unwrap(),
@@ -262,7 +266,8 @@ mod tests {
             for h in 0..nh {
                 let g = h / group;
                 let qh = &q[i][h * hd..(h + 1) * hd];
-                let scores: Vec<f32> = (0..=i)
+                let lowest = dims.window.map_or(0, |w| (i + 1).saturating_sub(w));
+                let scores: Vec<f32> = (lowest..=i)
                     .map(|j| {
                         qh.iter()
                             .zip(&k[j][g * hd..(g + 1) * hd])
@@ -276,7 +281,7 @@ mod tests {
                 for (j, s) in scores.iter().enumerate() {
                     let p = (s - max).exp() / z;
                     for d in 0..hd {
-                        out[(i * nh + h) * hd + d] += p * v[j][g * hd + d];
+                        out[(i * nh + h) * hd + d] += p * v[lowest + j][g * hd + d];
                     }
                 }
             }
@@ -319,7 +324,21 @@ mod tests {
             [(4, 16, [11, 6]), (16, 16, [41, 30]), (32, 24, [70, 40])]
         {
             for dtype in [KvDtype::F16, KvDtype::F32, KvDtype::Int8] {
-                check_paged_against_dense(block_size, head_dim, lens, dtype);
+                check_paged_against_dense(block_size, head_dim, lens, dtype, None);
+            }
+        }
+    }
+
+    /// Sliding-window layers: windows shorter than a block, spanning
+    /// several, and longer than one sequence, so that whole tiles are
+    /// skipped, windows start mid-tile, and a prompt chunk's rows see
+    /// different ranges.
+    #[test]
+    fn paged_matches_dense_within_a_sliding_window() {
+        for window in [3, 9, 35] {
+            for dtype in [KvDtype::F16, KvDtype::Int8] {
+                check_paged_against_dense(4, 16, [31, 14], dtype, Some(window));
+                check_paged_against_dense(32, 24, [70, 40], dtype, Some(window));
             }
         }
     }
@@ -329,19 +348,21 @@ mod tests {
         head_dim: usize,
         lens: [usize; 2],
         dtype: KvDtype,
+        window: Option<usize>,
     ) {
         let dims = AttnDims {
             num_heads: 6,
             num_kv_heads: 2,
             head_dim,
             block_size,
+            window,
         };
         let (qd, kd) = (
             dims.num_heads * dims.head_dim,
             dims.num_kv_heads * dims.head_dim,
         );
-        let tables = [vec![5u32, 0, 7], vec![3u32, 6]];
-        assert!(lens[0] <= 3 * block_size && lens[1] <= 2 * block_size);
+        let tables = [vec![5u32, 0, 7, 1, 2, 4, 9, 8], vec![3u32, 6, 10, 11]];
+        assert!(lens[0] <= 8 * block_size && lens[1] <= 4 * block_size);
         let full: Vec<(Tensor, Tensor, Tensor)> = lens
             .iter()
             .enumerate()
@@ -389,7 +410,7 @@ mod tests {
                 num_kv_heads: 2,
                 head_dim,
                 block_size,
-                num_blocks: 8,
+                num_blocks: 12,
                 dtype,
             };
             let mut cache = match KvCache::new(layout, &Device::Cpu, force_tensor) {
@@ -418,7 +439,7 @@ mod tests {
                 }
                 let cat = |xs: &[Tensor]| Tensor::cat(xs, 0).unwrap();
                 let qkv = Tensor::cat(&[cat(&qs), cat(&ks), cat(&vs)], 1).unwrap();
-                let meta = StepMeta::new(&batch, &cache, &Device::Cpu).unwrap();
+                let meta = StepMeta::new(&batch, &cache, window, &Device::Cpu).unwrap();
                 let out = paged_attention(&qkv, cache.layer_mut(0), &meta, dims).unwrap();
                 for (si, s) in batch.seqs.iter().enumerate() {
                     got[si].push(out.narrow(0, s.start, s.len).unwrap());
@@ -436,7 +457,7 @@ mod tests {
                     .unwrap();
                 assert!(
                     diff < 1e-5,
-                    "seq {si} block {block_size} head {head_dim} {dtype:?} force_tensor={force_tensor}: max diff {diff}"
+                    "seq {si} block {block_size} head {head_dim} {dtype:?} window {window:?} force_tensor={force_tensor}: max diff {diff}"
                 );
             }
         }

@@ -20,7 +20,7 @@ use crate::models::Model;
 use crate::text::chat_template::ChatTemplate;
 use crate::text::tokenizer::Tokenizer;
 
-const SUPPORTED: &str = "gpt2, llama, mistral, phi3, qwen3 and smollm3";
+const SUPPORTED: &str = "gemma3_text, gpt2, llama, mistral, phi3, qwen3 and smollm3";
 
 fn read_json(path: &Path) -> Result<Value> {
     let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -84,7 +84,7 @@ pub fn load_model(
         .to_string();
     if !matches!(
         model_type.as_str(),
-        "gpt2" | "llama" | "mistral" | "phi3" | "qwen3" | "smollm3"
+        "gemma3_text" | "gpt2" | "llama" | "mistral" | "phi3" | "qwen3" | "smollm3"
     ) {
         bail!(
             "model_type {model_type:?} in {} is not supported; wick runs {SUPPORTED}",

@@ -90,12 +90,26 @@ impl CustomOp2 for Add {
     }
 }
 
-/// SwiGLU over a stacked gate/up projection, `silu(gate) * up`.
-/// `x`: `[rows, 2 * f]` with gate first. Returns `[rows, f]`.
-pub fn swiglu(x: &Tensor) -> Result<Tensor> {
-    match x.device().is_cpu() && x.dtype() == DType::F32 {
-        true => x.contiguous()?.apply_op1_no_bwd(&SwiGlu),
-        false => candle_nn::ops::swiglu(x),
+/// The activation on the gate of a gated MLP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Act {
+    /// SwiGLU (Llama and most others).
+    Silu,
+    /// GeGLU with GELU's tanh approximation (Gemma's `gelu_pytorch_tanh`).
+    GeluTanh,
+}
+
+/// A gated MLP's activation over a stacked gate/up projection,
+/// `act(gate) * up`. `x`: `[rows, 2 * f]` with gate first. Returns
+/// `[rows, f]`.
+pub fn glu(x: &Tensor, act: Act) -> Result<Tensor> {
+    match (x.device().is_cpu() && x.dtype() == DType::F32, act) {
+        (true, _) => x.contiguous()?.apply_op1_no_bwd(&Glu(act)),
+        (false, Act::Silu) => candle_nn::ops::swiglu(x),
+        (false, Act::GeluTanh) => {
+            let f = x.dim(1)? / 2;
+            x.narrow(1, 0, f)?.gelu()? * x.narrow(1, f, f)?
+        }
     }
 }
 
@@ -108,14 +122,21 @@ fn silu(x: f32) -> f32 {
     x / (1.0 + exp_rounded(-x))
 }
 
+/// GELU's tanh approximation, as candle's `gelu` writes it.
+#[inline]
+fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_TWO_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_TWO_OVER_PI * x * (1.0 + 0.044715 * x * x)).tanh())
+}
+
 /// Rows per parallel task: enough work to outweigh handing it to a thread.
 const ROWS_PER_TASK: usize = 16;
 
-struct SwiGlu;
+struct Glu(Act);
 
-impl CustomOp1 for SwiGlu {
+impl CustomOp1 for Glu {
     fn name(&self) -> &'static str {
-        "wick-swiglu"
+        "wick-glu"
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
@@ -125,6 +146,10 @@ impl CustomOp1 for SwiGlu {
         }
         let x = values(storage, layout)?;
         let f = width / 2;
+        let act = match self.0 {
+            Act::Silu => silu,
+            Act::GeluTanh => gelu_tanh,
+        };
         let out = written(rows * f, ROWS_PER_TASK * f, |i, o| {
             let x = &x[i * ROWS_PER_TASK * width..];
             o.chunks_exact_mut(f)
@@ -133,7 +158,7 @@ impl CustomOp1 for SwiGlu {
                     let (gate, up) = x.split_at(f);
                     o.iter_mut()
                         .zip(gate.iter().zip(up))
-                        .map(|(o, (&g, &u))| o.write(silu(g) * u))
+                        .map(|(o, (&g, &u))| o.write(act(g) * u))
                         .count()
                 })
                 .sum()
@@ -171,18 +196,27 @@ mod tests {
         }
     }
 
-    /// The fused op against candle's (the other-device path), over rows
-    /// enough to take the parallel branch and values across silu's range.
+    /// The fused op against candle's ops (the other-device path) for both
+    /// activations, over rows enough to take the parallel branch and values
+    /// across the activations' range.
     #[test]
-    fn matches_candle_swiglu() {
-        for rows in [1, 3, 40] {
+    fn matches_candle_glu() {
+        for (rows, act) in [1, 3, 40]
+            .into_iter()
+            .flat_map(|r| [(r, Act::Silu), (r, Act::GeluTanh)])
+        {
             let f = 24;
             let data: Vec<f32> = (0..rows * 2 * f)
                 .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.35)
                 .collect();
             let x = Tensor::from_vec(data, (rows, 2 * f), &Device::Cpu).unwrap();
-            let got = swiglu(&x).unwrap();
-            let want = candle_nn::ops::swiglu(&x).unwrap();
+            let got = glu(&x, act).unwrap();
+            let want = match act {
+                Act::Silu => candle_nn::ops::swiglu(&x).unwrap(),
+                Act::GeluTanh => (x.narrow(1, 0, f).unwrap().gelu().unwrap()
+                    * x.narrow(1, f, f).unwrap())
+                .unwrap(),
+            };
             assert_eq!(got.dims(), want.dims());
             let (got, want) = (
                 got.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
@@ -194,7 +228,7 @@ mod tests {
                 .map(|(g, w)| (g.to_bits() as i64 - w.to_bits() as i64).abs())
                 .max()
                 .unwrap();
-            assert!(ulps <= 1, "{ulps} ulps from candle's swiglu");
+            assert!(ulps <= 2, "{act:?}: {ulps} ulps from candle's");
         }
     }
 }

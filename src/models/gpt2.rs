@@ -210,8 +210,9 @@ impl Model for Gpt2 {
             num_kv_heads: self.config.n_head,
             head_dim: self.config.head_dim(),
             block_size: cache.layout().block_size,
+            window: None,
         };
-        let meta = StepMeta::new(batch, cache, &self.device)?;
+        let meta = StepMeta::new(batch, cache, None, &self.device)?;
         let mut x = (self.wte.index_select(&meta.tokens_t()?, 0)?
             + self.wpe.index_select(&meta.positions_t()?, 0)?)?;
         for (i, b) in self.blocks.iter().enumerate() {

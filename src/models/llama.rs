@@ -12,7 +12,7 @@ use candle_core::{DType, Device, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 
-use super::elementwise;
+use super::elementwise::{self, Act};
 use super::embedding::Embedding;
 use super::linear::{Linear, WeightSpec};
 use super::rope::Rope;
@@ -44,6 +44,20 @@ pub struct Config {
     pub rope_dim: usize,
     /// Phi-3's LongRoPE frequency divisors.
     pub long_rope: Option<LongRope>,
+    /// The gate's activation: SiLU, or Gemma's tanh GELU.
+    pub act: Act,
+    /// Gemma's: embeddings are multiplied by √hidden.
+    pub embed_scale: Option<f32>,
+    /// Gemma 3's local layers: each token attends to at most this many
+    /// positions (itself included), with RoPE at `local_rope_theta`.
+    pub sliding_window: Option<usize>,
+    pub local_layers: Vec<usize>,
+    pub local_rope_theta: f32,
+    /// Gemma's `tanh(logits / cap) * cap`, where set.
+    pub final_logit_softcap: Option<f32>,
+    /// Gemma's attention scale, `query_pre_attn_scalar^-1/2`, where it is
+    /// not the head size's.
+    pub query_pre_attn_scalar: Option<f32>,
     pub max_context: usize,
     pub vocab_size: usize,
 }
@@ -112,6 +126,20 @@ struct HfConfig {
     partial_rotary_factor: Option<f32>,
     /// Phi-3's pretrained context, which LongRoPE scales from.
     original_max_position_embeddings: Option<usize>,
+    /// Gemma 3's: which layers attend within `sliding_window`, by name
+    /// (transformers 5) or as every layer but each `sliding_window_pattern`th.
+    layer_types: Option<Vec<String>>,
+    #[serde(alias = "_sliding_window_pattern")]
+    sliding_window_pattern: Option<usize>,
+    rope_local_base_freq: Option<f32>,
+    /// Gemma's attention scale is this to the -1/2, not the head size's.
+    query_pre_attn_scalar: Option<f32>,
+    final_logit_softcapping: Option<f32>,
+    attn_logit_softcapping: Option<f32>,
+    /// Gemma's name for `hidden_act`.
+    hidden_activation: Option<String>,
+    #[serde(default)]
+    model_type: String,
     vocab_size: usize,
     #[serde(default)]
     tie_word_embeddings: bool,
@@ -138,6 +166,9 @@ pub enum GgufArch {
     /// Phi-3.x and Phi-4-mini: fused q/k/v and gate/up matrices, RoPE on
     /// halves (of part of each head, for Phi-4-mini), LongRoPE factors.
     Phi3,
+    /// Gemma 3: scaled embeddings, q/k norms, norms after attention and
+    /// MLP too, GeGLU, and local sliding-window layers between global ones.
+    Gemma3,
 }
 
 impl GgufArch {
@@ -154,10 +185,11 @@ impl GgufArch {
             "qwen3" => Ok(GgufArch::Qwen3),
             "smollm3" => Ok(GgufArch::SmolLm3),
             "phi3" => Ok(GgufArch::Phi3),
+            "gemma3" => Ok(GgufArch::Gemma3),
             other => anyhow::bail!(
                 "GGUF architecture {other:?} is not supported; wick runs \"llama\" (Llama 2 and \
                  3.x, Mistral, TinyLlama), \"qwen2\" (Qwen2, Qwen2.5), \"qwen3\", \
-                 \"smollm3\" and \"phi3\" (Phi-3.x, Phi-4-mini) files"
+                 \"smollm3\", \"phi3\" (Phi-3.x, Phi-4-mini) and \"gemma3\" files"
             ),
         }
     }
@@ -170,6 +202,7 @@ impl GgufArch {
             GgufArch::Qwen3 => "qwen3",
             GgufArch::SmolLm3 => "smollm3",
             GgufArch::Phi3 => "phi3",
+            GgufArch::Gemma3 => "gemma3",
         }
     }
 }
@@ -216,6 +249,24 @@ impl Config {
             Ok(v) => v.to_u32()? as usize,
             Err(_) => content.tensor_infos["token_embd.weight"].shape.dims()[0],
         };
+        let gemma = arch == GgufArch::Gemma3;
+        let sliding_window = match md("attention.sliding_window") {
+            Ok(w) if gemma && w.to_u32()? > 0 => Some(w.to_u32()? as usize),
+            _ => None,
+        };
+        // llama.cpp's rule: a list of flags, or a period whose last layer
+        // is global (6 unless the file says).
+        let local_layers = match (sliding_window, md("attention.sliding_window_pattern")) {
+            (None, _) => Vec::new(),
+            (Some(_), Ok(gguf_file::Value::Array(flags))) => (0..num_layers)
+                .filter(|&i| flags.get(i).is_some_and(|f| f.to_bool().unwrap_or(false)))
+                .collect(),
+            (Some(_), period) => {
+                let n = period.map_or(Ok(6), |p| p.to_u32())? as usize;
+                (0..num_layers).filter(|i| i % n < n - 1).collect()
+            }
+        };
+        let md_f32 = |key: &str| md(key).ok().map(|v| v.to_f32()).transpose();
         Ok(Config {
             hidden_size,
             intermediate_size: md("feed_forward_length")?.to_u32()? as usize,
@@ -239,6 +290,18 @@ impl Config {
             no_rope_layers,
             max_context: md("context_length")?.to_u32()? as usize,
             vocab_size,
+            act: match gemma {
+                true => Act::GeluTanh,
+                false => Act::Silu,
+            },
+            embed_scale: gemma.then(|| (hidden_size as f32).sqrt()),
+            sliding_window,
+            local_layers,
+            local_rope_theta: md_f32("rope.freq_base_swa")?.unwrap_or(10_000.0),
+            final_logit_softcap: md_f32("final_logit_softcapping")?,
+            // As llama.cpp: Gemma 3 27B (62 layers) scales by hidden / heads.
+            query_pre_attn_scalar: (gemma && num_layers == 62)
+                .then(|| (hidden_size / num_heads) as f32),
         })
     }
 
@@ -246,11 +309,38 @@ impl Config {
     /// tied to the embeddings.
     pub fn from_hf(json: &str) -> anyhow::Result<(Self, bool)> {
         let c: HfConfig = serde_json::from_str(json)?;
-        if let Some(act) = c.hidden_act.as_deref().filter(|a| *a != "silu") {
-            anyhow::bail!("hidden_act {act:?} is not supported for llama (only \"silu\")");
+        let gemma = c.model_type == "gemma3_text";
+        let act = match c.hidden_activation.as_deref().or(c.hidden_act.as_deref()) {
+            None | Some("silu") => Act::Silu,
+            Some("gelu_pytorch_tanh") => Act::GeluTanh,
+            Some(act) => anyhow::bail!(
+                "hidden activation {act:?} is not supported (only \"silu\" and \"gelu_pytorch_tanh\")"
+            ),
+        };
+        if let Some(cap) = c.attn_logit_softcapping {
+            anyhow::bail!("attn_logit_softcapping ({cap}) is not supported");
         }
         let (mut rope_theta, mut partial) = (c.rope_theta, c.partial_rotary_factor.unwrap_or(1.0));
         let mut params = c.rope_parameters.clone().or(c.rope_scaling.clone());
+        // Gemma 3 under transformers 5: one set per layer type.
+        let mut local_theta = c.rope_local_base_freq.unwrap_or(10_000.0);
+        if let Some(obj) = params.as_mut().and_then(|p| p.as_object_mut()) {
+            if let Some(mut local) = obj.remove("sliding_attention") {
+                if let Some(t) = local.get("rope_theta").and_then(|t| t.as_f64()) {
+                    local_theta = t as f32;
+                }
+                if let Some(o) = local.as_object_mut() {
+                    o.remove("rope_theta");
+                }
+                anyhow::ensure!(
+                    parse_rope_scaling(local.clone())?.is_none(),
+                    "RoPE scaling on sliding-window layers is not supported ({local})"
+                );
+            }
+            if let Some(global) = obj.remove("full_attention") {
+                params = Some(global);
+            }
+        }
         // transformers 5 keeps the base and the rotary fraction in there too.
         if let Some(obj) = params.as_mut().and_then(|p| p.as_object_mut()) {
             if let Some(theta) = obj.remove("rope_theta").and_then(|t| t.as_f64()) {
@@ -291,14 +381,31 @@ impl Config {
                 .filter(|&(_, &rope)| rope == 0)
                 .map(|(i, _)| i)
                 .collect(),
-            // Within its window, sliding-window attention is full
-            // attention: the context stops there rather than attend wrongly
-            // past it.
-            max_context: match (c.sliding_window, c.use_sliding_window) {
-                (Some(w), None | Some(true)) => w.min(c.max_position_embeddings),
+            // Mistral's and Qwen's window applies to every layer: within
+            // it, sliding-window attention is full attention, so the
+            // context stops there rather than attend wrongly past it.
+            // Gemma's local layers attend within theirs.
+            max_context: match (gemma, c.sliding_window, c.use_sliding_window) {
+                (false, Some(w), None | Some(true)) => w.min(c.max_position_embeddings),
                 _ => c.max_position_embeddings,
             },
             vocab_size: c.vocab_size,
+            act,
+            embed_scale: gemma.then(|| (c.hidden_size as f32).sqrt()),
+            sliding_window: c.sliding_window.filter(|_| gemma),
+            local_layers: match (gemma, &c.layer_types, c.sliding_window_pattern) {
+                (false, _, _) => Vec::new(),
+                (true, Some(types), _) => (0..c.num_hidden_layers)
+                    .filter(|&i| types.get(i).is_some_and(|t| t == "sliding_attention"))
+                    .collect(),
+                (true, None, period) => {
+                    let n = period.unwrap_or(6).max(1);
+                    (0..c.num_hidden_layers).filter(|i| i % n < n - 1).collect()
+                }
+            },
+            local_rope_theta: local_theta,
+            final_logit_softcap: c.final_logit_softcapping,
+            query_pre_attn_scalar: c.query_pre_attn_scalar,
         };
         Ok((config, c.tie_word_embeddings))
     }
@@ -314,6 +421,14 @@ impl Config {
     /// The scale on RoPE's cos and sin: LongRoPE's attention factor, or 1.
     fn rope_scale(&self) -> f32 {
         self.long_rope.as_ref().map_or(1.0, |l| l.attn_factor)
+    }
+
+    /// The local layers' RoPE: `local_rope_theta`, unscaled.
+    fn local_inv_freq(&self) -> Vec<f32> {
+        let dim = self.rope_dim as f32;
+        (0..self.rope_dim / 2)
+            .map(|i| 1.0 / self.local_rope_theta.powf(2.0 * i as f32 / dim))
+            .collect()
     }
 
     /// RoPE inverse frequencies, one per pair of rotated head dimensions.
@@ -441,10 +556,13 @@ struct Block {
     /// Qwen3's per-head RMSNorm weights for the query and key heads.
     qk_norm: Option<(Tensor, Tensor)>,
     o: Linear,
+    /// Gemma's norms on the attention's and the MLP's outputs.
+    post_attn_norm: Option<Tensor>,
     ffn_norm: Tensor,
-    /// gate and up stacked, gate first, as `swiglu` expects.
+    /// gate and up stacked, gate first, as `elementwise::glu` expects.
     gate_up: Linear,
     down: Linear,
+    post_ffn_norm: Option<Tensor>,
 }
 
 pub struct Llama {
@@ -456,6 +574,8 @@ pub struct Llama {
     norm: Tensor,
     lm_head: Linear,
     rope: Rope,
+    /// Gemma 3's local layers' RoPE.
+    local_rope: Option<Rope>,
 }
 
 impl Llama {
@@ -571,14 +691,25 @@ impl Llama {
                 )),
                 false => None,
             };
+            let mut optional = |name: &str| -> anyhow::Result<Option<Tensor>> {
+                let name = format!("{p}.{name}.weight");
+                match content.tensor_infos.contains_key(&name) {
+                    true => Ok(Some(qt(&name)?.dequantize(device)?)),
+                    false => Ok(None),
+                }
+            };
+            let (post_attn_norm, post_ffn_norm) =
+                (optional("post_attention_norm")?, optional("post_ffw_norm")?);
             blocks.push(Block {
                 attn_norm: qt(&format!("{p}.attn_norm.weight"))?.dequantize(device)?,
                 qkv,
                 qk_norm,
                 o,
+                post_attn_norm,
                 ffn_norm: qt(&format!("{p}.ffn_norm.weight"))?.dequantize(device)?,
                 gate_up,
                 down,
+                post_ffn_norm,
             });
         }
         let norm = qt("output_norm.weight")?.dequantize(device)?;
@@ -614,7 +745,18 @@ impl Llama {
         let (mut config, tied) = Config::from_hf(config_json)?;
         config.serve_context(context);
         let device = vb.device().clone();
+        // Gemma's RMSNorms scale by 1 + w (llama.cpp's converter adds the 1
+        // into the file).
+        let norm_shift = match config.embed_scale.is_some() {
+            true => 1.0,
+            false => 0.0,
+        };
         let f32_tensor = |name: &str| vb.get_unchecked_dtype(name, DType::F32);
+        let norm = |name: &str| f32_tensor(name)? + norm_shift;
+        let optional_norm = |name: &str| match vb.contains_tensor(name) {
+            true => norm(name).map(Some),
+            false => Ok(None),
+        };
         let linear = |prefix: &str, names: &[&str]| -> Result<Linear> {
             let get = |n: &str, what: &str| vb.get_unchecked(&format!("{prefix}.{n}.{what}"));
             let ws = names
@@ -642,28 +784,40 @@ impl Llama {
             let q_norm = format!("{p}.self_attn.q_norm.weight");
             let qk_norm = match vb.contains_tensor(&q_norm) {
                 true => Some((
-                    f32_tensor(&q_norm)?,
-                    f32_tensor(&format!("{p}.self_attn.k_norm.weight"))?,
+                    norm(&q_norm)?,
+                    norm(&format!("{p}.self_attn.k_norm.weight"))?,
                 )),
                 false => None,
+            };
+            // Gemma's "post_attention_layernorm" follows the attention; its
+            // MLP's own norm comes before (and after) it.
+            let pre_ffn = format!("{p}.pre_feedforward_layernorm.weight");
+            let (post_attn_norm, ffn_norm) = match vb.contains_tensor(&pre_ffn) {
+                true => (
+                    Some(norm(&format!("{p}.post_attention_layernorm.weight"))?),
+                    norm(&pre_ffn)?,
+                ),
+                false => (None, norm(&format!("{p}.post_attention_layernorm.weight"))?),
             };
             // Phi-3 fuses q/k/v and gate/up (gate first) in the checkpoint.
             let fused = |name: &str| vb.contains_tensor(&format!("{p}.{name}.weight"));
             let (attn, mlp) = (format!("{p}.self_attn"), format!("{p}.mlp"));
             blocks.push(Block {
-                attn_norm: f32_tensor(&format!("{p}.input_layernorm.weight"))?,
+                attn_norm: norm(&format!("{p}.input_layernorm.weight"))?,
                 qkv: match fused("self_attn.qkv_proj") {
                     true => linear(&attn, &["qkv_proj"])?,
                     false => linear(&attn, &["q_proj", "k_proj", "v_proj"])?,
                 },
                 qk_norm,
                 o: linear(&attn, &["o_proj"])?,
-                ffn_norm: f32_tensor(&format!("{p}.post_attention_layernorm.weight"))?,
+                post_attn_norm,
+                ffn_norm,
                 gate_up: match fused("mlp.gate_up_proj") {
                     true => linear(&mlp, &["gate_up_proj"])?,
                     false => linear(&mlp, &["gate_proj", "up_proj"])?,
                 },
                 down: linear(&mlp, &["down_proj"])?,
+                post_ffn_norm: optional_norm(&format!("{p}.post_feedforward_layernorm.weight"))?,
             });
         }
         let embed = Embedding::Dense(f32_tensor("model.embed_tokens.weight")?);
@@ -672,7 +826,7 @@ impl Llama {
             false => "lm_head.weight",
         };
         let lm_head = Linear::dense(vb.get_unchecked(head)?, None, spec)?;
-        let norm = f32_tensor("model.norm.weight")?;
+        let norm = norm("model.norm.weight")?;
         let kv_dtype = KvDtype::for_weights(vb.dtype());
         Ok(Self::assemble(
             config, embed, blocks, norm, lm_head, kv_dtype, &device,
@@ -696,14 +850,33 @@ impl Llama {
                 .chain([&mut lm_head])
                 .flat_map(Linear::own_matrices),
         );
-        let rope = Rope::new(
-            &config.inv_freq(),
-            config.head_dim,
-            config.rope_scale(),
-            config.max_context,
-            config.rope_interleaved,
-            device,
-        )?;
+        let rope = |inv_freq: &[f32], scale: f32| {
+            Rope::new(
+                inv_freq,
+                config.head_dim,
+                scale,
+                config.max_context,
+                config.rope_interleaved,
+                device,
+            )
+        };
+        let local_rope = match config.local_layers.is_empty() {
+            true => None,
+            false => Some(rope(&config.local_inv_freq(), 1.0)?),
+        };
+        let rope = rope(&config.inv_freq(), config.rope_scale())?;
+        // The attention scales by the head size's 1/√d: a different scalar
+        // (Gemma's) is folded into the query norms, which RoPE's rotation
+        // leaves in proportion.
+        if let Some(s) = config.query_pre_attn_scalar {
+            let factor = (config.head_dim as f64 / s as f64).sqrt();
+            for b in blocks.iter_mut().filter(|_| factor != 1.0) {
+                let Some((q, _)) = &mut b.qk_norm else {
+                    candle_core::bail!("query_pre_attn_scalar needs query norms to fold into");
+                };
+                *q = (&*q * factor)?;
+            }
+        }
         let info = ModelInfo {
             num_layers: config.num_layers,
             num_heads: config.num_heads,
@@ -721,6 +894,7 @@ impl Llama {
             norm,
             lm_head,
             rope,
+            local_rope,
             config,
         })
     }
@@ -767,30 +941,46 @@ impl Model for Llama {
             num_kv_heads: nkv,
             head_dim: hd,
             block_size: cache.layout().block_size,
+            window: None,
         };
-        let meta = StepMeta::new(batch, cache, &self.device)?;
+        let meta = StepMeta::new(batch, cache, c.sliding_window, &self.device)?;
         let positions = meta.positions_t()?;
         let mut x = self.embed.forward(meta.tokens(), &meta.tokens_t()?)?;
+        if let Some(scale) = c.embed_scale {
+            x = (x * scale as f64)?;
+        }
+        let eps = c.rms_norm_eps as f32;
+        let post_norm = |y: Tensor, w: &Option<Tensor>| match w {
+            Some(w) => candle_nn::ops::rms_norm(&y, w, eps),
+            None => Ok(y),
+        };
         for (i, b) in self.blocks.iter().enumerate() {
-            let h = candle_nn::ops::rms_norm(&x, &b.attn_norm, c.rms_norm_eps as f32)?;
+            let h = candle_nn::ops::rms_norm(&x, &b.attn_norm, eps)?;
             let qkv = b.qkv.forward(&h)?;
             let qkv = match &b.qk_norm {
                 Some(norms) => norm_heads(&qkv, norms, c)?,
                 None => qkv,
             };
+            let local = c.local_layers.contains(&i);
+            let rope = match (local, &self.local_rope) {
+                (true, Some(r)) => r,
+                _ => &self.rope,
+            };
             let qkv = match c.no_rope_layers.contains(&i) {
                 true => qkv,
-                false => self
-                    .rope
-                    .apply(&qkv, meta.positions(), &positions, nh + nkv)?,
+                false => rope.apply(&qkv, meta.positions(), &positions, nh + nkv)?,
+            };
+            let dims = AttnDims {
+                window: c.sliding_window.filter(|_| local),
+                ..dims
             };
             let attn = paged_attention(&qkv, cache.layer_mut(i), &meta, dims)?;
-            x = elementwise::add(&x, &b.o.forward(&attn)?)?;
-            let h = candle_nn::ops::rms_norm(&x, &b.ffn_norm, c.rms_norm_eps as f32)?;
+            x = elementwise::add(&x, &post_norm(b.o.forward(&attn)?, &b.post_attn_norm)?)?;
+            let h = candle_nn::ops::rms_norm(&x, &b.ffn_norm, eps)?;
             let mlp = b
                 .down
-                .forward(&elementwise::swiglu(&b.gate_up.forward(&h)?)?)?;
-            x = elementwise::add(&x, &mlp)?;
+                .forward(&elementwise::glu(&b.gate_up.forward(&h)?, c.act)?)?;
+            x = elementwise::add(&x, &post_norm(mlp, &b.post_ffn_norm)?)?;
         }
         if meta.num_logit_rows() == 0 {
             return Tensor::zeros((0, c.vocab_size), candle_core::DType::F32, &self.device);
@@ -800,7 +990,11 @@ impl Model for Llama {
             &self.norm,
             c.rms_norm_eps as f32,
         )?;
-        self.lm_head.forward(&x)
+        let logits = self.lm_head.forward(&x)?;
+        match c.final_logit_softcap {
+            Some(cap) => (logits / cap as f64)?.tanh()? * cap as f64,
+            None => Ok(logits),
+        }
     }
 }
 

@@ -34,6 +34,9 @@ struct SeqViews {
     /// Its `[len, context_len]` mask within the mask buffer; none for a
     /// decode row, which sees every cached position.
     mask: Option<usize>,
+    /// The same for sliding-window layers; none where the window holds its
+    /// whole context (the causal mask then serves).
+    window_mask: Option<usize>,
 }
 
 pub struct StepMeta<'a> {
@@ -49,9 +52,15 @@ pub struct StepMeta<'a> {
 impl<'a> StepMeta<'a> {
     /// Packs `batch` for `cache` and uploads it to `device`: one copy, plus
     /// one for the masks if any.
-    pub fn new(batch: &'a FlatBatch, cache: &KvCache, device: &Device) -> Result<Self> {
+    /// `window`: the model's sliding window, if some layers have one.
+    pub fn new(
+        batch: &'a FlatBatch,
+        cache: &KvCache,
+        window: Option<usize>,
+        device: &Device,
+    ) -> Result<Self> {
         let block_size = cache.layout().block_size;
-        let (host, at, views, masks) = pack(batch, block_size, !cache.on_host());
+        let (host, at, views, masks) = pack(batch, block_size, !cache.on_host(), window);
         let packed = Tensor::new(host.as_slice(), device)?;
         let masks = match masks.len() {
             0 => None,
@@ -119,9 +128,16 @@ impl<'a> StepMeta<'a> {
     }
 
     /// Sequence `i`'s causal mask, `[1, len, context_len]` (0 where a row
-    /// may look, -inf past its own position); `None` for a decode row.
-    pub fn mask_t(&self, i: usize) -> Result<Option<Tensor>> {
-        let (Some(at), Some(masks)) = (self.views.get(i).and_then(|v| v.mask), &self.masks) else {
+    /// may look, -inf past its own position, and for a sliding-window layer
+    /// (`windowed`) before its window); `None` where a row sees every cached
+    /// position.
+    pub fn mask_t(&self, i: usize, windowed: bool) -> Result<Option<Tensor>> {
+        let view = self.views.get(i);
+        let at = match windowed {
+            true => view.and_then(|v| v.window_mask.or(v.mask)),
+            false => view.and_then(|v| v.mask),
+        };
+        let (Some(at), Some(masks)) = (at, &self.masks) else {
             return Ok(None);
         };
         let s = &self.batch.seqs[i];
@@ -145,6 +161,7 @@ fn pack(
     batch: &FlatBatch,
     block_size: usize,
     views: bool,
+    window: Option<usize>,
 ) -> (Vec<u32>, Sections, Vec<SeqViews>, Vec<f32>) {
     let t = batch.tokens.len();
     let rows = batch.logit_rows();
@@ -175,18 +192,28 @@ fn pack(
     for s in &batch.seqs {
         let gather = host.len() - at.gather;
         host.extend((0..s.context_len()).map(|p| slot(&s.block_table, block_size, p)));
-        let mask = (s.len > 1).then(|| {
+        // Row i sits at position first_pos + i and sees keys from `lowest`
+        // to first_pos + i.
+        let mut push_mask = |lowest: &dyn Fn(usize) -> usize| {
             let from = masks.len();
-            // Row i sits at position first_pos + i and sees keys 0..=first_pos + i.
             for i in 0..s.len {
-                masks.extend((0..s.context_len()).map(|j| match j <= s.first_pos + i {
+                let seen = lowest(s.first_pos + i)..=s.first_pos + i;
+                masks.extend((0..s.context_len()).map(|j| match seen.contains(&j) {
                     true => 0.0,
                     false => f32::NEG_INFINITY,
                 }));
             }
             from
+        };
+        let mask = (s.len > 1).then(|| push_mask(&|_| 0));
+        let window_mask = window
+            .filter(|&w| s.context_len() > w)
+            .map(|w| push_mask(&|pos| (pos + 1).saturating_sub(w)));
+        views.push(SeqViews {
+            gather,
+            mask,
+            window_mask,
         });
-        views.push(SeqViews { gather, mask });
     }
     debug_assert_eq!(host.len(), at.end);
     (host, at, views, masks)
@@ -230,7 +257,7 @@ mod tests {
     #[test]
     fn sections_hold_the_batch() {
         let b = batch();
-        let m = StepMeta::new(&b, &cache(4, false), &Device::Cpu).unwrap();
+        let m = StepMeta::new(&b, &cache(4, false), None, &Device::Cpu).unwrap();
         assert_eq!(m.tokens(), &[109, 204, 205, 206]);
         assert_eq!(m.positions(), &[9, 4, 5, 6]);
         // Position 9 is block 2 (id 7), offset 1; 4..7 are block 1 (id 3).
@@ -243,7 +270,7 @@ mod tests {
     #[test]
     fn each_sequence_gathers_its_whole_context() {
         let b = batch();
-        let m = StepMeta::new(&b, &cache(4, false), &Device::Cpu).unwrap();
+        let m = StepMeta::new(&b, &cache(4, false), None, &Device::Cpu).unwrap();
         let want0: Vec<u32> = [20, 21, 22, 23, 8, 9, 10, 11, 28, 29].into();
         assert_eq!(to_vec(m.gather_t(0).unwrap()), want0);
         assert_eq!(to_vec(m.gather_t(1).unwrap()), vec![4, 5, 6, 7, 12, 13, 14]);
@@ -252,9 +279,9 @@ mod tests {
     #[test]
     fn only_prompt_chunks_carry_a_causal_mask() {
         let b = batch();
-        let m = StepMeta::new(&b, &cache(4, false), &Device::Cpu).unwrap();
-        assert!(m.mask_t(0).unwrap().is_none());
-        let mask = m.mask_t(1).unwrap().unwrap();
+        let m = StepMeta::new(&b, &cache(4, false), None, &Device::Cpu).unwrap();
+        assert!(m.mask_t(0, false).unwrap().is_none());
+        let mask = m.mask_t(1, false).unwrap().unwrap();
         assert_eq!(mask.dims(), &[1, 3, 7]);
         let rows = mask.squeeze(0).unwrap().to_vec2::<f32>().unwrap();
         for (i, row) in rows.iter().enumerate() {
@@ -272,7 +299,7 @@ mod tests {
             let toks: Vec<u32> = (0..5).collect();
             b.push(&toks, 4..5, vec![i], LogitRows::Last);
         }
-        let m = StepMeta::new(&b, &cache(8, false), &Device::Cpu).unwrap();
+        let m = StepMeta::new(&b, &cache(8, false), None, &Device::Cpu).unwrap();
         assert!(m.masks.is_none());
         assert_eq!(to_vec(m.slots_t().unwrap()), vec![4, 12, 20]);
         assert_eq!(m.host.len(), 3 * 3 + 3 + 3 * 5);
@@ -281,7 +308,7 @@ mod tests {
     #[test]
     fn a_host_pool_gets_no_gather_slots_or_masks() {
         let b = batch();
-        let m = StepMeta::new(&b, &cache(4, true), &Device::Cpu).unwrap();
+        let m = StepMeta::new(&b, &cache(4, true), None, &Device::Cpu).unwrap();
         assert_eq!(to_vec(m.slots_t().unwrap()), vec![29, 12, 13, 14]);
         assert_eq!(m.host.len(), 3 * 4 + 4);
         assert!(m.masks.is_none() && m.gather_t(0).is_err());
