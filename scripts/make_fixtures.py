@@ -204,15 +204,21 @@ def reference(model, tokenizer, chat):
     return ref
 
 
-def long_context(model, tokenizer, context, rows):
-    """For a model whose RoPE changes past `context` tokens: a prompt past
-    it and transformers' logits at its last `rows` positions, and the
-    context under which the other references (all shorter) hold."""
-    ids = tokenizer(TRAINING_TEXT, add_special_tokens=False)["input_ids"][: context + 32]
-    assert len(ids) == context + 32
+def long_prompt(model, tokenizer, length, rows):
+    """A `length`-token prompt and transformers' logits at its last `rows`
+    positions."""
+    ids = tokenizer(TRAINING_TEXT, add_special_tokens=False)["input_ids"][:length]
+    assert len(ids) == length
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits[0, -rows:].tolist()
-    return {"serve_context": context, "long": {"ids": ids, "from": len(ids) - rows, "logits": logits}}
+    return {"long": {"ids": ids, "from": length - rows, "logits": logits}}
+
+
+def long_context(model, tokenizer, context, rows):
+    """For a model whose RoPE changes past `context` tokens: a prompt past
+    it (`long_prompt`), and the context under which the other references
+    (all shorter) hold."""
+    return {"serve_context": context, **long_prompt(model, tokenizer, context + 32, rows)}
 
 
 def build(name, make_model, tokenizer, chat, seed, std, extra=None, norm_center=1.0, **save_args):
@@ -362,12 +368,13 @@ def main():
     # and MLP, q/k norms, GeGLU, a final logit soft cap, and five local
     # layers (a 16-token window, RoPE base 1e4) before a global one (base
     # 1e6, linear scaling): the period llama.cpp assumes. The longer inputs
-    # reach past the window.
+    # reach past the window, and "long" is six windows long.
     chat_fixture(
         "gemma3-tiny", Gemma3ForCausalLM, Gemma3TextConfig, seed=8,
         num_hidden_layers=6, head_dim=32, query_pre_attn_scalar=32, sliding_window=16,
         final_logit_softcapping=8.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
         pad_token_id=bos, norm_center=0.0,
+        extra=lambda model, tok: long_prompt(model, tok, 96, 24),
         rope_parameters={
             "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},

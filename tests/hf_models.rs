@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::Device;
 use wick::engine::kv_cache::KvLayout;
+use wick::engine::window_blocks::WindowBlocks;
 use wick::engine::{Engine, EngineConfig};
 use wick::load::loader::{load, LoadOptions, LoadedModel, WeightDtype};
 use wick::models::linear::WeightFormat;
@@ -88,6 +89,80 @@ fn long_rope_follows_the_served_context() {
     // transformers does not use for them.
     let mixed = transformers_ref::worst_logit_diff(&r, &load_fixture("phi3-tiny", &full), None);
     assert!(mixed > 1e-2, "the factors made no difference ({mixed})");
+}
+
+/// Gemma 3's sliding-window layers keep their K/V in a pool of their own,
+/// of which a sequence holds only its window: a prompt six windows long,
+/// prefilled 8 tokens a step and then decoded, never holds more window
+/// blocks than a window and a step need, while its global layers' blocks
+/// grow with it; and its prompt is scored as transformers scores it.
+/// Both storages: the host kernel's and the tensor path's.
+#[test]
+fn sliding_window_layers_hold_only_their_window() {
+    for force_tensor_kv in [false, true] {
+        window_pool_run(force_tensor_kv);
+    }
+}
+
+fn window_pool_run(force_tensor_kv: bool) {
+    let r = reference("gemma3-tiny");
+    let long = r.long.as_ref().unwrap();
+    let loaded = load_fixture("gemma3-tiny", &LoadOptions::default());
+    assert_eq!(loaded.model.info().sliding_window, Some(16));
+    let (block_size, chunk, max_tokens) = (4, 8, 40);
+    let cfg = EngineConfig {
+        block_size,
+        max_num_seqs: 2,
+        max_num_batched_tokens: chunk,
+        kv_cache_bytes: 4 << 20,
+        force_tensor_kv,
+        ..Default::default()
+    };
+    let mut engine = Engine::new(loaded.model, loaded.tokenizer.eos_ids().to_vec(), &cfg).unwrap();
+    let held = WindowBlocks::held_at_most(16, block_size, chunk, 256);
+    let params = SamplingParams {
+        max_tokens,
+        temperature: 0.0,
+        ignore_eos: true,
+        prompt_logprobs: Some(1),
+        ..Default::default()
+    };
+    engine.add_request(long.ids.clone(), params).unwrap();
+    let (mut most_window, mut most_global, mut scored) = (0, 0, None);
+    while engine.has_work() {
+        for ev in engine.step() {
+            if scored.is_none() && ev.token.is_some() {
+                scored = Some(ev.prompt_logprobs);
+            }
+        }
+        let s = engine.stats();
+        // Room for the two sequences the engine may run, each a window.
+        assert_eq!(s.window_blocks_total, 2 * held);
+        most_window = most_window.max(s.window_blocks_used);
+        most_global = most_global.max(s.blocks_used);
+    }
+    assert!(
+        most_window <= held,
+        "{most_window} window blocks held, {held} needed"
+    );
+    assert_eq!(
+        most_global,
+        (long.ids.len() + max_tokens).div_ceil(block_size)
+    );
+    // Token j + 1 is scored with the logits at position j.
+    let scored = scored.unwrap();
+    for (k, want) in long.logits.iter().enumerate() {
+        let pos = long.from + k;
+        let Some(next) = long.ids.get(pos + 1) else {
+            break;
+        };
+        let got = scored[pos].logprob.unwrap() as f64;
+        let d = (got - logprob(want, *next)).abs();
+        assert!(
+            d < 1e-4,
+            "tensor path {force_tensor_kv}, position {pos}: logprob {got} differs by {d}"
+        );
+    }
 }
 
 #[test]

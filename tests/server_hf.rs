@@ -222,3 +222,48 @@ async fn echo_with_logprobs_scores_the_prompt_as_transformers_does() {
         .collect();
     assert_eq!(joined, whole);
 }
+
+/// Gemma 3 from llama.cpp's converter's GGUF: completions and chat (its
+/// template), and the sliding-window layers' pool in /metrics: room for two
+/// sequences' windows, apart from the global layers' pool, and empty again
+/// once the requests are done.
+#[tokio::test(flavor = "multi_thread")]
+async fn gemma3_gguf_serves_with_its_window_pool_in_metrics() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let gguf = fixtures.join("gguf-tiny/gemma3-f32.gguf");
+    let server = Server::start(&[
+        "--model",
+        gguf.to_str().unwrap(),
+        "--max-num-seqs",
+        "2",
+        "--max-num-batched-tokens",
+        "8",
+        "--block-size",
+        "4",
+    ]);
+    let text = std::fs::read_to_string(fixtures.join("gemma3-tiny/reference.json")).unwrap();
+    let long = ids(&serde_json::from_str::<Value>(&text).unwrap()["long"]["ids"]);
+    let body = json!({"prompt": long, "max_tokens": 40, "temperature": 0, "ignore_eos": true});
+    let (status, resp) = post(&server, "/v1/completions", body).await;
+    assert_eq!(status, 200, "{resp}");
+    assert_eq!(resp["usage"]["completion_tokens"], 40);
+    let chat = json!({"messages": [{"role": "user", "content": "What is the capital of France?"}],
+                      "max_tokens": 8});
+    let (status, resp) = post(&server, "/v1/chat/completions", chat).await;
+    assert_eq!(status, 200, "{resp}");
+    assert!(
+        resp["choices"][0]["message"]["content"].is_string(),
+        "{resp}"
+    );
+
+    let held = wick::engine::window_blocks::WindowBlocks::held_at_most(16, 4, 8, 256);
+    assert_eq!(
+        common::metric(&server, "wick:kv_window_blocks_capacity").await,
+        (2 * held) as f64
+    );
+    assert!(common::metric(&server, "wick:kv_blocks_capacity").await > (2 * held) as f64);
+    assert_eq!(
+        common::metric(&server, "wick:kv_window_blocks_used").await,
+        0.0
+    );
+}

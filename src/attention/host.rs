@@ -139,7 +139,7 @@ pub(super) fn write<T: KvElem>(
             let (pos, row) = (s.first_pos + i, (s.start + i) * dims.qkv_width());
             let slot = pos % bs;
             for h in 0..dims.num_kv_heads {
-                let t = tile(&s.block_table, pos, h, &dims);
+                let t = tile(s.table(dims.window.is_some()), pos, h, &dims);
                 let (k, v) = (row + k_at + h * hd, row + v_at + h * hd);
                 let k_scale = T::encode(&qkv[k..k + hd], &mut key);
                 for (d, &x) in key.iter().enumerate() {
@@ -259,7 +259,7 @@ fn attend_item<T: KvElem>(
         dims: &AttnDims,
     ) -> Pool<'p, T> {
         let (bs, hd) = (dims.block_size, dims.head_dim);
-        let t = tile(&s.block_table, pos, kv_head, dims);
+        let t = tile(s.table(dims.window.is_some()), pos, kv_head, dims);
         Pool {
             values: &pool.values[t..][..bs * hd],
             scales: match T::SCALED {

@@ -24,6 +24,9 @@ pub struct SeqSlice {
     pub len: usize,
     pub first_pos: usize,
     pub block_table: Vec<BlockId>,
+    /// Its blocks in the sliding-window layers' pool, where the model has
+    /// such layers ([`crate::engine::window_blocks`]).
+    pub window_table: Vec<BlockId>,
     /// Which of its rows get logits.
     pub logits: LogitRows,
 }
@@ -40,6 +43,16 @@ pub enum LogitRows {
 }
 
 impl SeqSlice {
+    /// Its block table for a layer: the sliding-window pool's for a
+    /// sliding-window layer where it has one, else the shared one (a pool
+    /// without a separate window part).
+    pub fn table(&self, windowed: bool) -> &[BlockId] {
+        match windowed && !self.window_table.is_empty() {
+            true => &self.window_table,
+            false => &self.block_table,
+        }
+    }
+
     /// Positions cached once this step's tokens are written.
     pub fn context_len(&self) -> usize {
         self.first_pos + self.len
@@ -185,7 +198,7 @@ fn attend_tensor(
     // sequences' new tokens in order, so row r goes to slot r of the step.
     let n_new = meta.num_tokens();
     let idx = meta
-        .slots_t()?
+        .slots_t(dims.window.is_some())?
         .reshape((n_new, 1))?
         .broadcast_as((n_new, kv_dim))?
         .contiguous()?;
@@ -197,7 +210,7 @@ fn attend_tensor(
     let mut outs = Vec::with_capacity(meta.seqs().len());
     for (i, s) in meta.seqs().iter().enumerate() {
         let ctx = s.context_len();
-        let slots = meta.gather_t(i)?;
+        let slots = meta.gather_t(i, dims.window.is_some())?;
         // [ctx, kv_heads, hd] -> repeat each kv head for its query group -> [nh, ctx, hd]
         let expand = |pool: &Tensor| -> Result<Tensor> {
             pool.index_select(&slots, 0)?

@@ -104,8 +104,8 @@ impl KvLayout {
     }
 
     /// Elements of one layer's K (or V) pool.
-    fn layer_elems(&self) -> usize {
-        self.num_blocks * self.block_size * self.kv_dim()
+    fn layer_elems(&self, num_blocks: usize) -> usize {
+        num_blocks * self.block_size * self.kv_dim()
     }
 }
 
@@ -143,15 +143,32 @@ impl KvCache {
     /// Allocates the whole pool up front, so memory never grows past the
     /// budget. The host layout is used on the CPU unless `force_tensor`.
     pub fn new(layout: KvLayout, device: &Device, force_tensor: bool) -> candle_core::Result<Self> {
+        Self::with_window_layers(layout, &[], 0, device, force_tensor)
+    }
+
+    /// A pool whose `window_layers` (sliding-window layers) hold
+    /// `window_blocks` blocks each, and the other layers `layout.num_blocks`.
+    pub fn with_window_layers(
+        layout: KvLayout,
+        window_layers: &[usize],
+        window_blocks: usize,
+        device: &Device,
+        force_tensor: bool,
+    ) -> candle_core::Result<Self> {
         let layers = (0..layout.num_layers)
-            .map(|_| {
+            .map(|i| {
+                let num_blocks = match window_layers.contains(&i) {
+                    true => window_blocks,
+                    false => layout.num_blocks,
+                };
+                let elems = layout.layer_elems(num_blocks);
                 if device.is_cpu() && !force_tensor {
                     Ok(LayerCache::Host {
-                        k: HostPool::zeros(layout.dtype, layout.layer_elems(), layout.head_dim),
-                        v: HostPool::zeros(layout.dtype, layout.layer_elems(), layout.head_dim),
+                        k: HostPool::zeros(layout.dtype, elems, layout.head_dim),
+                        v: HostPool::zeros(layout.dtype, elems, layout.head_dim),
                     })
                 } else {
-                    let shape = (layout.num_blocks * layout.block_size, layout.kv_dim());
+                    let shape = (num_blocks * layout.block_size, layout.kv_dim());
                     Ok(LayerCache::Tensor {
                         k: Tensor::zeros(shape, layout.dtype.dtype()?, device)?,
                         v: Tensor::zeros(shape, layout.dtype.dtype()?, device)?,

@@ -10,6 +10,7 @@ pub mod output;
 pub mod request_rules;
 pub mod scheduler;
 pub mod sequence;
+pub mod window_blocks;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
@@ -21,6 +22,7 @@ use crate::engine::kv_cache::{KvCache, KvDtype, KvLayout};
 use crate::engine::model_runner::ModelRunner;
 use crate::engine::scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
 use crate::engine::sequence::{FinishReason, SeqId, Sequence, StepEvent};
+use crate::engine::window_blocks::WindowBlocks;
 use crate::error::{Result, WickError};
 use crate::models::LogitRows;
 use crate::models::Model;
@@ -90,14 +92,58 @@ impl Engine {
                 KvLayout::bytes_per_block(info.num_layers, info.num_kv_heads, info.head_dim, cfg.block_size, kv_dtype)
             )));
         }
-        let cache = KvCache::new(layout, model.device(), cfg.force_tensor_kv)?;
-        let scheduler = Scheduler::new(
-            SchedulerConfig {
-                max_num_seqs: cfg.max_num_seqs,
-                max_num_batched_tokens: cfg.max_num_batched_tokens,
-            },
-            BlockManager::new(layout.num_blocks, cfg.block_size).with_caching(cfg.prefix_caching),
-        );
+        let scheduler_cfg = SchedulerConfig {
+            max_num_seqs: cfg.max_num_seqs,
+            max_num_batched_tokens: cfg.max_num_batched_tokens,
+        };
+        let (cache, scheduler) = match info.sliding_window {
+            None => (
+                KvCache::new(layout, model.device(), cfg.force_tensor_kv)?,
+                Scheduler::new(
+                    scheduler_cfg,
+                    BlockManager::new(layout.num_blocks, cfg.block_size)
+                        .with_caching(cfg.prefix_caching),
+                ),
+            ),
+            // The sliding-window layers' K/V go in a pool of their own,
+            // from which each sequence holds only its window; freed
+            // blocks lose their content, so the prefix cache is off.
+            Some(window) => {
+                let per_seq = WindowBlocks::held_at_most(
+                    window,
+                    cfg.block_size,
+                    cfg.max_num_batched_tokens,
+                    info.max_context,
+                );
+                let (global, window_blocks) = window_blocks::split_budget(
+                    layout.num_blocks * info.num_layers,
+                    info.num_layers,
+                    info.window_layers.len(),
+                    cfg.max_num_seqs.saturating_mul(per_seq),
+                );
+                let layout = KvLayout {
+                    num_blocks: global,
+                    ..layout
+                };
+                let cache = KvCache::with_window_layers(
+                    layout,
+                    &info.window_layers,
+                    window_blocks,
+                    model.device(),
+                    cfg.force_tensor_kv,
+                )?;
+                let scheduler = Scheduler::new(
+                    scheduler_cfg,
+                    BlockManager::new(global, cfg.block_size).with_caching(false),
+                )
+                .with_window(WindowBlocks::new(
+                    window_blocks,
+                    cfg.block_size,
+                    window,
+                ));
+                (cache, scheduler)
+            }
+        };
         Ok(Engine {
             runner: ModelRunner::new(model, cache),
             scheduler,

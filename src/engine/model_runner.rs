@@ -35,6 +35,9 @@ impl ModelRunner {
                 seq.block_table.clone(),
                 seq.logit_rows(),
             );
+            if let Some(s) = batch.seqs.last_mut() {
+                s.window_table.clone_from(&seq.window_table);
+            }
         }
         batch
     }

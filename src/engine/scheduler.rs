@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 use crate::engine::block_manager::BlockManager;
 use crate::engine::mask_budget::MaskBudget;
 use crate::engine::sequence::{FinishReason, SeqId, Sequence, StepEvent};
+use crate::engine::window_blocks::WindowBlocks;
 use crate::sampling::sampler::SampledToken;
 
 #[derive(Debug, Clone, Copy)]
@@ -93,6 +94,9 @@ pub struct SchedulerStats {
     pub queued: usize,
     pub blocks_used: usize,
     pub blocks_total: usize,
+    /// The sliding-window layers' pool, where the model has one (else 0).
+    pub window_blocks_used: usize,
+    pub window_blocks_total: usize,
     pub preemptions: u64,
     /// Decode rows that sat a step out for their grammar's mask time.
     pub mask_deferrals: u64,
@@ -108,6 +112,8 @@ pub struct Scheduler {
     /// How long the last forward pass took: the measure of the mask budget.
     last_forward: Duration,
     blocks: BlockManager,
+    /// The sliding-window layers' blocks, for a model with such layers.
+    window: Option<WindowBlocks>,
     /// How long each sequence admitted since the last [`take_queue_waits`]
     /// (`Scheduler::take_queue_waits`) waited for its first admission.
     queue_waits: Vec<Duration>,
@@ -128,6 +134,7 @@ impl Scheduler {
             masks: MaskBudget::default(),
             last_forward: Duration::ZERO,
             blocks,
+            window: None,
             queue_waits: Vec::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -136,6 +143,12 @@ impl Scheduler {
             prefix_queries: 0,
             prefix_hits: 0,
         }
+    }
+
+    /// With a pool for sliding-window layers as well.
+    pub fn with_window(mut self, window: WindowBlocks) -> Self {
+        self.window = Some(window);
+        self
     }
 
     pub fn block_size(&self) -> usize {
@@ -149,7 +162,11 @@ impl Scheduler {
     /// Whether a sequence could ever run: its longest possible length fits
     /// the whole pool (so alone it can never be preempted).
     pub fn fits(&self, seq: &Sequence) -> bool {
-        self.blocks.blocks_for(seq.max_len) <= self.blocks.num_blocks()
+        let window_fits = self.window.as_ref().is_none_or(|w| {
+            let chunk = self.cfg.max_num_batched_tokens;
+            w.held_by(chunk, seq.max_len) <= w.num_blocks()
+        });
+        window_fits && self.blocks.blocks_for(seq.max_len) <= self.blocks.num_blocks()
     }
 
     pub fn add(&mut self, seq: Sequence) {
@@ -180,6 +197,8 @@ impl Scheduler {
             queued: self.num_queued(),
             blocks_used: self.blocks.num_used(),
             blocks_total: self.blocks.num_blocks(),
+            window_blocks_used: self.window.as_ref().map_or(0, WindowBlocks::num_used),
+            window_blocks_total: self.window.as_ref().map_or(0, WindowBlocks::num_blocks),
             preemptions: self.num_preemptions,
             mask_deferrals: self.num_mask_deferrals,
             prefix_queries: self.prefix_queries,
@@ -241,10 +260,7 @@ impl Scheduler {
             }
             loop {
                 let seq = &mut self.running[i];
-                if self
-                    .blocks
-                    .grow(&mut seq.block_table, seq.num_cached + chunk)
-                {
+                if grow(&mut self.blocks, &mut self.window, seq, chunk) {
                     seq.chunk = chunk;
                     register_full_blocks(&mut self.blocks, seq);
                     budget -= chunk;
@@ -293,12 +309,9 @@ impl Scheduler {
             let seq = &mut self.waiting[at];
             let hit = match_prefix(&mut self.blocks, seq);
             let chunk = seq.pending().min(budget);
-            if !self
-                .blocks
-                .grow(&mut seq.block_table, seq.num_cached + chunk)
-            {
+            if !grow(&mut self.blocks, &mut self.window, seq, chunk) {
                 // Holding the matched blocks while waiting would pin them.
-                release(&mut self.blocks, seq);
+                release(&mut self.blocks, &mut self.window, seq);
                 break;
             }
             self.prefix_queries += hit.queried as u64;
@@ -320,7 +333,7 @@ impl Scheduler {
     /// Takes a running sequence out and frees its blocks, to be queued again.
     fn preempt(&mut self, index: usize) -> Sequence {
         let mut seq = self.running.remove(index);
-        release(&mut self.blocks, &mut seq);
+        release(&mut self.blocks, &mut self.window, &mut seq);
         self.num_preemptions += 1;
         seq.queued_at = Instant::now();
         seq
@@ -358,7 +371,7 @@ impl Scheduler {
             });
             if finish.is_some() {
                 let mut seq = self.running.remove(i);
-                release(&mut self.blocks, &mut seq);
+                release(&mut self.blocks, &mut self.window, &mut seq);
             } else {
                 i += 1;
             }
@@ -377,7 +390,7 @@ impl Scheduler {
         };
         match seq {
             Some(mut seq) => {
-                release(&mut self.blocks, &mut seq);
+                release(&mut self.blocks, &mut self.window, &mut seq);
                 true
             }
             None => false,
@@ -399,9 +412,27 @@ impl Scheduler {
     }
 }
 
+/// Makes room in both pools for `chunk` more of `seq`'s tokens, freeing
+/// the window blocks its queries no longer see; false if a pool is short.
+fn grow(
+    blocks: &mut BlockManager,
+    window: &mut Option<WindowBlocks>,
+    seq: &mut Sequence,
+    chunk: usize,
+) -> bool {
+    let to = seq.num_cached + chunk;
+    blocks.grow(&mut seq.block_table, to)
+        && window
+            .as_mut()
+            .is_none_or(|w| w.advance(&mut seq.window_table, seq.num_cached, to))
+}
+
 /// Gives back a sequence's blocks; its cache cursor and hashes reset.
-fn release(blocks: &mut BlockManager, seq: &mut Sequence) {
+fn release(blocks: &mut BlockManager, window: &mut Option<WindowBlocks>, seq: &mut Sequence) {
     blocks.release(&mut seq.block_table);
+    if let Some(w) = window {
+        w.release(&mut seq.window_table);
+    }
     seq.block_hashes.clear();
     seq.num_cached = 0;
     seq.chunk = 0;

@@ -50,6 +50,9 @@ pub struct Sequence {
     pub params: SamplingParams,
     pub sampler: Sampler,
     pub block_table: Vec<BlockId>,
+    /// Its blocks in the sliding-window layers' pool, if the model has one
+    /// ([`crate::engine::window_blocks`]).
+    pub window_table: Vec<BlockId>,
     /// Leading tokens whose K/V are in the cache.
     pub num_cached: usize,
     /// Tokens the scheduler gave this sequence in the current step (0 = none).
@@ -119,6 +122,7 @@ impl Sequence {
             prompt_len,
             params,
             block_table: Vec::new(),
+            window_table: Vec::new(),
             num_cached: 0,
             chunk: 0,
             prompt_logprobs: Vec::new(),

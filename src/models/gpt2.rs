@@ -176,6 +176,8 @@ impl Gpt2 {
             vocab_size: config.vocab_size,
             max_context: config.n_positions,
             kv_dtype: KvDtype::for_weights(vb.dtype()),
+            window_layers: Vec::new(),
+            sliding_window: None,
         };
         Ok(Gpt2 {
             info,

@@ -885,6 +885,13 @@ impl Llama {
             vocab_size: config.vocab_size,
             max_context: config.max_context,
             kv_dtype,
+            window_layers: match config.sliding_window {
+                Some(_) => config.local_layers.clone(),
+                None => Vec::new(),
+            },
+            sliding_window: config
+                .sliding_window
+                .filter(|_| !config.local_layers.is_empty()),
         };
         Ok(Llama {
             info,

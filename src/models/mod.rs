@@ -28,6 +28,10 @@ pub struct ModelInfo {
     pub max_context: usize,
     /// How its K/V are cached: f32 for f32 weights, f16 otherwise.
     pub kv_dtype: KvDtype,
+    /// Layers that attend within a sliding window (Gemma 3's local ones),
+    /// and that window: their K/V live in a pool of their own.
+    pub window_layers: Vec<usize>,
+    pub sliding_window: Option<usize>,
 }
 
 /// One forward call's input: tokens of many sequences laid end to end, each
@@ -55,6 +59,7 @@ impl FlatBatch {
             len: positions.len(),
             first_pos: positions.start,
             block_table,
+            window_table: Vec::new(),
             logits,
         });
         self.tokens.extend_from_slice(&tokens[positions.clone()]);

@@ -14,6 +14,7 @@ use candle_core::{Device, Result, Tensor};
 
 use super::{FlatBatch, SeqSlice};
 use crate::engine::kv_cache::KvCache;
+use crate::engine::window_blocks::FREED;
 
 /// Where each section of the packed buffer starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +24,9 @@ struct Sections {
     slots: usize,
     logit_rows: usize,
     gather: usize,
+    /// Within the gather section: the sliding-window pool's slot of each
+    /// new row, where the batch has tables there.
+    window_slots: Option<usize>,
     end: usize,
 }
 
@@ -31,6 +35,10 @@ struct Sections {
 struct SeqViews {
     /// Its slots for positions `0..context_len`, within the gather section.
     gather: usize,
+    /// The same in the sliding-window layers' pool, where it has a table
+    /// there (positions that left the window read any valid slot: the mask
+    /// hides them).
+    window_gather: Option<usize>,
     /// Its `[len, context_len]` mask within the mask buffer; none for a
     /// decode row, which sees every cached position.
     mask: Option<usize>,
@@ -108,9 +116,14 @@ impl<'a> StepMeta<'a> {
         self.view(self.at.positions, self.num_tokens())
     }
 
-    /// The pool slot each new row's K/V goes to, in row order.
-    pub fn slots_t(&self) -> Result<Tensor> {
-        self.view(self.at.slots, self.num_tokens())
+    /// The pool slot each new row's K/V goes to, in row order: in the
+    /// sliding-window layers' pool for those (`windowed`), where the batch
+    /// has tables there.
+    pub fn slots_t(&self, windowed: bool) -> Result<Tensor> {
+        match (windowed, self.at.window_slots) {
+            (true, Some(at)) => self.view(self.at.gather + at, self.num_tokens()),
+            _ => self.view(self.at.slots, self.num_tokens()),
+        }
     }
 
     /// [`FlatBatch::logit_rows`] on the device.
@@ -120,11 +133,15 @@ impl<'a> StepMeta<'a> {
 
     /// Sequence `i`'s slots for positions `0..context_len`, to gather its
     /// keys and values (a pool read by candle ops only).
-    pub fn gather_t(&self, i: usize) -> Result<Tensor> {
+    pub fn gather_t(&self, i: usize, windowed: bool) -> Result<Tensor> {
         let Some(v) = self.views.get(i) else {
             candle_core::bail!("no gather slots for sequence {i}: the pool is on the host");
         };
-        self.view(self.at.gather + v.gather, self.batch.seqs[i].context_len())
+        let at = match (windowed, v.window_gather) {
+            (true, Some(at)) => at,
+            _ => v.gather,
+        };
+        self.view(self.at.gather + at, self.batch.seqs[i].context_len())
     }
 
     /// Sequence `i`'s causal mask, `[1, len, context_len]` (0 where a row
@@ -165,16 +182,21 @@ fn pack(
 ) -> (Vec<u32>, Sections, Vec<SeqViews>, Vec<f32>) {
     let t = batch.tokens.len();
     let rows = batch.logit_rows();
-    let gather_len: usize = match views {
-        true => batch.seqs.iter().map(SeqSlice::context_len).sum(),
-        false => 0,
+    let windowed = views && batch.seqs.iter().any(|s| !s.window_table.is_empty());
+    let contexts: usize = batch.seqs.iter().map(SeqSlice::context_len).sum();
+    let gather_len = match (views, windowed) {
+        (false, _) => 0,
+        (true, false) => contexts,
+        // Each sequence's gathers in both pools, then the window slots.
+        (true, true) => 2 * contexts + t,
     };
-    let at = Sections {
+    let mut at = Sections {
         tokens: 0,
         positions: t,
         slots: 2 * t,
         logit_rows: 3 * t,
         gather: 3 * t + rows.len(),
+        window_slots: None,
         end: 3 * t + rows.len() + gather_len,
     };
     let mut host = Vec::with_capacity(at.end);
@@ -189,9 +211,19 @@ fn pack(
         return (host, at, Vec::new(), masks);
     }
     let mut views = Vec::with_capacity(batch.seqs.len());
+    // A position whose window block was freed reads block 0: masked out.
+    let window_slot = |s: &SeqSlice, p: usize| match s.table(true)[p / block_size] {
+        FREED => 0,
+        _ => slot(s.table(true), block_size, p),
+    };
     for s in &batch.seqs {
         let gather = host.len() - at.gather;
         host.extend((0..s.context_len()).map(|p| slot(&s.block_table, block_size, p)));
+        let window_gather = windowed.then(|| {
+            let from = host.len() - at.gather;
+            host.extend((0..s.context_len()).map(|p| window_slot(s, p)));
+            from
+        });
         // Row i sits at position first_pos + i and sees keys from `lowest`
         // to first_pos + i.
         let mut push_mask = |lowest: &dyn Fn(usize) -> usize| {
@@ -211,9 +243,16 @@ fn pack(
             .map(|w| push_mask(&|pos| (pos + 1).saturating_sub(w)));
         views.push(SeqViews {
             gather,
+            window_gather,
             mask,
             window_mask,
         });
+    }
+    if windowed {
+        at.window_slots = Some(host.len() - at.gather);
+        for s in &batch.seqs {
+            host.extend((s.first_pos..s.context_len()).map(|p| window_slot(s, p)));
+        }
     }
     debug_assert_eq!(host.len(), at.end);
     (host, at, views, masks)
@@ -261,7 +300,7 @@ mod tests {
         assert_eq!(m.tokens(), &[109, 204, 205, 206]);
         assert_eq!(m.positions(), &[9, 4, 5, 6]);
         // Position 9 is block 2 (id 7), offset 1; 4..7 are block 1 (id 3).
-        assert_eq!(to_vec(m.slots_t().unwrap()), vec![29, 12, 13, 14]);
+        assert_eq!(to_vec(m.slots_t(false).unwrap()), vec![29, 12, 13, 14]);
         assert_eq!(to_vec(m.logit_rows_t().unwrap()), vec![0, 1, 2, 3]);
         assert_eq!(to_vec(m.tokens_t().unwrap()), m.tokens());
         assert_eq!(to_vec(m.positions_t().unwrap()), m.positions());
@@ -272,8 +311,11 @@ mod tests {
         let b = batch();
         let m = StepMeta::new(&b, &cache(4, false), None, &Device::Cpu).unwrap();
         let want0: Vec<u32> = [20, 21, 22, 23, 8, 9, 10, 11, 28, 29].into();
-        assert_eq!(to_vec(m.gather_t(0).unwrap()), want0);
-        assert_eq!(to_vec(m.gather_t(1).unwrap()), vec![4, 5, 6, 7, 12, 13, 14]);
+        assert_eq!(to_vec(m.gather_t(0, false).unwrap()), want0);
+        assert_eq!(
+            to_vec(m.gather_t(1, false).unwrap()),
+            vec![4, 5, 6, 7, 12, 13, 14]
+        );
     }
 
     #[test]
@@ -301,16 +343,49 @@ mod tests {
         }
         let m = StepMeta::new(&b, &cache(8, false), None, &Device::Cpu).unwrap();
         assert!(m.masks.is_none());
-        assert_eq!(to_vec(m.slots_t().unwrap()), vec![4, 12, 20]);
+        assert_eq!(to_vec(m.slots_t(false).unwrap()), vec![4, 12, 20]);
         assert_eq!(m.host.len(), 3 * 3 + 3 + 3 * 5);
+    }
+
+    /// Sliding-window layers: their own slots and gathers from the window
+    /// tables, freed positions reading slot 0, and masks that also hide
+    /// what lies before each row's window (a decode row too, once its
+    /// context outgrows the window).
+    #[test]
+    fn window_tables_get_their_own_slots_gathers_and_masks() {
+        let mut b = batch();
+        b.seqs[0].window_table = vec![FREED, 4, 6];
+        b.seqs[1].window_table = vec![0, 1];
+        let m = StepMeta::new(&b, &cache(4, false), Some(3), &Device::Cpu).unwrap();
+        assert_eq!(to_vec(m.slots_t(true).unwrap()), vec![25, 4, 5, 6]);
+        assert_eq!(to_vec(m.slots_t(false).unwrap()), vec![29, 12, 13, 14]);
+        let want0: Vec<u32> = [0, 0, 0, 0, 16, 17, 18, 19, 24, 25].into();
+        assert_eq!(to_vec(m.gather_t(0, true).unwrap()), want0);
+        assert_eq!(
+            to_vec(m.gather_t(1, true).unwrap()),
+            vec![0, 1, 2, 3, 4, 5, 6]
+        );
+        let decode = m.mask_t(0, true).unwrap().unwrap();
+        let row = decode.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        // Position 9 with a window of 3 sees 7..=9.
+        let seen: Vec<usize> = (0..10).filter(|&j| row[j] == 0.0).collect();
+        assert_eq!(seen, vec![7, 8, 9]);
+        assert!(m.mask_t(0, false).unwrap().is_none());
+        let chunk = m.mask_t(1, true).unwrap().unwrap().squeeze(0).unwrap();
+        for (i, row) in chunk.to_vec2::<f32>().unwrap().iter().enumerate() {
+            for (j, &x) in row.iter().enumerate() {
+                let pos = 4 + i;
+                assert_eq!(x == 0.0, j <= pos && j + 3 > pos, "row {i} key {j}: {x}");
+            }
+        }
     }
 
     #[test]
     fn a_host_pool_gets_no_gather_slots_or_masks() {
         let b = batch();
         let m = StepMeta::new(&b, &cache(4, true), None, &Device::Cpu).unwrap();
-        assert_eq!(to_vec(m.slots_t().unwrap()), vec![29, 12, 13, 14]);
+        assert_eq!(to_vec(m.slots_t(false).unwrap()), vec![29, 12, 13, 14]);
         assert_eq!(m.host.len(), 3 * 4 + 4);
-        assert!(m.masks.is_none() && m.gather_t(0).is_err());
+        assert!(m.masks.is_none() && m.gather_t(0, false).is_err());
     }
 }

@@ -44,6 +44,8 @@ pub struct Metrics {
     kv_usage_legacy: Gauge,
     blocks_used: IntGauge,
     blocks_total: IntGauge,
+    window_blocks_used: IntGauge,
+    window_blocks_total: IntGauge,
     preemptions: EngineTotal,
     mask_deferrals: EngineTotal,
     prefix_queries: EngineTotal,
@@ -153,6 +155,14 @@ impl Metrics {
             ),
             blocks_used: int_gauge("wick:kv_blocks_used", "KV-cache blocks in use."),
             blocks_total: int_gauge("wick:kv_blocks_capacity", "KV-cache blocks in the pool."),
+            window_blocks_used: int_gauge(
+                "wick:kv_window_blocks_used",
+                "KV-cache blocks in use in the sliding-window layers' pool (0 without such layers).",
+            ),
+            window_blocks_total: int_gauge(
+                "wick:kv_window_blocks_capacity",
+                "KV-cache blocks in the sliding-window layers' pool (0 without such layers).",
+            ),
             preemptions: EngineTotal::new(counter(
                 "wick:num_preemptions_total",
                 "Cumulative number of preemptions from the engine.",
@@ -222,6 +232,8 @@ impl Metrics {
         self.waiting.set(s.waiting as i64);
         self.blocks_used.set(s.blocks_used as i64);
         self.blocks_total.set(s.blocks_total as i64);
+        self.window_blocks_used.set(s.window_blocks_used as i64);
+        self.window_blocks_total.set(s.window_blocks_total as i64);
         let usage = if s.blocks_total == 0 {
             0.0
         } else {
@@ -316,6 +328,8 @@ mod tests {
             ("wick:gpu_cache_usage_perc", "gauge"),
             ("wick:kv_blocks_used", "gauge"),
             ("wick:kv_blocks_capacity", "gauge"),
+            ("wick:kv_window_blocks_used", "gauge"),
+            ("wick:kv_window_blocks_capacity", "gauge"),
             ("wick:num_preemptions_total", "counter"),
             ("wick:grammar_mask_deferrals_total", "counter"),
             ("wick:prefix_cache_queries_total", "counter"),
@@ -358,7 +372,7 @@ mod tests {
             }
             checked += 1;
         }
-        assert_eq!(checked, 18);
+        assert_eq!(checked, 20);
     }
 
     #[test]
@@ -370,6 +384,8 @@ mod tests {
             queued: 0,
             blocks_used: 30,
             blocks_total: 120,
+            window_blocks_used: 7,
+            window_blocks_total: 40,
             preemptions: 2,
             mask_deferrals: 4,
             prefix_queries: 900,
@@ -391,6 +407,8 @@ mod tests {
         assert_eq!(v("wick:num_requests_waiting"), 5.0);
         assert_eq!(v("wick:kv_blocks_used"), 30.0);
         assert_eq!(v("wick:kv_blocks_capacity"), 120.0);
+        assert_eq!(v("wick:kv_window_blocks_used"), 7.0);
+        assert_eq!(v("wick:kv_window_blocks_capacity"), 40.0);
         assert_eq!(v("wick:kv_cache_usage_perc"), 0.25);
         assert_eq!(v("wick:gpu_cache_usage_perc"), 0.25);
         assert_eq!(v("wick:num_preemptions_total"), 2.0);

@@ -1,0 +1,168 @@
+//! The KV blocks of sliding-window layers (Gemma 3's local layers): a pool of
+//! their own, from which a sequence holds only the blocks its queries can
+//! still see. A query at position `p` sees `p + 1 - window..=p`, so once a
+//! step's first new token is at `p`, every block wholly before
+//! `p + 1 - window` is dead for good and goes back to the pool.
+//!
+//! A sequence's table keeps one entry per logical block, as the global
+//! layers' does, so position `p` stays at entry `p / block_size`; dead
+//! entries read [`FREED`]. The attention never reads them: the host kernel
+//! starts at the first tile its window touches, and the tensor path masks
+//! them (their gather slot is any valid one).
+//!
+//! Freed blocks lose their content, so the prefix cache stays off for such
+//! models (a later prompt's window would have to find them).
+
+use crate::engine::block_manager::{BlockId, BlockManager};
+
+/// A table entry whose block has left the window and gone back to the pool.
+pub const FREED: BlockId = BlockId::MAX;
+
+/// How a KV budget of `layer_blocks` blocks of one layer splits between the
+/// global layers (returned first, blocks per layer) and the
+/// `window_layers` sliding-window ones. llama.cpp's rule: the window pool
+/// holds what every sequence the server runs at once can hold there
+/// (`window_need`), the global layers the rest; never more window blocks
+/// than global ones, which is where a short-context load leaves them equal.
+pub fn split_budget(
+    layer_blocks: usize,
+    num_layers: usize,
+    window_layers: usize,
+    window_need: usize,
+) -> (usize, usize) {
+    let global_layers = num_layers - window_layers;
+    let equal = layer_blocks / num_layers;
+    if global_layers == 0 || window_need >= equal {
+        return (equal, equal);
+    }
+    (
+        (layer_blocks - window_layers * window_need) / global_layers,
+        window_need,
+    )
+}
+
+pub struct WindowBlocks {
+    blocks: BlockManager,
+    window: usize,
+}
+
+impl WindowBlocks {
+    pub fn new(num_blocks: usize, block_size: usize, window: usize) -> Self {
+        assert!(window > 0, "a sliding window holds at least one position");
+        WindowBlocks {
+            blocks: BlockManager::new(num_blocks, block_size).with_caching(false),
+            window,
+        }
+    }
+
+    /// Most blocks one sequence can hold: a window plus a step's `chunk`
+    /// new tokens, one block more for where they straddle block edges;
+    /// never more than its whole length needs.
+    pub fn held_at_most(window: usize, block_size: usize, chunk: usize, max_len: usize) -> usize {
+        ((window + chunk).div_ceil(block_size) + 1).min(max_len.div_ceil(block_size))
+    }
+
+    /// [`Self::held_at_most`] in this pool.
+    pub fn held_by(&self, chunk: usize, max_len: usize) -> usize {
+        Self::held_at_most(self.window, self.blocks.block_size(), chunk, max_len)
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.blocks.num_blocks()
+    }
+
+    pub fn num_used(&self) -> usize {
+        self.blocks.num_used()
+    }
+
+    /// Frees the blocks of `table` that no query from `first_pos` on can
+    /// see, then grows it to hold `num_tokens`. The growth is all or
+    /// nothing, as [`BlockManager::grow`]'s; the freeing stands either way
+    /// (those blocks are dead whatever happens next).
+    pub fn advance(
+        &mut self,
+        table: &mut Vec<BlockId>,
+        first_pos: usize,
+        num_tokens: usize,
+    ) -> bool {
+        let dead = (first_pos + 1).saturating_sub(self.window) / self.blocks.block_size();
+        for entry in table.iter_mut().take(dead).filter(|b| **b != FREED) {
+            self.blocks.release(&mut vec![*entry]);
+            *entry = FREED;
+        }
+        self.blocks.grow(table, num_tokens)
+    }
+
+    /// Gives back every block `table` still holds, and empties it.
+    pub fn release(&mut self, table: &mut Vec<BlockId>) {
+        table.retain(|&b| b != FREED);
+        self.blocks.release(table);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Gemma 3 1B's 22 window layers and 4 global ones: a few sequences'
+    /// windows leave most of the budget to the global layers; many
+    /// sequences' windows (or no global layer) split it evenly.
+    #[test]
+    fn the_budget_goes_to_global_layers_past_the_windows_needed() {
+        let (global, window) = split_budget(26_000, 26, 22, 4 * 34);
+        assert_eq!(window, 136);
+        assert_eq!(global, (26_000 - 22 * 136) / 4);
+        assert!(4 * global + 22 * window <= 26_000);
+        assert_eq!(split_budget(26_000, 26, 22, 256 * 34), (1000, 1000));
+        assert_eq!(split_budget(26_000, 26, 26, 10), (1000, 1000));
+    }
+
+    /// A sequence decoding far past its window never holds more than the
+    /// window's blocks (plus the one being filled), and what it holds
+    /// covers every position its next query sees.
+    #[test]
+    fn decode_holds_only_the_window() {
+        let (bs, window) = (4, 10);
+        let mut w = WindowBlocks::new(8, bs, window);
+        let mut table = Vec::new();
+        for pos in 0..200 {
+            assert!(
+                w.advance(&mut table, pos, pos + 1),
+                "out of blocks at {pos}"
+            );
+            assert_eq!(table.len(), pos / bs + 1);
+            let live: Vec<usize> = (0..table.len()).filter(|&b| table[b] != FREED).collect();
+            assert!(live.len() <= WindowBlocks::held_at_most(window, bs, 1, pos + 1));
+            // Every position pos + 1 - window..=pos has its block.
+            for p in (pos + 1).saturating_sub(window)..=pos {
+                assert!(live.contains(&(p / bs)), "position {p} lost at {pos}");
+            }
+            assert_eq!(w.num_used(), live.len());
+        }
+        w.release(&mut table);
+        assert!(table.is_empty());
+        assert_eq!(w.num_used(), 0);
+    }
+
+    /// A prompt chunk keeps the window before its first token; a growth the
+    /// pool cannot supply allocates nothing, yet the dead blocks are freed.
+    #[test]
+    fn chunks_keep_the_window_before_them_and_growth_is_all_or_nothing() {
+        let (bs, window) = (4, 6);
+        let mut w = WindowBlocks::new(6, bs, window);
+        let mut table = Vec::new();
+        assert!(w.advance(&mut table, 0, 16));
+        assert_eq!(w.num_used(), 4);
+        // The next chunk starts at 16 and sees from 11: blocks 0 and 1 die.
+        assert!(w.advance(&mut table, 16, 24));
+        assert_eq!(&table[..2], &[FREED, FREED]);
+        assert_eq!(w.num_used(), 4);
+        // 24..48 would need 6 more blocks with 2 free after freeing 2: no.
+        assert!(!w.advance(&mut table, 24, 48));
+        assert_eq!(table.len(), 6);
+        assert_eq!(table[..4].iter().filter(|&&b| b == FREED).count(), 4);
+        assert_eq!(w.num_used(), 2);
+        assert_eq!(WindowBlocks::held_at_most(window, bs, 8, 1000), 5);
+        assert_eq!(WindowBlocks::held_at_most(window, bs, 8, 5), 2);
+    }
+}
