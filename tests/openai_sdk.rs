@@ -1,6 +1,7 @@
 //! Runs the official `openai` Python SDK (tests/openai_sdk/) against a
 //! started `wick serve` behind an API key: a real client, sync and async,
-//! and a model that thinks, its reasoning shown apart from its answer.
+//! a model that thinks, its reasoning shown apart from its answer, and an
+//! agent loop on a Mistral template.
 
 mod common;
 
@@ -74,4 +75,16 @@ fn openai_python_sdk_shows_reasoning_apart() {
     let template = format!("{DIR}/thinking.jinja");
     let server = Server::start(&["--api-key", KEY, "--chat-template", &template]);
     pytest("test_reasoning.py", &server);
+}
+
+/// The default model under Mistral Nemo's template, which takes back only
+/// 9-character call ids (see test_mistral_tools.py).
+#[test]
+fn openai_python_sdk_agent_loop_on_a_mistral_template() {
+    let template = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/chat_templates/mistralai-Mistral-Nemo-Instruct-2407.jinja"
+    );
+    let server = Server::start(&["--api-key", KEY, "--chat-template", template]);
+    pytest("test_mistral_tools.py", &server);
 }

@@ -18,6 +18,7 @@ use super::protocol::{
     TopLogprob,
 };
 use super::respond::{respond, Envelope, OutputBuilder};
+use super::tools::CallIds;
 use super::validation::validate_chat;
 use super::AppState;
 use crate::engine::output::{Delta, TokenLogprob};
@@ -43,6 +44,7 @@ pub async fn chat_completions(
             .collect(),
         calls: vec![0; g.num_choices()],
         parallel: plan.tools.parallel,
+        ids: plan.tools.ids,
     };
     let env = Envelope::new(format!("chatcmpl-{}", request_id(&headers)), &model.name);
     respond(g, builder, env, state.limits.stream_shape(&plan)).await
@@ -60,6 +62,8 @@ pub struct ChatBuilder {
     /// Per choice: tool calls sent so far.
     calls: Vec<usize>,
     parallel: bool,
+    /// How the calls' ids look.
+    ids: CallIds,
 }
 
 fn chunk(index: usize, delta: ChatDelta) -> ChunkChoice {
@@ -231,7 +235,12 @@ impl ChatBuilder {
                 }
                 ToolEvent::Start { index, name } => {
                     self.calls[i] = index + 1;
-                    (index, Some(call_id()), Some(name), Some(String::new()))
+                    (
+                        index,
+                        Some(self.ids.issue()),
+                        Some(name),
+                        Some(String::new()),
+                    )
                 }
                 ToolEvent::Arguments { index, text } => (index, None, None, Some(text)),
             };
@@ -258,12 +267,6 @@ fn content(text: String) -> ChatDelta {
         content: Some(text),
         ..ChatDelta::default()
     }
-}
-
-/// A fresh tool-call id in OpenAI's style (`call_` and 24 characters).
-fn call_id() -> String {
-    use rand::distr::{Alphanumeric, SampleString};
-    format!("call_{}", Alphanumeric.sample_string(&mut rand::rng(), 24))
 }
 
 fn chat_logprobs(lps: &[TokenLogprob]) -> ChatLogprobs {
@@ -301,6 +304,7 @@ mod tests {
             thinking: vec![Some(ReasoningParser::new(false))],
             calls: vec![0],
             parallel,
+            ids: CallIds::OpenAi,
         }
     }
 

@@ -36,6 +36,38 @@ pub struct ToolPlan {
     pub parallel: bool,
     /// For forced calls: the JSON schema the reply is constrained to.
     pub schema: Option<Value>,
+    /// The call ids the template takes back in the history.
+    pub ids: CallIds,
+}
+
+/// How call ids look. Mistral's templates refuse any id that is not 9
+/// letters and digits (vLLM issues those for Mistral); others take
+/// OpenAI's `call_` and 24 characters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallIds {
+    OpenAi,
+    Mistral,
+}
+
+impl CallIds {
+    /// The ids `template` takes, by the tool-call format it teaches.
+    pub fn for_template(template: &str) -> Self {
+        match ToolFormat::detect(template) {
+            Some(ToolFormat::MistralJson | ToolFormat::MistralArgs) => CallIds::Mistral,
+            _ => CallIds::OpenAi,
+        }
+    }
+
+    /// A fresh id.
+    pub fn issue(self) -> String {
+        use rand::distr::{Alphanumeric, SampleString};
+        match self {
+            CallIds::OpenAi => {
+                format!("call_{}", Alphanumeric.sample_string(&mut rand::rng(), 24))
+            }
+            CallIds::Mistral => Alphanumeric.sample_string(&mut rand::rng(), 9),
+        }
+    }
 }
 
 impl ToolPlan {
@@ -45,6 +77,7 @@ impl ToolPlan {
             mode: ToolMode::Off,
             parallel: true,
             schema: None,
+            ids: CallIds::OpenAi,
         }
     }
 
@@ -197,6 +230,7 @@ pub fn plan(req: &ChatCompletionRequest, template: &str) -> Result<ToolPlan, Api
         mode,
         parallel,
         schema,
+        ids: CallIds::for_template(template),
     })
 }
 
