@@ -85,3 +85,56 @@ async fn mistral_agent_loop_takes_back_its_call_ids() {
         .unwrap();
     assert!(id.starts_with("call_") && id.len() == 29, "{id}");
 }
+
+/// The request: a call list that `max_tokens` cuts off inside its
+/// second call.
+fn cut_off_calls(stream: bool) -> Value {
+    json!({"messages": [{"role": "user", "content": "Paris is in France. Give me data about Paris."}],
+           "tools": [{"type": "function", "function": {"name": "final_result", "parameters": {
+               "type": "object",
+               "properties": {"name": {"type": "string"}, "country": {"type": "string"}},
+               "required": ["name", "country"]}}}],
+           "tool_choice": "required", "max_tokens": 56, "temperature": 0, "stream": stream})
+}
+
+/// A call list cut off by `max_tokens`: the complete call is kept, the
+/// piece of the next is dropped rather than leaked into `content`, and the
+/// reply still ends as `length`; streamed and whole alike.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_list_cut_off_leaks_nothing_into_content() {
+    let s = Server::start(&[]);
+    let (st, r) = post(&s, "/v1/chat/completions", cut_off_calls(false)).await;
+    assert_eq!(st, 200, "{r}");
+    let choice = &r["choices"][0];
+    assert_eq!(choice["finish_reason"], "length", "{r}");
+    assert_eq!(r["usage"]["completion_tokens"], 56, "{r}");
+    assert!(choice["message"]["content"].is_null(), "{r}");
+    let calls = choice["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "{r}");
+    assert_eq!(calls[0]["function"]["name"], "final_result");
+    let args: Value = serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap())
+        .expect("the complete call's arguments");
+    assert!(
+        args["name"].is_string() && args["country"].is_string(),
+        "{args}"
+    );
+
+    let events = chunks(&sse(&s, "/v1/chat/completions", cut_off_calls(true)).await);
+    let deltas: Vec<&Value> = events.iter().map(|c| &c["choices"][0]).collect();
+    let content: String = deltas
+        .iter()
+        .filter_map(|c| c["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(content, "", "{events:?}");
+    let streamed: String = deltas
+        .iter()
+        .flat_map(|c| c["delta"]["tool_calls"].as_array())
+        .flatten()
+        .filter_map(|c| c["function"]["arguments"].as_str())
+        .collect();
+    assert_eq!(
+        streamed,
+        calls[0]["function"]["arguments"].as_str().unwrap()
+    );
+    assert_eq!(deltas.last().unwrap()["finish_reason"], "length");
+}

@@ -264,7 +264,7 @@ impl ToolCallParser {
             State::ListOpen => {
                 let trimmed = self.buf.trim_start();
                 if trimmed.is_empty() {
-                    return self.give_up_if(end, out);
+                    return end && self.drop_unfinished();
                 }
                 if !trimmed.starts_with('[') {
                     return self.give_up(out);
@@ -276,7 +276,7 @@ impl ToolCallParser {
             State::Object { list } => {
                 let trimmed = self.buf.trim_start();
                 if trimmed.is_empty() {
-                    return self.give_up_if(end, out);
+                    return end && self.drop_unfinished();
                 }
                 if !trimmed.starts_with('{') {
                     return self.give_up(out);
@@ -317,12 +317,17 @@ impl ToolCallParser {
                     // A whole object without a name is no call.
                     Some(_) => self.give_up(out),
                     None if end => {
-                        // Cut off (max_tokens): a started call keeps what it has.
+                        // Cut off (max_tokens): a started call keeps what it
+                        // has (it went out); one without its name yet is
+                        // dropped, unless (a bare Llama 3 object) it may be
+                        // text that is no call at all.
                         if self.started {
                             self.buf.clear();
                             self.end_call();
                             self.state = State::Text;
                             true
+                        } else if self.surely_a_call(trimmed) {
+                            self.drop_unfinished()
                         } else {
                             self.give_up(out)
                         }
@@ -357,7 +362,13 @@ impl ToolCallParser {
                     self.state = then;
                     return true;
                 }
-                if !end && token.starts_with(trimmed) {
+                if token.starts_with(trimmed) {
+                    if end {
+                        // The call's closing, cut off.
+                        self.buf.clear();
+                        self.state = State::Text;
+                        return true;
+                    }
                     return false;
                 }
                 // Anything else after a call is plain text.
@@ -366,10 +377,8 @@ impl ToolCallParser {
             }
             State::ArgsName => {
                 let Some(at) = self.buf.find("[ARGS]") else {
-                    if end {
-                        return self.give_up(out);
-                    }
-                    return false;
+                    // Cut off before its arguments: no call, and no content.
+                    return end && self.drop_unfinished();
                 };
                 // `name[CALL_ID]id`: the id is the model's own; wick issues its own.
                 let head = &self.buf[..at];
@@ -450,12 +459,29 @@ impl ToolCallParser {
         self.raw.clear();
     }
 
-    fn give_up_if(&mut self, end: bool, out: &mut Vec<ToolEvent>) -> bool {
-        if end {
-            self.give_up(out)
-        } else {
-            false
+    /// The reply ended inside a call whose start was not sent (cut off by
+    /// `max_tokens`): a piece of a call is not content, so it goes.
+    fn drop_unfinished(&mut self) -> bool {
+        self.buf.clear();
+        self.raw.clear();
+        self.started = false;
+        self.args_sent = 0;
+        self.state = State::Text;
+        true
+    }
+
+    /// Whether the unclosed object `text` that the reply ends in is a call
+    /// cut off, rather than text: always, but for a bare `{` opening a
+    /// Llama 3 reply, which must begin with its `name` to be one.
+    fn surely_a_call(&self, text: &str) -> bool {
+        let bare = self.format == ToolFormat::Llama3Json
+            && self.calls == 0
+            && !self.raw.contains(self.format.opener());
+        if !bare {
+            return true;
         }
+        let key = text.strip_prefix('{').unwrap_or(text).trim_start();
+        "\"name\"".starts_with(key) || key.starts_with("\"name\"")
     }
 
     /// Not a call after all: its opener is content, and what follows is
@@ -772,18 +798,64 @@ mod tests {
         assert_eq!(calls(&r), [("f".into(), serde_json::json!({"a": 1}))]);
     }
 
+    /// A reply cut off (`max_tokens`) inside a call: a call whose start
+    /// went out keeps its arguments so far; a piece of one before its name
+    /// is dropped, never given back as content; complete calls stay.
     #[test]
-    fn a_call_cut_off_keeps_its_start_and_arguments_so_far() {
+    fn a_call_cut_off_keeps_what_went_out_and_drops_the_rest() {
         let r = parse_reply(
             ToolFormat::Hermes,
             "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": \"lo",
         );
         assert_eq!(r.calls, [("f".to_string(), "{\"a\": \"lo".to_string())]);
-        let r = parse_reply(ToolFormat::Hermes, "<tool_call>{\"argu");
-        assert_eq!(
-            (r.content.as_str(), r.calls.len()),
-            ("<tool_call>{\"argu", 0)
-        );
+        let one = [("f".to_string(), serde_json::json!({"a": 1}))];
+        for (format, text, content, calls_kept) in [
+            (ToolFormat::Hermes, "Hi <tool_call>{\"argu", "Hi ", &[][..]),
+            (ToolFormat::Hermes, "<tool_call>", "", &[]),
+            (
+                ToolFormat::Hermes,
+                "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}</tool_",
+                "",
+                &one[..],
+            ),
+            (
+                ToolFormat::JsonList,
+                "[{\"name\": \"f\", \"parameters\": {\"a\": 1}}, {\"name\": \"fina",
+                "",
+                &one,
+            ),
+            (ToolFormat::JsonList, "[", "", &[]),
+            (
+                ToolFormat::MistralJson,
+                "Ok.[TOOL_CALLS] [{\"na",
+                "Ok.",
+                &[],
+            ),
+            (
+                ToolFormat::MistralArgs,
+                "Sure.[TOOL_CALLS]get_wea",
+                "Sure.",
+                &[],
+            ),
+            (ToolFormat::Llama3Json, "{\"na", "", &[]),
+            (
+                ToolFormat::Llama3Json,
+                "<|python_tag|>{\"parameters\": {",
+                "",
+                &[],
+            ),
+            // A bare object that cannot be a call is the reply's text.
+            (
+                ToolFormat::Llama3Json,
+                "{\"answer\": [1",
+                "{\"answer\": [1",
+                &[],
+            ),
+        ] {
+            let r = check_streaming(format, text);
+            assert_eq!(r.content, content, "{text:?}");
+            assert_eq!(calls(&r), calls_kept, "{text:?}");
+        }
     }
 
     #[test]
