@@ -1,12 +1,26 @@
 """Writes a random-weight GGUF of Llama-3.2-1B's shape, for benchmarks at a
 realistic size: hidden 2048, 16 layers, 32 heads over 8 KV heads, FFN 8192,
 with the default model's tokenizer (vocabulary 49152) and chat template.
-With --arch qwen3, Qwen3-1.7B's shape instead: 28 layers, 16 heads of 128
-over 8 KV heads, FFN 6144, an RMSNorm per query and key head.
+Other shapes, by --arch:
+
+- qwen3: Qwen3-1.7B's shape: 28 layers, 16 heads of 128 over 8 KV heads,
+  FFN 6144, an RMSNorm per query and key head.
+- phi3: Phi-4-mini's layout at 1B size: hidden 2048, 16 layers, 16 heads
+  of 128 over 8 KV heads, FFN 8192; q/k/v fused in attn_qkv and gate/up in
+  ffn_up; rotary on 96 of each head's 128 dimensions (0.75), LongRoPE
+  factor tensors of 48 (short ones, long ones rising to 32x), context
+  131072 over an original 4096.
+- gemma3: Gemma-3-1B's shape: hidden 1152, 26 layers, 4 heads of 256 over
+  1 KV head, FFN 6912 (GeGLU), q/k norms and norms after attention and the
+  FFN, a 512-token sliding window on five layers of six, rope base 1e6
+  (global layers) and 1e4 (local ones). Its norms are stored as 1 + w, as
+  llama.cpp's converter writes them, so ones here too.
+
+The output matrix is always tied to the embeddings.
 
     pip install gguf==0.17.1 numpy
     python3 scripts/make_random_gguf.py --tokenizer-from SmolLM2-135M-Instruct.Q4_1.gguf \
-        --out /tmp/llama1b-F16.gguf [--llama-quantize PATH --types Q4_K_M,Q4_0]
+        --out /tmp/llama1b-F16.gguf [--arch ARCH] [--llama-quantize PATH --types Q4_K_M,Q4_0]
 
 The weights are N(0, 0.02) in f16 (norms are 1), so the model says nothing
 useful; only its shape and block types matter. With --llama-quantize each
@@ -25,7 +39,18 @@ import numpy as np
 SHAPES = {
     "llama": (2048, 16, 32, 8, 64, 8192),
     "qwen3": (2048, 28, 16, 8, 128, 6144),
+    "phi3": (2048, 16, 16, 8, 128, 8192),
+    "gemma3": (1152, 26, 4, 1, 256, 6912),
 }
+# rotary dimensions, rope base, RMSNorm epsilon, context per architecture.
+ROPE = {
+    "llama": (64, 500000.0, 1e-5, 8192),
+    "qwen3": (128, 1000000.0, 1e-6, 8192),
+    "phi3": (96, 10000.0, 1e-5, 131072),
+    "gemma3": (256, 1000000.0, 1e-6, 32768),
+}
+PHI3_ORIGINAL_CONTEXT = 4096
+GEMMA3_WINDOW = 512
 
 
 def main() -> None:
@@ -38,12 +63,15 @@ def main() -> None:
     ap.add_argument("--arch", choices=sorted(SHAPES), default="llama")
     args = ap.parse_args()
     hidden, layers, heads, kv_heads, head_dim, ffn = SHAPES[args.arch]
+    rope_dims, rope_base, eps, context = ROPE[args.arch]
 
     src = gguf.GGUFReader(args.tokenizer_from)
     vocab = len(src.fields["tokenizer.ggml.tokens"].data)
     w = gguf.GGUFWriter(args.out, args.arch)
-    w.add_name(f"random-{args.arch}")
-    w.add_context_length(8192)
+    # llama.cpp gives Phi-3's SentencePiece tokens special attributes when
+    # the name holds "phi3" or "phi-3", and fails on a BPE vocabulary then.
+    w.add_name("random-phi-4-mini" if args.arch == "phi3" else f"random-{args.arch}")
+    w.add_context_length(context)
     w.add_embedding_length(hidden)
     w.add_block_count(layers)
     w.add_feed_forward_length(ffn)
@@ -51,9 +79,16 @@ def main() -> None:
     w.add_head_count_kv(kv_heads)
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
-    w.add_rope_dimension_count(head_dim)
-    w.add_rope_freq_base(500000.0 if args.arch == "llama" else 1000000.0)
-    w.add_layer_norm_rms_eps(1e-5 if args.arch == "llama" else 1e-6)
+    w.add_rope_dimension_count(rope_dims)
+    w.add_rope_freq_base(rope_base)
+    w.add_layer_norm_rms_eps(eps)
+    if args.arch == "phi3":
+        w.add_rope_scaling_orig_ctx_len(PHI3_ORIGINAL_CONTEXT)
+        # Phi-4-mini's: sqrt(1 + ln(131072 / 4096) / ln(4096)).
+        w.add_rope_scaling_attn_factors(float(np.sqrt(1 + np.log(context / PHI3_ORIGINAL_CONTEXT) / np.log(PHI3_ORIGINAL_CONTEXT))))
+    if args.arch == "gemma3":
+        w.add_sliding_window(GEMMA3_WINDOW)
+        w.add_float32("gemma3.rope.freq_base_swa", 10000.0)
     w.add_vocab_size(vocab)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     for name, field in src.fields.items():
@@ -67,20 +102,36 @@ def main() -> None:
 
     ones = np.ones(hidden, dtype=np.float32)
     w.add_tensor("token_embd.weight", rand(vocab, hidden))
+    if args.arch == "phi3":
+        half = rope_dims // 2
+        w.add_tensor("rope_factors_short.weight", np.ones(half, dtype=np.float32))
+        w.add_tensor("rope_factors_long.weight", np.geomspace(1.0, 32.0, half).astype(np.float32))
+    qk_norms = args.arch in ("qwen3", "gemma3")
     for i in range(layers):
         p = f"blk.{i}"
         w.add_tensor(f"{p}.attn_norm.weight", ones)
-        w.add_tensor(f"{p}.attn_q.weight", rand(heads * head_dim, hidden))
-        w.add_tensor(f"{p}.attn_k.weight", rand(kv_heads * head_dim, hidden))
-        w.add_tensor(f"{p}.attn_v.weight", rand(kv_heads * head_dim, hidden))
-        if args.arch == "qwen3":
+        if args.arch == "phi3":
+            w.add_tensor(f"{p}.attn_qkv.weight", rand((heads + 2 * kv_heads) * head_dim, hidden))
+        else:
+            w.add_tensor(f"{p}.attn_q.weight", rand(heads * head_dim, hidden))
+            w.add_tensor(f"{p}.attn_k.weight", rand(kv_heads * head_dim, hidden))
+            w.add_tensor(f"{p}.attn_v.weight", rand(kv_heads * head_dim, hidden))
+        if qk_norms:
             w.add_tensor(f"{p}.attn_q_norm.weight", np.ones(head_dim, dtype=np.float32))
             w.add_tensor(f"{p}.attn_k_norm.weight", np.ones(head_dim, dtype=np.float32))
         w.add_tensor(f"{p}.attn_output.weight", rand(hidden, heads * head_dim))
+        if args.arch == "gemma3":
+            w.add_tensor(f"{p}.post_attention_norm.weight", ones)
         w.add_tensor(f"{p}.ffn_norm.weight", ones)
-        w.add_tensor(f"{p}.ffn_gate.weight", rand(ffn, hidden))
-        w.add_tensor(f"{p}.ffn_up.weight", rand(ffn, hidden))
+        if args.arch == "phi3":
+            # gate rows first, then up, as llama.cpp's converter stacks them.
+            w.add_tensor(f"{p}.ffn_up.weight", rand(2 * ffn, hidden))
+        else:
+            w.add_tensor(f"{p}.ffn_gate.weight", rand(ffn, hidden))
+            w.add_tensor(f"{p}.ffn_up.weight", rand(ffn, hidden))
         w.add_tensor(f"{p}.ffn_down.weight", rand(hidden, ffn))
+        if args.arch == "gemma3":
+            w.add_tensor(f"{p}.post_ffw_norm.weight", ones)
     w.add_tensor("output_norm.weight", ones)
     w.write_header_to_file()
     w.write_kv_data_to_file()
