@@ -138,3 +138,87 @@ async fn a_call_list_cut_off_leaks_nothing_into_content() {
     );
     assert_eq!(deltas.last().unwrap()["finish_reason"], "length");
 }
+
+/// OpenAI takes `top_p: 0` as greedy: sampled at temperature 1 with any
+/// seed, the reply is the greedy one.
+#[tokio::test(flavor = "multi_thread")]
+async fn top_p_zero_is_greedy() {
+    let s = Server::start(&[]);
+    let body = |extra: Value| {
+        let mut b = json!({"prompt": "Once upon a time", "max_tokens": 16, "ignore_eos": true});
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        b
+    };
+    let (st, greedy) = post(&s, "/v1/completions", body(json!({"temperature": 0}))).await;
+    assert_eq!(st, 200, "{greedy}");
+    for seed in 0..4 {
+        let (st, r) = post(
+            &s,
+            "/v1/completions",
+            body(json!({"temperature": 1.0, "top_p": 0, "seed": seed})),
+        )
+        .await;
+        assert_eq!(st, 200, "{r}");
+        assert_eq!(r["choices"][0]["text"], greedy["choices"][0]["text"]);
+    }
+}
+
+/// A forced named call ends as `stop` (OpenAI's), `required` as
+/// `tool_calls`; a stream of calls alone opens with the role on the first
+/// call's delta and `content: null`, while a text reply's first delta is
+/// `{"role": "assistant", "content": ""}`.
+#[tokio::test(flavor = "multi_thread")]
+async fn tool_call_finish_reasons_and_first_deltas_as_openai() {
+    let s = Server::start(&[]);
+    let named = json!({"type": "function", "function": {"name": "get_weather"}});
+    for (choice, reason) in [(named, "stop"), (json!("required"), "tool_calls")] {
+        let body = json!({"messages": [{"role": "user", "content": "Weather in Paris?"}],
+                          "tools": weather_tool(), "tool_choice": choice, "max_tokens": 40,
+                          "temperature": 0, "parallel_tool_calls": false});
+        let (st, r) = post(&s, "/v1/chat/completions", body.clone()).await;
+        assert_eq!(st, 200, "{r}");
+        assert_eq!(r["choices"][0]["finish_reason"], reason, "{r}");
+        assert!(r["choices"][0]["message"]["tool_calls"][0]["id"].is_string());
+
+        let mut body = body;
+        body["stream"] = json!(true);
+        let events = chunks(&sse(&s, "/v1/chat/completions", body).await);
+        let first = &events[0]["choices"][0]["delta"];
+        assert_eq!(first["role"], "assistant", "{first}");
+        assert!(first.get("content").is_some_and(Value::is_null), "{first}");
+        assert_eq!(first["tool_calls"][0]["function"]["name"], "get_weather");
+        assert!(events[1..]
+            .iter()
+            .all(|c| c["choices"][0]["delta"].get("role").is_none()));
+        let last = events.last().unwrap();
+        assert_eq!(last["choices"][0]["finish_reason"], reason);
+    }
+    let body = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+                      "stream": true});
+    let events = chunks(&sse(&s, "/v1/chat/completions", body).await);
+    assert_eq!(
+        events[0]["choices"][0]["delta"],
+        json!({"role": "assistant", "content": ""})
+    );
+}
+
+/// `/health` answers 503 while the model loads: expected, so logged at
+/// debug level, never as an error.
+#[test]
+fn health_503_while_loading_is_no_error() {
+    use std::io::Read;
+    let env = [("RUST_LOG", "wick::server::app=debug,warn")];
+    let mut s = Server::start_with(&[], &env, std::process::Stdio::piped());
+    let mut stderr = s.child.stderr.take().unwrap();
+    s.terminate();
+    s.wait_exit(std::time::Duration::from_secs(30));
+    let mut log = String::new();
+    stderr.read_to_string(&mut log).unwrap();
+    assert!(
+        log.contains("503 Service Unavailable"),
+        "no 503 seen:\n{log}"
+    );
+    assert!(!log.contains("ERROR"), "{log}");
+}

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use axum::extract::DefaultBodyLimit;
-use axum::http::{HeaderName, HeaderValue};
+use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::middleware;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
@@ -18,6 +18,7 @@ use axum::Router;
 use tokio::sync::watch;
 use tower::ServiceBuilder;
 use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::classify::ServerErrorsFailureClass;
 use tower_http::cors::{AllowOrigin, Any, CorsLayer};
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
@@ -153,9 +154,13 @@ pub fn router(state: Arc<AppState>, cfg: &RouterConfig) -> anyhow::Result<Router
     let layers = ServiceBuilder::new()
         .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
         .layer(PropagateRequestIdLayer::x_request_id())
-        .layer(TraceLayer::new_for_http().make_span_with(|req: &axum::http::Request<_>| {
-            tracing::info_span!("request", id = %access::request_id(req.headers()))
-        }))
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(|req: &axum::http::Request<_>| {
+                    tracing::info_span!("request", id = %access::request_id(req.headers()))
+                })
+                .on_failure(log_failure),
+        )
         .layer(middleware::from_fn(access::log_access))
         .option_layer(cors(&cfg.allowed_origins)?)
         .layer(middleware::from_fn_with_state(
@@ -189,6 +194,20 @@ fn cors(origins: &[String]) -> anyhow::Result<Option<CorsLayer>> {
             .allow_headers(Any)
             .expose_headers([HeaderName::from_static("x-request-id")]),
     ))
+}
+
+/// A 503 is expected (`/health` while the model loads, a full queue,
+/// shutdown) and says so to the client, so it is no error of the
+/// server's: debug level (the access log has every status). Other failures
+/// are errors.
+fn log_failure(class: ServerErrorsFailureClass, latency: Duration, _span: &tracing::Span) {
+    let ms = latency.as_millis();
+    match class {
+        ServerErrorsFailureClass::StatusCode(StatusCode::SERVICE_UNAVAILABLE) => {
+            tracing::debug!(latency_ms = ms, "503 Service Unavailable");
+        }
+        class => tracing::error!(classification = %class, latency_ms = ms, "response failed"),
+    }
 }
 
 /// A panicking handler fails its own request with a 500, never the server.

@@ -18,7 +18,7 @@ use super::protocol::{
     TopLogprob,
 };
 use super::respond::{respond, Envelope, OutputBuilder};
-use super::tools::CallIds;
+use super::tools::{CallIds, ToolMode};
 use super::validation::validate_chat;
 use super::AppState;
 use crate::engine::output::{Delta, TokenLogprob};
@@ -44,6 +44,8 @@ pub async fn chat_completions(
             .collect(),
         calls: vec![0; g.num_choices()],
         parallel: plan.tools.parallel,
+        tool_only: matches!(plan.tools.mode, ToolMode::Required | ToolMode::Named(_)),
+        named: matches!(plan.tools.mode, ToolMode::Named(_)),
         ids: plan.tools.ids,
     };
     let env = Envelope::new(format!("chatcmpl-{}", request_id(&headers)), &model.name);
@@ -62,6 +64,10 @@ pub struct ChatBuilder {
     /// Per choice: tool calls sent so far.
     calls: Vec<usize>,
     parallel: bool,
+    /// The reply is calls alone (`tool_choice` required or named).
+    tool_only: bool,
+    /// The request named the function to call.
+    named: bool,
     /// How the calls' ids look.
     ids: CallIds,
 }
@@ -83,17 +89,6 @@ impl OutputBuilder for ChatBuilder {
 
     fn chunks(&mut self, i: usize, d: Delta) -> Vec<ChunkChoice> {
         let mut out = Vec::new();
-        // The first chunk of each choice carries the role, as OpenAI sends it.
-        if !std::mem::replace(&mut self.started[i], true) {
-            out.push(chunk(
-                i,
-                ChatDelta {
-                    role: Some("assistant".into()),
-                    content: Some(String::new()),
-                    ..ChatDelta::default()
-                },
-            ));
-        }
         let mut logprobs = self.want_logprobs.then(|| chat_logprobs(&d.logprobs));
         // Thinking goes out as it comes; the answer through the tool parser.
         let pieces = match &mut self.thinking[i] {
@@ -131,7 +126,7 @@ impl OutputBuilder for ChatBuilder {
             deltas.extend(self.tool_deltas(i, events));
         }
         for delta in deltas {
-            let empty = delta.content.as_deref() == Some("")
+            let empty = delta.content == Some(Some(String::new()))
                 && delta.tool_calls.is_none()
                 && delta.reasoning_content.is_none();
             if empty && logprobs.as_ref().is_none_or(|l| l.content.is_empty()) {
@@ -150,8 +145,9 @@ impl OutputBuilder for ChatBuilder {
             });
         }
         if let Some(f) = d.finish {
+            // A call the request named ends as `stop`, as at OpenAI.
             let reason = match f {
-                FinishReason::Stop if self.calls[i] > 0 => "tool_calls",
+                FinishReason::Stop if self.calls[i] > 0 && !self.named => "tool_calls",
                 f => f.as_str(),
             };
             out.push(ChunkChoice {
@@ -159,6 +155,7 @@ impl OutputBuilder for ChatBuilder {
                 ..chunk(i, ChatDelta::default())
             });
         }
+        self.open(i, &mut out);
         out
     }
 
@@ -182,7 +179,7 @@ impl OutputBuilder for ChatBuilder {
 
     fn merge(choice: &mut ChatChoice, chunk: ChunkChoice) {
         let message = &mut choice.message;
-        if let Some(text) = chunk.delta.content {
+        if let Some(Some(text)) = chunk.delta.content {
             message.content.get_or_insert_default().push_str(&text);
         }
         if let Some(text) = chunk.delta.reasoning_content {
@@ -223,6 +220,40 @@ impl OutputBuilder for ChatBuilder {
 }
 
 impl ChatBuilder {
+    /// The role goes on each choice's first chunk, as OpenAI sends it: a
+    /// chunk of its own with `content: ""` before text, or on the first
+    /// call's delta with `content: null` when the reply opens with calls.
+    fn open(&mut self, i: usize, out: &mut Vec<ChunkChoice>) {
+        let Some(first) = out.first_mut() else {
+            return;
+        };
+        if std::mem::replace(&mut self.started[i], true) {
+            return;
+        }
+        let role = Some("assistant".to_string());
+        if first.delta.tool_calls.is_some() {
+            first.delta.role = role;
+            first.delta.content = Some(None);
+            return;
+        }
+        let content = if self.tool_only {
+            None
+        } else {
+            Some(String::new())
+        };
+        out.insert(
+            0,
+            chunk(
+                i,
+                ChatDelta {
+                    role,
+                    content: Some(content),
+                    ..ChatDelta::default()
+                },
+            ),
+        );
+    }
+
     /// Tool-parser events as deltas; with `parallel_tool_calls` false, calls
     /// after the first are dropped.
     fn tool_deltas(&mut self, i: usize, events: Vec<ToolEvent>) -> Vec<ChatDelta> {
@@ -264,7 +295,7 @@ impl ChatBuilder {
 
 fn content(text: String) -> ChatDelta {
     ChatDelta {
-        content: Some(text),
+        content: Some(Some(text)),
         ..ChatDelta::default()
     }
 }
@@ -304,6 +335,8 @@ mod tests {
             thinking: vec![Some(ReasoningParser::new(false))],
             calls: vec![0],
             parallel,
+            tool_only: false,
+            named: false,
             ids: CallIds::OpenAi,
         }
     }
@@ -382,6 +415,47 @@ mod tests {
             Some("Hello there <toolbox>")
         );
         assert_eq!(whole.message.tool_calls, None);
+        assert_eq!(whole.finish_reason.as_deref(), Some("stop"));
+    }
+
+    /// The role rides on the first chunk: its own, with `content: ""`,
+    /// before text; on the first call's delta, with `content: null`, when
+    /// the reply opens with a call (as OpenAI sends them).
+    #[test]
+    fn the_role_comes_first_with_null_content_before_a_call() {
+        let mut b = builder(ToolCallParser::new(ToolFormat::Hermes), true);
+        let (chunks, _) = run(
+            &mut b,
+            &["<tool_call>{\"name\": \"now\", ", "\"arguments\": {}}"],
+        );
+        let first = &chunks[0].delta;
+        assert_eq!(first.role.as_deref(), Some("assistant"));
+        assert_eq!(first.content, Some(None));
+        assert!(first.tool_calls.is_some());
+        assert!(chunks[1..].iter().all(|c| c.delta.role.is_none()));
+        let mut b = builder(ToolCallParser::new(ToolFormat::Hermes), true);
+        let (chunks, _) = run(&mut b, &["Hi", "<tool_call>{\"name\": \"now\"}"]);
+        assert_eq!(
+            chunks[0].delta,
+            ChatDelta {
+                role: Some("assistant".into()),
+                content: Some(Some(String::new())),
+                ..ChatDelta::default()
+            }
+        );
+        assert_eq!(chunks[1].delta, content("Hi".into()));
+    }
+
+    /// A named call ends as `stop`, as at OpenAI; `required` as `tool_calls`.
+    #[test]
+    fn a_named_call_ends_as_stop() {
+        let mut b = builder(ToolCallParser::named("f"), true);
+        b.named = true;
+        let (_, whole) = run(&mut b, &["{\"a\":", " 1}"]);
+        assert_eq!(
+            whole.message.tool_calls.unwrap()[0].function.arguments,
+            "{\"a\": 1}"
+        );
         assert_eq!(whole.finish_reason.as_deref(), Some("stop"));
     }
 

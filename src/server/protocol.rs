@@ -457,8 +457,14 @@ pub type ChatCompletionResponse = Response<ChatChoice>;
 pub struct ChatDelta {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub role: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub content: Option<String>,
+    /// `Some(None)` is sent as `"content": null`: OpenAI's first delta of a
+    /// reply that is tool calls alone.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
+    pub content: Option<Option<String>>,
     /// The model's thinking, apart from its answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
@@ -475,6 +481,15 @@ pub struct ChunkChoice {
 }
 
 pub type ChatCompletionChunk = Response<ChunkChoice>;
+
+/// A field that is present, null included (absent is `None` by default).
+fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
+}
 
 /// One entry of `GET /v1/models`; `max_model_len` is vLLM's extension.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -740,7 +755,7 @@ mod tests {
         let first = chunk(
             ChatDelta {
                 role: Some("assistant".into()),
-                content: Some(String::new()),
+                content: Some(Some(String::new())),
                 ..ChatDelta::default()
             },
             None,
@@ -754,6 +769,13 @@ mod tests {
                              "logprobs": null, "finish_reason": null}]
             })
         );
+        let null = ChatDelta {
+            content: Some(None),
+            ..ChatDelta::default()
+        };
+        let json = chunk(null.clone(), None, None)["choices"][0]["delta"].clone();
+        assert_eq!(json, json!({"content": null}));
+        assert_eq!(serde_json::from_value::<ChatDelta>(json).unwrap(), null);
         let last = chunk(ChatDelta::default(), Some("stop"), None);
         assert_eq!(last["choices"][0]["delta"], json!({}));
         assert_eq!(last["choices"][0]["finish_reason"], "stop");

@@ -248,16 +248,25 @@ impl Common<'_> {
         // JSON object order is lost in the map; sorted ids keep runs
         // reproducible.
         logit_bias.sort_unstable_by_key(|&(id, _)| id);
+        // OpenAI takes `top_p: 0` as greedy: the nucleus is the most
+        // likely token alone, which is top-1.
+        let top_1 = self.top_p == Some(0.0);
         let params = SamplingParams {
             max_tokens,
             min_tokens: self.min_tokens.map_or(defaults.min_tokens, |m| m as usize),
             temperature: self.temperature.unwrap_or(defaults.temperature),
             // -1 and 0 both mean off; a k past the vocabulary keeps everything.
-            top_k: self
-                .top_k
-                .filter(|&k| k > 0)
-                .map_or(0, |k| usize::try_from(k).unwrap_or(usize::MAX)),
-            top_p: self.top_p.unwrap_or(defaults.top_p),
+            top_k: if top_1 {
+                1
+            } else {
+                self.top_k
+                    .filter(|&k| k > 0)
+                    .map_or(0, |k| usize::try_from(k).unwrap_or(usize::MAX))
+            },
+            top_p: match self.top_p {
+                Some(p) if !top_1 => p,
+                _ => defaults.top_p,
+            },
             min_p: self.min_p.unwrap_or(defaults.min_p),
             repetition_penalty: self
                 .repetition_penalty
@@ -1036,12 +1045,26 @@ mod tests {
         }
     }
 
+    /// OpenAI takes `top_p: 0` as greedy: the most likely token alone.
+    #[test]
+    fn top_p_zero_is_top_1() {
+        let p = completion(json!({"prompt": "x", "top_p": 0, "top_k": 40}))
+            .unwrap()
+            .params;
+        assert_eq!((p.top_k, p.top_p), (1, 1.0));
+        let p = completion(json!({"prompt": "x", "top_p": 0.5}))
+            .unwrap()
+            .params;
+        assert_eq!((p.top_k, p.top_p), (0, 0.5));
+        let e = completion(json!({"prompt": "x", "top_p": -0.1})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("top_p"));
+    }
+
     #[test]
     fn range_rules_name_their_field() {
         let cases = [
             (json!({"temperature": -0.1}), "temperature"),
             (json!({"temperature": 2.5}), "temperature"),
-            (json!({"top_p": 0}), "top_p"),
             (json!({"top_p": 1.5}), "top_p"),
             (json!({"n": 0}), "n"),
             (json!({"n": MAX_N + 1}), "n"),
