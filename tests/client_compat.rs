@@ -222,3 +222,84 @@ fn health_503_while_loading_is_no_error() {
     );
     assert!(!log.contains("ERROR"), "{log}");
 }
+
+fn chat_body(extra: Value) -> Value {
+    let mut body = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+                          "temperature": 0});
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    body
+}
+
+/// Fields common clients send: those with no effect on the output are
+/// accepted (a replayed assistant turn's `annotations`, `prompt_cache_key`,
+/// `safety_identifier`, `user`); `verbosity`, which nothing here could
+/// honour, is refused by name.
+#[tokio::test(flavor = "multi_thread")]
+async fn fields_common_clients_send() {
+    let s = Server::start(&[]);
+    let replay = json!([
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!", "annotations": [], "refusal": null},
+        {"role": "user", "content": "Again"}
+    ]);
+    for extra in [
+        json!({"messages": replay}),
+        json!({"prompt_cache_key": "agent-7", "safety_identifier": "u-hash", "user": "u1"}),
+    ] {
+        let (st, r) = post(&s, "/v1/chat/completions", chat_body(extra)).await;
+        assert_eq!(st, 200, "{r}");
+    }
+    let (st, e) = post(
+        &s,
+        "/v1/chat/completions",
+        chat_body(json!({"messages": [{"role": "user", "content": "x", "annotations": []}]})),
+    )
+    .await;
+    common::assert_error(st, &e, 400, Some("messages[0].annotations"));
+    let (st, e) = post(
+        &s,
+        "/v1/chat/completions",
+        chat_body(json!({"verbosity": "low"})),
+    )
+    .await;
+    common::assert_error(st, &e, 400, Some("verbosity"));
+    assert_eq!(e["error"]["code"], "unsupported_parameter");
+}
+
+/// vLLM's `stream_options.continuous_usage_stats`: every chunk carries the
+/// usage so far, growing to the whole response's.
+#[tokio::test(flavor = "multi_thread")]
+async fn continuous_usage_stats_put_usage_on_every_chunk() {
+    let s = Server::start(&[]);
+    for (path, body) in [
+        (
+            "/v1/chat/completions",
+            chat_body(json!({"max_tokens": 6, "ignore_eos": true})),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "Hi", "max_tokens": 6, "ignore_eos": true}),
+        ),
+    ] {
+        let (st, whole) = post(&s, path, body.clone()).await;
+        assert_eq!(st, 200, "{whole}");
+        let mut streamed = body;
+        streamed["stream"] = json!(true);
+        streamed["stream_options"] = json!({"continuous_usage_stats": true});
+        let events = chunks(&sse(&s, path, streamed).await);
+        let counts: Vec<u64> = events
+            .iter()
+            .map(|c| {
+                assert_eq!(
+                    c["usage"]["prompt_tokens"], whole["usage"]["prompt_tokens"],
+                    "{c}"
+                );
+                c["usage"]["completion_tokens"].as_u64().expect("usage")
+            })
+            .collect();
+        assert!(counts.windows(2).all(|w| w[0] <= w[1]), "{counts:?}");
+        assert_eq!(counts.last(), Some(&6), "{counts:?}");
+    }
+}

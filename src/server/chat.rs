@@ -48,7 +48,8 @@ pub async fn chat_completions(
         named: matches!(plan.tools.mode, ToolMode::Named(_)),
         ids: plan.tools.ids,
     };
-    let env = Envelope::new(format!("chatcmpl-{}", request_id(&headers)), &model.name);
+    let mut env = Envelope::new(format!("chatcmpl-{}", request_id(&headers)), &model.name);
+    env.continuous_usage = plan.continuous_usage;
     respond(g, builder, env, state.limits.stream_shape(&plan)).await
 }
 

@@ -51,6 +51,12 @@ fn message(m: &ChatRequestMessage, at: &str) -> Result<Message, ApiError> {
             Some(&field("tool_calls")),
         ));
     }
+    if m.annotations.is_some() && role != "assistant" {
+        return Err(ApiError::bad_request(
+            "only assistant messages carry annotations",
+            Some(&field("annotations")),
+        ));
+    }
     if m.reasoning_content.is_some() && role != "assistant" {
         return Err(ApiError::bad_request(
             "only assistant messages carry reasoning_content",

@@ -29,7 +29,8 @@ pub async fn completions(
         generation::begin::<CompletionRequest>(&state, body, validate_completion, access).await?;
     let model = g.model().clone();
     let builder = CompletionBuilder::new(&plan, &model.tokenizer, g.num_choices());
-    let env = Envelope::new(format!("cmpl-{}", request_id(&headers)), &model.name);
+    let mut env = Envelope::new(format!("cmpl-{}", request_id(&headers)), &model.name);
+    env.continuous_usage = plan.continuous_usage;
     respond(g, builder, env, state.limits.stream_shape(&plan)).await
 }
 

@@ -58,6 +58,8 @@ pub struct UnknownFields(pub serde_json::Map<String, serde_json::Value>);
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct StreamOptions {
     pub include_usage: Option<bool>,
+    /// vLLM's: `usage` (so far) on every chunk.
+    pub continuous_usage_stats: Option<bool>,
     /// Fields this type does not declare, refused by validation.
     #[serde(flatten)]
     pub unknown: UnknownFields,
@@ -163,6 +165,10 @@ pub struct ChatRequestMessage {
     pub tool_calls: Option<Vec<RequestToolCall>>,
     /// On a `tool` turn: the call it answers.
     pub tool_call_id: Option<String>,
+    /// On an assistant turn: what OpenAI returned beside its text (URL
+    /// citations), replayed by clients. Output metadata: not shown to the
+    /// model, so accepted and left unused.
+    pub annotations: Option<serde_json::Value>,
     /// Fields this type does not declare, refused by validation.
     #[serde(flatten)]
     pub unknown: UnknownFields,
@@ -231,6 +237,13 @@ pub struct ChatCompletionRequest {
     pub store: Option<bool>,
     pub metadata: Option<HashMap<String, String>>,
     pub service_tier: Option<String>,
+    // OpenAI's prompt-cache routing key and the end user's id for abuse
+    // checks: no effect on output (wick's prefix cache needs no key).
+    pub prompt_cache_key: Option<String>,
+    pub safety_identifier: Option<String>,
+    /// GPT-5's answer length (`low`, `medium`, `high`): no chat template
+    /// reads it, so it is refused rather than ignored.
+    pub verbosity: Option<String>,
     pub ignore_eos: Option<bool>,
     pub min_tokens: Option<u32>,
     pub stop_token_ids: Option<Vec<u32>>,

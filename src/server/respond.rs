@@ -39,6 +39,8 @@ pub struct Envelope {
     pub id: String,
     pub created: u64,
     pub model: String,
+    /// vLLM's `continuous_usage_stats`: every chunk carries the usage so far.
+    pub continuous_usage: bool,
 }
 
 impl Envelope {
@@ -50,6 +52,7 @@ impl Envelope {
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
             model: model.to_string(),
+            continuous_usage: false,
         }
     }
 
@@ -95,8 +98,9 @@ pub async fn respond<B: OutputBuilder>(
             loop {
                 match g.next().await {
                     Some(Ok((i, delta))) => {
+                        let usage = env.continuous_usage.then(|| g.usage());
                         for chunk in builder.chunks(i, delta) {
-                            yield sse_json(&env.wrap(B::CHUNK_OBJECT, vec![chunk], None));
+                            yield sse_json(&env.wrap(B::CHUNK_OBJECT, vec![chunk], usage));
                         }
                     }
                     Some(Err(e)) => {

@@ -44,6 +44,24 @@ pub fn modalities(modalities: Option<&[String]>) -> Result<(), ApiError> {
     }
 }
 
+/// `verbosity`, OpenAI's length hint for GPT-5 replies: no chat template
+/// has a variable for it, and wick will not rewrite the prompt to ask
+/// for brevity, so it is refused (any value) rather than ignored.
+pub fn verbosity(verbosity: Option<&str>) -> Result<(), ApiError> {
+    match verbosity {
+        None => Ok(()),
+        Some(_) => Err(ApiError {
+            code: Some("unsupported_parameter".into()),
+            ..ApiError::bad_request(
+                "Unsupported parameter: 'verbosity' is not supported with this model: no chat \
+                 template reads it, so it could not change the reply; leave it out, or ask for \
+                 the length you want in the messages.",
+                Some("verbosity"),
+            )
+        }),
+    }
+}
+
 /// The values OpenAI takes for `reasoning_effort`.
 pub const REASONING_EFFORTS: [&str; 7] =
     ["none", "minimal", "low", "medium", "high", "xhigh", "max"];

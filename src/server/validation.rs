@@ -59,6 +59,8 @@ pub struct GenerationPlan {
     pub n: usize,
     pub stream: bool,
     pub include_usage: bool,
+    /// vLLM's `continuous_usage_stats`: usage so far on every chunk.
+    pub continuous_usage: bool,
     pub echo: bool,
     /// Top alternatives per token: completions' `logprobs`, or chat's
     /// `top_logprobs` (0 when absent) with `logprobs: true`. Equals
@@ -152,6 +154,7 @@ struct Shape {
     n: usize,
     stream: bool,
     include_usage: bool,
+    continuous_usage: bool,
 }
 
 /// Both request types carry the same sampling fields under the same names.
@@ -220,10 +223,15 @@ impl Common<'_> {
             .stream_options
             .and_then(|o| o.include_usage)
             .unwrap_or(false);
+        let continuous_usage = self
+            .stream_options
+            .and_then(|o| o.continuous_usage_stats)
+            .unwrap_or(false);
         Ok(Shape {
             n: n as usize,
             stream,
             include_usage,
+            continuous_usage,
         })
     }
 
@@ -462,6 +470,7 @@ pub fn validate_completion(
         n: shape.n,
         stream: shape.stream,
         include_usage: shape.include_usage,
+        continuous_usage: shape.continuous_usage,
         echo,
         logprobs,
         prompt_texts,
@@ -480,6 +489,7 @@ pub fn validate_chat(
     let common = Common::from(req);
     let shape = common.check(ctx)?;
     unsupported::modalities(req.modalities.as_deref())?;
+    unsupported::verbosity(req.verbosity.as_deref())?;
     // OpenAI's newer name wins when both are sent.
     let (requested_max, max_param) = match req.max_completion_tokens {
         Some(m) => (Some(m), "max_completion_tokens"),
@@ -578,6 +588,7 @@ pub fn validate_chat(
         n: shape.n,
         stream: shape.stream,
         include_usage: shape.include_usage,
+        continuous_usage: shape.continuous_usage,
         echo: false,
         logprobs,
         prompt_texts: Vec::new(),
@@ -1314,8 +1325,8 @@ mod tests {
             (json!({"guided_json": {"type": "object"}}), "guided_json"),
             (json!({"foo": {"bar": []}}), "foo"),
             (
-                json!({"stream": true, "stream_options": {"continuous_usage_stats": true}}),
-                "stream_options.continuous_usage_stats",
+                json!({"stream": true, "stream_options": {"usage_every": 2}}),
+                "stream_options.usage_every",
             ),
         ] {
             assert_rejects(completion(with(json!({"prompt": "x"}), body)), param);
