@@ -233,7 +233,13 @@ async fn forced_tool_calls_name_a_tool_with_valid_arguments() {
             let (st, r) = post(&s, "/v1/chat/completions", body.clone()).await;
             assert_eq!(st, 200, "{r}");
             let c = &r["choices"][0];
-            assert_eq!(c["finish_reason"], "tool_calls", "{r}");
+            // A named call ends as stop, as OpenAI's does.
+            let finish = if choice == named {
+                "stop"
+            } else {
+                "tool_calls"
+            };
+            assert_eq!(c["finish_reason"], finish, "{r}");
             assert!(c["message"]["content"].is_null(), "{r}");
             let calls = c["message"]["tool_calls"].as_array().unwrap();
             assert_eq!(calls.len(), 1, "{r}");
@@ -272,7 +278,12 @@ async fn forced_tool_calls_name_a_tool_with_valid_arguments() {
             let finish = cs
                 .iter()
                 .find_map(|c| c["choices"][0]["finish_reason"].as_str());
-            assert_eq!(finish, Some("tool_calls"));
+            let want = if choice == named {
+                "stop"
+            } else {
+                "tool_calls"
+            };
+            assert_eq!(finish, Some(want));
         }
     }
     // tool_choice auto needs a template with a tool-call format.
@@ -431,4 +442,82 @@ async fn hostile_grammars_are_refused_and_the_server_lives() {
     assert_eq!(st, 200, "{r:.400}");
     let health = reqwest::get(s.url("/health")).await.unwrap();
     assert_eq!(health.status(), 200);
+}
+
+/// A schema as pydantic writes it (instructor, langchain): properties
+/// listed, `additionalProperties` left out, no bounds.
+fn pydantic_city() -> Value {
+    json!({
+        "title": "City",
+        "type": "object",
+        "properties": {
+            "name": {"title": "Name", "type": "string"},
+            "country": {"title": "Country", "type": "string"},
+            "population": {"title": "Population", "type": "integer"},
+        },
+        "required": ["name", "country", "population"],
+    })
+}
+
+/// Only the listed keys, every one, a population within the 16-digit cap.
+fn assert_city(text: &str) {
+    let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    let mut keys: Vec<&str> = v
+        .as_object()
+        .unwrap_or_else(|| panic!("not an object: {text}"))
+        .keys()
+        .map(String::as_str)
+        .collect();
+    keys.sort_unstable();
+    assert_eq!(keys, ["country", "name", "population"], "{text}");
+    assert!(v["name"].is_string() && v["country"].is_string(), "{text}");
+    let max = (1i64 << 53) - 1;
+    assert!(
+        v["population"].as_i64().is_some_and(|p| p.abs() <= max),
+        "{text}"
+    );
+}
+
+/// wick's rule for what a schema leaves open (docs/api.md): a
+/// pydantic-style schema ends in JSON with no invented keys within
+/// `max_tokens` 256, as `response_format` and as a forced call's arguments.
+#[tokio::test(flavor = "multi_thread")]
+async fn open_schemas_end_with_only_their_keys() {
+    let s = Server::start(&[]);
+    let city = |seed: u64, extra: Value| {
+        let mut body = json!({
+            "messages": [{"role": "user", "content":
+                "Tell me about the biggest city in Norway, with all its statistics."}],
+            "max_tokens": 256,
+            "seed": seed,
+        });
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        body
+    };
+    let tool = json!([{"type": "function", "function": {
+        "name": "City", "description": "Correctly extracted `City` with all the required \
+         parameters with correct types", "parameters": pydantic_city()}}]);
+    let named = json!({"type": "function", "function": {"name": "City"}});
+    for seed in 0..4 {
+        let body = city(
+            seed,
+            json!({"response_format": schema_format(pydantic_city())}),
+        );
+        let (st, r) = post(&s, "/v1/chat/completions", body).await;
+        assert_eq!(st, 200, "{r}");
+        assert_eq!(r["choices"][0]["finish_reason"], "stop", "{r}");
+        assert_city(r["choices"][0]["message"]["content"].as_str().unwrap());
+
+        let body = city(seed, json!({"tools": tool, "tool_choice": named}));
+        let (st, r) = post(&s, "/v1/chat/completions", body).await;
+        assert_eq!(st, 200, "{r}");
+        // Ended, not cut off (a named call ends in "stop" as on OpenAI).
+        let finish = &r["choices"][0]["finish_reason"];
+        assert!(finish == "stop" || finish == "tool_calls", "{r}");
+        let call = &r["choices"][0]["message"]["tool_calls"][0]["function"];
+        assert_eq!(call["name"], "City", "{r}");
+        assert_city(call["arguments"].as_str().unwrap());
+    }
 }

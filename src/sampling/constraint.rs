@@ -25,6 +25,7 @@ use serde_json::Value;
 use tokenizers::DecoderWrapper;
 use toktrie::{ApproximateTokEnv, SimpleVob, TokRxInfo, TokTrie};
 
+use super::schema_rules::close_schema;
 use crate::text::tokenizer::Tokenizer;
 
 /// What a client's grammar may hold; past these it is refused before it
@@ -59,7 +60,8 @@ const MAX_ERROR_CHARS: usize = 200;
 pub enum Grammar {
     /// Any JSON object (OpenAI's `json_object`).
     JsonObject,
-    /// A value valid against this JSON schema.
+    /// A value valid against this JSON schema, read under wick's rules
+    /// for what it leaves open ([`close_schema`]).
     JsonSchema(Value),
     /// A Lark grammar, in llguidance's dialect.
     Lark(String),
@@ -135,7 +137,7 @@ impl Grammar {
         };
         match self {
             Grammar::JsonObject => json(serde_json::json!({"type": "object"})),
-            Grammar::JsonSchema(schema) => json(schema.clone()),
+            Grammar::JsonSchema(schema) => json(close_schema(schema)),
             Grammar::Lark(text) => TopLevelGrammar::from_lark(text.clone()),
         }
     }
@@ -342,6 +344,7 @@ fn gpt2_byte_chars() -> Vec<char> {
 mod tests {
     use super::*;
     use crate::text::tokenizer::vocab_fixture;
+    use serde_json::json;
 
     /// A SentencePiece vocabulary's tokens carry their `▁` as a space and
     /// byte-fallback tokens their byte, so a grammar sees the text the model
@@ -362,5 +365,58 @@ mod tests {
         assert!(allowed(&mut c, 727));
         c.commit(727).unwrap();
         assert!(c.is_finished() || allowed(&mut c, 2));
+    }
+
+    /// Whether `text`, fed byte by byte, is a complete value of `schema`.
+    fn accepts(schema: Value, text: &str) -> bool {
+        static SPM: std::sync::OnceLock<(Tokenizer, ConstraintFactory)> =
+            std::sync::OnceLock::new();
+        let (tok, factory) = SPM.get_or_init(|| {
+            let tok = Tokenizer::from_gguf(&vocab_fixture("llama-spm")).unwrap();
+            let factory = ConstraintFactory::new(&tok).unwrap();
+            (tok, factory)
+        });
+        let mut c = factory.compile(&Grammar::JsonSchema(schema)).unwrap();
+        let bytes: Vec<u32> = text
+            .bytes()
+            .map(|b| tok.token_to_id(&format!("<0x{b:02X}>")).unwrap())
+            .collect();
+        c.matcher.consume_tokens(&bytes).is_ok() && c.matcher.is_accepting().unwrap()
+    }
+
+    /// A pydantic-style schema, compiled: no invented keys, no endless
+    /// digits; what it lists still fits.
+    #[test]
+    fn open_schemas_compile_closed() {
+        let city = json!({"type": "object", "required": ["name", "population"],
+            "properties": {"name": {"type": "string"}, "population": {"type": "integer"},
+                           "area": {"type": "number"}}});
+        assert!(accepts(
+            city.clone(),
+            r#"{"name": "Oslo", "population": 709037}"#
+        ));
+        assert!(accepts(
+            city.clone(),
+            r#"{"name": "Oslo", "population": -9007199254740991, "area": 454.03}"#
+        ));
+        assert!(accepts(
+            city.clone(),
+            r#"{"name": "O", "population": 1, "area": 0.1234567890}"#
+        ));
+        for refused in [
+            r#"{"name": "Oslo", "population": 709037, "population_growth_rate": 1}"#,
+            r#"{"name": "Oslo", "population": 9007199254740992}"#,
+            r#"{"name": "Oslo", "population": 12345678901234567}"#,
+            r#"{"name": "Oslo", "population": 1, "area": 12345678901234567.5}"#,
+            r#"{"name": "Oslo", "population": 1, "area": 0.12345678901}"#,
+            r#"{"name": "Oslo", "population": 1, "area": 0.10000000000}"#,
+            r#"{"name": "Oslo", "population": 1, "area": 1e400}"#,
+        ] {
+            assert!(!accepts(city.clone(), refused), "{refused}");
+        }
+        // Said open, stays open.
+        let open = json!({"type": "object", "properties": {"a": {"type": "integer"}},
+                          "additionalProperties": true});
+        assert!(accepts(open, r#"{"a": 1, "b": [true]}"#));
     }
 }

@@ -5,3 +5,4 @@
 pub mod constraint;
 pub mod params;
 pub mod sampler;
+pub mod schema_rules;
