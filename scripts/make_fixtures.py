@@ -12,6 +12,9 @@ computes on it:
 - "logits": f32 logits at every position of each input (one plain forward);
 - "greedy": 12 greedy ids per input (full forward each step, argmax, no EOS
   stop) and "greedy_min_gap", the smallest top-2 logit gap among them;
+- "pooled": per input, the mean, last and first rows of the final hidden
+  states (the base model's last_hidden_state, after its last norm), what
+  an embedding request pools;
 - "tokenizer": ids of assorted strings (tokenizer(text)["input_ids"]);
 - "add_special_tokens_adds": the ids tokenizer("") gives, i.e. what the
   default add_special_tokens=True adds (checked to be all it adds);
@@ -174,10 +177,13 @@ def reference(model, tokenizer, chat):
     adds = added_ids(tokenizer)
     inputs = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in INPUT_TEXTS]
     assert len({len(i) for i in inputs}) == len(inputs), "inputs must differ in length"
-    logits, greedies, min_gap = [], [], float("inf")
+    logits, greedies, pooled, min_gap = [], [], [], float("inf")
     with torch.no_grad():
         for ids in inputs:
             logits.append(model(torch.tensor([ids])).logits[0].tolist())
+            hidden = model.base_model(torch.tensor([ids])).last_hidden_state[0]
+            pooled.append({"mean": hidden.mean(0).tolist(), "last": hidden[-1].tolist(),
+                           "first": hidden[0].tolist()})
             g, gap = greedy(model, ids)
             greedies.append(g)
             min_gap = min(min_gap, gap)
@@ -189,6 +195,7 @@ def reference(model, tokenizer, chat):
         "logits": logits,
         "greedy": greedies,
         "greedy_min_gap": min_gap,
+        "pooled": pooled,
         "tokenizer": [{"text": t, "ids": tokenizer(t)["input_ids"]} for t in TOKENIZER_TEXTS],
         # What tokenizer(text) adds around the text by default (BOS/EOS).
         "add_special_tokens_adds": adds,

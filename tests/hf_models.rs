@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::Device;
 use wick::engine::kv_cache::KvLayout;
+use wick::engine::pooling::Pooling;
 use wick::engine::window_blocks::WindowBlocks;
 use wick::engine::{Engine, EngineConfig};
 use wick::load::loader::{load, LoadOptions, LoadedModel, WeightDtype};
@@ -89,6 +90,67 @@ fn long_rope_follows_the_served_context() {
     // transformers does not use for them.
     let mixed = transformers_ref::worst_logit_diff(&r, &load_fixture("phi3-tiny", &full), None);
     assert!(mixed > 1e-2, "the factors made no difference ({mixed})");
+}
+
+/// Embedding requests pool the final hidden states as transformers' base
+/// models give them, L2-normalised, for every pooling: each input of every
+/// fixture, in 8-token chunks, batched with a generating request whose
+/// greedy tokens must not change for the company.
+#[test]
+fn embeddings_pool_transformers_hidden_states() {
+    let unit = |v: &[f32]| {
+        let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        v.iter().map(|x| x / n).collect::<Vec<f32>>()
+    };
+    for name in FIXTURES {
+        let r = reference(name);
+        let loaded = load_fixture(name, &LoadOptions::default());
+        let cfg = EngineConfig {
+            block_size: 4,
+            max_num_batched_tokens: 8,
+            kv_cache_bytes: 4 << 20,
+            ..Default::default()
+        };
+        let mut engine =
+            Engine::new(loaded.model, loaded.tokenizer.eos_ids().to_vec(), &cfg).unwrap();
+        let params = SamplingParams {
+            max_tokens: r.greedy[3].len(),
+            temperature: 0.0,
+            ignore_eos: true,
+            ..Default::default()
+        };
+        let generating = engine.add_request(r.inputs[3].clone(), params).unwrap();
+        let mut want = std::collections::HashMap::new();
+        for (input, pooled) in r.inputs.iter().zip(&r.pooled) {
+            for (pooling, v) in [
+                (Pooling::Mean, &pooled.mean),
+                (Pooling::Last, &pooled.last),
+                (Pooling::Cls, &pooled.first),
+            ] {
+                let id = engine.add_embedding(input.clone(), pooling).unwrap();
+                want.insert(id, (pooling, unit(v)));
+            }
+        }
+        let mut tokens = Vec::new();
+        while engine.has_work() {
+            for ev in engine.step() {
+                if ev.seq == generating {
+                    tokens.extend(ev.token.map(|t| t.id));
+                    continue;
+                }
+                let (pooling, want) = want.remove(&ev.seq).expect("one event per embedding");
+                let got = ev.embedding.expect("an embedding");
+                let d = transformers_ref::max_abs_diff(&got, &want);
+                assert!(d < 1e-4, "{name} {pooling:?}: differs by {d}");
+            }
+        }
+        assert!(
+            want.is_empty(),
+            "{name}: {} embeddings never came",
+            want.len()
+        );
+        assert_eq!(tokens, r.greedy[3], "{name}: generation changed");
+    }
 }
 
 /// Gemma 3's sliding-window layers keep their K/V in a pool of their own,

@@ -88,3 +88,10 @@ fn openai_python_sdk_agent_loop_on_a_mistral_template() {
     let server = Server::start(&["--api-key", KEY, "--chat-template", template]);
     pytest("test_mistral_tools.py", &server);
 }
+
+/// `client.embeddings.create` (see test_embeddings.py).
+#[test]
+fn openai_python_sdk_embeddings() {
+    let server = Server::start(&["--api-key", KEY]);
+    pytest("test_embeddings.py", &server);
+}

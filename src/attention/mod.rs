@@ -29,6 +29,9 @@ pub struct SeqSlice {
     pub window_table: Vec<BlockId>,
     /// Which of its rows get logits.
     pub logits: LogitRows,
+    /// Which of its rows hand back their final hidden states (after the
+    /// last norm): an embedding request's, to pool.
+    pub hidden: LogitRows,
 }
 
 /// Which rows of a sequence's slice the model computes logits for.

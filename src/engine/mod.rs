@@ -7,6 +7,7 @@ pub mod kv_cache;
 pub mod mask_budget;
 pub mod model_runner;
 pub mod output;
+pub mod pooling;
 pub mod request_rules;
 pub mod scheduler;
 pub mod sequence;
@@ -20,6 +21,7 @@ use rayon::prelude::*;
 use crate::engine::block_manager::BlockManager;
 use crate::engine::kv_cache::{KvCache, KvDtype, KvLayout};
 use crate::engine::model_runner::ModelRunner;
+use crate::engine::pooling::{Pool, Pooling};
 use crate::engine::scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
 use crate::engine::sequence::{FinishReason, SeqId, Sequence, StepEvent};
 use crate::engine::window_blocks::WindowBlocks;
@@ -196,6 +198,25 @@ impl Engine {
         Ok(id)
     }
 
+    /// Queues an embedding request: `prompt` is prefilled with the rest of
+    /// the batch and its final hidden states pooled; the event that ends it
+    /// carries the vector.
+    pub fn add_embedding(&mut self, prompt: Vec<u32>, pooling: Pooling) -> Result<SeqId> {
+        let info = self.runner.model().info();
+        request_rules::check_prompt(&prompt, info.vocab_size)?;
+        request_rules::check_context(prompt.len(), 0, info.max_context)?;
+        let seq = Sequence::embedding(self.next_id, prompt, Pool::new(pooling));
+        if !self.scheduler.fits(&seq) {
+            return Err(WickError::KvCacheTooSmall(format!(
+                "the input needs {} tokens of KV cache, more than the pool holds; raise --kv-cache-memory",
+                seq.max_len
+            )));
+        }
+        self.next_id += 1;
+        self.scheduler.add(seq);
+        Ok(self.next_id - 1)
+    }
+
     /// Drops a request wherever it is and frees its blocks. False if unknown
     /// (already finished).
     pub fn abort(&mut self, id: SeqId) -> bool {
@@ -241,8 +262,8 @@ impl Engine {
             || grammar_masks(&mut constrained),
         );
         self.scheduler.note_forward(took);
-        let logits = match result {
-            Ok(Ok(logits)) => logits,
+        let (logits, hidden) = match result {
+            Ok(Ok(out)) => out,
             Ok(Err(e)) => return self.fail_scheduled(&e.to_string()),
             Err(panic) => {
                 let msg = panic
@@ -253,13 +274,47 @@ impl Engine {
                 return self.fail_scheduled(&format!("model step panicked: {msg}"));
             }
         };
+        let pooled = self.pool(hidden);
         let (sampled, failed) = rayon::scope(|_| self.sample(logits, masks));
         let mut events = self.scheduler.postprocess(sampled, &self.eos_ids);
         for (id, msg) in failed {
             self.scheduler.abort(id);
             events.push(StepEvent::ended(id, FinishReason::Grammar(msg)));
         }
+        for (id, vector) in pooled {
+            // Done: it leaves the batch as a finished request does.
+            self.scheduler.abort(id);
+            events.push(StepEvent {
+                embedding: Some(vector),
+                ..StepEvent::ended(id, FinishReason::Stop)
+            });
+        }
         events
+    }
+
+    /// Hands each embedding request its chunk's hidden rows (`hidden`, in
+    /// batch order); returns the vectors of those whose prompt this step
+    /// finished.
+    fn pool(&mut self, hidden: Vec<Vec<f32>>) -> Vec<(SeqId, Vec<f32>)> {
+        let mut rows = hidden.into_iter();
+        let mut done = Vec::new();
+        for seq in self.scheduler.scheduled_mut() {
+            let mine: Vec<Vec<f32>> = match seq.hidden_rows() {
+                LogitRows::None => Vec::new(),
+                LogitRows::Last => rows.by_ref().take(1).collect(),
+                LogitRows::All => rows.by_ref().take(seq.chunk).collect(),
+            };
+            let ends = seq.num_cached + seq.chunk == seq.len();
+            if let Some(pool) = &mut seq.pool {
+                pool.add(&mine);
+                // Even a chunk that hands nothing over (cls after the
+                // first) may end the prompt.
+                if ends {
+                    done.push((seq.id, pool.clone().finish()));
+                }
+            }
+        }
+        done
     }
 
     /// Advances the cache cursors, scores prompt tokens where asked, and

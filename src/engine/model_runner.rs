@@ -6,6 +6,9 @@ use crate::engine::kv_cache::KvCache;
 use crate::engine::sequence::Sequence;
 use crate::models::{FlatBatch, Model};
 
+/// One `Vec<f32>` per row.
+pub type Rows = Vec<Vec<f32>>;
+
 pub struct ModelRunner {
     model: Box<dyn Model>,
     cache: KvCache,
@@ -37,14 +40,20 @@ impl ModelRunner {
             );
             if let Some(s) = batch.seqs.last_mut() {
                 s.window_table.clone_from(&seq.window_table);
+                s.hidden = seq.hidden_rows();
             }
         }
         batch
     }
 
-    /// Runs the batch; returns the logits of [`FlatBatch::logit_rows`].
-    pub fn run(&mut self, batch: &FlatBatch) -> candle_core::Result<Vec<Vec<f32>>> {
-        let logits = self.model.forward(batch, &mut self.cache)?;
-        logits.to_vec2::<f32>()
+    /// Runs the batch; returns the logits of [`FlatBatch::logit_rows`] and
+    /// the final hidden states of [`FlatBatch::hidden_rows`].
+    pub fn run(&mut self, batch: &FlatBatch) -> candle_core::Result<(Rows, Rows)> {
+        let out = self.model.forward_all(batch, &mut self.cache)?;
+        let hidden = match out.hidden {
+            Some(h) => h.to_vec2::<f32>()?,
+            None => Vec::new(),
+        };
+        Ok((out.logits.to_vec2::<f32>()?, hidden))
     }
 }

@@ -159,6 +159,7 @@ mod tests {
             finish,
             prompt_logprobs: Vec::new(),
             cached_prompt_tokens: None,
+            embedding: None,
         }
     }
 

@@ -368,6 +368,7 @@ impl Scheduler {
                 } else {
                     None
                 },
+                embedding: None,
             });
             if finish.is_some() {
                 let mut seq = self.running.remove(i);
@@ -450,7 +451,9 @@ struct PrefixHit {
 /// prompt need every prompt row, so they take nothing.
 fn match_prefix(blocks: &mut BlockManager, seq: &mut Sequence) -> PrefixHit {
     let bs = blocks.block_size();
-    if !blocks.caching() || !seq.block_table.is_empty() || seq.params.prompt_logprobs.is_some() {
+    // Scoring or pooling needs every prompt row computed.
+    let every_row = seq.params.prompt_logprobs.is_some() || seq.pool.is_some();
+    if !blocks.caching() || !seq.block_table.is_empty() || every_row {
         return PrefixHit {
             queried: 0,
             found: 0,

@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use crate::engine::block_manager::{BlockHash, BlockId};
 use crate::engine::mask_budget::MaskRow;
+use crate::engine::pooling::Pool;
 use crate::models::LogitRows;
 use crate::sampling::params::SamplingParams;
 use crate::sampling::sampler::{SampledToken, Sampler};
@@ -71,6 +72,8 @@ pub struct Sequence {
     /// Decode steps sat out in a row for its grammar's mask time
     /// ([`crate::engine::mask_budget::MaskBudget`]).
     pub sat_out: u32,
+    /// An embedding request's vector in the making: it samples nothing.
+    pub pool: Option<Pool>,
 }
 
 /// What happened to one sequence in a step. A token that comes with
@@ -86,6 +89,8 @@ pub struct StepEvent {
     pub prompt_logprobs: Vec<SampledToken>,
     /// With the first token: prompt tokens served from the prefix cache.
     pub cached_prompt_tokens: Option<usize>,
+    /// An embedding request's vector, when its prompt is done.
+    pub embedding: Option<Vec<f32>>,
 }
 
 impl StepEvent {
@@ -97,6 +102,7 @@ impl StepEvent {
             finish: Some(finish),
             prompt_logprobs: Vec::new(),
             cached_prompt_tokens: None,
+            embedding: None,
         }
     }
 }
@@ -129,7 +135,17 @@ impl Sequence {
             block_hashes: Vec::new(),
             cached_prompt_tokens: None,
             sat_out: 0,
+            pool: None,
         }
+    }
+
+    /// An embedding request: its prompt, pooled as `pool` says.
+    pub fn embedding(id: SeqId, prompt: Vec<u32>, pool: Pool) -> Self {
+        let len = prompt.len();
+        let mut seq = Sequence::new(id, prompt, SamplingParams::default(), len, &[]);
+        seq.max_len = len;
+        seq.pool = Some(pool);
+        seq
     }
 
     pub fn len(&self) -> usize {
@@ -169,10 +185,18 @@ impl Sequence {
     pub fn logit_rows(&self) -> LogitRows {
         let scoring = self.params.prompt_logprobs.is_some() && self.output().is_empty();
         match (scoring, self.num_cached + self.chunk == self.len()) {
+            _ if self.pool.is_some() => LogitRows::None,
             (true, _) => LogitRows::All,
             (false, true) => LogitRows::Last,
             (false, false) => LogitRows::None,
         }
+    }
+
+    /// The rows of this step's chunk whose final hidden states it pools.
+    pub fn hidden_rows(&self) -> LogitRows {
+        self.pool.as_ref().map_or(LogitRows::None, |p| {
+            p.rows_wanted(self.num_cached, self.chunk, self.len())
+        })
     }
 
     /// The prompt token the next score is owed for (prompt token 0 has none).

@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 use super::elementwise;
 use super::linear::{Linear, WeightSpec};
-use super::{FlatBatch, Model, ModelInfo, StepMeta};
+use super::{hidden_states, FlatBatch, Model, ModelInfo, Output, StepMeta};
 use crate::attention::{paged_attention, AttnDims};
 use crate::engine::kv_cache::{KvCache, KvDtype};
 
@@ -206,7 +206,7 @@ impl Model for Gpt2 {
         &self.device
     }
 
-    fn forward(&self, batch: &FlatBatch, cache: &mut KvCache) -> Result<Tensor> {
+    fn forward_all(&self, batch: &FlatBatch, cache: &mut KvCache) -> Result<Output> {
         let dims = AttnDims {
             num_heads: self.config.n_head,
             num_kv_heads: self.config.n_head,
@@ -228,13 +228,16 @@ impl Model for Gpt2 {
             };
             x = elementwise::add(&x, &b.mlp_proj.forward(&h)?)?;
         }
+        let hidden = hidden_states(&x, batch, &self.device, |h| self.ln_f.forward(h))?;
         if meta.num_logit_rows() == 0 {
-            return Tensor::zeros((0, self.config.vocab_size), DType::F32, &self.device);
+            let logits = Tensor::zeros((0, self.config.vocab_size), DType::F32, &self.device)?;
+            return Ok(Output { logits, hidden });
         }
-        self.lm_head.forward(
+        let logits = self.lm_head.forward(
             &self
                 .ln_f
                 .forward(&x.index_select(&meta.logit_rows_t()?, 0)?)?,
-        )
+        )?;
+        Ok(Output { logits, hidden })
     }
 }

@@ -16,7 +16,7 @@ use super::elementwise::{self, Act};
 use super::embedding::Embedding;
 use super::linear::{Linear, WeightSpec};
 use super::rope::Rope;
-use super::{FlatBatch, Model, ModelInfo, StepMeta};
+use super::{hidden_states, FlatBatch, Model, ModelInfo, Output, StepMeta};
 use crate::attention::{paged_attention, AttnDims};
 use crate::engine::kv_cache::{KvCache, KvDtype};
 
@@ -940,7 +940,7 @@ impl Model for Llama {
         &self.device
     }
 
-    fn forward(&self, batch: &FlatBatch, cache: &mut KvCache) -> Result<Tensor> {
+    fn forward_all(&self, batch: &FlatBatch, cache: &mut KvCache) -> Result<Output> {
         let c = &self.config;
         let (hd, nh, nkv) = (c.head_dim, c.num_heads, c.num_kv_heads);
         let dims = AttnDims {
@@ -989,19 +989,21 @@ impl Model for Llama {
                 .forward(&elementwise::glu(&b.gate_up.forward(&h)?, c.act)?)?;
             x = elementwise::add(&x, &post_norm(mlp, &b.post_ffn_norm)?)?;
         }
+        let hidden = hidden_states(&x, batch, &self.device, |h| {
+            candle_nn::ops::rms_norm(h, &self.norm, eps)
+        })?;
         if meta.num_logit_rows() == 0 {
-            return Tensor::zeros((0, c.vocab_size), candle_core::DType::F32, &self.device);
+            let logits = Tensor::zeros((0, c.vocab_size), candle_core::DType::F32, &self.device)?;
+            return Ok(Output { logits, hidden });
         }
-        let x = candle_nn::ops::rms_norm(
-            &x.index_select(&meta.logit_rows_t()?, 0)?,
-            &self.norm,
-            c.rms_norm_eps as f32,
-        )?;
+        let x =
+            candle_nn::ops::rms_norm(&x.index_select(&meta.logit_rows_t()?, 0)?, &self.norm, eps)?;
         let logits = self.lm_head.forward(&x)?;
-        match c.final_logit_softcap {
-            Some(cap) => (logits / cap as f64)?.tanh()? * cap as f64,
-            None => Ok(logits),
-        }
+        let logits = match c.final_logit_softcap {
+            Some(cap) => ((logits / cap as f64)?.tanh()? * cap as f64)?,
+            None => logits,
+        };
+        Ok(Output { logits, hidden })
     }
 }
 

@@ -61,6 +61,7 @@ impl FlatBatch {
             block_table,
             window_table: Vec::new(),
             logits,
+            hidden: LogitRows::None,
         });
         self.tokens.extend_from_slice(&tokens[positions.clone()]);
         self.positions.extend(positions.map(|p| p as u32));
@@ -68,10 +69,19 @@ impl FlatBatch {
 
     /// Rows whose logits are wanted, in row order.
     pub fn logit_rows(&self) -> Vec<u32> {
+        self.rows(|s| s.logits)
+    }
+
+    /// Rows whose final hidden states are wanted, in row order.
+    pub fn hidden_rows(&self) -> Vec<u32> {
+        self.rows(|s| s.hidden)
+    }
+
+    fn rows(&self, which: impl Fn(&SeqSlice) -> LogitRows) -> Vec<u32> {
         let mut rows = Vec::new();
         for s in &self.seqs {
             let end = (s.start + s.len) as u32;
-            match s.logits {
+            match which(s) {
                 LogitRows::None => {}
                 LogitRows::Last => rows.push(end - 1),
                 LogitRows::All => rows.extend(s.start as u32..end),
@@ -79,6 +89,15 @@ impl FlatBatch {
         }
         rows
     }
+}
+
+/// What a forward hands back.
+pub struct Output {
+    /// `[n, vocab]` f32 logits of [`FlatBatch::logit_rows`], in that order.
+    pub logits: Tensor,
+    /// `[m, hidden]` f32 final hidden states (after the last norm) of
+    /// [`FlatBatch::hidden_rows`], in that order; `None` when there are none.
+    pub hidden: Option<Tensor>,
 }
 
 impl KvDtype {
@@ -91,10 +110,30 @@ impl KvDtype {
     }
 }
 
+/// The final norm `norm` of the hidden rows `x` (the residual stream after
+/// the last layer) that `batch` asks for, if any.
+pub fn hidden_states(
+    x: &Tensor,
+    batch: &FlatBatch,
+    device: &Device,
+    norm: impl Fn(&Tensor) -> Result<Tensor>,
+) -> Result<Option<Tensor>> {
+    let rows = batch.hidden_rows();
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    norm(&x.index_select(&Tensor::new(rows.as_slice(), device)?, 0)?).map(Some)
+}
+
 pub trait Model: Send {
     fn info(&self) -> &ModelInfo;
     fn device(&self) -> &Device;
-    /// Writes the batch's K/V into `cache` and returns `[n, vocab]` f32 logits
-    /// for the `n` rows of [`FlatBatch::logit_rows`], in that order.
-    fn forward(&self, batch: &FlatBatch, cache: &mut KvCache) -> Result<Tensor>;
+    /// Writes the batch's K/V into `cache` and returns the logits and hidden
+    /// states the batch's rows asked for.
+    fn forward_all(&self, batch: &FlatBatch, cache: &mut KvCache) -> Result<Output>;
+
+    /// [`Model::forward_all`]'s logits alone.
+    fn forward(&self, batch: &FlatBatch, cache: &mut KvCache) -> Result<Tensor> {
+        Ok(self.forward_all(batch, cache)?.logits)
+    }
 }

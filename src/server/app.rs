@@ -33,7 +33,7 @@ use super::listener::{self, ConnectionLimits};
 use super::metrics::Metrics;
 use super::respond::StreamShape;
 use super::validation::{GenerationPlan, ModelContext};
-use super::{chat, completions, handlers};
+use super::{chat, completions, embeddings, handlers};
 use crate::engine::Engine;
 use crate::sampling::constraint::ConstraintFactory;
 use crate::text::chat_template::ChatTemplate;
@@ -65,6 +65,8 @@ pub struct ModelState {
     /// compiles grammars) run at most this many at once, one per core:
     /// more would only queue on the CPU while holding their memory.
     pub tokenizing: Arc<tokio::sync::Semaphore>,
+    /// How `/v1/embeddings` pools hidden states (`--pooling`).
+    pub pooling: crate::engine::pooling::Pooling,
 }
 
 impl ModelState {
@@ -132,6 +134,7 @@ pub fn router(state: Arc<AppState>, cfg: &RouterConfig) -> anyhow::Result<Router
     let mut api = Router::new()
         .route("/v1/completions", post(completions::completions))
         .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/models", get(handlers::models))
         // Hub-style names (`ORG/NAME`) hold a slash.
         .route("/v1/models/{*id}", get(handlers::model))
@@ -263,6 +266,7 @@ fn load(args: &ServeArgs, metrics: Arc<Metrics>) -> anyhow::Result<ModelState> {
         max_context,
         max_seq_tokens,
         max_choices: max_num_seqs + args.max_waiting,
+        pooling: args.pooling,
         engine: handle,
         metrics,
         constraints,

@@ -10,6 +10,7 @@ use clap::parser::ValueSource;
 use clap::{ArgAction, ArgMatches, Args, Command, FromArgMatches};
 
 use crate::cli::ModelArgs;
+use crate::engine::pooling::Pooling;
 
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
@@ -93,6 +94,12 @@ pub struct ServeArgs {
     /// included.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "WICK_LOG_FORMAT")]
     pub log_format: LogFormat,
+    /// How `/v1/embeddings` pools a text's final hidden states into one
+    /// vector: `mean` over its tokens, the `last` token's (what decoder
+    /// embedding models such as Qwen3-Embedding are trained for), or the
+    /// first (`cls`).
+    #[arg(long, value_enum, default_value_t = Pooling::Mean, env = "WICK_POOLING")]
+    pub pooling: Pooling,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use super::metrics::Metrics;
+use crate::engine::pooling::Pooling;
 use crate::engine::sequence::{FinishReason, SeqId, StepEvent};
 use crate::engine::Engine;
 use crate::error::WickError;
@@ -18,6 +19,13 @@ pub enum Command {
     /// A request's sequences (one per choice), queued or refused together.
     Add {
         seqs: Vec<(Vec<u32>, SamplingParams)>,
+        events: mpsc::UnboundedSender<StepEvent>,
+        reply: oneshot::Sender<Result<Vec<SeqId>, WickError>>,
+    },
+    /// An embedding request's inputs, pooled as `pooling` says.
+    Embed {
+        prompts: Vec<Vec<u32>>,
+        pooling: Pooling,
         events: mpsc::UnboundedSender<StepEvent>,
         reply: oneshot::Sender<Result<Vec<SeqId>, WickError>>,
     },
@@ -55,12 +63,48 @@ impl EngineHandle {
         Ok((ids, rx))
     }
 
+    /// Submits an embedding request's inputs; each ends with one event
+    /// carrying its vector.
+    pub async fn embed(
+        &self,
+        prompts: Vec<Vec<u32>>,
+        pooling: Pooling,
+    ) -> Result<(Vec<SeqId>, mpsc::UnboundedReceiver<StepEvent>), WickError> {
+        let (events, rx) = mpsc::unbounded_channel();
+        let (reply, answer) = oneshot::channel();
+        let stopped = || WickError::Unavailable("the engine has stopped".into());
+        self.tx
+            .send(Command::Embed {
+                prompts,
+                pooling,
+                events,
+                reply,
+            })
+            .map_err(|_| stopped())?;
+        let ids = answer.await.map_err(|_| stopped())??;
+        Ok((ids, rx))
+    }
+
     pub fn abort(&self, id: SeqId) {
         let _ = self.tx.send(Command::Abort(id));
     }
 
     pub fn shutdown(&self, grace: Duration) {
         let _ = self.tx.send(Command::Shutdown { grace });
+    }
+}
+
+/// One sequence of a request.
+enum Job {
+    Generate(Vec<u32>, Box<SamplingParams>),
+    Embed(Vec<u32>, Pooling),
+}
+
+impl Job {
+    fn prompt_len(&self) -> usize {
+        match self {
+            Job::Generate(p, _) | Job::Embed(p, _) => p.len(),
+        }
     }
 }
 
@@ -128,20 +172,23 @@ impl Loop {
                 events,
                 reply,
             } => {
-                let result = self.add(seqs);
-                if let Ok(ids) = &result {
-                    for id in ids {
-                        self.outputs.insert(*id, events.clone());
-                    }
-                }
-                // Before the reply: whoever sees the answer sees the queue it joined.
-                self.publish_stats();
-                // A handler that gave up before the reply leaves orphans: drop them.
-                if let Err(Ok(ids)) = reply.send(result) {
-                    for id in ids {
-                        self.abort(id);
-                    }
-                }
+                let jobs = seqs
+                    .into_iter()
+                    .map(|(p, s)| Job::Generate(p, Box::new(s)))
+                    .collect();
+                self.queue(jobs, events, reply);
+            }
+            Command::Embed {
+                prompts,
+                pooling,
+                events,
+                reply,
+            } => {
+                let jobs = prompts
+                    .into_iter()
+                    .map(|p| Job::Embed(p, pooling))
+                    .collect();
+                self.queue(jobs, events, reply);
             }
             Command::Abort(id) => {
                 self.abort(id);
@@ -153,21 +200,48 @@ impl Loop {
         }
     }
 
+    /// Queues a request's jobs and answers the handler.
+    fn queue(
+        &mut self,
+        jobs: Vec<Job>,
+        events: mpsc::UnboundedSender<StepEvent>,
+        reply: oneshot::Sender<Result<Vec<SeqId>, WickError>>,
+    ) {
+        let result = self.add(jobs);
+        if let Ok(ids) = &result {
+            for id in ids {
+                self.outputs.insert(*id, events.clone());
+            }
+        }
+        // Before the reply: whoever sees the answer sees the queue it joined.
+        self.publish_stats();
+        // A handler that gave up before the reply leaves orphans: drop them.
+        if let Err(Ok(ids)) = reply.send(result) {
+            for id in ids {
+                self.abort(id);
+            }
+        }
+    }
+
     /// Queues all of a request's sequences, or none: the request is refused
     /// if the server is stopping, if any sequence is invalid, or if it would
     /// leave more than `max_waiting` sequences queued beyond the free slots.
-    fn add(&mut self, seqs: Vec<(Vec<u32>, SamplingParams)>) -> Result<Vec<SeqId>, WickError> {
+    fn add(&mut self, jobs: Vec<Job>) -> Result<Vec<SeqId>, WickError> {
         if self.shutdown_at.is_some() {
             return Err(WickError::Unavailable("the server is shutting down".into()));
         }
-        let prompt_tokens: usize = seqs.iter().map(|(p, _)| p.len()).sum();
-        let mut ids: Vec<SeqId> = Vec::with_capacity(seqs.len());
+        let prompt_tokens: usize = jobs.iter().map(Job::prompt_len).sum();
+        let mut ids: Vec<SeqId> = Vec::with_capacity(jobs.len());
         let mut refusal = None;
-        for (prompt, params) in seqs {
-            match self
-                .engine
-                .add_to_group(prompt, params, ids.first().copied())
-            {
+        for job in jobs {
+            let added = match job {
+                Job::Generate(prompt, params) => {
+                    self.engine
+                        .add_to_group(prompt, *params, ids.first().copied())
+                }
+                Job::Embed(prompt, pooling) => self.engine.add_embedding(prompt, pooling),
+            };
+            match added {
                 Ok(id) => ids.push(id),
                 Err(e) => {
                     refusal = Some(e);

@@ -26,7 +26,7 @@ pub fn ready(state: &AppState) -> Result<Arc<ModelState>, ApiError> {
 
 /// Runs tokenizing work on the blocking pool, once one of the model's
 /// permits for it is free.
-async fn tokenizing<T: Send + 'static>(
+pub(super) async fn tokenizing<T: Send + 'static>(
     model: &Arc<ModelState>,
     work: impl FnOnce(&ModelState) -> T + Send + 'static,
 ) -> Result<T, ApiError> {

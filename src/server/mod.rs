@@ -7,6 +7,7 @@ pub mod body_guard;
 pub mod chat;
 pub mod chat_messages;
 pub mod completions;
+pub mod embeddings;
 pub mod config;
 pub mod engine_loop;
 pub mod error;

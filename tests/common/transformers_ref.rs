@@ -11,6 +11,8 @@ pub struct Reference {
     /// `[input][position][vocab]`
     pub logits: Vec<Vec<Vec<f32>>>,
     pub greedy: Vec<Vec<u32>>,
+    /// Per input: the mean, last and first of its final hidden states.
+    pub pooled: Vec<Pooled>,
     pub tokenizer: Vec<TokenizerCase>,
     #[serde(default)]
     pub chat: Vec<ChatCase>,
@@ -27,6 +29,13 @@ pub struct LongCase {
     pub ids: Vec<u32>,
     pub from: usize,
     pub logits: Vec<Vec<f32>>,
+}
+
+#[derive(serde::Deserialize)]
+pub struct Pooled {
+    pub mean: Vec<f32>,
+    pub last: Vec<f32>,
+    pub first: Vec<f32>,
 }
 
 #[derive(serde::Deserialize)]
