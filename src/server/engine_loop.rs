@@ -16,16 +16,10 @@ use crate::error::WickError;
 use crate::sampling::params::SamplingParams;
 
 pub enum Command {
-    /// A request's sequences (one per choice), queued or refused together.
+    /// A request's sequences (one per choice, or per embedding input),
+    /// queued or refused together.
     Add {
-        seqs: Vec<(Vec<u32>, SamplingParams)>,
-        events: mpsc::UnboundedSender<StepEvent>,
-        reply: oneshot::Sender<Result<Vec<SeqId>, WickError>>,
-    },
-    /// An embedding request's inputs, pooled as `pooling` says.
-    Embed {
-        prompts: Vec<Vec<u32>>,
-        pooling: Pooling,
+        jobs: Vec<Job>,
         events: mpsc::UnboundedSender<StepEvent>,
         reply: oneshot::Sender<Result<Vec<SeqId>, WickError>>,
     },
@@ -36,6 +30,9 @@ pub enum Command {
     },
 }
 
+/// A submitted request's sequence ids and the receiver of their events.
+pub type Submitted = Result<(Vec<SeqId>, mpsc::UnboundedReceiver<StepEvent>), WickError>;
+
 /// Handle the handlers hold.
 #[derive(Clone)]
 pub struct EngineHandle {
@@ -45,38 +42,25 @@ pub struct EngineHandle {
 impl EngineHandle {
     /// Submits a request's sequences; their events all arrive on the one
     /// receiver returned, tagged with their ids.
-    pub async fn add(
-        &self,
-        seqs: Vec<(Vec<u32>, SamplingParams)>,
-    ) -> Result<(Vec<SeqId>, mpsc::UnboundedReceiver<StepEvent>), WickError> {
+    pub async fn add(&self, seqs: Vec<(Vec<u32>, SamplingParams)>) -> Submitted {
+        let jobs = seqs.into_iter().map(|(p, s)| Job::Generate(p, Box::new(s)));
+        self.submit(jobs.collect()).await
+    }
+
+    /// Submits an embedding request's inputs; each ends with one event
+    /// carrying its vector.
+    pub async fn embed(&self, prompts: Vec<Vec<u32>>, pooling: Pooling) -> Submitted {
+        let jobs = prompts.into_iter().map(|p| Job::Embed(p, pooling));
+        self.submit(jobs.collect()).await
+    }
+
+    async fn submit(&self, jobs: Vec<Job>) -> Submitted {
         let (events, rx) = mpsc::unbounded_channel();
         let (reply, answer) = oneshot::channel();
         let stopped = || WickError::Unavailable("the engine has stopped".into());
         self.tx
             .send(Command::Add {
-                seqs,
-                events,
-                reply,
-            })
-            .map_err(|_| stopped())?;
-        let ids = answer.await.map_err(|_| stopped())??;
-        Ok((ids, rx))
-    }
-
-    /// Submits an embedding request's inputs; each ends with one event
-    /// carrying its vector.
-    pub async fn embed(
-        &self,
-        prompts: Vec<Vec<u32>>,
-        pooling: Pooling,
-    ) -> Result<(Vec<SeqId>, mpsc::UnboundedReceiver<StepEvent>), WickError> {
-        let (events, rx) = mpsc::unbounded_channel();
-        let (reply, answer) = oneshot::channel();
-        let stopped = || WickError::Unavailable("the engine has stopped".into());
-        self.tx
-            .send(Command::Embed {
-                prompts,
-                pooling,
+                jobs,
                 events,
                 reply,
             })
@@ -95,7 +79,7 @@ impl EngineHandle {
 }
 
 /// One sequence of a request.
-enum Job {
+pub enum Job {
     Generate(Vec<u32>, Box<SamplingParams>),
     Embed(Vec<u32>, Pooling),
 }
@@ -168,28 +152,10 @@ impl Loop {
     fn handle(&mut self, cmd: Command) {
         match cmd {
             Command::Add {
-                seqs,
+                jobs,
                 events,
                 reply,
-            } => {
-                let jobs = seqs
-                    .into_iter()
-                    .map(|(p, s)| Job::Generate(p, Box::new(s)))
-                    .collect();
-                self.queue(jobs, events, reply);
-            }
-            Command::Embed {
-                prompts,
-                pooling,
-                events,
-                reply,
-            } => {
-                let jobs = prompts
-                    .into_iter()
-                    .map(|p| Job::Embed(p, pooling))
-                    .collect();
-                self.queue(jobs, events, reply);
-            }
+            } => self.queue(jobs, events, reply),
             Command::Abort(id) => {
                 self.abort(id);
                 self.publish_stats();
