@@ -121,7 +121,7 @@ async fn bad_requests_get_openai_errors() {
     assert_error(st, &r.json().await.unwrap(), 400, None);
     for (body, param) in [
         (json!({"prompt": "x", "temperature": 3}), "temperature"),
-        (json!({"prompt": "x", "top_p": 0}), "top_p"),
+        (json!({"prompt": "x", "top_p": 1.5}), "top_p"),
         (json!({"prompt": "x", "n": 0}), "n"),
         (json!({"prompt": "x", "max_tokens": 0}), "max_tokens"),
         (
