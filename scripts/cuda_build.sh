@@ -13,20 +13,37 @@
 #
 #   scripts/cuda_build.sh            # toolkit, build, checks
 #   CUDA_COMPUTE_CAP=90 scripts/cuda_build.sh
+#
+# For a real GPU (scripts/gpu_build.sh does this): WICK_CUDA_VERSION=13.0
+# picks the 13.0 wheels, since PTX from a newer nvcc does not JIT on an
+# older driver (13.0 is driver 580's); RUSTFLAGS, if set, replaces
+# .cargo/config.toml's target-cpu=native (the GPU host's CPU is another);
+# WICK_CUDA_BUILD_ARGS replaces `--all-targets` in the last build; and any
+# arguments are run as a command in the build's environment at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-cache=${WICK_CUDA_CACHE:-$HOME/.cache/wick/cuda}
+version=${WICK_CUDA_VERSION:-13.4}
+case $version in
+# cudarc 0.19 accepts CUDA up to 13.4, and the CUDA 12 nvcc wheel has no nvcc.
+13.4) cache=${WICK_CUDA_CACHE:-$HOME/.cache/wick/cuda}
+      wheels="nvidia-cuda-nvcc==13.4.92 nvidia-nvvm==13.4.92 nvidia-cuda-crt==13.4.92
+              nvidia-cuda-runtime==13.4.92 nvidia-cuda-nvrtc==13.4.92 nvidia-cublas==13.4.3.11
+              nvidia-curand==10.4.4.72 nvidia-cuda-cccl==13.3.5.0.6" ;;
+# A cache of its own: one target dir per toolkit, or each switch rebuilds all.
+13.0) cache=${WICK_CUDA_CACHE:-$HOME/.cache/wick/cuda-13.0}
+      wheels="nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.88
+              nvidia-cuda-runtime==13.0.96 nvidia-cuda-nvrtc==13.0.88 nvidia-cublas==13.0.2.14
+              nvidia-curand==10.4.0.35 nvidia-cuda-cccl==13.0.85" ;;
+*) echo "WICK_CUDA_VERSION: 13.4 or 13.0, not $version" >&2; exit 2 ;;
+esac
 root=$cache/py/nvidia/cu13
 stub=$cache/stub
 export CARGO_TARGET_DIR=$cache/target
 
-# cudarc 0.19 accepts CUDA up to 13.4, and the CUDA 12 nvcc wheel has no nvcc.
 if [ ! -x "$root/bin/nvcc" ]; then
-    python3 -m pip install --quiet --disable-pip-version-check --target "$cache/py" \
-        nvidia-cuda-nvcc==13.4.92 nvidia-nvvm==13.4.92 nvidia-cuda-crt==13.4.92 \
-        nvidia-cuda-runtime==13.4.92 nvidia-cuda-nvrtc==13.4.92 nvidia-cublas==13.4.3.11 \
-        nvidia-curand==10.4.4.72 nvidia-cuda-cccl==13.3.5.0.6
+    # shellcheck disable=SC2086 # $wheels is a list of words
+    python3 -m pip install --quiet --disable-pip-version-check --target "$cache/py" $wheels
 fi
 # The wheels ship versioned libraries only; the linker looks for plain names.
 for lib in "$root"/lib/lib*.so.*; do
@@ -53,7 +70,8 @@ awk '{ printf "int %s(void) { return 100; /* CUDA_ERROR_NO_DEVICE */ }\n", $1 }'
 gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$stub/libcuda.so.1" "$stub/cuda_stub.c"
 ln -sf libcuda.so.1 "$stub/libcuda.so"
 echo "libcuda stub: $(wc -l <"$stub/symbols.txt") driver symbols"
-cargo build --release --features cuda --all-targets
+# shellcheck disable=SC2086 # a list of cargo arguments
+cargo build --release --features cuda ${WICK_CUDA_BUILD_ARGS:---all-targets}
 
 # The checks: the binary runs against the wheels' libraries and the stub.
 wick=$CARGO_TARGET_DIR/release/wick
@@ -73,3 +91,9 @@ if [ "$lines" -ne 1 ] || printf '%s' "$err" | grep -q -e panicked -e backtrace; 
     exit 1
 fi
 echo "cuda build, --device cuda: $err"
+
+# The caller's command (scripts/gpu_build.sh collects the bundle), in this
+# environment: the same flags, so cargo reuses the build.
+if [ $# -gt 0 ]; then
+    exec "$@"
+fi
