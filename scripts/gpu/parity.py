@@ -67,14 +67,15 @@ def main():
         agree[dt] = n
     n = agree["float32"]
     dmax, dmean = deltas(gen["token_logprobs"][:n], ref["greedy_lp_float32"][:n])
-    print(f"{args.label}: decode log-probs of {n} agreeing greedy tokens vs transformers "
-          f"fp32: max |d| {dmax:.4f} mean {dmean:.4f}")
+    decode = f"{dmax:.4f}/{dmean:.4f} over {n}" if n else "n/a (first token differs)"
+    print(f"{args.label}: decode log-probs of the greedy tokens agreeing with transformers "
+          f"fp32, max/mean |d|: {decode}")
     print(f"{args.label}: greedy tokens agreeing from the start: with transformers fp32 "
           f"{agree['float32']}/32, with bf16 {agree['bfloat16']}/32")
 
     worst = max(pmax, dmax)
     ok = worst <= args.max_delta
-    value = (f"prefill max/mean |Δ| {pmax:.4f}/{pmean:.4f}, decode {dmax:.4f}/{dmean:.4f}; "
+    value = (f"prefill max/mean Δ {pmax:.4f}/{pmean:.4f}, decode {decode}; "
              f"greedy {agree['float32']}/32 (fp32 ref), {agree['bfloat16']}/32 (bf16 ref); "
              f"HF bf16 max {tmax:.3f}; {'ok' if ok else 'FAIL'} at {args.max_delta}")
     if args.table:
