@@ -45,9 +45,22 @@ pub struct ModelArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct EngineArgs {
-    /// Memory for the paged KV cache, in MiB.
-    #[arg(long, default_value_t = 512, env = "WICK_KV_CACHE_MEMORY")]
-    pub kv_cache_memory: usize,
+    /// Memory for the paged KV cache, in MiB. Default: 512 on the CPU; on a
+    /// GPU, what --gpu-memory-utilization leaves once the weights are loaded
+    /// and room for activations is kept. Set, it wins on any device.
+    #[arg(long, env = "WICK_KV_CACHE_MEMORY")]
+    pub kv_cache_memory: Option<usize>,
+    /// Fraction of the GPU's total memory wick may use in all (weights,
+    /// activations and KV cache), as vLLM's option: it sizes the KV cache
+    /// where --kv-cache-memory is unset. Above 0, at most 1; unused on the
+    /// CPU.
+    #[arg(
+        long,
+        default_value_t = 0.9,
+        env = "WICK_GPU_MEMORY_UTILIZATION",
+        value_parser = parse_utilization,
+    )]
+    pub gpu_memory_utilization: f64,
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16, env = "WICK_BLOCK_SIZE")]
     pub block_size: usize,
@@ -77,11 +90,33 @@ pub struct EngineArgs {
     pub no_prefix_caching: bool,
 }
 
+/// The KV budget in MiB where --kv-cache-memory is unset and no GPU sizes it.
+pub const DEFAULT_KV_CACHE_MIB: usize = 512;
+
+/// --gpu-memory-utilization: a fraction above 0 and at most 1.
+fn parse_utilization(s: &str) -> Result<f64, String> {
+    let u: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number"))?;
+    if u > 0.0 && u <= 1.0 {
+        Ok(u)
+    } else {
+        Err(format!(
+            "must be a fraction of GPU memory above 0 and at most 1 (e.g. 0.9), got {s}"
+        ))
+    }
+}
+
 impl EngineArgs {
     pub fn config(&self) -> EngineConfig {
         EngineConfig {
             block_size: self.block_size,
-            kv_cache_bytes: self.kv_cache_memory << 20,
+            kv_cache_bytes: self.kv_cache_memory.unwrap_or(DEFAULT_KV_CACHE_MIB) << 20,
+            gpu_memory_utilization: self
+                .kv_cache_memory
+                .is_none()
+                .then_some(self.gpu_memory_utilization),
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.max_num_batched_tokens,
             kv_dtype: self.kv_cache_dtype,
@@ -103,6 +138,57 @@ impl ModelArgs {
             dtype: self.dtype,
             chat_template: self.chat_template.clone(),
             context: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{Command, FromArgMatches};
+
+    use super::*;
+
+    fn parse(argv: &[&str]) -> Result<EngineArgs, clap::Error> {
+        let cmd = EngineArgs::augment_args(Command::new("wick")).mut_args(|a| a.env(None));
+        let m = cmd.try_get_matches_from(std::iter::once("wick").chain(argv.iter().copied()))?;
+        EngineArgs::from_arg_matches(&m)
+    }
+
+    #[test]
+    fn unset_kv_cache_memory_is_512_mib_or_the_gpu_share() {
+        let cfg = parse(&[]).unwrap().config();
+        assert_eq!(cfg.kv_cache_bytes, 512 << 20);
+        assert_eq!(cfg.gpu_memory_utilization, Some(0.9));
+        let cfg = parse(&["--gpu-memory-utilization", "0.5"])
+            .unwrap()
+            .config();
+        assert_eq!(cfg.gpu_memory_utilization, Some(0.5));
+    }
+
+    #[test]
+    fn set_kv_cache_memory_wins() {
+        let cfg = parse(&["--kv-cache-memory", "64", "--gpu-memory-utilization", "1"])
+            .unwrap()
+            .config();
+        assert_eq!(cfg.kv_cache_bytes, 64 << 20);
+        assert_eq!(cfg.gpu_memory_utilization, None);
+    }
+
+    #[test]
+    fn utilization_must_be_a_fraction() {
+        assert_eq!(
+            parse(&["--gpu-memory-utilization", "1"])
+                .unwrap()
+                .gpu_memory_utilization,
+            1.0
+        );
+        for bad in ["0", "-0.5", "1.01", "NaN", "ninety"] {
+            let arg = format!("--gpu-memory-utilization={bad}");
+            let err = parse(&[&arg]).unwrap_err().to_string();
+            assert!(
+                err.contains("--gpu-memory-utilization") && err.contains(bad),
+                "{bad}: {err}"
+            );
         }
     }
 }

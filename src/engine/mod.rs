@@ -28,6 +28,7 @@ use crate::engine::window_blocks::WindowBlocks;
 use crate::error::{Result, WickError};
 use crate::models::LogitRows;
 use crate::models::Model;
+use crate::models::ModelInfo;
 use crate::sampling::constraint::TokenMask;
 use crate::sampling::params::SamplingParams;
 use crate::sampling::sampler::{score_token, SampledToken};
@@ -38,6 +39,11 @@ pub struct EngineConfig {
     pub block_size: usize,
     /// Memory for the KV pool, in bytes; the pool never grows past it.
     pub kv_cache_bytes: usize,
+    /// On a CUDA device, size the pool instead from this fraction of the
+    /// device's memory, less what is in use once the weights are loaded and
+    /// an activation reserve ([`gpu_kv_budget`]). `None`, or another
+    /// device: `kv_cache_bytes`.
+    pub gpu_memory_utilization: Option<f64>,
     pub max_num_seqs: usize,
     pub max_num_batched_tokens: usize,
     /// How K/V are stored; `None` takes the model's choice.
@@ -55,6 +61,7 @@ impl Default for EngineConfig {
         EngineConfig {
             block_size: 16,
             kv_cache_bytes: 512 << 20,
+            gpu_memory_utilization: None,
             max_num_seqs: 256,
             max_num_batched_tokens: 512,
             kv_dtype: None,
@@ -67,6 +74,82 @@ impl Default for EngineConfig {
 /// The scheduler's state, as the metrics report it.
 pub type EngineStats = SchedulerStats;
 
+/// The KV pool's bytes on a GPU of `total` bytes with `free` left once the
+/// weights are loaded: what `utilization` of `total` allows in all, less
+/// what is already used (weights, CUDA context, other processes) and the
+/// activation `reserve`. Not positive is an error naming what to set.
+pub fn gpu_kv_budget(
+    total: u64,
+    free: u64,
+    utilization: f64,
+    reserve: u64,
+) -> std::result::Result<u64, String> {
+    let allowed = (total as f64 * utilization) as u64;
+    let used = total.saturating_sub(free);
+    match allowed.saturating_sub(used).saturating_sub(reserve) {
+        0 => Err(format!(
+            "no GPU memory left for the KV cache: {} MiB of {} MiB free after loading the \
+             weights, --gpu-memory-utilization {utilization} allows {} MiB in all and {} MiB \
+             are kept for activations; raise --gpu-memory-utilization or set \
+             --kv-cache-memory (MiB)",
+            free >> 20,
+            total >> 20,
+            allowed >> 20,
+            reserve >> 20,
+        )),
+        budget => Ok(budget),
+    }
+}
+
+/// Device memory kept out of the KV pool for one step's work.
+fn activation_reserve(info: &ModelInfo, max_num_batched_tokens: usize) -> u64 {
+    // 16 hidden-wide f32 buffers and an f32 logits row per batched token; 1 GiB at least.
+    let per_token = (16 * info.num_heads * info.head_dim + info.vocab_size) as u64 * 4;
+    (max_num_batched_tokens as u64)
+        .saturating_mul(per_token)
+        .max(1 << 30)
+}
+
+/// The KV pool's bytes: on a CUDA device with `gpu_memory_utilization` set,
+/// [`gpu_kv_budget`] of its memory as it is now; else `kv_cache_bytes`.
+fn kv_budget(model: &dyn Model, cfg: &EngineConfig) -> Result<usize> {
+    let Some(utilization) = cfg.gpu_memory_utilization else {
+        return Ok(cfg.kv_cache_bytes);
+    };
+    let Some((free, total)) = device_memory(model.device())? else {
+        return Ok(cfg.kv_cache_bytes);
+    };
+    let reserve = activation_reserve(model.info(), cfg.max_num_batched_tokens);
+    let budget = gpu_kv_budget(total, free, utilization, reserve).map_err(WickError::Model)?;
+    tracing::info!(
+        "KV cache: {} MiB of GPU memory (total {} MiB, free {} MiB after loading the \
+         weights, --gpu-memory-utilization {utilization}, {} MiB kept for activations)",
+        budget >> 20,
+        total >> 20,
+        free >> 20,
+        reserve >> 20,
+    );
+    Ok(usize::try_from(budget).unwrap_or(usize::MAX))
+}
+
+/// `(free, total)` bytes of a CUDA device's memory, once the work queued on
+/// it (the weights' upload) is done; `None` for other devices.
+#[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+fn device_memory(device: &candle_core::Device) -> Result<Option<(u64, u64)>> {
+    #[cfg(feature = "cuda")]
+    if let candle_core::Device::Cuda(dev) = device {
+        let query = || -> std::result::Result<(usize, usize), String> {
+            device.synchronize().map_err(|e| e.to_string())?;
+            let stream = dev.cuda_stream();
+            stream.context().mem_get_info().map_err(|e| e.to_string())
+        };
+        let (free, total) =
+            query().map_err(|e| WickError::Model(format!("reading the GPU's free memory: {e}")))?;
+        return Ok(Some((free as u64, total as u64)));
+    }
+    Ok(None)
+}
+
 pub struct Engine {
     runner: ModelRunner,
     scheduler: Scheduler,
@@ -78,18 +161,19 @@ impl Engine {
     pub fn new(model: Box<dyn Model>, eos_ids: Vec<u32>, cfg: &EngineConfig) -> Result<Self> {
         let info = model.info().clone();
         let kv_dtype = cfg.kv_dtype.unwrap_or(info.kv_dtype);
+        let kv_cache_bytes = kv_budget(model.as_ref(), cfg)?;
         let layout = KvLayout::from_budget(
             info.num_layers,
             info.num_kv_heads,
             info.head_dim,
             cfg.block_size,
             kv_dtype,
-            cfg.kv_cache_bytes,
+            kv_cache_bytes,
         );
         if layout.num_blocks == 0 {
             return Err(WickError::Model(format!(
                 "a KV budget of {} bytes holds no block of {} tokens ({} bytes); raise --kv-cache-memory",
-                cfg.kv_cache_bytes,
+                kv_cache_bytes,
                 cfg.block_size,
                 KvLayout::bytes_per_block(info.num_layers, info.num_kv_heads, info.head_dim, cfg.block_size, kv_dtype)
             )));
@@ -443,4 +527,58 @@ fn score_prompt(seq: &mut Sequence, first: usize, rows: &[Vec<f32>]) {
         .map(|t| score_token(&rows[t - 1 - first], prompt[t], n))
         .collect();
     seq.prompt_logprobs.extend(scored);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn gpu_budget_is_the_fraction_less_what_is_used_and_the_reserve() {
+        // 80 GiB card, 16 GiB of weights and context in use: 72 allowed.
+        assert_eq!(gpu_kv_budget(80 * GIB, 64 * GIB, 0.9, GIB), Ok(55 * GIB));
+        // The whole card: all that is free, less the reserve.
+        assert_eq!(gpu_kv_budget(80 * GIB, 64 * GIB, 1.0, GIB), Ok(63 * GIB));
+        assert_eq!(
+            gpu_kv_budget(80 * GIB, 64 * GIB, 1.0, 0),
+            Ok(64 * GIB),
+            "never more than is free"
+        );
+    }
+
+    #[test]
+    fn weights_past_the_fraction_are_an_error_naming_the_options() {
+        // 24 GiB card with 22 GiB used: 0.9 allows 21.6 GiB.
+        let err = gpu_kv_budget(24 * GIB, 2 * GIB, 0.9, GIB).unwrap_err();
+        assert!(err.contains("2048 MiB of 24576 MiB free"), "{err}");
+        assert!(
+            err.contains("--gpu-memory-utilization") && err.contains("--kv-cache-memory"),
+            "{err}"
+        );
+        assert!(!err.contains('\n'), "one line: {err}");
+        // Room for the weights but none past the reserve is no better.
+        assert!(gpu_kv_budget(24 * GIB, 4 * GIB, 0.9, 2 * GIB).is_err());
+        assert!(gpu_kv_budget(24 * GIB, 4 * GIB, 0.9, GIB).is_ok());
+    }
+
+    #[test]
+    fn activation_reserve_grows_with_the_batch_past_its_floor() {
+        let info = ModelInfo {
+            num_layers: 32,
+            num_heads: 32,
+            num_kv_heads: 8,
+            head_dim: 128,
+            vocab_size: 128_256,
+            max_context: 8192,
+            kv_dtype: KvDtype::F16,
+            window_layers: Vec::new(),
+            sliding_window: None,
+        };
+        assert_eq!(activation_reserve(&info, 512), GIB);
+        let big = activation_reserve(&info, 8192);
+        assert_eq!(big, 8192 * (16 * 4096 + 128_256) * 4);
+        assert!(big > 5 * GIB);
+    }
 }

@@ -252,14 +252,16 @@ mod tests {
         f
     }
 
-    const FILE: &str = "kv_cache_memory = 64\nport = 9001\nhost = \"0.0.0.0\"\n\
+    const FILE: &str = "kv_cache_memory = 64\ngpu_memory_utilization = 0.8\nport = 9001\n\
+                        host = \"0.0.0.0\"\n\
                         weights = \"q8_0\"\nrequest_timeout_secs = 5\nmodel = \"/m.gguf\"\n";
 
     #[test]
     fn defaults_without_a_file() {
         let a = load(command_no_env(), &[]).unwrap();
         assert_eq!((a.host.as_str(), a.port), ("127.0.0.1", 8000));
-        assert_eq!(a.model.engine.kv_cache_memory, 512);
+        assert_eq!(a.model.engine.kv_cache_memory, None);
+        assert_eq!(a.model.engine.gpu_memory_utilization, 0.9);
         assert_eq!((a.max_waiting, a.max_body_bytes), (1024, 8 << 20));
         assert_eq!((a.request_timeout_secs, a.shutdown_grace_secs), (None, 30));
         assert_eq!((a.client_timeout_secs, a.max_connections), (30, 4096));
@@ -274,7 +276,8 @@ mod tests {
         let f = toml_file(FILE);
         let path = f.path().to_str().unwrap();
         let a = load(command_no_env(), &["--config", path, "--port", "7000"]).unwrap();
-        assert_eq!(a.model.engine.kv_cache_memory, 64);
+        assert_eq!(a.model.engine.kv_cache_memory, Some(64));
+        assert_eq!(a.model.engine.gpu_memory_utilization, 0.8);
         assert_eq!(a.host, "0.0.0.0");
         assert_eq!(a.model.weights, crate::models::linear::WeightFormat::Q8_0);
         assert_eq!(a.request_timeout_secs, Some(5));
@@ -364,6 +367,8 @@ mod tests {
             "weights = \"q5\"",
             "host = [[1]]",
             "log_format = \"xml\"",
+            "gpu_memory_utilization = 1.5",
+            "gpu_memory_utilization = 0",
         ] {
             let f = toml_file(text);
             let path = f.path().to_str().unwrap();
@@ -454,6 +459,7 @@ mod tests {
             .env(ENV_CHILD, "1")
             .env("WICK_CONFIG", f.path())
             .env("WICK_KV_CACHE_MEMORY", "128")
+            .env("WICK_GPU_MEMORY_UTILIZATION", "0.95")
             .env("WICK_PORT", "9100")
             .env("WICK_SHUTDOWN_GRACE_SECS", "3");
         let out = child.output().unwrap();
@@ -472,7 +478,11 @@ mod tests {
             return;
         }
         let a = load(command(), &["--port", "9200"]).unwrap();
-        assert_eq!(a.model.engine.kv_cache_memory, 128, "env beats file");
+        assert_eq!(a.model.engine.kv_cache_memory, Some(128), "env beats file");
+        assert_eq!(
+            a.model.engine.gpu_memory_utilization, 0.95,
+            "env beats file"
+        );
         assert_eq!(a.port, 9200, "cli beats env");
         assert_eq!(a.shutdown_grace_secs, 3, "env beats default");
         assert_eq!(
