@@ -16,19 +16,52 @@ use super::{FlatBatch, SeqSlice};
 use crate::engine::kv_cache::KvCache;
 use crate::engine::window_blocks::FREED;
 
+/// What the step's attention reads besides its rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reads {
+    /// Nothing: the host kernel walks the block tables itself.
+    Host,
+    /// Each sequence's slots and masks, for the candle-op fallback.
+    Gather,
+    /// Sequence descriptors and block tables, for the CUDA kernel.
+    Kernel,
+}
+
 /// Where each section of the packed buffer starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Sections {
     tokens: usize,
     positions: usize,
     slots: usize,
-    logit_rows: usize,
-    gather: usize,
-    /// Within the gather section: the sliding-window pool's slot of each
-    /// new row, where the batch has tables there.
+    /// The sliding-window pool's slot of each new row, where the batch has
+    /// tables there (and a reader other than the host kernel).
     window_slots: Option<usize>,
+    logit_rows: usize,
+    /// What [`Reads`] asks for: the gathers, or the kernel's sections.
+    reads: usize,
+    kernel: Option<KernelSections>,
     end: usize,
 }
+
+/// Where the CUDA kernel's sections lie in the packed buffer (absolute
+/// offsets, as the kernel reads them; `paged_attention.cu` has the layout).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelSections {
+    /// [`SEQ_FIELDS`] per sequence: start row, rows, first position, and
+    /// the offsets of its block table and of its sliding-window table (the
+    /// block table's again where it has none).
+    pub seqs: usize,
+    /// Each row's sequence.
+    pub row_seq: usize,
+    pub slots: usize,
+    pub window_slots: usize,
+}
+
+/// Fields of a sequence's descriptor in [`KernelSections::seqs`].
+pub const SEQ_FIELDS: usize = 5;
+/// Which descriptor field holds the block table for a layer.
+pub const TABLE_FIELD: usize = 3;
+pub const WINDOW_TABLE_FIELD: usize = 4;
 
 /// Where one sequence's views start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,8 +100,13 @@ impl<'a> StepMeta<'a> {
         window: Option<usize>,
         device: &Device,
     ) -> Result<Self> {
+        let reads = match cache.on_host() {
+            true => Reads::Host,
+            false if crate::attention::has_kernel(cache.layout(), device) => Reads::Kernel,
+            false => Reads::Gather,
+        };
         let block_size = cache.layout().block_size;
-        let (host, at, views, masks) = pack(batch, block_size, !cache.on_host(), window);
+        let (host, at, views, masks) = pack(batch, block_size, reads, window);
         let packed = Tensor::new(host.as_slice(), device)?;
         let masks = match masks.len() {
             0 => None,
@@ -101,7 +139,13 @@ impl<'a> StepMeta<'a> {
     }
 
     pub fn num_logit_rows(&self) -> usize {
-        self.at.gather - self.at.logit_rows
+        self.at.reads - self.at.logit_rows
+    }
+
+    /// The packed buffer on the device and where the CUDA kernel's sections
+    /// lie in it, where the step was packed for that kernel.
+    pub fn kernel(&self) -> Option<(&Tensor, KernelSections)> {
+        self.at.kernel.map(|k| (&self.packed, k))
     }
 
     fn view(&self, from: usize, len: usize) -> Result<Tensor> {
@@ -121,7 +165,7 @@ impl<'a> StepMeta<'a> {
     /// has tables there.
     pub fn slots_t(&self, windowed: bool) -> Result<Tensor> {
         match (windowed, self.at.window_slots) {
-            (true, Some(at)) => self.view(self.at.gather + at, self.num_tokens()),
+            (true, Some(at)) => self.view(at, self.num_tokens()),
             _ => self.view(self.at.slots, self.num_tokens()),
         }
     }
@@ -141,7 +185,7 @@ impl<'a> StepMeta<'a> {
             (true, Some(at)) => at,
             _ => v.gather,
         };
-        self.view(self.at.gather + at, self.batch.seqs[i].context_len())
+        self.view(self.at.reads + at, self.batch.seqs[i].context_len())
     }
 
     /// Sequence `i`'s causal mask, `[1, len, context_len]` (0 where a row
@@ -172,56 +216,124 @@ fn slot(table: &[u32], block_size: usize, pos: usize) -> u32 {
     table[pos / block_size] * block_size as u32 + (pos % block_size) as u32
 }
 
-/// The packed `u32` buffer, its sections, and with `views` each sequence's
-/// gather slots and the masks of its prompt chunks.
+/// The slot of position `p` in a sequence's sliding-window table. A
+/// position whose window block was freed reads block 0: it lies before the
+/// window, so the mask (or the kernel's range) hides it.
+fn window_slot(s: &SeqSlice, block_size: usize, p: usize) -> u32 {
+    match s.table(true)[p / block_size] {
+        FREED => 0,
+        _ => slot(s.table(true), block_size, p),
+    }
+}
+
+/// The packed `u32` buffer, its sections, and for [`Reads::Gather`] each
+/// sequence's gather slots and the masks of its prompt chunks.
 fn pack(
     batch: &FlatBatch,
     block_size: usize,
-    views: bool,
+    reads: Reads,
     window: Option<usize>,
 ) -> (Vec<u32>, Sections, Vec<SeqViews>, Vec<f32>) {
     let t = batch.tokens.len();
-    let rows = batch.logit_rows();
-    let windowed = views && batch.seqs.iter().any(|s| !s.window_table.is_empty());
-    let contexts: usize = batch.seqs.iter().map(SeqSlice::context_len).sum();
-    let gather_len = match (views, windowed) {
-        (false, _) => 0,
-        (true, false) => contexts,
-        // Each sequence's gathers in both pools, then the window slots.
-        (true, true) => 2 * contexts + t,
-    };
-    let mut at = Sections {
-        tokens: 0,
-        positions: t,
-        slots: 2 * t,
-        logit_rows: 3 * t,
-        gather: 3 * t + rows.len(),
-        window_slots: None,
-        end: 3 * t + rows.len() + gather_len,
-    };
-    let mut host = Vec::with_capacity(at.end);
+    let windowed = reads != Reads::Host && batch.seqs.iter().any(|s| !s.window_table.is_empty());
+    let mut host = Vec::new();
     host.extend_from_slice(&batch.tokens);
     host.extend_from_slice(&batch.positions);
     for s in &batch.seqs {
         host.extend((s.first_pos..s.context_len()).map(|p| slot(&s.block_table, block_size, p)));
     }
-    host.extend_from_slice(&rows);
-    let mut masks = Vec::new();
-    if !views {
-        return (host, at, Vec::new(), masks);
-    }
-    let mut views = Vec::with_capacity(batch.seqs.len());
-    // A position whose window block was freed reads block 0: masked out.
-    let window_slot = |s: &SeqSlice, p: usize| match s.table(true)[p / block_size] {
-        FREED => 0,
-        _ => slot(s.table(true), block_size, p),
+    let window_slots = windowed.then(|| {
+        let at = host.len();
+        for s in &batch.seqs {
+            host.extend((s.first_pos..s.context_len()).map(|p| window_slot(s, block_size, p)));
+        }
+        at
+    });
+    let logit_rows = host.len();
+    host.extend_from_slice(&batch.logit_rows());
+    let mut at = Sections {
+        tokens: 0,
+        positions: t,
+        slots: 2 * t,
+        window_slots,
+        logit_rows,
+        reads: host.len(),
+        kernel: None,
+        end: 0,
     };
+    let mut views = Vec::new();
+    let mut masks = Vec::new();
+    match reads {
+        Reads::Host => {}
+        Reads::Kernel => at.kernel = Some(pack_kernel(batch, &mut host, &at)),
+        Reads::Gather => {
+            views = pack_gathers(batch, block_size, window, &mut host, &mut masks, at.reads);
+        }
+    }
+    at.end = host.len();
+    (host, at, views, masks)
+}
+
+/// The CUDA kernel's sections: descriptors, each row's sequence, then the
+/// block tables (freed window blocks as block 0, outside every row's range).
+fn pack_kernel(batch: &FlatBatch, host: &mut Vec<u32>, at: &Sections) -> KernelSections {
+    let seqs = host.len();
+    let tables = seqs + SEQ_FIELDS * batch.seqs.len() + batch.tokens.len();
+    let mut table_at = tables;
     for s in &batch.seqs {
-        let gather = host.len() - at.gather;
+        let window_at = table_at + s.block_table.len();
+        let own_window = !s.window_table.is_empty();
+        host.extend([
+            s.start as u32,
+            s.len as u32,
+            s.first_pos as u32,
+            table_at as u32,
+            match own_window {
+                true => window_at as u32,
+                false => table_at as u32,
+            },
+        ]);
+        table_at = window_at + s.window_table.len();
+    }
+    let row_seq = host.len();
+    for (i, s) in batch.seqs.iter().enumerate() {
+        host.extend(std::iter::repeat_n(i as u32, s.len));
+    }
+    for s in &batch.seqs {
+        host.extend_from_slice(&s.block_table);
+        host.extend(
+            s.window_table
+                .iter()
+                .map(|&b| if b == FREED { 0 } else { b }),
+        );
+    }
+    debug_assert_eq!(host.len(), table_at);
+    KernelSections {
+        seqs,
+        row_seq,
+        slots: at.slots,
+        window_slots: at.window_slots.unwrap_or(at.slots),
+    }
+}
+
+/// Each sequence's gather slots (in both pools where it has a window
+/// table) and its masks, for the candle-op fallback.
+fn pack_gathers(
+    batch: &FlatBatch,
+    block_size: usize,
+    window: Option<usize>,
+    host: &mut Vec<u32>,
+    masks: &mut Vec<f32>,
+    reads: usize,
+) -> Vec<SeqViews> {
+    let windowed = batch.seqs.iter().any(|s| !s.window_table.is_empty());
+    let mut views = Vec::with_capacity(batch.seqs.len());
+    for s in &batch.seqs {
+        let gather = host.len() - reads;
         host.extend((0..s.context_len()).map(|p| slot(&s.block_table, block_size, p)));
         let window_gather = windowed.then(|| {
-            let from = host.len() - at.gather;
-            host.extend((0..s.context_len()).map(|p| window_slot(s, p)));
+            let from = host.len() - reads;
+            host.extend((0..s.context_len()).map(|p| window_slot(s, block_size, p)));
             from
         });
         // Row i sits at position first_pos + i and sees keys from `lowest`
@@ -248,14 +360,7 @@ fn pack(
             window_mask,
         });
     }
-    if windowed {
-        at.window_slots = Some(host.len() - at.gather);
-        for s in &batch.seqs {
-            host.extend((s.first_pos..s.context_len()).map(|p| window_slot(s, p)));
-        }
-    }
-    debug_assert_eq!(host.len(), at.end);
-    (host, at, views, masks)
+    views
 }
 
 #[cfg(test)]
@@ -378,6 +483,55 @@ mod tests {
                 assert_eq!(x == 0.0, j <= pos && j + 3 > pos, "row {i} key {j}: {x}");
             }
         }
+    }
+
+    /// The kernel's sections, read the way `paged_attention.cu` reads them:
+    /// each row finds its sequence, its position and, through the table
+    /// the layer picks, the slot of every key it may see.
+    #[test]
+    fn the_kernel_finds_every_rows_keys_through_its_sections() {
+        let mut b = batch();
+        b.seqs[0].window_table = vec![FREED, 4, 6];
+        b.seqs[1].window_table = vec![0, 1];
+        let (host, at, views, masks) = pack(&b, 4, Reads::Kernel, Some(3));
+        assert!(views.is_empty() && masks.is_empty());
+        let k = at.kernel.unwrap();
+        assert_eq!(at.end, host.len());
+        // Sections as the accessors see them.
+        assert_eq!(&host[k.slots..k.slots + 4], &[29, 12, 13, 14]);
+        assert_eq!(&host[k.window_slots..k.window_slots + 4], &[25, 4, 5, 6]);
+        assert_eq!(&host[k.row_seq..k.row_seq + 4], &[0, 1, 1, 1]);
+        // Keys of row r in the layer reading `field`, by the kernel's rule.
+        let keys = |r: usize, field: usize, window: usize| -> Vec<u32> {
+            let seq = &host[k.seqs + SEQ_FIELDS * host[k.row_seq + r] as usize..];
+            let pos = seq[2] as usize + r - seq[0] as usize;
+            let table = &host[seq[field] as usize..];
+            let lo = (pos + 1).saturating_sub(window);
+            (lo..=pos)
+                .map(|j| table[j / 4] * 4 + (j % 4) as u32)
+                .collect()
+        };
+        // Global layers: the decode row (position 9, blocks [5, 2, 7]) sees
+        // all ten; the chunk's last row (position 6, blocks [1, 3]) seven.
+        let want0: Vec<u32> = [20, 21, 22, 23, 8, 9, 10, 11, 28, 29].into();
+        assert_eq!(keys(0, TABLE_FIELD, usize::MAX), want0);
+        assert_eq!(
+            keys(3, TABLE_FIELD, usize::MAX),
+            vec![4, 5, 6, 7, 12, 13, 14]
+        );
+        // Window layers (3 positions): the window tables, never the freed
+        // block.
+        assert_eq!(keys(0, WINDOW_TABLE_FIELD, 3), vec![19, 24, 25]);
+        assert_eq!(keys(1, WINDOW_TABLE_FIELD, 3), vec![2, 3, 4]);
+        // A sequence without a window table reads its block table there.
+        let b = batch();
+        let (host, at, _, _) = pack(&b, 4, Reads::Kernel, None);
+        let k = at.kernel.unwrap();
+        for s in 0..2 {
+            let seq = &host[k.seqs + SEQ_FIELDS * s..];
+            assert_eq!(seq[TABLE_FIELD], seq[WINDOW_TABLE_FIELD]);
+        }
+        assert_eq!(k.window_slots, k.slots);
     }
 
     #[test]
