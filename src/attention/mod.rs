@@ -3,18 +3,34 @@
 //! Each sequence's new K/V rows are written into its own blocks, then each new
 //! query token attends causally to every cached position of its sequence up to
 //! its own. No padding and no per-step cache copies: the CPU kernel reads the
-//! keys straight out of the blocks (see [`host`]). The tensor path (any device) gathers a
-//! sequence's rows with `index_select`, through views of the step's
-//! metadata uploaded once per step ([`StepMeta`]); it is the fallback for
-//! CUDA and is tested against the CPU kernel.
+//! keys straight out of the blocks (see [`host`]). On a CUDA device
+//! `paged_attention.cu` does the same for the whole batch in one launch per
+//! layer (see `cuda`). The tensor path (any device) gathers a sequence's
+//! rows with `index_select`, through views of the step's metadata uploaded
+//! once per step ([`StepMeta`]); it is the fallback for head sizes the
+//! kernel lacks, and is tested against the CPU kernel.
 
 use candle_core::{DType, Device, Result, Storage, Tensor};
 
 use crate::engine::block_manager::BlockId;
-use crate::engine::kv_cache::{HostPool, LayerCache};
+use crate::engine::kv_cache::{HostPool, KvLayout, LayerCache};
 use crate::models::StepMeta;
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod host;
+mod split;
+
+/// Whether a tensor pool of `layout` on `device` is read by the CUDA kernel
+/// (else by the candle-op fallback).
+pub fn has_kernel(layout: &KvLayout, device: &Device) -> bool {
+    #[cfg(feature = "cuda")]
+    if device.is_cuda() {
+        return cuda::supports(layout.head_dim);
+    }
+    let _ = (layout, device);
+    false
+}
 
 /// One sequence's slice of a flat batch: rows `start..start + len` are its new
 /// tokens, at positions `first_pos..first_pos + len`.
@@ -172,6 +188,10 @@ pub fn paged_attention(
             };
             Tensor::from_vec(out, (t, dims.num_heads * dims.head_dim), &Device::Cpu)
         }
+        #[cfg(feature = "cuda")]
+        LayerCache::Tensor { k, v } if meta.kernel().is_some() => {
+            cuda::write_and_attend(&qkv.contiguous()?, k, v, meta, dims)
+        }
         LayerCache::Tensor {
             k: k_pool,
             v: v_pool,
@@ -305,12 +325,6 @@ mod tests {
         Tensor::from_vec(out, (q.len(), nh * hd), &Device::Cpu).unwrap()
     }
 
-    /// Two sequences with scattered block tables, fed in two steps (a prefill
-    /// chunk, then a mixed chunk + decode step): both storages must match a
-    /// plain causal attention over each whole sequence. The shapes cover the
-    /// host kernel's vector paths and its tails (block or head sizes that are
-    /// not a multiple of its 16 lanes), and row blocks of more than 16 rows,
-    /// with f16 and f32 pools.
     /// int8 encoding: within half a step of each value, the largest
     /// magnitude exact, an all-zero vector all zero.
     #[test]
@@ -334,6 +348,12 @@ mod tests {
         assert!(q.iter().all(|&q| q == 0));
     }
 
+    /// Two sequences with scattered block tables, fed in two steps (a prefill
+    /// chunk, then a mixed chunk + decode step): both storages must match a
+    /// plain causal attention over each whole sequence. The shapes cover the
+    /// host kernel's vector paths and its tails (block or head sizes that are
+    /// not a multiple of its 16 lanes), and row blocks of more than 16 rows,
+    /// with f16, f32 and int8 pools.
     #[test]
     fn paged_matches_dense_on_both_storages() {
         for (block_size, head_dim, lens) in
