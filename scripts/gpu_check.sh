@@ -85,8 +85,14 @@ stage() {
 serve() {
     local log=$logs/serve_$1_$2.log t=$SECONDS
     stop
+    if [ $((budget - SECONDS)) -lt 15 ]; then
+        row "serve $1 $2" "skipped: out of time (budget ${budget}s)"
+        return 1
+    fi
     echo "== serve $1 $2 (${SECONDS}s in)"
-    "$wick" serve --device "$device" --model "$work/models/$1" --dtype "$2" \
+    # Without backtraces, wick's errors are a line or two (CI sets RUST_BACKTRACE).
+    env -u RUST_BACKTRACE -u RUST_LIB_BACKTRACE \
+        "$wick" serve --device "$device" --model "$work/models/$1" --dtype "$2" \
         --kv-cache-memory "$3" --port "$port" >"$log" 2>&1 &
     server=$!
     while [ $((SECONDS - t)) -lt 240 ] && [ "$SECONDS" -lt "$budget" ]; do
@@ -95,7 +101,7 @@ serve() {
         sleep 1
     done
     tail -n 5 "$log"
-    row "serve $1 $2" "FAILED: $(last_line "$log")"
+    row "serve $1 $2" "FAILED: $(grep -m 1 -A 3 '^error' "$log" | tr '\n' ' ' | cut -c1-300)"
     stop
     return 1
 }
@@ -106,11 +112,11 @@ stop() {
 base=http://127.0.0.1:$port
 
 # Libraries: the host's driver, and cuBLAS/cudart/cuRAND from PyTorch's wheels
-# (nvidia/cu13/lib; older wheels had one lib dir per library).
+# (nvidia/cu13/lib; older wheels had one lib dir per library), or a toolkit.
 if [ "$device" != cpu ]; then
     nvlib=$(python3 -c 'import glob, nvidia
 print(":".join(d for p in nvidia.__path__ for d in sorted(glob.glob(p + "/*/lib"))))')
-    export LD_LIBRARY_PATH=$nvlib:/usr/local/nvidia/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    export LD_LIBRARY_PATH=$nvlib:/usr/local/nvidia/lib64:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     hw=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
     nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,temperature.gpu,power.draw \
         --format=csv
@@ -142,6 +148,9 @@ else
     exit 1
 fi
 "$wick" --version
+# A library the binary links and the host lacks stops every stage: say which.
+missing=$(ldd "$wick" | awk '/not found/ { printf "%s ", $1 }')
+[ -n "$missing" ] && row libraries "FAILED: not found on LD_LIBRARY_PATH: $missing"
 
 # Sizes: the GPU figures, or a CPU run small enough to finish in minutes.
 if [ "$device" = cpu ]; then
@@ -158,18 +167,17 @@ fi
 for t in "$work"/bin/test-*; do
     [ -e "$t" ] || continue
     name=${t##*/test-}
-    if stage "test $name" 120 "$t"; then
+    if stage "test $name" 120 "$t" --nocapture; then
         # Tests without a device pass after saying "skipping"; count those.
         row "cargo test $name" "$(grep '^test result' "$logs/test_$name.log" | tail -n 1 |
             sed 's/^test result: //; s/; 0 measured.*//'), $(grep -c skipping "$logs/test_$name.log") said skipping"
     fi
 done
 
-stage "make models" 300 python3 scripts/gpu/make_models.py "$work/models" "$tok" "${models[@]}"
-
+# One model at a time, made then checked: what fits the budget is complete.
 for m in "${models[@]}"; do
     ref=$work/models/$m.ref.json
-    [ -f "$ref" ] || continue
+    stage "make $m" 300 python3 scripts/gpu/make_models.py "$work/models" "$tok" "$m" || continue
     dtypes=(bf16)
     [ "$m" = s135 ] && dtypes=(f32 bf16)
     for dt in "${dtypes[@]}"; do
