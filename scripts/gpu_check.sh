@@ -57,6 +57,8 @@ print_table() {
     done <"$table"
 }
 trap print_table EXIT
+# Stopped, it still prints the table (once the running stage has ended).
+trap 'exit 143' TERM INT
 
 # stage NAME LIMIT CMD...: runs CMD under `timeout`, cut short to what is left
 # of the budget; its output goes to the terminal and to $logs/NAME.log. A
@@ -204,7 +206,8 @@ for m in "${models[@]}"; do
 done
 
 # The engine without HTTP. bench has no --dtype: a checkpoint loads as f32.
-if [ -d "$work/models/$load_model" ]; then
+# (The reference is written last: with it, the checkpoint is whole.)
+if [ -f "$work/models/$load_model.ref.json" ]; then
     if stage "bench $load_model" 150 "$wick" bench --device "$device" --model "$work/models/$load_model" \
         --kv-cache-memory "$kv" --batch "$bench_batch" --prompt-tokens "$bench_in" \
         --decode-tokens "$bench_out"; then
@@ -217,7 +220,7 @@ print("prefill %.0f tok/s; decode %s tok/s" % (r["prefill_tok_s"], decode))')"
     fi
 fi
 
-if [ $quick = 0 ] && [ -d "$work/models/$load_model" ]; then
+if [ $quick = 0 ] && [ -f "$work/models/$load_model.ref.json" ]; then
     stage "transformers $load_model" 180 python3 scripts/gpu/hf_generate.py "$work/models/$load_model" \
         --batch 32 128 --prompt-tokens "$in" --max-tokens "$out" --label "$load_model" --table "$table"
 fi
