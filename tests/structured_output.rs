@@ -286,13 +286,75 @@ async fn forced_tool_calls_name_a_tool_with_valid_arguments() {
             assert_eq!(finish, Some(want));
         }
     }
-    // tool_choice auto needs a template with a tool-call format.
-    let (st, r) = post(&s, "/v1/chat/completions", ask(json!({"tools": tools()}))).await;
-    assert_eq!(
-        (st, r["error"]["param"].clone()),
-        (400, json!("tool_choice")),
-        "{r}"
-    );
+}
+
+/// `tool_choice` auto on the default model, whose template has no tool
+/// format: the tools are described in the prompt and the reply is read as
+/// a call list or text. Here the model answers in text, whole and
+/// streamed alike, and a replayed call and its result reach the prompt.
+#[tokio::test(flavor = "multi_thread")]
+async fn auto_tools_without_a_template_format_answer_in_text() {
+    let s = Server::start(&[]);
+    let hello = |extra: Value| {
+        let mut body = json!({"messages": [{"role": "user", "content": "Say hello to me."}],
+                              "max_tokens": 40, "temperature": 0});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        body
+    };
+    let (st, plain) = post(&s, "/v1/chat/completions", hello(json!({}))).await;
+    assert_eq!(st, 200, "{plain}");
+    for choice in [json!(null), json!("auto")] {
+        let mut extra = json!({"tools": tools()});
+        if !choice.is_null() {
+            extra["tool_choice"] = choice;
+        }
+        let (st, r) = post(&s, "/v1/chat/completions", hello(extra.clone())).await;
+        assert_eq!(st, 200, "{r}");
+        let c = &r["choices"][0];
+        let text = c["message"]["content"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{r}"));
+        assert!(
+            !text.is_empty() && c["message"]["tool_calls"].is_null(),
+            "{r}"
+        );
+        assert_eq!(c["finish_reason"], "stop", "{r}");
+        // Both tools' names and schemas are in the prompt.
+        let (with, without) = (
+            r["usage"]["prompt_tokens"].as_u64().unwrap(),
+            plain["usage"]["prompt_tokens"].as_u64().unwrap(),
+        );
+        assert!(
+            with > without + 100,
+            "{with} prompt tokens with tools, {without} without"
+        );
+
+        let mut streamed = hello(extra);
+        streamed["stream"] = json!(true);
+        let (got, finish) = streamed_content(&sse(&s, "/v1/chat/completions", streamed).await);
+        assert_eq!((got.as_str(), finish.as_str()), (text, "stop"));
+    }
+
+    // A client replays a call and its result: the template takes them as
+    // the generic format's turns.
+    let history = json!([
+        {"role": "user", "content": "What is 2 plus 3?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "add", "arguments": "{\"a\": 2, \"b\": 3}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "5"},
+    ]);
+    let first = json!({"messages": [history[0].clone()], "tools": tools(), "max_tokens": 20,
+                       "temperature": 0});
+    let (_, before) = post(&s, "/v1/chat/completions", first).await;
+    let again = json!({"messages": history, "tools": tools(), "max_tokens": 20, "temperature": 0});
+    let (st, r) = post(&s, "/v1/chat/completions", again).await;
+    assert_eq!(st, 200, "{r}");
+    let grew = r["usage"]["prompt_tokens"].as_u64().unwrap()
+        - before["usage"]["prompt_tokens"].as_u64().unwrap();
+    // The call list and "Result of call_1: 5" in their turns.
+    assert!(grew >= 25, "the replayed turns added {grew} tokens");
 }
 
 /// A greedy row without a grammar gives the same tokens alone as beside

@@ -65,6 +65,11 @@ pub enum Grammar {
     JsonSchema(Value),
     /// A Lark grammar, in llguidance's dialect.
     Lark(String),
+    /// Either a JSON value valid against this schema (read as for
+    /// `JsonSchema`) or plain text that does not open like one: a tool
+    /// call list, or an answer, for models whose template has no tool
+    /// format of its own.
+    JsonOrText(Value),
 }
 
 impl Grammar {
@@ -74,7 +79,7 @@ impl Grammar {
         let l = &LIMITS;
         match self {
             Grammar::JsonObject => Ok(()),
-            Grammar::JsonSchema(schema) => {
+            Grammar::JsonSchema(schema) | Grammar::JsonOrText(schema) => {
                 let bytes = serde_json::to_vec(schema)?.len();
                 if bytes > l.max_bytes {
                     bail!("the schema is {bytes} bytes; the limit is {}", l.max_bytes);
@@ -123,9 +128,9 @@ impl Grammar {
     }
 
     fn top_level(&self) -> TopLevelGrammar {
-        let json = |mut schema: Value| {
-            // JSON as Python's json.dumps writes it, not whatever whitespace
-            // the model drifts into (a schema's own x-guidance wins).
+        // JSON as Python's json.dumps writes it, not whatever whitespace the
+        // model drifts into (a schema's own x-guidance wins).
+        let guided = |mut schema: Value| {
             if let Some(obj) = schema.as_object_mut() {
                 obj.entry("x-guidance").or_insert(serde_json::json!({
                     "whitespace_flexible": false,
@@ -133,12 +138,22 @@ impl Grammar {
                     "key_separator": ": ",
                 }));
             }
-            TopLevelGrammar::from_json_schema(schema)
+            schema
         };
         match self {
-            Grammar::JsonObject => json(serde_json::json!({"type": "object"})),
-            Grammar::JsonSchema(schema) => json(close_schema(schema)),
+            Grammar::JsonObject => {
+                TopLevelGrammar::from_json_schema(guided(serde_json::json!({"type": "object"})))
+            }
+            Grammar::JsonSchema(schema) => {
+                TopLevelGrammar::from_json_schema(guided(close_schema(schema)))
+            }
             Grammar::Lark(text) => TopLevelGrammar::from_lark(text.clone()),
+            // The text branch may not open with what opens the JSON (or
+            // with whitespace before it), so the first character decides.
+            Grammar::JsonOrText(schema) => TopLevelGrammar::from_lark(format!(
+                "start: json | text\njson: %json {}\ntext: /[^\\[{{\\s](.|\\n)*/\n",
+                guided(close_schema(schema))
+            )),
         }
     }
 }
@@ -369,6 +384,11 @@ mod tests {
 
     /// Whether `text`, fed byte by byte, is a complete value of `schema`.
     fn accepts(schema: Value, text: &str) -> bool {
+        accepts_grammar(&Grammar::JsonSchema(schema), text)
+    }
+
+    /// Whether `text`, fed byte by byte, is a complete output of `grammar`.
+    fn accepts_grammar(grammar: &Grammar, text: &str) -> bool {
         static SPM: std::sync::OnceLock<(Tokenizer, ConstraintFactory)> =
             std::sync::OnceLock::new();
         let (tok, factory) = SPM.get_or_init(|| {
@@ -376,7 +396,7 @@ mod tests {
             let factory = ConstraintFactory::new(&tok).unwrap();
             (tok, factory)
         });
-        let mut c = factory.compile(&Grammar::JsonSchema(schema)).unwrap();
+        let mut c = factory.compile(grammar).unwrap();
         let bytes: Vec<u32> = text
             .bytes()
             .map(|b| tok.token_to_id(&format!("<0x{b:02X}>")).unwrap())
@@ -418,5 +438,32 @@ mod tests {
         let open = json!({"type": "object", "properties": {"a": {"type": "integer"}},
                           "additionalProperties": true});
         assert!(accepts(open, r#"{"a": 1, "b": [true]}"#));
+    }
+
+    /// The generic tool format: a call list valid against the schema, or
+    /// text that does not open like one; nothing in between.
+    #[test]
+    fn json_or_text_takes_a_valid_value_or_plain_text() {
+        let calls = json!({"type": "array", "minItems": 1, "items": {"type": "object",
+            "properties": {"name": {"const": "add"},
+                           "parameters": {"type": "object",
+                               "properties": {"a": {"type": "integer"}}, "required": ["a"]}},
+            "required": ["name", "parameters"]}});
+        let g = Grammar::JsonOrText(calls);
+        assert!(accepts_grammar(
+            &g,
+            r#"[{"name": "add", "parameters": {"a": 2}}]"#
+        ));
+        assert!(accepts_grammar(&g, "Two plus three is five.\n[1] and {2}."));
+        for refused in [
+            r#"[{"name": "sub", "parameters": {"a": 2}}]"#,
+            r#"[{"name": "add", "parameters": {"a": 2}, "extra": 1}]"#,
+            r#"[{"name": "add", "parameters": {"a": 2}}] and more"#,
+            "[not json",
+            "{\"a\": 1}",
+            " [{\"name\": \"add\"}]",
+        ] {
+            assert!(!accepts_grammar(&g, refused), "{refused}");
+        }
     }
 }

@@ -4,8 +4,11 @@
 //! - `none`: the tools still reach the template (as vLLM does), the reply
 //!   is read as plain text.
 //! - `auto` (the default with tools): the reply is read in the format the
-//!   model's chat template teaches ([`ToolFormat::detect`]); a template
-//!   with no known format is refused, since its model could not be read.
+//!   model's chat template teaches ([`ToolFormat::detect`]). A template
+//!   with no known format gets wick's generic one, as llama.cpp does: the
+//!   tools are described in a system message ([`generic_conversation`]),
+//!   and decoding is constrained to either a JSON list of calls (as for
+//!   `required`) or plain text.
 //! - `required`: decoding is constrained to a JSON list of calls, each a
 //!   tool's name and arguments valid against its schema (one call when
 //!   `parallel_tool_calls` is false).
@@ -16,6 +19,8 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use super::protocol::{ChatCompletionRequest, ToolChoice};
 use super::unsupported;
+use crate::sampling::constraint::Grammar;
+use crate::text::chat_template::Message;
 use crate::text::tool_parser::{ToolCallParser, ToolFormat};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -23,6 +28,8 @@ pub enum ToolMode {
     /// No tools, or `tool_choice: "none"`: the reply is text.
     Off,
     Auto(ToolFormat),
+    /// `auto` on a template with no tool format: a call list or text.
+    Generic,
     Required,
     Named(String),
 }
@@ -34,8 +41,9 @@ pub struct ToolPlan {
     pub mode: ToolMode,
     /// Whether a reply may hold more than one call.
     pub parallel: bool,
-    /// For forced calls: the JSON schema the reply is constrained to.
-    pub schema: Option<Value>,
+    /// What decoding is constrained to: forced calls, or the generic
+    /// format's calls-or-text.
+    pub grammar: Option<Grammar>,
     /// The call ids the template takes back in the history.
     pub ids: CallIds,
 }
@@ -76,7 +84,7 @@ impl ToolPlan {
             tools: None,
             mode: ToolMode::Off,
             parallel: true,
-            schema: None,
+            grammar: None,
             ids: CallIds::OpenAi,
         }
     }
@@ -86,7 +94,9 @@ impl ToolPlan {
         match &self.mode {
             ToolMode::Off => None,
             ToolMode::Auto(format) => Some(ToolCallParser::new(*format)),
-            ToolMode::Required => Some(ToolCallParser::new(ToolFormat::JsonList)),
+            ToolMode::Generic | ToolMode::Required => {
+                Some(ToolCallParser::new(ToolFormat::JsonList))
+            }
             ToolMode::Named(name) => Some(ToolCallParser::named(name)),
         }
     }
@@ -147,11 +157,11 @@ pub fn plan(req: &ChatCompletionRequest, template: &str) -> Result<ToolPlan, Api
     }
     let mode = match choice {
         None if tools.is_empty() => ToolMode::Off,
-        None => auto(template)?,
+        None => auto(template),
         Some(ToolChoice::Mode(m)) => match m.as_str() {
             "none" => ToolMode::Off,
             "auto" | "required" if tools.is_empty() => return Err(needs_tools()),
-            "auto" => auto(template)?,
+            "auto" => auto(template),
             "required" => ToolMode::Required,
             other => {
                 return Err(ApiError::bad_request(
@@ -197,28 +207,33 @@ pub fn plan(req: &ChatCompletionRequest, template: &str) -> Result<ToolPlan, Api
             .clone()
             .unwrap_or_else(|| json!({"type": "object"}))
     };
-    let schema = match &mode {
-        ToolMode::Required => {
-            let calls: Vec<Value> = (0..tools.len())
-                .map(|i| {
-                    json!({
-                        "type": "object",
-                        "properties": {
-                            "name": {"const": names[i]},
-                            "parameters": params(i),
-                        },
-                        "required": ["name", "parameters"],
-                        "additionalProperties": false,
-                    })
+    let calls = || {
+        let calls: Vec<Value> = (0..tools.len())
+            .map(|i| {
+                json!({
+                    "type": "object",
+                    "properties": {
+                        "name": {"const": names[i]},
+                        "parameters": params(i),
+                    },
+                    "required": ["name", "parameters"],
+                    "additionalProperties": false,
                 })
-                .collect();
-            let mut list = json!({"type": "array", "minItems": 1, "items": {"anyOf": calls}});
-            if !parallel {
-                list["maxItems"] = json!(1);
-            }
-            Some(list)
+            })
+            .collect();
+        let mut list = json!({"type": "array", "minItems": 1, "items": {"anyOf": calls}});
+        if !parallel {
+            list["maxItems"] = json!(1);
         }
-        ToolMode::Named(name) => names.iter().position(|n| n == name).map(params),
+        list
+    };
+    let grammar = match &mode {
+        ToolMode::Required => Some(Grammar::JsonSchema(calls())),
+        ToolMode::Generic => Some(Grammar::JsonOrText(calls())),
+        ToolMode::Named(name) => names
+            .iter()
+            .position(|n| n == name)
+            .map(|i| Grammar::JsonSchema(params(i))),
         _ => None,
     };
     let tools_json = (!tools.is_empty())
@@ -229,7 +244,7 @@ pub fn plan(req: &ChatCompletionRequest, template: &str) -> Result<ToolPlan, Api
         tools: tools_json,
         mode,
         parallel,
-        schema,
+        grammar,
         ids: CallIds::for_template(template),
     })
 }
@@ -241,22 +256,116 @@ fn needs_tools() -> ApiError {
     )
 }
 
-fn auto(template: &str) -> Result<ToolMode, ApiError> {
-    ToolFormat::detect(template)
-        .map(ToolMode::Auto)
-        .ok_or_else(|| {
-            ApiError::bad_request(
-                "this model's chat template has no tool-call format wick can read, so its \
-             calls could not be told from text; set tool_choice to \"required\" or to a \
-             named function to have decoding produce a call",
-                Some("tool_choice"),
-            )
+fn auto(template: &str) -> ToolMode {
+    ToolFormat::detect(template).map_or(ToolMode::Generic, ToolMode::Auto)
+}
+
+/// `messages` for a template with no tool format, in the generic one: the
+/// tools and how to call them in a system message (the first one's text
+/// goes after them), past calls as the JSON lists the model would have
+/// written, and each run of tool results as one user turn, so templates
+/// that know only system, user and assistant turns (and alternation) take
+/// the conversation.
+pub fn generic_conversation(messages: Vec<Message>, tools: &Value, parallel: bool) -> Vec<Message> {
+    let mut out: Vec<Message> = Vec::with_capacity(messages.len() + 1);
+    let mut rest = messages.into_iter().peekable();
+    let mut system = generic_instructions(tools, parallel);
+    if let Some(first) = rest.next_if(|m| m.role == "system") {
+        system = format!("{system}\n\n{}", first.content.unwrap_or_default());
+    }
+    out.push(Message::text("system", system));
+    // Whether the last turn is tool results, which the next one joins.
+    let mut joining = false;
+    for m in rest {
+        match m.role.as_str() {
+            "assistant" if m.tool_calls.is_some() => {
+                let calls: Vec<Value> = m
+                    .tool_calls
+                    .iter()
+                    .flatten()
+                    .map(|c| json!({"name": c.function.name, "parameters": as_object(&c.function.arguments)}))
+                    .collect();
+                let text = Value::Array(calls).to_string();
+                let content = match m.content.as_deref().filter(|c| !c.is_empty()) {
+                    Some(c) => format!("{c}\n{text}"),
+                    None => text,
+                };
+                out.push(Message {
+                    tool_calls: None,
+                    ..Message::text("assistant", content)
+                });
+            }
+            "tool" => {
+                let label = m
+                    .name
+                    .as_deref()
+                    .or(m.tool_call_id.as_deref())
+                    .unwrap_or("tool");
+                let result = format!("Result of {label}: {}", m.content.unwrap_or_default());
+                match out.last_mut().filter(|_| joining) {
+                    Some(prev) => {
+                        let text = prev.content.get_or_insert_with(String::new);
+                        text.push('\n');
+                        text.push_str(&result);
+                    }
+                    None => out.push(Message::text("user", result)),
+                }
+                joining = true;
+                continue;
+            }
+            _ => out.push(m),
+        }
+        joining = false;
+    }
+    out
+}
+
+/// Arguments as an object: OpenAI's wire format sends them as a JSON string.
+fn as_object(args: &Value) -> Value {
+    match args {
+        Value::String(s) => serde_json::from_str(s).unwrap_or_else(|_| args.clone()),
+        other => other.clone(),
+    }
+}
+
+/// The system text that teaches the generic format.
+fn generic_instructions(tools: &Value, parallel: bool) -> String {
+    let list: Vec<String> = tools
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| {
+            let f = &t["function"];
+            let mut line = format!("- {}", f["name"].as_str().unwrap_or_default());
+            if let Some(d) = f["description"].as_str() {
+                line.push_str(&format!(": {d}"));
+            }
+            let params = f
+                .get("parameters")
+                .cloned()
+                .unwrap_or(json!({"type": "object"}));
+            line.push_str(&format!("\n  parameters (JSON schema): {params}"));
+            line
         })
+        .collect();
+    let many = match parallel {
+        true => "one or more calls",
+        false => "exactly one call",
+    };
+    format!(
+        "You can call these tools:\n{}\n\nTo call tools, reply with only a JSON list of {many}, \
+         each {{\"name\": <tool name>, \"parameters\": <arguments object>}}, for example \
+         [{{\"name\": \"tool_name\", \"parameters\": {{}}}}]. Tool results come back in \
+         the next message. Otherwise, reply to the user in plain text.",
+        list.join("\n")
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::text::chat_template::{FunctionCall, ToolCall};
+    use crate::text::tool_parser::ParsedReply;
 
     fn request(extra: Value) -> ChatCompletionRequest {
         let mut body = json!({"messages": [{"role": "user", "content": "hi"}]});
@@ -288,7 +397,9 @@ mod tests {
             "",
         )
         .unwrap();
-        let s = p.schema.unwrap();
+        let Some(Grammar::JsonSchema(s)) = p.grammar else {
+            panic!("{:?}", p.grammar)
+        };
         assert_eq!(
             (s["minItems"].clone(), s["maxItems"].clone()),
             (json!(1), json!(1))
@@ -309,7 +420,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(p.mode, ToolMode::Named("get_weather".into()));
-        assert_eq!(p.schema.unwrap()["required"], json!(["city"]));
+        let Some(Grammar::JsonSchema(s)) = p.grammar else {
+            panic!("{:?}", p.grammar)
+        };
+        assert_eq!(s["required"], json!(["city"]));
 
         let p = plan(
             &request(json!({"tools": weather(), "tool_choice": "none"})),
@@ -325,7 +439,6 @@ mod tests {
         let named = |n: &str| json!({"type": "function", "function": {"name": n}});
         for (extra, param) in [
             (json!({"tools": []}), "tools"),
-            (json!({"tools": weather()}), "tool_choice"),
             (json!({"tool_choice": "required"}), "tool_choice"),
             (
                 json!({"tools": weather(), "tool_choice": "sometimes"}),
@@ -360,5 +473,101 @@ mod tests {
             let e = plan(&request(extra.clone()), "no tool format here").unwrap_err();
             assert_eq!(e.param.as_deref(), Some(param), "{extra}: {}", e.message);
         }
+    }
+
+    /// `auto` on a template with no tool format: the generic format, its
+    /// grammar the required list's, the reply read as a list or as text.
+    #[test]
+    fn auto_without_a_template_format_is_generic() {
+        let required = plan(
+            &request(json!({"tools": weather(), "tool_choice": "required"})),
+            "",
+        )
+        .unwrap();
+        for extra in [
+            json!({"tools": weather()}),
+            json!({"tools": weather(), "tool_choice": "auto"}),
+        ] {
+            let p = plan(&request(extra), "no tool format here").unwrap();
+            assert_eq!(p.mode, ToolMode::Generic);
+            assert_eq!(
+                p.grammar,
+                required.grammar.clone().map(|g| match g {
+                    Grammar::JsonSchema(s) => Grammar::JsonOrText(s),
+                    other => other,
+                })
+            );
+            let reply = |text: &str| {
+                let mut parser = p.parser().unwrap();
+                let mut events = parser.push(text);
+                events.extend(parser.finish());
+                ParsedReply::from_events(events)
+            };
+            let call = reply(r#"[{"name": "now", "parameters": {}}]"#);
+            assert_eq!(call.calls, vec![("now".to_string(), "{}".to_string())]);
+            assert!(call.content.is_empty());
+            let text = reply("It is sunny.");
+            assert!(text.calls.is_empty());
+            assert_eq!(text.content, "It is sunny.");
+        }
+    }
+
+    /// The generic conversation: tools first in the system turn, a call
+    /// turned into the list the model writes, a run of results one user
+    /// turn.
+    #[test]
+    fn generic_conversation_speaks_system_user_assistant() {
+        let call = |id: &str, args: Value| ToolCall {
+            id: Some(id.into()),
+            kind: "function".into(),
+            function: FunctionCall {
+                name: "get_weather".into(),
+                arguments: args,
+            },
+        };
+        let tool = |id: &str, content: &str| Message {
+            tool_call_id: Some(id.into()),
+            ..Message::text("tool", content.into())
+        };
+        let messages = vec![
+            Message::text("system", "Be brief.".into()),
+            Message::text("user", "Weather in Oslo and Rome?".into()),
+            Message {
+                content: None,
+                tool_calls: Some(vec![
+                    call("a", json!({"city": "Oslo"})),
+                    call("b", json!("{\"city\": \"Rome\"}")),
+                ]),
+                ..Message::text("assistant", String::new())
+            },
+            tool("a", "rain"),
+            tool("b", "sun"),
+            Message::text("user", "Thanks".into()),
+        ];
+        let tools = plan(&request(json!({"tools": weather()})), "")
+            .unwrap()
+            .tools
+            .unwrap();
+        let out = generic_conversation(messages, &tools, true);
+        let roles: Vec<&str> = out.iter().map(|m| m.role.as_str()).collect();
+        assert_eq!(roles, ["system", "user", "assistant", "user", "user"]);
+        let system = out[0].content.as_deref().unwrap();
+        assert!(
+            system.contains("- get_weather") && system.contains("\"city\""),
+            "{system}"
+        );
+        assert!(system.ends_with("\n\nBe brief."), "{system}");
+        let calls: Value = serde_json::from_str(out[2].content.as_deref().unwrap()).unwrap();
+        assert_eq!(
+            calls,
+            json!([{"name": "get_weather", "parameters": {"city": "Oslo"}},
+                   {"name": "get_weather", "parameters": {"city": "Rome"}}])
+        );
+        assert!(out[2].tool_calls.is_none());
+        assert_eq!(
+            out[3].content.as_deref(),
+            Some("Result of a: rain\nResult of b: sun")
+        );
+        assert!(out.iter().all(|m| m.tool_call_id.is_none()));
     }
 }

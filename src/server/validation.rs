@@ -15,7 +15,7 @@ use super::protocol::{
     ChatCompletionRequest, CompletionRequest, Prompt, ResponseFormat, Stop, StreamOptions,
     UnknownFields,
 };
-use super::tools::{self, ToolPlan};
+use super::tools::{self, ToolMode, ToolPlan};
 use super::unsupported;
 use crate::engine::request_rules;
 use crate::sampling::constraint::{Constraint, ConstraintFactory, Grammar};
@@ -523,8 +523,11 @@ pub fn validate_chat(
             None,
         )
     })?;
-    let messages = chat_messages::conversation(&req.messages)?;
+    let mut messages = chat_messages::conversation(&req.messages)?;
     let tools = tools::plan(req, template.source())?;
+    if let (ToolMode::Generic, Some(list)) = (&tools.mode, &tools.tools) {
+        messages = tools::generic_conversation(messages, list, tools.parallel);
+    }
     let kwargs = template_kwargs(req, template)?;
     let render = |messages: &[_]| {
         template.render_request(messages, tools.tools.as_ref(), true, kwargs.as_ref())
@@ -577,10 +580,7 @@ pub fn validate_chat(
     }
     let mut params = params?;
     check_context(ids.len(), max_tokens, ctx, "messages")?;
-    let forced = tools
-        .schema
-        .clone()
-        .map(|s| (Grammar::JsonSchema(s), "tool_choice"));
+    let forced = tools.grammar.clone().map(|g| (g, "tool_choice"));
     params.constraint = common.constraint(forced, ctx)?;
     Ok(GenerationPlan {
         prompts: vec![ids],

@@ -52,6 +52,20 @@ pub struct FunctionCall {
     pub arguments: serde_json::Value,
 }
 
+impl Message {
+    /// A plain turn of `role` saying `content`.
+    pub fn text(role: &str, content: String) -> Self {
+        Message {
+            role: role.to_string(),
+            content: Some(content),
+            reasoning_content: None,
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
+        }
+    }
+}
+
 impl From<&ChatMessage> for Message {
     fn from(m: &ChatMessage) -> Self {
         Message {
