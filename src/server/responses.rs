@@ -1,0 +1,1235 @@
+//! `POST /v1/responses`, OpenAI's Responses API, and `GET`/`DELETE
+//! /v1/responses/{id}` for the responses it keeps.
+//!
+//! A translation layer over chat completions, as vLLM serves it for models
+//! without their own Responses format: the request becomes a chat request
+//! (`instructions` a system message, `message` items messages,
+//! `function_call` items an assistant turn's tool calls,
+//! `function_call_output` items tool messages, `reasoning` items an
+//! assistant turn's thinking, `text.format` the `response_format`, function
+//! `tools` chat's, `max_output_tokens` `max_tokens`), which runs through the
+//! very validation and generation path `/v1/chat/completions` does;
+//! `responses_stream` turns its deltas into output items and events.
+//!
+//! A field wick cannot honour (built-in tools, `background`, image inputs,
+//! reasoning summaries, `truncation: "auto"`, …) is refused with a 400
+//! naming it; fields that change no output (`metadata`, `user`,
+//! `safety_identifier`, `prompt_cache_key`, `store`, …) are accepted and
+//! echoed. Kept responses live in `responses_store`, in memory.
+
+use std::convert::Infallible;
+use std::sync::{Arc, MutexGuard, PoisonError};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Body;
+use axum::extract::{FromRequest, Path, RawQuery, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use indexmap::IndexMap;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::access::AccessRecord;
+use super::error::{clip, ApiError, MAX_ECHO_CHARS};
+use super::generation;
+use super::json_body::JsonBody;
+use super::protocol::{ChatCompletionRequest, Stop, UnknownFields};
+use super::responses_store::{ResponseStore, Stored};
+use super::responses_stream::{new_id, ReplyShape, ResponseBuilder};
+use super::unsupported;
+use super::validation::validate_chat;
+use super::AppState;
+
+/// `input`: a user message's text, or a list of items.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged, expecting = "expected a string or a list of input items")]
+pub enum Input {
+    Text(String),
+    /// Read item by item, by `type` (see [`input_messages`]).
+    Items(Vec<Value>),
+}
+
+/// `POST /v1/responses`. Beyond OpenAI's fields, vLLM's sampling
+/// extensions `top_k`, `min_p`, `repetition_penalty`, `seed` and `stop`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ResponsesRequest {
+    pub model: Option<String>,
+    pub input: Option<Input>,
+    /// A system message before the input (not carried over to a response
+    /// that continues this one, as at OpenAI).
+    pub instructions: Option<String>,
+    /// Function tools (each `{"type": "function", "name", "parameters", …}`).
+    pub tools: Option<Vec<Value>>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
+    pub max_output_tokens: Option<u32>,
+    /// A cap on calls to built-in tools, of which wick runs none: no effect.
+    pub max_tool_calls: Option<u32>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    /// Only 0: wick returns no output logprobs here.
+    pub top_logprobs: Option<u32>,
+    /// Extra output to include: none is served, so only an empty list.
+    pub include: Option<Vec<String>>,
+    pub text: Option<TextConfig>,
+    pub reasoning: Option<ReasoningConfig>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<ResponsesStreamOptions>,
+    /// Keep the response for `GET` and `previous_response_id` (default true).
+    pub store: Option<bool>,
+    pub previous_response_id: Option<String>,
+    /// Only false: wick answers while the connection is open.
+    pub background: Option<bool>,
+    /// Only `"disabled"`: an input that does not fit is refused.
+    pub truncation: Option<String>,
+    // For the client's own records, echoed back: no effect on output.
+    pub metadata: Option<IndexMap<String, String>>,
+    pub user: Option<String>,
+    pub safety_identifier: Option<String>,
+    pub prompt_cache_key: Option<String>,
+    pub prompt_cache_retention: Option<String>,
+    pub service_tier: Option<String>,
+    pub seed: Option<i64>,
+    pub stop: Option<Stop>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    /// Fields this type does not declare, refused.
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct TextConfig {
+    pub format: Option<TextFormat>,
+    /// Refused, as chat's: no template reads it.
+    pub verbosity: Option<String>,
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
+}
+
+/// `{"type": "text"}`, `{"type": "json_object"}` or `{"type":
+/// "json_schema", "name", "schema", "description", "strict"}`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct TextFormat {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub name: Option<String>,
+    pub description: Option<String>,
+    pub schema: Option<Value>,
+    pub strict: Option<bool>,
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ReasoningConfig {
+    /// Passed as chat's `reasoning_effort` (templates that read it).
+    pub effort: Option<String>,
+    /// A summary of the thinking: refused, wick shows the thinking itself.
+    pub summary: Option<String>,
+    pub generate_summary: Option<String>,
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ResponsesStreamOptions {
+    /// Random padding on stream events: wick sends none, so only false.
+    pub include_obfuscation: Option<bool>,
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+struct FunctionTool {
+    name: String,
+    description: Option<String>,
+    parameters: Option<Value>,
+    strict: Option<bool>,
+    /// Tool search's: only false.
+    defer_loading: Option<bool>,
+    #[serde(rename = "type")]
+    _kind: String,
+    #[serde(flatten)]
+    unknown: UnknownFields,
+}
+
+/// A message item's `content`, or a function call output's `output`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged, expecting = "expected a string or a list of content parts")]
+enum ItemContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+// Some fields are declared only to be accepted.
+#[allow(dead_code)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+struct ContentPart {
+    #[serde(rename = "type")]
+    kind: String,
+    text: Option<String>,
+    /// A `refusal` part's text.
+    refusal: Option<String>,
+    // What an `output_text` part returned beside its text, replayed by
+    // clients: not shown to the model.
+    annotations: Option<Value>,
+    logprobs: Option<Value>,
+    #[serde(flatten)]
+    unknown: UnknownFields,
+}
+
+// Some fields are declared only to be accepted.
+#[allow(dead_code)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+struct MessageItem {
+    role: String,
+    content: ItemContent,
+    // An output message replayed as input carries these: no effect.
+    id: Option<String>,
+    status: Option<String>,
+    phase: Option<String>,
+    #[serde(rename = "type")]
+    _kind: Option<String>,
+    #[serde(flatten)]
+    unknown: UnknownFields,
+}
+
+// Some fields are declared only to be accepted.
+#[allow(dead_code)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+struct FunctionCallItem {
+    call_id: String,
+    name: String,
+    arguments: String,
+    id: Option<String>,
+    status: Option<String>,
+    #[serde(rename = "type")]
+    _kind: String,
+    #[serde(flatten)]
+    unknown: UnknownFields,
+}
+
+// Some fields are declared only to be accepted.
+#[allow(dead_code)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+struct FunctionCallOutputItem {
+    call_id: String,
+    output: ItemContent,
+    id: Option<String>,
+    status: Option<String>,
+    #[serde(rename = "type")]
+    _kind: String,
+    #[serde(flatten)]
+    unknown: UnknownFields,
+}
+
+// Some fields are declared only to be accepted.
+#[allow(dead_code)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+struct ReasoningItem {
+    id: Option<String>,
+    summary: Option<Vec<ContentPart>>,
+    content: Option<Vec<ContentPart>>,
+    /// Another server's sealed reasoning: wick can neither read nor make it.
+    encrypted_content: Option<String>,
+    status: Option<String>,
+    #[serde(rename = "type")]
+    _kind: String,
+    #[serde(flatten)]
+    unknown: UnknownFields,
+}
+
+/// A request read and translated.
+struct Translated {
+    /// The chat-completions request it runs as.
+    chat: Value,
+    /// The input as chat messages, without the instructions: what a
+    /// follow-up's history keeps.
+    input: Vec<Value>,
+    /// The Response object's fields that echo the request.
+    echo: Map<String, Value>,
+}
+
+pub async fn create_response(
+    State(state): State<Arc<AppState>>,
+    Extension(access): Extension<AccessRecord>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let (mut parts, body) = request.into_parts();
+    let JsonBody(req) = JsonBody::<ResponsesRequest>::from_request(
+        Request::from_parts(parts.clone(), body),
+        &state,
+    )
+    .await?;
+    let history = match &req.previous_response_id {
+        Some(id) => {
+            let stored = store(&state).get(id, Instant::now());
+            stored
+                .ok_or_else(|| not_found(id, Some("previous_response_id")))?
+                .conversation
+        }
+        None => Vec::new(),
+    };
+    let t = translate(&req, &history)?;
+    // The chat request goes through the same body reader as the client's,
+    // under the same limits (so a long history counts against
+    // --max-body-bytes).
+    let chat_body = serde_json::to_vec(&t.chat).map_err(|e| ApiError::internal(e.to_string()))?;
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    parts.headers.remove(header::CONTENT_ENCODING);
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let chat = Request::from_parts(parts, Body::from(chat_body));
+    let (mut g, plan) =
+        generation::begin::<ChatCompletionRequest>(&state, chat, validate_chat, access)
+            .await
+            .map_err(for_responses)?;
+    let mut echo = t.echo;
+    echo.insert("model".into(), json!(g.model().name));
+    let shape = ReplyShape {
+        reasoning: plan.reasoning,
+        parser: plan.tools.parser(),
+        parallel: plan.tools.parallel,
+        ids: plan.tools.ids,
+    };
+    let mut builder = ResponseBuilder::new(new_id("resp"), unix_now(), echo, shape);
+    let keep = req.store.unwrap_or(true).then(|| Keep {
+        state: state.clone(),
+        conversation: history
+            .into_iter()
+            .chain(t.input.into_iter().map(Arc::new))
+            .collect(),
+    });
+
+    if req.stream.unwrap_or(false) {
+        let events = async_stream::stream! {
+            for event in builder.start() {
+                yield sse(event);
+            }
+            loop {
+                match g.next().await {
+                    Some(Ok((_, delta))) => {
+                        for event in builder.push(delta) {
+                            yield sse(event);
+                        }
+                    }
+                    Some(Err(e)) => {
+                        for event in builder.fail(&e) {
+                            yield sse(event);
+                        }
+                        break;
+                    }
+                    None => {
+                        let (events, response) = builder.finish(g.usage());
+                        // Kept before the client hears it is done, so a
+                        // follow-up may name it at once.
+                        if let Some(keep) = &keep {
+                            keep.save(&builder, response);
+                        }
+                        for event in events {
+                            yield sse(event);
+                        }
+                        break;
+                    }
+                }
+            }
+        };
+        let events = futures::StreamExt::map(events, Ok::<_, Infallible>);
+        let keep_alive = KeepAlive::new().interval(state.limits.sse_keep_alive);
+        return Ok(Sse::new(events).keep_alive(keep_alive).into_response());
+    }
+    builder.start();
+    while let Some(next) = g.next().await {
+        let (_, delta) = next?;
+        builder.push(delta);
+    }
+    let (_, response) = builder.finish(g.usage());
+    if let Some(keep) = &keep {
+        keep.save(&builder, response.clone());
+    }
+    Ok(Json(response).into_response())
+}
+
+/// `GET /v1/responses/{id}`: a kept response.
+pub async fn retrieve(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    refuse_query(query.as_deref())?;
+    let stored = store(&state).get(&id, Instant::now());
+    let stored = stored.ok_or_else(|| not_found(&id, None))?;
+    Ok(Json(Value::clone(&stored.response)))
+}
+
+/// `DELETE /v1/responses/{id}`: forgets a kept response.
+pub async fn delete(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    if !store(&state).remove(&id) {
+        return Err(not_found(&id, None));
+    }
+    Ok(Json(
+        json!({"id": id, "object": "response.deleted", "deleted": true}),
+    ))
+}
+
+/// Where a finished response is kept, with the conversation before its reply.
+struct Keep {
+    state: Arc<AppState>,
+    conversation: Vec<Arc<Value>>,
+}
+
+impl Keep {
+    fn save(&self, builder: &ResponseBuilder, response: Value) {
+        let mut conversation = self.conversation.clone();
+        conversation.push(Arc::new(builder.assistant_message()));
+        let stored = Stored {
+            response: Arc::new(response),
+            conversation,
+        };
+        let id = builder.id().to_string();
+        if !store(&self.state).insert(id, stored, Instant::now()) {
+            tracing::warn!(
+                "response {} is larger than the response store's byte budget: not kept",
+                builder.id()
+            );
+        }
+    }
+}
+
+fn store(state: &AppState) -> MutexGuard<'_, ResponseStore> {
+    state
+        .responses
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+}
+
+fn sse(event: Value) -> Event {
+    let kind = event["type"].as_str().unwrap_or("message").to_string();
+    Event::default()
+        .event(kind)
+        .data(serde_json::to_string(&event).unwrap_or_default())
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// 404 for a response that is not kept (never stored, deleted, expired or
+/// evicted, or kept by a server since restarted), as vLLM answers.
+fn not_found(id: &str, param: Option<&str>) -> ApiError {
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        message: format!(
+            "Response with id '{}' not found. wick keeps responses in memory, for a \
+             limited time and number (docs/api.md, Responses API).",
+            clip(id, MAX_ECHO_CHARS)
+        ),
+        kind: "invalid_request_error",
+        param: param.map(str::to_string),
+        code: None,
+        retry_after: None,
+    }
+}
+
+/// `GET` takes no options (`stream` and `include` serve background
+/// responses and extra output, neither of which wick has).
+fn refuse_query(query: Option<&str>) -> Result<(), ApiError> {
+    for pair in query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if key == "stream" && value == "false" {
+            continue;
+        }
+        return Err(ApiError::unsupported_parameter(key));
+    }
+    Ok(())
+}
+
+/// An error of the chat request, named by the Responses field it came from.
+fn for_responses(mut e: ApiError) -> ApiError {
+    if let Some(p) = e.param.take() {
+        e.param = Some(responses_param(&p));
+    }
+    if e.status == StatusCode::PAYLOAD_TOO_LARGE {
+        e.message = format!(
+            "{}: the conversation (previous_response_id's history with this input) is too long",
+            e.message
+        );
+    }
+    e
+}
+
+fn responses_param(chat: &str) -> String {
+    if chat == "messages" || chat.starts_with("messages[") {
+        return "input".into();
+    }
+    match chat {
+        "max_tokens" | "max_completion_tokens" => return "max_output_tokens".into(),
+        "reasoning_effort" => return "reasoning.effort".into(),
+        "tool_choice.function.name" => return "tool_choice.name".into(),
+        _ => {}
+    }
+    if let Some(rest) = chat.strip_prefix("response_format") {
+        let rest = rest.strip_prefix(".json_schema").unwrap_or(rest);
+        return format!("text.format{rest}");
+    }
+    if let Some((tool, rest)) = chat.strip_prefix("tools[").and_then(|r| r.split_once(']')) {
+        let rest = rest.strip_prefix(".function").unwrap_or(rest);
+        return format!("tools[{tool}]{rest}");
+    }
+    chat.to_string()
+}
+
+/// Reads `v` as a `T`; an error names its field under `at`.
+fn typed<T: DeserializeOwned>(v: &Value, at: &str) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(v.clone()).map_err(|e| {
+        let path = e.path().to_string();
+        let text = e.into_inner().to_string();
+        let mut param = at.to_string();
+        if path != "." {
+            param = format!("{param}.{path}");
+        }
+        if let Some(field) = text
+            .strip_prefix("missing field `")
+            .and_then(|r| r.split('`').next())
+        {
+            param = format!("{param}.{field}");
+        }
+        ApiError::bad_request(format!("invalid `{param}`: {text}"), Some(&param))
+    })
+}
+
+/// An f32 as JSON the way it was written (0.7, not 0.699999988).
+fn number(x: f32) -> Value {
+    x.to_string()
+        .parse::<f64>()
+        .ok()
+        .and_then(serde_json::Number::from_f64)
+        .map_or(Value::Null, Value::Number)
+}
+
+fn translate(req: &ResponsesRequest, history: &[Arc<Value>]) -> Result<Translated, ApiError> {
+    unsupported::refuse(&req.unknown, "")?;
+    refuse_unservable(req)?;
+    let mut chat = Map::new();
+    let mut echo = Map::new();
+    if let Some(m) = &req.model {
+        chat.insert("model".into(), json!(m));
+    }
+
+    let input = match &req.input {
+        Some(input) => input_messages(input)?,
+        None if req.previous_response_id.is_some() => Vec::new(),
+        None => {
+            return Err(ApiError::bad_request(
+                "input is required (unless previous_response_id continues a response)",
+                Some("input"),
+            ))
+        }
+    };
+    let mut messages: Vec<Value> = Vec::new();
+    if let Some(instructions) = &req.instructions {
+        messages.push(json!({"role": "system", "content": instructions}));
+    }
+    messages.extend(history.iter().map(|m| Value::clone(m)));
+    messages.extend(input.iter().cloned());
+    chat.insert("messages".into(), Value::Array(messages));
+
+    // An empty list, as some clients send with no tools, is none.
+    let tools = req.tools.as_deref().unwrap_or_default();
+    let mut chat_tools = Vec::new();
+    let mut echo_tools = Vec::new();
+    for (i, t) in tools.iter().enumerate() {
+        let at = format!("tools[{i}]");
+        match t.get("type").and_then(Value::as_str) {
+            Some("function") => {}
+            Some(other) => {
+                return Err(ApiError::unsupported_value(
+                    &format!("{at}.type"),
+                    format!(
+                        "tools of type {:?} are not supported: wick runs no built-in tools \
+                         (web search, file search, code interpreter, computer use, MCP, image \
+                         generation, …); give \"function\" tools, which the client runs",
+                        clip(other, MAX_ECHO_CHARS)
+                    ),
+                ))
+            }
+            None => {
+                return Err(ApiError::bad_request(
+                    "each tool needs its type (\"function\")",
+                    Some(&format!("{at}.type")),
+                ))
+            }
+        }
+        let f: FunctionTool = typed(t, &at)?;
+        unsupported::refuse(&f.unknown, &at)?;
+        if f.defer_loading == Some(true) {
+            return Err(ApiError::unsupported_value(
+                &format!("{at}.defer_loading"),
+                "deferred tools (tool search) are not supported: give every tool in `tools`",
+            ));
+        }
+        let mut function = Map::new();
+        function.insert("name".into(), json!(f.name));
+        if let Some(d) = &f.description {
+            function.insert("description".into(), json!(d));
+        }
+        if let Some(p) = &f.parameters {
+            function.insert("parameters".into(), p.clone());
+        }
+        if let Some(s) = f.strict {
+            function.insert("strict".into(), json!(s));
+        }
+        chat_tools.push(json!({"type": "function", "function": function}));
+        echo_tools.push(json!({
+            "type": "function", "name": f.name, "description": f.description,
+            "parameters": f.parameters, "strict": f.strict,
+        }));
+    }
+    let tool_choice = req
+        .tool_choice
+        .as_ref()
+        .map(|c| tool_choice(c, !chat_tools.is_empty()))
+        .transpose()?
+        .flatten();
+    if !chat_tools.is_empty() {
+        chat.insert("tools".into(), Value::Array(chat_tools));
+        if let Some(p) = req.parallel_tool_calls {
+            chat.insert("parallel_tool_calls".into(), json!(p));
+        }
+    }
+    if let Some(c) = &tool_choice {
+        chat.insert("tool_choice".into(), c.clone());
+    }
+
+    let format = match &req.text {
+        Some(text) => {
+            unsupported::refuse(&text.unknown, "text")?;
+            if text.verbosity.is_some() {
+                return Err(ApiError {
+                    code: Some("unsupported_parameter".into()),
+                    ..ApiError::bad_request(
+                        "Unsupported parameter: 'text.verbosity' is not supported with this \
+                         model: no chat template reads it, so it could not change the reply; \
+                         leave it out, or ask for the length you want in the input.",
+                        Some("text.verbosity"),
+                    )
+                });
+            }
+            text.format.as_ref().map(response_format).transpose()?
+        }
+        None => None,
+    };
+    if let Some((chat_format, _)) = &format {
+        chat.insert("response_format".into(), chat_format.clone());
+    }
+    let effort = req.reasoning.as_ref().and_then(|r| r.effort.clone());
+    if let Some(e) = &effort {
+        chat.insert("reasoning_effort".into(), json!(e));
+    }
+    if let Some(m) = req.max_output_tokens {
+        chat.insert("max_tokens".into(), json!(m));
+    }
+    for (name, value) in [
+        ("temperature", req.temperature.map(number)),
+        ("top_p", req.top_p.map(number)),
+        ("min_p", req.min_p.map(number)),
+        ("repetition_penalty", req.repetition_penalty.map(number)),
+        ("top_k", req.top_k.map(|k| json!(k))),
+        ("seed", req.seed.map(|s| json!(s))),
+        ("stop", req.stop.clone().map(|s| json!(s.into_vec()))),
+    ] {
+        if let Some(v) = value {
+            chat.insert(name.into(), v);
+        }
+    }
+
+    echo.insert("background".into(), json!(false));
+    echo.insert("instructions".into(), json!(req.instructions));
+    echo.insert("max_output_tokens".into(), json!(req.max_output_tokens));
+    echo.insert("max_tool_calls".into(), json!(req.max_tool_calls));
+    echo.insert(
+        "metadata".into(),
+        json!(req.metadata.clone().unwrap_or_default()),
+    );
+    echo.insert("model".into(), json!(req.model));
+    echo.insert(
+        "parallel_tool_calls".into(),
+        json!(req.parallel_tool_calls.unwrap_or(true)),
+    );
+    echo.insert(
+        "previous_response_id".into(),
+        json!(req.previous_response_id),
+    );
+    echo.insert("prompt_cache_key".into(), json!(req.prompt_cache_key));
+    echo.insert(
+        "reasoning".into(),
+        json!({"effort": effort, "summary": null}),
+    );
+    echo.insert("safety_identifier".into(), json!(req.safety_identifier));
+    echo.insert(
+        "service_tier".into(),
+        json!(req.service_tier.as_deref().unwrap_or("default")),
+    );
+    echo.insert("store".into(), json!(req.store.unwrap_or(true)));
+    echo.insert(
+        "temperature".into(),
+        req.temperature.map_or(json!(1.0), number),
+    );
+    let shown_format = format.map_or(json!({"type": "text"}), |(_, shown)| shown);
+    echo.insert("text".into(), json!({"format": shown_format}));
+    echo.insert(
+        "tool_choice".into(),
+        req.tool_choice.clone().unwrap_or(json!("auto")),
+    );
+    echo.insert("tools".into(), Value::Array(echo_tools));
+    echo.insert("top_logprobs".into(), json!(0));
+    echo.insert("top_p".into(), req.top_p.map_or(json!(1.0), number));
+    echo.insert("truncation".into(), json!("disabled"));
+    echo.insert("user".into(), json!(req.user));
+    Ok(Translated {
+        chat: Value::Object(chat),
+        input,
+        echo,
+    })
+}
+
+/// The request fields wick has no way to honour, refused by name.
+fn refuse_unservable(req: &ResponsesRequest) -> Result<(), ApiError> {
+    if req.background == Some(true) {
+        return Err(ApiError::unsupported_value(
+            "background",
+            "background responses are not supported: wick answers while the request is open \
+             (leave background out, or false)",
+        ));
+    }
+    match req.truncation.as_deref() {
+        None | Some("disabled") => {}
+        Some("auto") => {
+            return Err(ApiError::unsupported_value(
+                "truncation",
+                "truncation \"auto\" (dropping the oldest input to fit the context) is not \
+                 supported: an input too long for the context is refused; send \"disabled\" or \
+                 leave it out",
+            ))
+        }
+        Some(other) => {
+            return Err(ApiError::bad_request(
+                format!(
+                    "truncation must be \"auto\" or \"disabled\", got {:?}",
+                    clip(other, MAX_ECHO_CHARS)
+                ),
+                Some("truncation"),
+            ))
+        }
+    }
+    if let Some(what) = req.include.iter().flatten().next() {
+        return Err(ApiError::unsupported_value(
+            "include",
+            format!(
+                "include {:?} is not supported: wick returns no extra output here (no \
+                 logprobs, encrypted reasoning or built-in tool results)",
+                clip(what, MAX_ECHO_CHARS)
+            ),
+        ));
+    }
+    if let Some(k) = req.top_logprobs.filter(|&k| k > 0) {
+        return Err(ApiError::unsupported_value(
+            "top_logprobs",
+            format!(
+                "top_logprobs {k} is not supported: wick returns no logprobs from \
+                 /v1/responses (use /v1/chat/completions for them)"
+            ),
+        ));
+    }
+    if let Some(options) = &req.stream_options {
+        unsupported::refuse(&options.unknown, "stream_options")?;
+        if req.stream != Some(true) {
+            return Err(ApiError::bad_request(
+                "stream_options is only allowed when stream is true",
+                Some("stream_options"),
+            ));
+        }
+        if options.include_obfuscation == Some(true) {
+            return Err(ApiError::unsupported_value(
+                "stream_options.include_obfuscation",
+                "stream obfuscation (random padding on events) is not supported: send false \
+                 or leave it out",
+            ));
+        }
+    }
+    if let Some(r) = &req.reasoning {
+        unsupported::refuse(&r.unknown, "reasoning")?;
+        for (field, set) in [
+            ("reasoning.summary", &r.summary),
+            ("reasoning.generate_summary", &r.generate_summary),
+        ] {
+            if set.is_some() {
+                return Err(ApiError::unsupported_value(
+                    field,
+                    "reasoning summaries are not supported: wick returns the model's \
+                     reasoning itself, in a reasoning item's content",
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `text.format` as chat's `response_format`, and as the Response echoes it.
+fn response_format(f: &TextFormat) -> Result<(Value, Value), ApiError> {
+    unsupported::refuse(&f.unknown, "text.format")?;
+    match f.kind.as_str() {
+        "text" | "json_object" => Ok((json!({"type": f.kind}), json!({"type": f.kind}))),
+        "json_schema" => {
+            let mut schema = Map::new();
+            for (key, value) in [
+                ("name", f.name.as_ref().map(|n| json!(n))),
+                ("description", f.description.as_ref().map(|d| json!(d))),
+                ("schema", f.schema.clone()),
+                ("strict", f.strict.map(|s| json!(s))),
+            ] {
+                if let Some(v) = value {
+                    schema.insert(key.into(), v);
+                }
+            }
+            let mut shown = Map::new();
+            shown.insert("type".into(), json!("json_schema"));
+            shown.extend(schema.clone());
+            Ok((
+                json!({"type": "json_schema", "json_schema": schema}),
+                Value::Object(shown),
+            ))
+        }
+        other => Err(ApiError::unsupported_value(
+            "text.format.type",
+            format!(
+                "text.format type must be text, json_object or json_schema, got {:?}",
+                clip(other, MAX_ECHO_CHARS)
+            ),
+        )),
+    }
+}
+
+/// `tool_choice` as chat's; `None` where it changes nothing (`none` or
+/// `auto` with no tools).
+fn tool_choice(c: &Value, has_tools: bool) -> Result<Option<Value>, ApiError> {
+    match c {
+        Value::String(s) if !has_tools && (s == "none" || s == "auto") => Ok(None),
+        Value::String(_) => Ok(Some(c.clone())),
+        Value::Object(o) => match o.get("type").and_then(Value::as_str) {
+            Some("function") => {
+                let name = o.get("name").and_then(Value::as_str).ok_or_else(|| {
+                    ApiError::bad_request(
+                        "a tool_choice of type function needs the function's name",
+                        Some("tool_choice.name"),
+                    )
+                })?;
+                if let Some((k, _)) = o
+                    .iter()
+                    .find(|(k, v)| *k != "type" && *k != "name" && !v.is_null())
+                {
+                    return Err(ApiError::unsupported_parameter(&format!("tool_choice.{k}")));
+                }
+                Ok(Some(
+                    json!({"type": "function", "function": {"name": name}}),
+                ))
+            }
+            Some("allowed_tools") => Err(ApiError::unsupported_value(
+                "tool_choice.type",
+                "tool_choice of type \"allowed_tools\" is not supported: give only the \
+                 allowed tools in `tools`",
+            )),
+            other => Err(ApiError::unsupported_value(
+                "tool_choice.type",
+                format!(
+                    "tool_choice of type {:?} is not supported: wick runs no built-in tools; \
+                     name a function ({{\"type\": \"function\", \"name\": …}}) or send \
+                     \"none\", \"auto\" or \"required\"",
+                    clip(other.unwrap_or_default(), MAX_ECHO_CHARS)
+                ),
+            )),
+        },
+        _ => Err(ApiError::bad_request(
+            "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \
+             \"name\": …}",
+            Some("tool_choice"),
+        )),
+    }
+}
+
+/// The input as chat messages: a string is one user message; items turn
+/// into turns in order. Reasoning goes to the assistant turn after it;
+/// function calls join the assistant turn before them.
+fn input_messages(input: &Input) -> Result<Vec<Value>, ApiError> {
+    let items = match input {
+        Input::Text(text) => return Ok(vec![json!({"role": "user", "content": text})]),
+        Input::Items(items) => items,
+    };
+    let mut out: Vec<Value> = Vec::new();
+    let mut thought: Option<String> = None;
+    let thought_alone =
+        |t: String| json!({"role": "assistant", "content": "", "reasoning_content": t});
+    for (i, item) in items.iter().enumerate() {
+        let at = format!("input[{i}]");
+        if !item.is_object() {
+            return Err(ApiError::bad_request(
+                "each input item must be an object",
+                Some(&at),
+            ));
+        }
+        let kind = match item.get("type") {
+            None | Some(Value::Null) => "message",
+            Some(Value::String(s)) => s.as_str(),
+            Some(_) => {
+                return Err(ApiError::bad_request(
+                    "an input item's type must be a string",
+                    Some(&format!("{at}.type")),
+                ))
+            }
+        };
+        match kind {
+            "message" => {
+                let m: MessageItem = typed(item, &at)?;
+                unsupported::refuse(&m.unknown, &at)?;
+                if !["user", "system", "developer", "assistant"].contains(&m.role.as_str()) {
+                    return Err(ApiError::bad_request(
+                        format!(
+                            "unsupported role {:?}: must be user, system, developer or assistant",
+                            clip(&m.role, MAX_ECHO_CHARS)
+                        ),
+                        Some(&format!("{at}.role")),
+                    ));
+                }
+                let content = content(&m.content, &format!("{at}.content"))?;
+                let mut message = json!({"role": m.role, "content": content});
+                match thought.take() {
+                    Some(t) if m.role == "assistant" => message["reasoning_content"] = json!(t),
+                    Some(t) => out.push(thought_alone(t)),
+                    None => {}
+                }
+                out.push(message);
+            }
+            "function_call" => {
+                let c: FunctionCallItem = typed(item, &at)?;
+                unsupported::refuse(&c.unknown, &at)?;
+                let call = json!({"id": c.call_id, "type": "function",
+                                  "function": {"name": c.name, "arguments": c.arguments}});
+                match out.last_mut() {
+                    Some(last) if last["role"] == "assistant" && thought.is_none() => {
+                        match last.get_mut("tool_calls").and_then(Value::as_array_mut) {
+                            Some(calls) => calls.push(call),
+                            None => last["tool_calls"] = json!([call]),
+                        }
+                    }
+                    _ => {
+                        let mut message =
+                            json!({"role": "assistant", "content": null, "tool_calls": [call]});
+                        if let Some(t) = thought.take() {
+                            message["reasoning_content"] = json!(t);
+                        }
+                        out.push(message);
+                    }
+                }
+            }
+            "function_call_output" => {
+                let o: FunctionCallOutputItem = typed(item, &at)?;
+                unsupported::refuse(&o.unknown, &at)?;
+                if let Some(t) = thought.take() {
+                    out.push(thought_alone(t));
+                }
+                let content = content(&o.output, &format!("{at}.output"))?;
+                out.push(json!({"role": "tool", "tool_call_id": o.call_id, "content": content}));
+            }
+            "reasoning" => {
+                let r: ReasoningItem = typed(item, &at)?;
+                unsupported::refuse(&r.unknown, &at)?;
+                if r.encrypted_content.is_some() {
+                    return Err(ApiError::unsupported_value(
+                        &format!("{at}.encrypted_content"),
+                        "encrypted reasoning is not supported: wick can neither read another \
+                         server's nor make its own; send the reasoning's content, or leave \
+                         the item out",
+                    ));
+                }
+                let texts = |parts: &[ContentPart], at: &str| {
+                    parts
+                        .iter()
+                        .enumerate()
+                        .map(|(j, p)| part_text(p, &format!("{at}[{j}]")))
+                        .collect::<Result<Vec<_>, _>>()
+                };
+                let text = match (&r.content, &r.summary) {
+                    (Some(c), _) if !c.is_empty() => texts(c, &format!("{at}.content"))?.concat(),
+                    (_, Some(s)) => texts(s, &format!("{at}.summary"))?.join("\n\n"),
+                    _ => String::new(),
+                };
+                thought.get_or_insert_default().push_str(&text);
+            }
+            "item_reference" => {
+                return Err(ApiError::unsupported_value(
+                    &format!("{at}.type"),
+                    "item references are not supported: send the item itself, or continue a \
+                     kept response with previous_response_id",
+                ))
+            }
+            other => {
+                return Err(ApiError::unsupported_value(
+                    &format!("{at}.type"),
+                    format!(
+                        "input items of type {:?} are not supported: wick takes message, \
+                         function_call, function_call_output and reasoning items",
+                        clip(other, MAX_ECHO_CHARS)
+                    ),
+                ))
+            }
+        }
+    }
+    if let Some(t) = thought {
+        out.push(thought_alone(t));
+    }
+    Ok(out)
+}
+
+/// A message's content (or a call's output) as chat content: text as it
+/// is, parts as chat's text parts (which chat joins by newlines).
+fn content(c: &ItemContent, at: &str) -> Result<Value, ApiError> {
+    match c {
+        ItemContent::Text(text) => Ok(json!(text)),
+        ItemContent::Parts(parts) => parts
+            .iter()
+            .enumerate()
+            .map(|(j, p)| {
+                part_text(p, &format!("{at}[{j}]")).map(|t| json!({"type": "text", "text": t}))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Value::Array),
+    }
+}
+
+fn part_text(p: &ContentPart, at: &str) -> Result<String, ApiError> {
+    let text = match p.kind.as_str() {
+        "input_text" | "output_text" | "text" | "reasoning_text" | "summary_text" => &p.text,
+        "refusal" => &p.refusal,
+        kind @ ("input_image" | "input_file" | "input_audio") => {
+            return Err(ApiError::unsupported_value(
+                &format!("{at}.type"),
+                format!("{kind} parts are not supported: wick serves text models; send text"),
+            ))
+        }
+        other => {
+            return Err(ApiError::bad_request(
+                format!(
+                    "unknown content part type {:?}",
+                    clip(other, MAX_ECHO_CHARS)
+                ),
+                Some(&format!("{at}.type")),
+            ))
+        }
+    };
+    unsupported::refuse(&p.unknown, at)?;
+    text.clone().ok_or_else(|| {
+        let field = if p.kind == "refusal" {
+            "refusal"
+        } else {
+            "text"
+        };
+        ApiError::bad_request(
+            format!("a {} part needs its {field}", p.kind),
+            Some(&format!("{at}.{field}")),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(body: Value) -> ResponsesRequest {
+        serde_json::from_value(body).unwrap()
+    }
+
+    fn messages(input: Value) -> Result<Vec<Value>, ApiError> {
+        input_messages(&serde_json::from_value(input).unwrap())
+    }
+
+    #[test]
+    fn items_become_chat_turns() {
+        let m = messages(json!([
+            {"role": "developer", "content": "Be brief."},
+            {"type": "message", "role": "user",
+             "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
+            {"type": "reasoning", "id": "rs_1", "summary": [],
+             "content": [{"type": "reasoning_text", "text": "Think."}]},
+            {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+             "content": [{"type": "output_text", "text": "Calling.", "annotations": []}]},
+            {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "f",
+             "arguments": "{\"x\": 1}", "status": "completed"},
+            {"type": "function_call", "call_id": "c2", "name": "g", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "one"},
+            {"type": "function_call_output", "call_id": "c2",
+             "output": [{"type": "input_text", "text": "two"}]},
+            {"type": "reasoning", "summary": [{"type": "summary_text", "text": "Done."}]},
+        ]))
+        .unwrap();
+        assert_eq!(
+            m,
+            [
+                json!({"role": "developer", "content": "Be brief."}),
+                json!({"role": "user", "content": [{"type": "text", "text": "a"},
+                                                   {"type": "text", "text": "b"}]}),
+                json!({"role": "assistant", "content": [{"type": "text", "text": "Calling."}],
+                       "reasoning_content": "Think.",
+                       "tool_calls": [
+                           {"id": "c1", "type": "function",
+                            "function": {"name": "f", "arguments": "{\"x\": 1}"}},
+                           {"id": "c2", "type": "function",
+                            "function": {"name": "g", "arguments": "{}"}}]}),
+                json!({"role": "tool", "tool_call_id": "c1", "content": "one"}),
+                json!({"role": "tool", "tool_call_id": "c2",
+                       "content": [{"type": "text", "text": "two"}]}),
+                json!({"role": "assistant", "content": "", "reasoning_content": "Done."}),
+            ]
+        );
+        // A call with no assistant turn before it opens one, with its thinking.
+        let m = messages(json!([
+            {"role": "user", "content": "hi"},
+            {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "T"}]},
+            {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+        ]))
+        .unwrap();
+        assert_eq!(
+            m[1],
+            json!({"role": "assistant", "content": null, "reasoning_content": "T",
+                   "tool_calls": [{"id": "c", "type": "function",
+                                   "function": {"name": "f", "arguments": "{}"}}]})
+        );
+        assert_eq!(
+            messages(json!("hello")).unwrap(),
+            [json!({"role": "user", "content": "hello"})]
+        );
+    }
+
+    #[test]
+    fn bad_items_name_their_field() {
+        for (input, param) in [
+            (json!([{"role": "user"}]), "input[0].content"),
+            (json!([{"role": "user", "content": 3}]), "input[0].content"),
+            (
+                json!([{"role": "user", "content": [{"type": "input_text"}]}]),
+                "input[0].content[0].text",
+            ),
+            (
+                json!([{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]),
+                "input[0].content[0].type",
+            ),
+            (json!(["hi"]), "input[0]"),
+            (json!([{"type": 3}]), "input[0].type"),
+            (
+                json!([{"type": "function_call_output", "call_id": "c"}]),
+                "input[0].output",
+            ),
+        ] {
+            let e = messages(input.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{input}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn the_chat_request_and_the_echo() {
+        let req = request(json!({
+            "model": "m", "input": "hi", "instructions": "Be brief.", "temperature": 0.7,
+            "max_output_tokens": 9, "tools": [{"type": "function", "name": "f",
+            "parameters": {"type": "object"}, "strict": true}],
+            "tool_choice": {"type": "function", "name": "f"}, "parallel_tool_calls": false,
+            "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}},
+            "seed": 3, "stop": "END",
+        }));
+        let history = [Arc::new(json!({"role": "user", "content": "before"}))];
+        let t = translate(&req, &history).unwrap();
+        assert_eq!(
+            t.chat,
+            json!({
+                "model": "m",
+                "messages": [{"role": "system", "content": "Be brief."},
+                             {"role": "user", "content": "before"},
+                             {"role": "user", "content": "hi"}],
+                "tools": [{"type": "function", "function": {"name": "f",
+                           "parameters": {"type": "object"}, "strict": true}}],
+                "parallel_tool_calls": false,
+                "tool_choice": {"type": "function", "function": {"name": "f"}},
+                "response_format": {"type": "json_schema",
+                                    "json_schema": {"name": "x", "schema": {"type": "object"}}},
+                "max_tokens": 9, "temperature": 0.7, "seed": 3, "stop": ["END"],
+            })
+        );
+        assert_eq!(t.input, [json!({"role": "user", "content": "hi"})]);
+        assert_eq!(t.echo["temperature"], json!(0.7));
+        assert_eq!(
+            t.echo["text"],
+            json!({"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}})
+        );
+        assert_eq!(
+            t.echo["tools"],
+            json!([{"type": "function", "name": "f", "description": null,
+                    "parameters": {"type": "object"}, "strict": true}])
+        );
+        // No tools: an empty list and a choice that changes nothing are left out.
+        let t = translate(
+            &request(json!({"input": "hi", "tools": [], "tool_choice": "none"})),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            t.chat,
+            json!({"messages": [{"role": "user", "content": "hi"}]})
+        );
+        assert_eq!(t.echo["tool_choice"], "none");
+    }
+
+    #[test]
+    fn chat_fields_are_named_as_the_responses_api_names_them() {
+        for (chat, responses) in [
+            ("messages", "input"),
+            ("messages[3].content", "input"),
+            ("max_tokens", "max_output_tokens"),
+            ("response_format", "text.format"),
+            ("response_format.json_schema.schema", "text.format.schema"),
+            ("response_format.type", "text.format.type"),
+            ("tools[2].function.name", "tools[2].name"),
+            ("tools[0].type", "tools[0].type"),
+            ("tool_choice.function.name", "tool_choice.name"),
+            ("reasoning_effort", "reasoning.effort"),
+            ("temperature", "temperature"),
+        ] {
+            assert_eq!(responses_param(chat), responses, "{chat}");
+        }
+    }
+
+    #[test]
+    fn get_takes_no_options() {
+        refuse_query(None).unwrap();
+        refuse_query(Some("")).unwrap();
+        refuse_query(Some("stream=false")).unwrap();
+        let e = refuse_query(Some("stream=true")).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("stream"));
+        let e = refuse_query(Some("include=x")).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("include"));
+    }
+}
