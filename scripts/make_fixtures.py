@@ -33,6 +33,7 @@ import json
 import os
 import pathlib
 import shutil
+import sys
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
@@ -54,6 +55,8 @@ from transformers import (  # noqa: E402
     Phi3Config,
     Phi3ForCausalLM,
     PreTrainedTokenizerFast,
+    Qwen3_5ForCausalLM,
+    Qwen3_5TextConfig,
     Qwen3Config,
     Qwen3ForCausalLM,
     SmolLM3Config,
@@ -228,7 +231,14 @@ def long_context(model, tokenizer, context, rows):
     return {"serve_context": context, **long_prompt(model, tokenizer, context + 32, rows)}
 
 
+# Fixture names given on the command line: build only those (the others'
+# bytes stay as they are); none: build them all.
+ONLY = set(sys.argv[1:])
+
+
 def build(name, make_model, tokenizer, chat, seed, std, extra=None, norm_center=1.0, **save_args):
+    if ONLY and name not in ONLY:
+        return
     out = ROOT / name
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -386,6 +396,26 @@ def main():
             "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
         },
+    )
+    # Qwen3.5 (text): the hybrid. Gated-DeltaNet linear-attention layers
+    # (a causal depthwise conv over q/k/v, the gated delta rule, a
+    # z-gated RMSNorm; 2 key heads of 16 serving 4 value heads of 16)
+    # around two gated full-attention layers (q/k norms, an output gate,
+    # RoPE on a quarter of each 32-wide head). Its (1 + w) norms are drawn
+    # around 0; the gated norm's weights, A_log and dt_bias with them.
+    # "long" is a 96-token prompt, for prefill chunks that carry the
+    # recurrent state.
+    chat_fixture(
+        "qwen35-tiny", Qwen3_5ForCausalLM, Qwen3_5TextConfig, seed=9,
+        num_hidden_layers=6, head_dim=32, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        pad_token_id=bos, norm_center=0.0,
+        layer_types=["linear_attention", "linear_attention", "full_attention",
+                     "linear_attention", "linear_attention", "full_attention"],
+        linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_num_key_heads=2, linear_num_value_heads=4,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                         "partial_rotary_factor": 0.25},
+        extra=lambda model, tok: long_prompt(model, tok, 96, 24),
     )
 
 
