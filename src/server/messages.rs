@@ -1,0 +1,1091 @@
+//! `POST /v1/messages` (Anthropic's Messages API, as llama.cpp's server
+//! offers it) and `POST /v1/messages/count_tokens`: a translation layer
+//! over chat completions. The request is checked in Anthropic's terms
+//! (its roles and content blocks, `max_tokens` required, `temperature` in
+//! [0, 1]), turned into a chat request (`system` first; `tool_use` blocks
+//! become an assistant turn's tool calls, `tool_result` blocks tool turns;
+//! tools' `input_schema` their parameters; `tool_choice` auto, any, tool
+//! and none become auto, required, a named function and none) and
+//! validated as one, so the prompt, the sampling and the tool plan are the
+//! very ones chat would run. Its errors name Anthropic's fields. The reply
+//! goes back as content blocks (`messages_stream`); every error, before or
+//! during a stream, in Anthropic's shape `{"type": "error", "error":
+//! {"type", "message"}}`.
+//!
+//! As everywhere in wick, no field is silently ignored: what wick cannot
+//! honour (images, documents, server tools, a final assistant turn to
+//! continue, thinking on a model that does not think) is refused, naming
+//! the field.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use axum::extract::{FromRequest, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::access::{request_id, AccessRecord};
+use super::error::{clip, ApiError, MAX_ECHO_CHARS};
+use super::json_body::JsonBody;
+use super::protocol::{ChatCompletionRequest, UnknownFields};
+use super::validation::{validate_chat, GenerationPlan, ModelContext};
+use super::{generation, handlers, messages_stream, unsupported, AppState};
+use crate::text::reasoning::ReasoningParser;
+
+/// `POST /v1/messages`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct MessagesRequest {
+    /// Optional, unlike at Anthropic: wick serves one model; a name other
+    /// than its own is a 404.
+    pub model: Option<String>,
+    pub messages: Vec<InputMessage>,
+    /// Required, as at Anthropic.
+    pub max_tokens: u32,
+    pub system: Option<Content>,
+    pub stop_sequences: Option<Vec<String>>,
+    pub stream: Option<bool>,
+    /// [0, 1], Anthropic's range.
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub tools: Option<Vec<Tool>>,
+    pub tool_choice: Option<ToolChoice>,
+    pub thinking: Option<Thinking>,
+    /// `user_id`, for the client's own records: no effect.
+    pub metadata: Option<Metadata>,
+    /// The processing tier at Anthropic: no effect.
+    pub service_tier: Option<String>,
+    /// Prompt-caching hints: wick caches every prompt's prefix by itself,
+    /// so they change nothing.
+    pub cache_control: Option<Value>,
+    /// Fields this type does not declare, refused.
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
+}
+
+/// `POST /v1/messages/count_tokens`: what shapes the prompt, no sampling.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct CountTokensRequest {
+    pub model: Option<String>,
+    pub messages: Vec<InputMessage>,
+    pub system: Option<Content>,
+    pub tools: Option<Vec<Tool>>,
+    pub tool_choice: Option<ToolChoice>,
+    pub thinking: Option<Thinking>,
+    pub cache_control: Option<Value>,
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct InputMessage {
+    /// `user` or `assistant`.
+    pub role: String,
+    pub content: Content,
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
+}
+
+/// A message's (or `system`'s, or a tool result's) content: a string or
+/// a list of content blocks.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged, expecting = "expected a string or a list of content blocks")]
+pub enum Content {
+    Text(String),
+    Blocks(Vec<Block>),
+}
+
+/// One content block, every kind's fields together; which of them a kind
+/// may carry is checked by kind (`text`, `tool_use`, `tool_result`,
+/// `thinking`; others are refused).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Block {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+    /// `tool_use`: the call's id, name and arguments.
+    pub id: Option<String>,
+    pub name: Option<String>,
+    pub input: Option<Value>,
+    /// `tool_result`: the call it answers, its output, and whether the
+    /// tool failed.
+    pub tool_use_id: Option<String>,
+    pub content: Option<Content>,
+    pub is_error: Option<bool>,
+    /// `thinking`: an earlier reply's thinking, replayed.
+    pub thinking: Option<String>,
+    pub signature: Option<String>,
+    /// A prompt-caching hint: no effect (wick caches prefixes itself).
+    pub cache_control: Option<Value>,
+    /// Citations of a document: wick takes no documents.
+    pub citations: Option<Value>,
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Tool {
+    pub name: String,
+    pub description: Option<String>,
+    /// Required: the arguments' JSON schema.
+    pub input_schema: Option<Value>,
+    /// `custom` (or absent): Anthropic's server tools are not served.
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    /// As chat's `strict`: forced calls follow the schema whatever it says.
+    pub strict: Option<bool>,
+    pub cache_control: Option<Value>,
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
+}
+
+/// `{"type": "auto" | "any" | "tool" | "none", "name",
+/// "disable_parallel_tool_use"}`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ToolChoice {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub name: Option<String>,
+    pub disable_parallel_tool_use: Option<bool>,
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
+}
+
+/// `{"type": "enabled", "budget_tokens"}` or `{"type": "disabled"}`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Thinking {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub budget_tokens: Option<u32>,
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Metadata {
+    pub user_id: Option<String>,
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
+}
+
+/// Anthropic's smallest thinking budget.
+const MIN_THINKING_BUDGET: u32 = 1024;
+
+/// What shapes the prompt, from either request.
+struct Prompt<'r> {
+    messages: &'r [InputMessage],
+    system: Option<&'r Content>,
+    tools: Option<&'r [Tool]>,
+    tool_choice: Option<&'r ToolChoice>,
+    thinking: Option<&'r Thinking>,
+    /// `max_tokens`, against which a thinking budget is checked.
+    max_tokens: Option<u32>,
+}
+
+/// A chat request's body, and for each of its messages the Anthropic
+/// field it came from (`system`, `messages[2]`, `messages[3].content[0]`).
+struct Translated {
+    body: Map<String, Value>,
+    origins: Vec<String>,
+}
+
+fn bad(message: impl Into<String>, param: &str) -> ApiError {
+    ApiError::bad_request(message, Some(param))
+}
+
+impl Prompt<'_> {
+    fn translate(&self, ctx: &ModelContext) -> Result<Translated, ApiError> {
+        let mut messages = Vec::new();
+        let mut origins = Vec::new();
+        if let Some(system) = self.system {
+            let text = texts(system, "system")?;
+            messages.push(json!({"role": "system", "content": text}));
+            origins.push("system".to_string());
+        }
+        if self.messages.is_empty() {
+            return Err(bad("messages must not be empty", "messages"));
+        }
+        // Each tool_use id by its function's name, for the results.
+        let mut calls: Vec<(String, String)> = Vec::new();
+        for (k, m) in self.messages.iter().enumerate() {
+            let at = format!("messages[{k}]");
+            unsupported::refuse(&m.unknown, &at)?;
+            let turns = match m.role.as_str() {
+                "user" => user_turns(&m.content, &at, &calls)?,
+                "assistant" if k + 1 == self.messages.len() => {
+                    return Err(bad(
+                        "the last message must be the user's: wick does not continue a final \
+                         assistant message (prefill)",
+                        &format!("{at}.role"),
+                    ))
+                }
+                "assistant" => vec![(assistant_turn(&m.content, &at, &mut calls)?, at.clone())],
+                other => {
+                    return Err(bad(
+                        format!(
+                            "role must be \"user\" or \"assistant\", got {:?} (a system prompt \
+                             goes in the top-level `system`)",
+                            clip(other, MAX_ECHO_CHARS)
+                        ),
+                        &format!("{at}.role"),
+                    ))
+                }
+            };
+            for (turn, origin) in turns {
+                messages.push(turn);
+                origins.push(origin);
+            }
+        }
+        let mut body = Map::new();
+        body.insert("messages".into(), Value::Array(messages));
+        if let Some(tools) = self.tools {
+            body.insert("tools".into(), translate_tools(tools)?);
+        }
+        if let Some(choice) = self.tool_choice {
+            let (choice, parallel) = translate_tool_choice(choice)?;
+            body.insert("tool_choice".into(), choice);
+            if let Some(parallel) = parallel {
+                body.insert("parallel_tool_calls".into(), parallel.into());
+            }
+        }
+        if let Some(kwargs) = self.thinking_kwargs(ctx)? {
+            body.insert("chat_template_kwargs".into(), Value::Object(kwargs));
+        }
+        Ok(Translated { body, origins })
+    }
+
+    /// `thinking` as the template's `enable_thinking`, where it reads one.
+    /// A template that does not think takes `disabled` (it has nothing to
+    /// disable) and refuses `enabled`; one that always thinks refuses
+    /// `disabled`. `budget_tokens` is checked as Anthropic checks it; the
+    /// thinking is bounded by `max_tokens` alone.
+    fn thinking_kwargs(&self, ctx: &ModelContext) -> Result<Option<Map<String, Value>>, ApiError> {
+        let Some(t) = self.thinking else {
+            return Ok(None);
+        };
+        unsupported::refuse(&t.unknown, "thinking")?;
+        let template = ctx.chat_template;
+        let thinks = template.is_some_and(|t| ReasoningParser::template_thinks(t.source()));
+        let switch = template.is_some_and(|t| t.reads("enable_thinking"));
+        let enable = match t.kind.as_str() {
+            "enabled" => true,
+            "disabled" => false,
+            other => {
+                return Err(ApiError::unsupported_value(
+                    "thinking.type",
+                    format!(
+                        "thinking type must be \"enabled\" or \"disabled\", got {:?}",
+                        clip(other, MAX_ECHO_CHARS)
+                    ),
+                ))
+            }
+        };
+        match (enable, t.budget_tokens) {
+            (true, None) => {
+                return Err(bad(
+                    "thinking of type enabled needs budget_tokens",
+                    "thinking.budget_tokens",
+                ))
+            }
+            (true, Some(b)) if b < MIN_THINKING_BUDGET => {
+                return Err(bad(
+                    format!("budget_tokens must be at least {MIN_THINKING_BUDGET}, got {b}"),
+                    "thinking.budget_tokens",
+                ))
+            }
+            (true, Some(b)) if self.max_tokens.is_some_and(|m| b >= m) => {
+                return Err(bad(
+                    format!("budget_tokens ({b}) must be less than max_tokens"),
+                    "thinking.budget_tokens",
+                ))
+            }
+            (false, Some(_)) => {
+                return Err(bad(
+                    "budget_tokens is only taken with thinking of type enabled",
+                    "thinking.budget_tokens",
+                ))
+            }
+            _ => {}
+        }
+        match (enable, thinks, switch) {
+            (_, true, true) => Ok(Some(Map::from_iter([(
+                "enable_thinking".to_string(),
+                Value::Bool(enable),
+            )]))),
+            (false, false, _) | (true, true, false) => Ok(None),
+            (true, false, _) => Err(ApiError::unsupported_value(
+                "thinking.type",
+                "this model does not think: its chat template writes no thinking block; \
+                 leave thinking out or set it to {\"type\": \"disabled\"}",
+            )),
+            (false, true, false) => Err(ApiError::unsupported_value(
+                "thinking.type",
+                "this model always thinks: its chat template has no switch \
+                 (`enable_thinking`) to turn thinking off",
+            )),
+        }
+    }
+}
+
+/// Text blocks (or a string) as one text, joined by newlines as chat's
+/// text parts are.
+fn texts(content: &Content, at: &str) -> Result<String, ApiError> {
+    let blocks = match content {
+        Content::Text(t) => return Ok(t.clone()),
+        Content::Blocks(b) => b,
+    };
+    let mut out = Vec::with_capacity(blocks.len());
+    for (j, b) in blocks.iter().enumerate() {
+        let at = format!("{at}[{j}]");
+        if b.kind != "text" {
+            return Err(block_type(&b.kind, &format!("{at}.type"), "text"));
+        }
+        out.push(text_block(b, &at)?);
+    }
+    Ok(out.join("\n"))
+}
+
+fn block_type(kind: &str, param: &str, allowed: &str) -> ApiError {
+    ApiError::unsupported_value(
+        param,
+        format!(
+            "content block type {:?} is not supported here: only {allowed}",
+            clip(kind, MAX_ECHO_CHARS)
+        ),
+    )
+}
+
+/// Refuses the first field of `b` set that its kind does not carry
+/// (`cache_control` and `unknown` fields aside, checked by the caller).
+fn only(b: &Block, allowed: &[&str], at: &str) -> Result<(), ApiError> {
+    unsupported::refuse(&b.unknown, at)?;
+    let set = [
+        ("text", b.text.is_some()),
+        ("id", b.id.is_some()),
+        ("name", b.name.is_some()),
+        ("input", b.input.is_some()),
+        ("tool_use_id", b.tool_use_id.is_some()),
+        ("content", b.content.is_some()),
+        ("is_error", b.is_error.is_some()),
+        ("thinking", b.thinking.is_some()),
+        ("signature", b.signature.is_some()),
+        ("citations", b.citations.is_some()),
+    ];
+    match set
+        .iter()
+        .find(|(name, set)| *set && !allowed.contains(name))
+    {
+        Some((name, _)) => Err(ApiError::unsupported_parameter(&format!("{at}.{name}"))),
+        None => Ok(()),
+    }
+}
+
+fn required<'b, T>(
+    field: &'b Option<T>,
+    at: &str,
+    name: &str,
+    kind: &str,
+) -> Result<&'b T, ApiError> {
+    field.as_ref().ok_or_else(|| {
+        bad(
+            format!("a {kind} block needs `{name}`"),
+            &format!("{at}.{name}"),
+        )
+    })
+}
+
+fn text_block(b: &Block, at: &str) -> Result<String, ApiError> {
+    only(b, &["text"], at)?;
+    Ok(required(&b.text, at, "text", "text")?.clone())
+}
+
+/// A user message: its tool results as tool turns, then its text as a
+/// user turn (tool results come first, as Anthropic requires).
+fn user_turns(
+    content: &Content,
+    at: &str,
+    calls: &[(String, String)],
+) -> Result<Vec<(Value, String)>, ApiError> {
+    let blocks = match content {
+        Content::Text(t) => return Ok(vec![(json!({"role": "user", "content": t}), at.into())]),
+        Content::Blocks(b) if b.is_empty() => {
+            return Err(bad("content must not be empty", &format!("{at}.content")))
+        }
+        Content::Blocks(b) => b,
+    };
+    let mut turns = Vec::new();
+    let mut text = Vec::new();
+    for (j, b) in blocks.iter().enumerate() {
+        let at_block = format!("{at}.content[{j}]");
+        match b.kind.as_str() {
+            "text" => text.push(text_block(b, &at_block)?),
+            "tool_result" if !text.is_empty() => {
+                return Err(bad(
+                    "tool_result blocks must come before any text in a user message",
+                    &format!("{at_block}.type"),
+                ))
+            }
+            "tool_result" => turns.push((tool_result(b, &at_block, calls)?, at_block)),
+            "tool_use" | "thinking" => {
+                return Err(bad(
+                    format!("{} blocks belong in assistant messages", b.kind),
+                    &format!("{at_block}.type"),
+                ))
+            }
+            other => {
+                return Err(block_type(
+                    other,
+                    &format!("{at_block}.type"),
+                    "text and tool_result in a user message",
+                ))
+            }
+        }
+    }
+    if !text.is_empty() {
+        turns.push((
+            json!({"role": "user", "content": text.join("\n")}),
+            at.into(),
+        ));
+    }
+    Ok(turns)
+}
+
+/// A tool result as a tool turn. `is_error` is shown to the model as an
+/// `Error: ` before the output, the only way a template can show it.
+fn tool_result(b: &Block, at: &str, calls: &[(String, String)]) -> Result<Value, ApiError> {
+    only(b, &["tool_use_id", "content", "is_error"], at)?;
+    let id = required(&b.tool_use_id, at, "tool_use_id", "tool_result")?;
+    let Some((_, name)) = calls.iter().find(|(call, _)| call == id) else {
+        return Err(bad(
+            format!(
+                "tool_use_id {:?} answers no tool_use block of an earlier assistant message",
+                clip(id, MAX_ECHO_CHARS)
+            ),
+            &format!("{at}.tool_use_id"),
+        ));
+    };
+    let mut output = match &b.content {
+        None => String::new(),
+        Some(c) => texts(c, &format!("{at}.content"))?,
+    };
+    if b.is_error == Some(true) {
+        output.insert_str(0, "Error: ");
+    }
+    Ok(json!({"role": "tool", "tool_call_id": id, "name": name, "content": output}))
+}
+
+/// An assistant message: its text, its thinking and its tool calls as
+/// one turn; each call's id is recorded for the results that follow.
+fn assistant_turn(
+    content: &Content,
+    at: &str,
+    calls: &mut Vec<(String, String)>,
+) -> Result<Value, ApiError> {
+    let blocks = match content {
+        Content::Text(t) => return Ok(json!({"role": "assistant", "content": t})),
+        Content::Blocks(b) if b.is_empty() => {
+            return Err(bad("content must not be empty", &format!("{at}.content")))
+        }
+        Content::Blocks(b) => b,
+    };
+    let (mut text, mut thinking, mut tool_calls) = (Vec::new(), Vec::new(), Vec::new());
+    let mut ids = HashSet::new();
+    for (j, b) in blocks.iter().enumerate() {
+        let at = format!("{at}.content[{j}]");
+        match b.kind.as_str() {
+            "text" => text.push(text_block(b, &at)?),
+            "thinking" => {
+                // The signature proves Anthropic wrote the thinking; wick
+                // keeps none, so it has nothing to check.
+                only(b, &["thinking", "signature"], &at)?;
+                thinking.push(required(&b.thinking, &at, "thinking", "thinking")?.clone());
+            }
+            "tool_use" => {
+                only(b, &["id", "name", "input"], &at)?;
+                let id = required(&b.id, &at, "id", "tool_use")?;
+                let name = required(&b.name, &at, "name", "tool_use")?;
+                let input = required(&b.input, &at, "input", "tool_use")?;
+                if !input.is_object() {
+                    return Err(bad(
+                        "a tool_use block's input must be an object",
+                        &format!("{at}.input"),
+                    ));
+                }
+                if !ids.insert(id.clone()) || calls.iter().any(|(c, _)| c == id) {
+                    return Err(bad(
+                        format!("tool_use id {:?} is used twice", clip(id, MAX_ECHO_CHARS)),
+                        &format!("{at}.id"),
+                    ));
+                }
+                calls.push((id.clone(), name.clone()));
+                tool_calls.push(json!({"id": id, "type": "function",
+                                       "function": {"name": name, "arguments": input}}));
+            }
+            "tool_result" => {
+                return Err(bad(
+                    "tool_result blocks belong in user messages",
+                    &format!("{at}.type"),
+                ))
+            }
+            other => {
+                return Err(block_type(
+                    other,
+                    &format!("{at}.type"),
+                    "text, thinking and tool_use in an assistant message",
+                ))
+            }
+        }
+    }
+    let mut turn = json!({"role": "assistant", "content": text.join("\n")});
+    if text.is_empty() && !tool_calls.is_empty() {
+        turn["content"] = Value::Null;
+    }
+    if !thinking.is_empty() {
+        turn["reasoning_content"] = thinking.join("\n").into();
+    }
+    if !tool_calls.is_empty() {
+        turn["tool_calls"] = tool_calls.into();
+    }
+    Ok(turn)
+}
+
+/// Anthropic's tools as OpenAI function tools.
+fn translate_tools(tools: &[Tool]) -> Result<Value, ApiError> {
+    let mut out = Vec::with_capacity(tools.len());
+    for (i, t) in tools.iter().enumerate() {
+        let at = format!("tools[{i}]");
+        unsupported::refuse(&t.unknown, &at)?;
+        if let Some(kind) = t.kind.as_deref().filter(|k| *k != "custom") {
+            return Err(ApiError::unsupported_value(
+                &format!("{at}.type"),
+                format!(
+                    "tool type {:?} is not supported: only custom tools (wick runs no server \
+                     tools)",
+                    clip(kind, MAX_ECHO_CHARS)
+                ),
+            ));
+        }
+        let schema = t.input_schema.as_ref().ok_or_else(|| {
+            bad(
+                "a tool needs an input_schema",
+                &format!("{at}.input_schema"),
+            )
+        })?;
+        let mut function = json!({"name": t.name, "parameters": schema});
+        if let Some(d) = &t.description {
+            function["description"] = d.clone().into();
+        }
+        if let Some(s) = t.strict {
+            function["strict"] = s.into();
+        }
+        out.push(json!({"type": "function", "function": function}));
+    }
+    Ok(Value::Array(out))
+}
+
+/// `tool_choice` as chat's, and `parallel_tool_calls` when it says.
+fn translate_tool_choice(c: &ToolChoice) -> Result<(Value, Option<bool>), ApiError> {
+    unsupported::refuse(&c.unknown, "tool_choice")?;
+    if c.name.is_some() && c.kind != "tool" {
+        return Err(bad(
+            "tool_choice.name is only taken with type tool",
+            "tool_choice.name",
+        ));
+    }
+    let choice = match c.kind.as_str() {
+        "auto" => json!("auto"),
+        "any" => json!("required"),
+        "none" => json!("none"),
+        "tool" => {
+            let name = c.name.as_ref().ok_or_else(|| {
+                bad(
+                    "tool_choice of type tool needs the tool's name",
+                    "tool_choice.name",
+                )
+            })?;
+            json!({"type": "function", "function": {"name": name}})
+        }
+        other => {
+            return Err(bad(
+                format!(
+                    "tool_choice type must be \"auto\", \"any\", \"tool\" or \"none\", got {:?}",
+                    clip(other, MAX_ECHO_CHARS)
+                ),
+                "tool_choice.type",
+            ))
+        }
+    };
+    Ok((choice, c.disable_parallel_tool_use.map(|d| !d)))
+}
+
+/// A chat error's field, named as this API names it.
+fn anthropic_param(param: &str, origins: &[String]) -> String {
+    if let Some(rest) = param.strip_prefix("messages[") {
+        if let Some((j, tail)) = rest.split_once(']') {
+            if let Some(origin) = j.parse::<usize>().ok().and_then(|j| origins.get(j)) {
+                return format!("{origin}{tail}");
+            }
+        }
+    }
+    let renamed = match param {
+        "stop" => "stop_sequences",
+        "parallel_tool_calls" => "tool_choice.disable_parallel_tool_use",
+        "chat_template_kwargs" => "thinking",
+        "tool_choice.function.name" | "tool_choice.function" => "tool_choice.name",
+        p => {
+            if let Some((tool, field)) = p.strip_prefix("tools[").and_then(|r| r.split_once("]")) {
+                let field = match field {
+                    ".function.parameters" => ".input_schema",
+                    f => f.strip_prefix(".function").unwrap_or(f),
+                };
+                return format!("tools[{tool}]{field}");
+            }
+            p
+        }
+    };
+    renamed.to_string()
+}
+
+/// Checks a request in Anthropic's terms and validates its chat twin;
+/// errors name the Anthropic fields.
+fn validate_as_chat(
+    prompt: &Prompt,
+    ctx: &ModelContext,
+    sampling: Map<String, Value>,
+) -> Result<GenerationPlan, ApiError> {
+    let Translated { mut body, origins } = prompt.translate(ctx)?;
+    body.extend(sampling);
+    let chat: ChatCompletionRequest = serde_json::from_value(Value::Object(body))
+        .map_err(|e| ApiError::internal(format!("translating the request: {e}")))?;
+    validate_chat(&chat, ctx).map_err(|mut e| {
+        e.param = e.param.map(|p| anthropic_param(&p, &origins));
+        // Chat's advice on a template whose calls cannot be read, in
+        // this API's words.
+        if e.param.as_deref() == Some("tool_choice") {
+            e.message = e
+                .message
+                .replace("\"required\"", "{\"type\": \"any\"}")
+                .replace("a named function", "{\"type\": \"tool\", \"name\": …}");
+        }
+        e
+    })
+}
+
+fn validate(req: &MessagesRequest, ctx: &ModelContext) -> Result<GenerationPlan, ApiError> {
+    unsupported::refuse(&req.unknown, "")?;
+    if let Some(m) = &req.metadata {
+        unsupported::refuse(&m.unknown, "metadata")?;
+    }
+    if let Some(t) = req.temperature.filter(|t| !(0.0..=1.0).contains(t)) {
+        return Err(bad(
+            format!("temperature must be in [0, 1], got {t}"),
+            "temperature",
+        ));
+    }
+    let stops = req.stop_sequences.as_deref().unwrap_or_default();
+    if stops.iter().any(String::is_empty) {
+        return Err(bad(
+            "stop_sequences must not contain an empty string",
+            "stop_sequences",
+        ));
+    }
+    let mut sampling = Map::new();
+    sampling.insert("model".into(), json!(req.model));
+    sampling.insert("max_tokens".into(), req.max_tokens.into());
+    sampling.insert("stream".into(), json!(req.stream));
+    sampling.insert("temperature".into(), json!(req.temperature));
+    sampling.insert("top_p".into(), json!(req.top_p));
+    sampling.insert("top_k".into(), json!(req.top_k));
+    sampling.insert("stop".into(), json!(req.stop_sequences));
+    let prompt = Prompt {
+        messages: &req.messages,
+        system: req.system.as_ref(),
+        tools: req.tools.as_deref(),
+        tool_choice: req.tool_choice.as_ref(),
+        thinking: req.thinking.as_ref(),
+        max_tokens: Some(req.max_tokens),
+    };
+    validate_as_chat(&prompt, ctx, sampling)
+}
+
+fn validate_count(
+    req: &CountTokensRequest,
+    ctx: &ModelContext,
+) -> Result<GenerationPlan, ApiError> {
+    unsupported::refuse(&req.unknown, "")?;
+    let prompt = Prompt {
+        messages: &req.messages,
+        system: req.system.as_ref(),
+        tools: req.tools.as_deref(),
+        tool_choice: req.tool_choice.as_ref(),
+        thinking: req.thinking.as_ref(),
+        max_tokens: None,
+    };
+    let sampling = Map::from_iter([
+        ("model".to_string(), json!(req.model)),
+        ("max_tokens".to_string(), json!(1)),
+    ]);
+    validate_as_chat(&prompt, ctx, sampling)
+}
+
+pub async fn messages(
+    State(state): State<Arc<AppState>>,
+    Extension(access): Extension<AccessRecord>,
+    headers: HeaderMap,
+    body: Request,
+) -> Result<Response, AnthropicError> {
+    let (g, plan) = generation::begin::<MessagesRequest>(&state, body, validate, access).await?;
+    let id = format!("msg_{}", request_id(&headers).replace('-', ""));
+    Ok(messages_stream::respond(g, &plan, id, state.limits.sse_keep_alive).await?)
+}
+
+/// `{"input_tokens": N}`: the prompt the same request would run, in tokens.
+pub async fn count_tokens(
+    State(state): State<Arc<AppState>>,
+    body: Request,
+) -> Result<Response, AnthropicError> {
+    let JsonBody(req) = JsonBody::<CountTokensRequest>::from_request(body, &state).await?;
+    let model = handlers::ready(&state)?;
+    let plan = handlers::plan(&model, req, validate_count).await?;
+    let tokens = plan.prompts.first().map_or(0, Vec::len);
+    Ok(Json(json!({"input_tokens": tokens})).into_response())
+}
+
+/// 405 on the Anthropic paths, in Anthropic's shape.
+pub async fn method_not_allowed() -> AnthropicError {
+    AnthropicError(ApiError::method_not_allowed())
+}
+
+/// An [`ApiError`] in Anthropic's shape, with its status (and
+/// `Retry-After`).
+#[derive(Debug)]
+pub struct AnthropicError(pub ApiError);
+
+impl From<ApiError> for AnthropicError {
+    fn from(e: ApiError) -> Self {
+        AnthropicError(e)
+    }
+}
+
+impl IntoResponse for AnthropicError {
+    fn into_response(self) -> Response {
+        let e = self.0;
+        let mut response = (e.status, Json(error_body(&e))).into_response();
+        if let Some(secs) = e.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}
+
+/// Anthropic's error type for a status.
+fn error_type(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 | 529 => "overloaded_error",
+        s if s >= 500 => "api_error",
+        _ => "invalid_request_error",
+    }
+}
+
+/// `{"type": "error", "error": {"type", "message"}}`; the message starts
+/// with the field at fault when it does not name it already.
+pub fn error_body(e: &ApiError) -> Value {
+    let message = match &e.param {
+        Some(p) if !e.message.contains(p.as_str()) => format!("{p}: {}", e.message),
+        _ => e.message.clone(),
+    };
+    json!({"type": "error", "error": {"type": error_type(e.status), "message": message}})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prompt_of(req: &MessagesRequest) -> Prompt<'_> {
+        Prompt {
+            messages: &req.messages,
+            system: req.system.as_ref(),
+            tools: req.tools.as_deref(),
+            tool_choice: req.tool_choice.as_ref(),
+            thinking: req.thinking.as_ref(),
+            max_tokens: Some(req.max_tokens),
+        }
+    }
+
+    fn request(body: Value) -> MessagesRequest {
+        let mut full = json!({"max_tokens": 16});
+        full.as_object_mut()
+            .unwrap()
+            .extend(body.as_object().unwrap().clone());
+        serde_json::from_value(full).unwrap()
+    }
+
+    /// The chat messages a request's conversation becomes (no template:
+    /// the checks that need one pass).
+    fn chat_messages(body: Value) -> Result<(Value, Vec<String>), ApiError> {
+        let req = request(body);
+        let tokenizer = crate::text::tokenizer::test_tokenizer();
+        let ctx = ModelContext {
+            name: "m",
+            aliases: &[],
+            vocab_size: 10,
+            max_context: 100,
+            max_seq_tokens: 100,
+            max_choices: 1,
+            tokenizer: &tokenizer,
+            chat_template: None,
+            constraints: None,
+        };
+        let t = prompt_of(&req).translate(&ctx)?;
+        Ok((t.body["messages"].clone(), t.origins))
+    }
+
+    #[track_caller]
+    fn refused(body: Value, param: &str) -> String {
+        let e = chat_messages(body).expect_err("should be refused");
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(e.param.as_deref(), Some(param), "{}", e.message);
+        e.message
+    }
+
+    #[test]
+    fn a_tool_round_trip_becomes_chat_turns() {
+        let (messages, origins) = chat_messages(json!({
+            "system": [{"type": "text", "text": "Be brief."}, {"type": "text", "text": "Use tools.",
+                        "cache_control": {"type": "ephemeral"}}],
+            "messages": [
+                {"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "I should look.", "signature": ""},
+                    {"type": "text", "text": "Looking."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                     "input": {"city": "Paris"}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1",
+                     "content": [{"type": "text", "text": "21 C"}]},
+                    {"type": "text", "text": "And tomorrow?"}]}
+            ]
+        }))
+        .unwrap();
+        assert_eq!(
+            messages,
+            json!([
+                {"role": "system", "content": "Be brief.\nUse tools."},
+                {"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": "Looking.", "reasoning_content": "I should look.",
+                 "tool_calls": [{"id": "toolu_1", "type": "function",
+                                 "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+                {"role": "tool", "tool_call_id": "toolu_1", "name": "get_weather", "content": "21 C"},
+                {"role": "user", "content": "And tomorrow?"}
+            ])
+        );
+        assert_eq!(
+            origins,
+            [
+                "system",
+                "messages[0]",
+                "messages[1]",
+                "messages[2].content[0]",
+                "messages[2]"
+            ]
+        );
+        // The parsed chat request is what validate_chat reads.
+        let turns: Vec<crate::server::protocol::ChatRequestMessage> =
+            serde_json::from_value(messages).unwrap();
+        crate::server::chat_messages::conversation(&turns).unwrap();
+    }
+
+    #[test]
+    fn calls_alone_have_null_content_and_errors_are_marked() {
+        let (messages, _) = chat_messages(json!({"messages": [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "f", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a", "is_error": true,
+                                          "content": "no network"}]}
+        ]}))
+        .unwrap();
+        assert_eq!(messages[1]["content"], Value::Null);
+        assert_eq!(messages[2]["content"], "Error: no network");
+    }
+
+    #[test]
+    fn what_cannot_be_honoured_is_refused_by_field() {
+        let user = |content: Value| json!({"messages": [{"role": "user", "content": content}]});
+        refused(json!({"messages": []}), "messages");
+        refused(
+            json!({"messages": [{"role": "system", "content": "x"}]}),
+            "messages[0].role",
+        );
+        let m = refused(
+            json!({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "The answer is"}]}),
+            "messages[1].role",
+        );
+        assert!(m.contains("prefill"), "{m}");
+        let m = refused(
+            user(json!([{"type": "image", "source": {"type": "url", "url": "u"}}])),
+            "messages[0].content[0].type",
+        );
+        assert!(m.contains("\"image\""), "{m}");
+        refused(user(json!([])), "messages[0].content");
+        refused(
+            user(json!([{"type": "text"}])),
+            "messages[0].content[0].text",
+        );
+        refused(
+            user(json!([{"type": "text", "text": "x", "citations": [{}]}])),
+            "messages[0].content[0].citations",
+        );
+        refused(
+            user(json!([{"type": "text", "text": "x", "input": {}}])),
+            "messages[0].content[0].input",
+        );
+        refused(
+            user(json!([{"type": "tool_result", "tool_use_id": "nope", "content": "x"}])),
+            "messages[0].content[0].tool_use_id",
+        );
+        refused(
+            user(json!([{"type": "tool_use", "id": "a", "name": "f", "input": {}}])),
+            "messages[0].content[0].type",
+        );
+        refused(
+            json!({"messages": [{"role": "user", "content": "x", "weight": 2}]}),
+            "messages[0].weight",
+        );
+        refused(
+            json!({"system": [{"type": "image"}], "messages": [{"role": "user", "content": "x"}]}),
+            "system[0].type",
+        );
+        let call = |input: Value| {
+            json!({"messages": [
+                {"role": "user", "content": "x"},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "f", "input": input}]},
+                {"role": "user", "content": [{"type": "text", "text": "y"},
+                                             {"type": "tool_result", "tool_use_id": "a"}]}]})
+        };
+        refused(call(json!("{}")), "messages[1].content[0].input");
+        refused(call(json!({})), "messages[2].content[1].type");
+        refused(
+            json!({"messages": [{"role": "user", "content": "x"}],
+                   "tools": [{"type": "web_search_20250305", "name": "web_search"}]}),
+            "tools[0].type",
+        );
+        refused(
+            json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"name": "f"}]}),
+            "tools[0].input_schema",
+        );
+        refused(
+            json!({"messages": [{"role": "user", "content": "x"}],
+                   "tool_choice": {"type": "tool"}}),
+            "tool_choice.name",
+        );
+        refused(
+            json!({"messages": [{"role": "user", "content": "x"}],
+                   "tool_choice": {"type": "sometimes"}}),
+            "tool_choice.type",
+        );
+        refused(
+            json!({"messages": [{"role": "user", "content": "x"}],
+                   "thinking": {"type": "enabled", "budget_tokens": 2048}}),
+            "thinking.budget_tokens",
+        );
+        refused(
+            json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 4096,
+                   "thinking": {"type": "enabled", "budget_tokens": 2048}}),
+            "thinking.type",
+        );
+        // Nothing to disable on a model that does not think.
+        chat_messages(json!({"messages": [{"role": "user", "content": "x"}],
+                             "thinking": {"type": "disabled"}}))
+        .unwrap();
+    }
+
+    #[test]
+    fn chat_fields_are_named_as_anthropic_names_them() {
+        let origins = ["system".to_string(), "messages[0]".to_string()];
+        for (chat, anthropic) in [
+            ("messages[1].content", "messages[0].content"),
+            ("messages[0]", "system"),
+            ("messages", "messages"),
+            ("stop", "stop_sequences"),
+            ("tools[2].function.parameters", "tools[2].input_schema"),
+            ("tools[0].function.name", "tools[0].name"),
+            ("tools[1]", "tools[1]"),
+            ("tool_choice.function.name", "tool_choice.name"),
+            ("max_tokens", "max_tokens"),
+        ] {
+            assert_eq!(anthropic_param(chat, &origins), anthropic, "{chat}");
+        }
+    }
+
+    #[test]
+    fn tool_choices_and_tools() {
+        let choice = |v: Value| translate_tool_choice(&serde_json::from_value(v).unwrap());
+        assert_eq!(
+            choice(json!({"type": "auto"})).unwrap(),
+            (json!("auto"), None)
+        );
+        assert_eq!(
+            choice(json!({"type": "any", "disable_parallel_tool_use": true})).unwrap(),
+            (json!("required"), Some(false))
+        );
+        assert_eq!(
+            choice(json!({"type": "tool", "name": "f"})).unwrap().0,
+            json!({"type": "function", "function": {"name": "f"}})
+        );
+        assert_eq!(choice(json!({"type": "none"})).unwrap().0, json!("none"));
+        assert_eq!(
+            choice(json!({"type": "auto", "name": "f"}))
+                .unwrap_err()
+                .param
+                .as_deref(),
+            Some("tool_choice.name")
+        );
+        let tools: Vec<Tool> = serde_json::from_value(json!([
+            {"name": "f", "description": "d", "input_schema": {"type": "object"},
+             "cache_control": {"type": "ephemeral"}, "type": "custom"}
+        ]))
+        .unwrap();
+        assert_eq!(
+            translate_tools(&tools).unwrap(),
+            json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"},
+                                                      "description": "d"}}])
+        );
+    }
+
+    #[test]
+    fn errors_in_anthropic_shape() {
+        let e = ApiError::bad_request("must be in [0, 1], got 3", Some("temperature"));
+        assert_eq!(
+            error_body(&e),
+            json!({"type": "error", "error": {"type": "invalid_request_error",
+                   "message": "temperature: must be in [0, 1], got 3"}})
+        );
+        let e = ApiError::unsupported_parameter("thinking");
+        assert!(error_body(&e)["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Unsupported parameter: 'thinking'"));
+        for (e, kind) in [
+            (ApiError::model_not_found("claude"), "not_found_error"),
+            (ApiError::queue_full(1), "overloaded_error"),
+            (ApiError::internal("x"), "api_error"),
+            (ApiError::payload_too_large(1), "request_too_large"),
+            (
+                ApiError::unsupported_media_type(None),
+                "invalid_request_error",
+            ),
+        ] {
+            assert_eq!(error_body(&e)["error"]["type"], kind, "{e:?}");
+        }
+    }
+}

@@ -1,0 +1,484 @@
+//! The reply of `POST /v1/messages` as Anthropic's content blocks: text,
+//! thinking (a template that thinks) and `tool_use`, read from the
+//! generation as chat reads it (the reasoning parser, then the tool-call
+//! parser of the request's tool plan). [`BlockBuilder`] turns each delta
+//! into stream events (`content_block_start`, `content_block_delta`,
+//! `content_block_stop`); a stream sends them as SSE with `event:` names
+//! between `message_start` and `message_delta` + `message_stop`, and a
+//! whole reply is those same events applied to its content, so the two
+//! cannot drift apart.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
+use serde_json::Value;
+
+use super::error::ApiError;
+use super::generation::Generation;
+use super::messages::error_body;
+use super::tools::CallIds;
+use super::validation::GenerationPlan;
+use super::ModelState;
+use crate::engine::output::Delta;
+use crate::engine::sequence::FinishReason;
+use crate::text::reasoning::{Piece, ReasoningParser};
+use crate::text::tool_parser::{ToolCallParser, ToolEvent};
+
+/// A content block of the reply; in a `content_block_start` event, as it
+/// opens (empty).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ContentBlock {
+    Text {
+        text: String,
+    },
+    /// wick signs nothing: the signature is empty.
+    Thinking {
+        thinking: String,
+        signature: String,
+    },
+    ToolUse {
+        id: String,
+        name: String,
+        input: Value,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum BlockDelta {
+    TextDelta { text: String },
+    ThinkingDelta { thinking: String },
+    InputJsonDelta { partial_json: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum StreamEvent {
+    MessageStart {
+        message: MessageBody,
+    },
+    ContentBlockStart {
+        index: usize,
+        content_block: ContentBlock,
+    },
+    ContentBlockDelta {
+        index: usize,
+        delta: BlockDelta,
+    },
+    ContentBlockStop {
+        index: usize,
+    },
+    MessageDelta {
+        delta: MessageDelta,
+        usage: Usage,
+    },
+    MessageStop,
+    Ping,
+}
+
+impl StreamEvent {
+    /// The SSE `event:` name, the same as `type`.
+    fn name(&self) -> &'static str {
+        match self {
+            StreamEvent::MessageStart { .. } => "message_start",
+            StreamEvent::ContentBlockStart { .. } => "content_block_start",
+            StreamEvent::ContentBlockDelta { .. } => "content_block_delta",
+            StreamEvent::ContentBlockStop { .. } => "content_block_stop",
+            StreamEvent::MessageDelta { .. } => "message_delta",
+            StreamEvent::MessageStop => "message_stop",
+            StreamEvent::Ping => "ping",
+        }
+    }
+
+    fn sse(&self) -> Event {
+        Event::default()
+            .event(self.name())
+            .data(serde_json::to_string(self).unwrap_or_default())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MessageDelta {
+    pub stop_reason: Option<&'static str>,
+    pub stop_sequence: Option<String>,
+}
+
+/// A whole reply, and the message of `message_start` (no content yet, no
+/// stop reason).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MessageBody {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub role: &'static str,
+    pub model: String,
+    pub content: Vec<ContentBlock>,
+    pub stop_reason: Option<&'static str>,
+    pub stop_sequence: Option<String>,
+    pub usage: Usage,
+}
+
+/// Anthropic's usage: `input_tokens` are the prompt tokens computed for
+/// this request, `cache_read_input_tokens` those wick's prefix cache
+/// supplied (their sum is the prompt); wick writes no cache on request, so
+/// `cache_creation_input_tokens` is 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    pub input_tokens: usize,
+    pub cache_creation_input_tokens: usize,
+    pub cache_read_input_tokens: usize,
+    pub output_tokens: usize,
+}
+
+fn usage(g: &Generation) -> Usage {
+    let u = g.usage();
+    let cached = u.prompt_tokens_details.cached_tokens;
+    Usage {
+        input_tokens: u.prompt_tokens.saturating_sub(cached),
+        cache_creation_input_tokens: 0,
+        cache_read_input_tokens: cached,
+        output_tokens: u.completion_tokens,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Text,
+    Thinking,
+    ToolUse,
+}
+
+/// One reply's deltas as content-block events.
+pub struct BlockBuilder {
+    thinking: Option<ReasoningParser>,
+    parser: Option<ToolCallParser>,
+    /// The block now open.
+    open: Option<(usize, Kind)>,
+    /// Blocks opened so far.
+    blocks: usize,
+    /// Whitespace after a call or before anything, held until text
+    /// follows it (then sent) or a call or the end does (then dropped),
+    /// so calls are not separated by blocks of blank text.
+    blank: String,
+    /// Calls started.
+    calls: usize,
+    parallel: bool,
+    ids: CallIds,
+    stops: Vec<String>,
+    model: Arc<ModelState>,
+    /// Set by the delta that finishes the reply.
+    pub stop_reason: Option<&'static str>,
+    pub stop_sequence: Option<String>,
+}
+
+impl BlockBuilder {
+    pub fn new(plan: &GenerationPlan, model: Arc<ModelState>) -> Self {
+        BlockBuilder {
+            thinking: plan.reasoning.map(ReasoningParser::new),
+            parser: plan.tools.parser(),
+            open: None,
+            blocks: 0,
+            blank: String::new(),
+            calls: 0,
+            parallel: plan.tools.parallel,
+            ids: plan.tools.ids,
+            stops: plan.params.stop.clone(),
+            model,
+            stop_reason: None,
+            stop_sequence: None,
+        }
+    }
+
+    /// The events of one delta; the last delta closes the open block and
+    /// sets the stop reason.
+    pub fn push(&mut self, d: Delta) -> Vec<StreamEvent> {
+        let mut out = Vec::new();
+        let pieces = match &mut self.thinking {
+            None => vec![Piece::Content(d.text.clone())],
+            Some(thinking) => {
+                let mut pieces = thinking.push(&d.text);
+                if d.finish.is_some() {
+                    pieces.extend(thinking.finish());
+                }
+                pieces
+            }
+        };
+        for piece in pieces {
+            match piece {
+                Piece::Reasoning(text) => self.append(Kind::Thinking, text, &mut out),
+                Piece::Content(text) => match &mut self.parser {
+                    None => self.append(Kind::Text, text, &mut out),
+                    Some(parser) => {
+                        let events = parser.push(&text);
+                        self.tool_events(events, &mut out);
+                    }
+                },
+            }
+        }
+        let Some(finish) = d.finish.clone() else {
+            return out;
+        };
+        if let Some(parser) = &mut self.parser {
+            let events = parser.finish();
+            self.tool_events(events, &mut out);
+        }
+        self.close(&mut out);
+        (self.stop_reason, self.stop_sequence) = match finish {
+            FinishReason::Length => (Some("max_tokens"), None),
+            _ if self.calls > 0 => (Some("tool_use"), None),
+            _ => match self.matched_stop(&d) {
+                Some(stop) => (Some("stop_sequence"), Some(stop)),
+                None => (Some("end_turn"), None),
+            },
+        };
+        out
+    }
+
+    fn tool_events(&mut self, events: Vec<ToolEvent>, out: &mut Vec<StreamEvent>) {
+        for ev in events {
+            match ev {
+                ToolEvent::Content(text) => self.append(Kind::Text, text, out),
+                // Without parallel calls, only the first is kept.
+                ToolEvent::Start { index, .. } | ToolEvent::Arguments { index, .. }
+                    if index > 0 && !self.parallel => {}
+                ToolEvent::Start { index, name } => {
+                    self.calls = index + 1;
+                    self.blank.clear();
+                    let id = match self.ids {
+                        CallIds::OpenAi => tool_use_id(),
+                        // Mistral's templates take back no other ids.
+                        CallIds::Mistral => self.ids.issue(),
+                    };
+                    let block = ContentBlock::ToolUse {
+                        id,
+                        name,
+                        input: Value::Object(Default::default()),
+                    };
+                    self.start(Kind::ToolUse, block, out);
+                }
+                ToolEvent::Arguments { text, .. } => {
+                    if let (Some((index, Kind::ToolUse)), false) = (self.open, text.is_empty()) {
+                        out.push(StreamEvent::ContentBlockDelta {
+                            index,
+                            delta: BlockDelta::InputJsonDelta { partial_json: text },
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Text or thinking, into the open block of its kind or a new one.
+    fn append(&mut self, kind: Kind, mut text: String, out: &mut Vec<StreamEvent>) {
+        if text.is_empty() {
+            return;
+        }
+        let index = match self.open {
+            Some((index, open)) if open == kind => index,
+            _ if kind == Kind::Text && text.trim().is_empty() => {
+                self.blank.push_str(&text);
+                return;
+            }
+            _ => {
+                let block = match kind {
+                    Kind::Thinking => ContentBlock::Thinking {
+                        thinking: String::new(),
+                        signature: String::new(),
+                    },
+                    _ => {
+                        text.insert_str(0, &std::mem::take(&mut self.blank));
+                        ContentBlock::Text {
+                            text: String::new(),
+                        }
+                    }
+                };
+                self.start(kind, block, out)
+            }
+        };
+        let delta = match kind {
+            Kind::Thinking => BlockDelta::ThinkingDelta { thinking: text },
+            _ => BlockDelta::TextDelta { text },
+        };
+        out.push(StreamEvent::ContentBlockDelta { index, delta });
+    }
+
+    fn start(&mut self, kind: Kind, block: ContentBlock, out: &mut Vec<StreamEvent>) -> usize {
+        self.close(out);
+        let index = self.blocks;
+        self.blocks += 1;
+        self.open = Some((index, kind));
+        out.push(StreamEvent::ContentBlockStart {
+            index,
+            content_block: block,
+        });
+        index
+    }
+
+    fn close(&mut self, out: &mut Vec<StreamEvent>) {
+        if let Some((index, _)) = self.open.take() {
+            out.push(StreamEvent::ContentBlockStop { index });
+        }
+    }
+
+    /// Which stop sequence ended the reply, if one did. The engine shows
+    /// the text before the match (`d.text`, the rest of what it held back)
+    /// and the token that completed it: the match starts where `d.text`
+    /// ends and ends inside that token's text, so a stop sequence fits
+    /// when `d.text` + it ends with a start of the token's text (the
+    /// shortest that fits matched first).
+    fn matched_stop(&self, d: &Delta) -> Option<String> {
+        if d.finish != Some(FinishReason::Stop) || self.stops.is_empty() {
+            return None;
+        }
+        let piece = d
+            .token
+            .and_then(|t| self.model.tokenizer.decode_continuation(&[t]).ok())
+            .unwrap_or_default();
+        let fits = |stop: &&String| {
+            let seen = format!("{}{stop}", d.text);
+            piece
+                .char_indices()
+                .map(|(i, c)| i + c.len_utf8())
+                .any(|end| seen.ends_with(&piece[..end]))
+        };
+        let found = self.stops.iter().filter(fits).min_by_key(|s| s.len());
+        match found {
+            Some(stop) => Some(stop.clone()),
+            // The engine stops a sequence early only for a stop string.
+            None if d.abort_in_engine && self.stops.len() == 1 => Some(self.stops[0].clone()),
+            None => None,
+        }
+    }
+}
+
+/// An id as Anthropic's look: `toolu_` and 24 letters and digits.
+fn tool_use_id() -> String {
+    use rand::distr::{Alphanumeric, SampleString};
+    format!("toolu_{}", Alphanumeric.sample_string(&mut rand::rng(), 24))
+}
+
+/// Applies `ev` to a whole reply's content; `json` holds each tool_use
+/// block's arguments text until its block stops.
+fn apply(content: &mut Vec<ContentBlock>, json: &mut Vec<String>, ev: StreamEvent) {
+    match ev {
+        StreamEvent::ContentBlockStart { content_block, .. } => {
+            content.push(content_block);
+            json.push(String::new());
+        }
+        StreamEvent::ContentBlockDelta { index, delta } => match (&mut content[index], delta) {
+            (ContentBlock::Text { text }, BlockDelta::TextDelta { text: more }) => {
+                text.push_str(&more)
+            }
+            (
+                ContentBlock::Thinking { thinking, .. },
+                BlockDelta::ThinkingDelta { thinking: more },
+            ) => thinking.push_str(&more),
+            (ContentBlock::ToolUse { .. }, BlockDelta::InputJsonDelta { partial_json }) => {
+                json[index].push_str(&partial_json)
+            }
+            _ => {}
+        },
+        StreamEvent::ContentBlockStop { index } => {
+            if let ContentBlock::ToolUse { input, .. } = &mut content[index] {
+                let text = std::mem::take(&mut json[index]);
+                // Arguments cut off by max_tokens stay as the model wrote them.
+                if !text.trim().is_empty() {
+                    *input = serde_json::from_str(&text).unwrap_or(Value::String(text));
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+fn error_event(e: &ApiError) -> Event {
+    Event::default()
+        .event("error")
+        .data(error_body(e).to_string())
+}
+
+/// Streams the reply over SSE, or answers it whole.
+pub async fn respond(
+    mut g: Generation,
+    plan: &GenerationPlan,
+    id: String,
+    keep_alive: Duration,
+) -> Result<Response, ApiError> {
+    let model = g.model().clone();
+    let mut builder = BlockBuilder::new(plan, model.clone());
+    let message = |content, builder: &BlockBuilder, usage| MessageBody {
+        id: id.clone(),
+        kind: "message",
+        role: "assistant",
+        model: model.name.clone(),
+        content,
+        stop_reason: builder.stop_reason,
+        stop_sequence: builder.stop_sequence.clone(),
+        usage,
+    };
+    if plan.stream {
+        // Sent with the first token, once the prompt's cached part is known.
+        let start = StreamEvent::MessageStart {
+            message: message(
+                Vec::new(),
+                &builder,
+                Usage {
+                    input_tokens: 0,
+                    cache_creation_input_tokens: 0,
+                    cache_read_input_tokens: 0,
+                    output_tokens: 0,
+                },
+            ),
+        };
+        let events = async_stream::stream! {
+            let mut start = Some(start);
+            loop {
+                let next = g.next().await;
+                if let (Some(StreamEvent::MessageStart { mut message }), Some(Ok(_)) | None) =
+                    (start.take(), &next)
+                {
+                    message.usage = usage(&g);
+                    yield StreamEvent::MessageStart { message }.sse();
+                    yield StreamEvent::Ping.sse();
+                }
+                match next {
+                    Some(Ok((_, delta))) => {
+                        for ev in builder.push(delta) {
+                            yield ev.sse();
+                        }
+                    }
+                    Some(Err(e)) => {
+                        yield error_event(&e);
+                        break;
+                    }
+                    None => {
+                        let delta = MessageDelta {
+                            stop_reason: builder.stop_reason,
+                            stop_sequence: builder.stop_sequence.clone(),
+                        };
+                        yield StreamEvent::MessageDelta { delta, usage: usage(&g) }.sse();
+                        yield StreamEvent::MessageStop.sse();
+                        break;
+                    }
+                }
+            }
+        };
+        let events = futures::StreamExt::map(events, Ok::<_, Infallible>);
+        let keep_alive = KeepAlive::new().interval(keep_alive);
+        return Ok(Sse::new(events).keep_alive(keep_alive).into_response());
+    }
+    let (mut content, mut json) = (Vec::new(), Vec::new());
+    while let Some(next) = g.next().await {
+        let (_, delta) = next?;
+        for ev in builder.push(delta) {
+            apply(&mut content, &mut json, ev);
+        }
+    }
+    Ok(Json(message(content, &builder, usage(&g))).into_response())
+}
