@@ -1,12 +1,13 @@
 //! `--api-key`: requests to the API (`/v1/…`, `/tokenize`, `/detokenize`,
-//! `/tokenizer_info`) must carry `Authorization: Bearer KEY` with one of the
-//! keys; `/health` and `/metrics` stay open for probes and scrapers, as in
-//! vLLM.
+//! `/tokenizer_info`) must carry one of the keys, as `Authorization: Bearer
+//! KEY` or as `x-api-key: KEY` (how Anthropic's clients send it); `/health`
+//! and `/metrics` stay open for probes and scrapers, as in vLLM. The
+//! Anthropic endpoints (`/v1/messages…`) refuse in Anthropic's error shape.
 
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderValue};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
@@ -36,27 +37,52 @@ fn is_protected(path: &str) -> bool {
 }
 
 pub async fn require_api_key(State(keys): State<ApiKeys>, req: Request, next: Next) -> Response {
-    if !is_protected(req.uri().path()) {
+    let path = req.uri().path();
+    if !is_protected(path) {
         return next.run(req).await;
     }
     // The scheme is case-insensitive (RFC 7235): `bearer KEY` counts.
-    let given = req.headers().get(header::AUTHORIZATION).map(|v| {
+    let bearer = req.headers().get(header::AUTHORIZATION).map(|v| {
         let v = v.as_bytes();
         match v.get(..7) {
             Some(scheme) if scheme.eq_ignore_ascii_case(b"bearer ") => &v[7..],
             _ => b"",
         }
     });
-    match given {
-        Some(key) if keys.accepts(key) => next.run(req).await,
-        _ => {
-            let mut response = ApiError::unauthorized(given.is_some()).into_response();
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            response
-        }
+    let x_api_key = req.headers().get("x-api-key").map(|v| v.as_bytes());
+    // Both are checked (`|`, not `||`): the time taken tells nothing.
+    let accepted =
+        bearer.is_some_and(|k| keys.accepts(k)) | x_api_key.is_some_and(|k| keys.accepts(k));
+    if accepted {
+        return next.run(req).await;
     }
+    let provided = bearer.is_some() || x_api_key.is_some();
+    let mut response = if is_anthropic(path) {
+        anthropic_unauthorized(provided)
+    } else {
+        ApiError::unauthorized(provided).into_response()
+    };
+    response
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    response
+}
+
+/// `/v1/messages` and `/v1/messages/count_tokens`: Anthropic's API.
+fn is_anthropic(path: &str) -> bool {
+    path == "/v1/messages" || path.starts_with("/v1/messages/")
+}
+
+/// The 401 as Anthropic answers it (`messages::error_body`'s shape).
+fn anthropic_unauthorized(provided: bool) -> Response {
+    let message = if provided {
+        "invalid x-api-key"
+    } else {
+        "no API key: send it as the x-api-key header (or as Authorization: Bearer KEY)"
+    };
+    let body = serde_json::json!({"type": "error",
+                                  "error": {"type": "authentication_error", "message": message}});
+    (StatusCode::UNAUTHORIZED, axum::Json(body)).into_response()
 }
 
 #[cfg(test)]
@@ -98,5 +124,8 @@ mod tests {
         for path in ["/health", "/metrics", "/v1x", "/tokenizer"] {
             assert!(!is_protected(path), "{path}");
         }
+        assert!(is_protected("/v1/messages") && is_anthropic("/v1/messages"));
+        assert!(is_anthropic("/v1/messages/count_tokens"));
+        assert!(!is_anthropic("/v1/messagesx") && !is_anthropic("/v1/chat/completions"));
     }
 }
