@@ -583,3 +583,72 @@ async fn open_schemas_end_with_only_their_keys() {
         assert_city(call["arguments"].as_str().unwrap());
     }
 }
+
+/// OpenAI's deprecated `functions` / `function_call`: served as tools, the
+/// call returned in the old shape, whole and streamed, and a history in the
+/// old shape taken back.
+#[tokio::test(flavor = "multi_thread")]
+async fn legacy_functions_call_in_the_old_shape() {
+    let s = Server::start(&[]);
+    let functions: Vec<Value> = tools()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"].clone())
+        .collect();
+    for (call, finish) in [
+        (json!({"name": "add"}), "stop"),
+        (json!("auto"), "function_call"),
+    ] {
+        let body = ask(json!({"functions": functions, "function_call": call, "temperature": 0}));
+        let (st, r) = post(&s, "/v1/chat/completions", body.clone()).await;
+        assert_eq!(st, 200, "{r}");
+        let m = &r["choices"][0]["message"];
+        assert!(m["tool_calls"].is_null(), "{r}");
+        let Some(name) = m["function_call"]["name"].as_str() else {
+            // `auto` on the default model may answer in text.
+            assert!(call == json!("auto") && m["content"].is_string(), "{r}");
+            assert_ne!(r["choices"][0]["finish_reason"], "function_call", "{r}");
+            continue;
+        };
+        assert!(m["content"].is_null(), "{r}");
+        assert_eq!(r["choices"][0]["finish_reason"], finish, "{r}");
+        let args = m["function_call"]["arguments"].as_str().unwrap();
+        assert_call_valid(name, &serde_json::from_str(args).unwrap());
+
+        let mut streamed = body;
+        streamed["stream"] = json!(true);
+        let cs = chunks(&sse(&s, "/v1/chat/completions", streamed).await);
+        let pieces: Vec<&Value> = cs
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"].get("function_call"))
+            .collect();
+        assert!(cs
+            .iter()
+            .all(|c| c["choices"][0]["delta"].get("tool_calls").is_none()));
+        assert_eq!(pieces[0]["name"], name);
+        let joined: String = pieces
+            .iter()
+            .filter_map(|p| p["arguments"].as_str())
+            .collect();
+        assert_eq!(joined, args);
+    }
+    // The old history: an assistant `function_call` and the `function`
+    // turn answering it.
+    let history = json!({"messages": [
+        {"role": "user", "content": "What is 2 plus 3?"},
+        {"role": "assistant", "content": null,
+         "function_call": {"name": "add", "arguments": "{\"a\": 2, \"b\": 3}"}},
+        {"role": "function", "name": "add", "content": "5"}],
+        "functions": functions, "max_tokens": 20, "temperature": 0});
+    let (st, r) = post(&s, "/v1/chat/completions", history).await;
+    assert_eq!(st, 200, "{r}");
+    // Both forms at once is a 400 naming the old one.
+    let both = ask(json!({"functions": functions, "tools": tools()}));
+    let (st, r) = post(&s, "/v1/chat/completions", both).await;
+    assert_eq!(
+        (st, r["error"]["param"].clone()),
+        (400, json!("functions")),
+        "{r}"
+    );
+}

@@ -47,6 +47,7 @@ pub async fn chat_completions(
         tool_only: matches!(plan.tools.mode, ToolMode::Required | ToolMode::Named(_)),
         named: matches!(plan.tools.mode, ToolMode::Named(_)),
         ids: plan.tools.ids,
+        legacy: plan.tools.legacy,
     };
     let mut env = Envelope::new(format!("chatcmpl-{}", request_id(&headers)), &model.name);
     env.continuous_usage = plan.continuous_usage;
@@ -71,6 +72,8 @@ pub struct ChatBuilder {
     named: bool,
     /// How the calls' ids look.
     ids: CallIds,
+    /// The call goes out as the deprecated `function_call`.
+    legacy: bool,
 }
 
 fn chunk(index: usize, delta: ChatDelta) -> ChunkChoice {
@@ -129,6 +132,7 @@ impl OutputBuilder for ChatBuilder {
         for delta in deltas {
             let empty = delta.content == Some(Some(String::new()))
                 && delta.tool_calls.is_none()
+                && delta.function_call.is_none()
                 && delta.reasoning_content.is_none();
             if empty && logprobs.as_ref().is_none_or(|l| l.content.is_empty()) {
                 continue;
@@ -148,7 +152,10 @@ impl OutputBuilder for ChatBuilder {
         if let Some(f) = d.finish {
             // A call the request named ends as `stop`, as at OpenAI.
             let reason = match f {
-                FinishReason::Stop if self.calls[i] > 0 && !self.named => "tool_calls",
+                FinishReason::Stop if self.calls[i] > 0 && !self.named => match self.legacy {
+                    true => "function_call",
+                    false => "tool_calls",
+                },
                 f => f.as_str(),
             };
             out.push(ChunkChoice {
@@ -168,6 +175,7 @@ impl OutputBuilder for ChatBuilder {
                 content: Some(String::new()),
                 reasoning_content: None,
                 tool_calls: None,
+                function_call: None,
             },
             logprobs: self.want_logprobs.then(ChatLogprobs::default),
             finish_reason: None,
@@ -189,6 +197,15 @@ impl OutputBuilder for ChatBuilder {
                 .get_or_insert_default()
                 .push_str(&text);
         }
+        if let Some(piece) = chunk.delta.function_call {
+            let call = message.function_call.get_or_insert(ResponseFunctionCall {
+                name: String::new(),
+                arguments: String::new(),
+            });
+            call.name.push_str(&piece.name.unwrap_or_default());
+            call.arguments
+                .push_str(&piece.arguments.unwrap_or_default());
+        }
         for call in chunk.delta.tool_calls.into_iter().flatten() {
             let calls = message.tool_calls.get_or_insert_default();
             match call.id {
@@ -208,7 +225,8 @@ impl OutputBuilder for ChatBuilder {
             }
         }
         // A reply that is only calls has null content, as OpenAI's.
-        if message.tool_calls.is_some() && message.content.as_deref() == Some("") {
+        let calls = message.tool_calls.is_some() || message.function_call.is_some();
+        if calls && message.content.as_deref() == Some("") {
             message.content = None;
         }
         if let (Some(all), Some(more)) = (&mut choice.logprobs, chunk.logprobs) {
@@ -232,7 +250,7 @@ impl ChatBuilder {
             return;
         }
         let role = Some("assistant".to_string());
-        if first.delta.tool_calls.is_some() {
+        if first.delta.tool_calls.is_some() || first.delta.function_call.is_some() {
             first.delta.role = role;
             first.delta.content = Some(None);
             return;
@@ -278,6 +296,13 @@ impl ChatBuilder {
             };
             if index > 0 && !self.parallel {
                 self.calls[i] = 1;
+                continue;
+            }
+            if self.legacy {
+                out.push(ChatDelta {
+                    function_call: Some(FunctionCallDelta { name, arguments }),
+                    ..ChatDelta::default()
+                });
                 continue;
             }
             out.push(ChatDelta {
@@ -339,7 +364,41 @@ mod tests {
             tool_only: false,
             named: false,
             ids: CallIds::OpenAi,
+            legacy: false,
         }
+    }
+
+    /// A request in the deprecated `functions` form: its call goes out as
+    /// `function_call` pieces, merges into `message.function_call`, and
+    /// ends `function_call`.
+    #[test]
+    fn legacy_calls_take_the_old_shape() {
+        let mut b = builder(ToolCallParser::new(ToolFormat::JsonList), false);
+        b.legacy = true;
+        let (chunks, whole) = run(
+            &mut b,
+            &["[{\"name\": \"add\", ", "\"parameters\": {\"a\": 1}}]"],
+        );
+        assert!(chunks.iter().all(|c| c.delta.tool_calls.is_none()));
+        let first = &chunks[0].delta;
+        assert_eq!(first.role.as_deref(), Some("assistant"));
+        assert_eq!(first.content, Some(None));
+        assert_eq!(
+            first.function_call.as_ref().and_then(|f| f.name.as_deref()),
+            Some("add")
+        );
+        assert_eq!(whole.finish_reason.as_deref(), Some("function_call"));
+        assert_eq!(
+            (whole.message.content, whole.message.tool_calls),
+            (None, None)
+        );
+        assert_eq!(
+            whole.message.function_call,
+            Some(ResponseFunctionCall {
+                name: "add".into(),
+                arguments: "{\"a\": 1}".into()
+            })
+        );
     }
 
     fn run(b: &mut ChatBuilder, pieces: &[&str]) -> (Vec<ChunkChoice>, ChatChoice) {

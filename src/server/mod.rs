@@ -15,6 +15,7 @@ pub mod generation;
 pub mod handlers;
 pub mod host_check;
 pub mod json_body;
+pub mod legacy_functions;
 pub mod listener;
 pub mod metrics;
 pub mod protocol;

@@ -163,6 +163,8 @@ pub struct ChatRequestMessage {
     pub reasoning_content: Option<String>,
     /// The calls an assistant turn made.
     pub tool_calls: Option<Vec<RequestToolCall>>,
+    /// The deprecated form of one call ([`super::legacy_functions`]).
+    pub function_call: Option<RequestFunctionCall>,
     /// On a `tool` turn: the call it answers.
     pub tool_call_id: Option<String>,
     /// On an assistant turn: what OpenAI returned beside its text (URL
@@ -251,6 +253,10 @@ pub struct ChatCompletionRequest {
     /// "function": {…}}`), shown to it through the chat template.
     pub tools: Option<Vec<ToolDefinition>>,
     pub tool_choice: Option<ToolChoice>,
+    /// OpenAI's deprecated form of `tools` ([`super::legacy_functions`]).
+    pub functions: Option<Vec<FunctionDefinition>>,
+    /// OpenAI's deprecated form of `tool_choice`.
+    pub function_call: Option<LegacyFunctionCall>,
     /// Whether one reply may hold several calls (default true).
     pub parallel_tool_calls: Option<bool>,
     pub response_format: Option<ResponseFormat>,
@@ -303,6 +309,17 @@ pub struct FunctionDefinition {
 pub enum ToolChoice {
     Mode(String),
     Named(NamedToolChoice),
+}
+
+/// `"none"`, `"auto"` or `{"name": …}`: the deprecated `function_call`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(
+    untagged,
+    expecting = "expected \"none\", \"auto\" or {\"name\": …}"
+)]
+pub enum LegacyFunctionCall {
+    Mode(String),
+    Named(ToolChoiceFunction),
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -416,6 +433,9 @@ pub struct ResponseMessage {
     pub reasoning_content: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ResponseToolCall>>,
+    /// The call, for a request in the deprecated `functions` form.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function_call: Option<ResponseFunctionCall>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -483,6 +503,10 @@ pub struct ChatDelta {
     pub reasoning_content: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallDelta>>,
+    /// A piece of the call, for a request in the deprecated `functions`
+    /// form.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function_call: Option<FunctionCallDelta>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -873,6 +897,7 @@ mod tests {
                     content: Some("Hi".into()),
                     reasoning_content: None,
                     tool_calls: None,
+                    function_call: None,
                 },
                 logprobs: Some(ChatLogprobs {
                     content: vec![ChatTokenLogprob {

@@ -46,6 +46,9 @@ pub struct ToolPlan {
     pub grammar: Option<Grammar>,
     /// The call ids the template takes back in the history.
     pub ids: CallIds,
+    /// The request used the deprecated `functions`: the reply is a
+    /// `function_call`.
+    pub legacy: bool,
 }
 
 /// How call ids look. Mistral's templates refuse any id that is not 9
@@ -86,6 +89,7 @@ impl ToolPlan {
             parallel: true,
             grammar: None,
             ids: CallIds::OpenAi,
+            legacy: false,
         }
     }
 
@@ -246,6 +250,7 @@ pub fn plan(req: &ChatCompletionRequest, template: &str) -> Result<ToolPlan, Api
         parallel,
         grammar,
         ids: CallIds::for_template(template),
+        legacy: false,
     })
 }
 

@@ -11,6 +11,7 @@ use serde_path_to_error::Segment;
 
 use super::chat_messages;
 use super::error::{clip, ApiError, MAX_ECHO_CHARS};
+use super::legacy_functions;
 use super::protocol::{
     ChatCompletionRequest, CompletionRequest, Prompt, ResponseFormat, Stop, StreamOptions,
     UnknownFields,
@@ -486,6 +487,9 @@ pub fn validate_chat(
     req: &ChatCompletionRequest,
     ctx: &ModelContext,
 ) -> Result<GenerationPlan, ApiError> {
+    let legacy = legacy_functions::is_legacy(req);
+    let normalized = legacy_functions::normalize(req)?;
+    let req = normalized.as_ref();
     let common = Common::from(req);
     let shape = common.check(ctx)?;
     unsupported::modalities(req.modalities.as_deref())?;
@@ -524,7 +528,11 @@ pub fn validate_chat(
         )
     })?;
     let mut messages = chat_messages::conversation(&req.messages)?;
-    let tools = tools::plan(req, template.source())?;
+    let mut tools = tools::plan(req, template.source()).map_err(|e| match legacy {
+        true => legacy_functions::in_old_terms(e),
+        false => e,
+    })?;
+    tools.legacy = legacy;
     if let (ToolMode::Generic, Some(list)) = (&tools.mode, &tools.tools) {
         messages = tools::generic_conversation(messages, list, tools.parallel);
     }
@@ -1345,7 +1353,10 @@ mod tests {
                 "prediction",
             ),
             (json!({"guided_regex": "a+"}), "guided_regex"),
-            (json!({"functions": [{"name": "f"}]}), "functions"),
+            (
+                json!({"functions": [{"name": "f", "cache": 1}]}),
+                "functions[0].cache",
+            ),
             (
                 json!({"messages": [{"role": "user", "content": "x", "weight": 1}]}),
                 "messages[0].weight",
