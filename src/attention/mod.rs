@@ -43,6 +43,11 @@ pub struct SeqSlice {
     /// Its blocks in the sliding-window layers' pool, where the model has
     /// such layers ([`crate::engine::window_blocks`]).
     pub window_table: Vec<BlockId>,
+    /// Its recurrent-state slot, where the model has layers that keep one
+    /// per sequence instead of K/V (Qwen3.5's linear-attention layers;
+    /// [`crate::engine::state_slots`]). A slice at position 0 starts from
+    /// a zero state.
+    pub state_slot: Option<u32>,
     /// Which of its rows get logits.
     pub logits: LogitRows,
     /// Which of its rows hand back their final hidden states (after the

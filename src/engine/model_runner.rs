@@ -40,6 +40,7 @@ impl ModelRunner {
             );
             if let Some(s) = batch.seqs.last_mut() {
                 s.window_table.clone_from(&seq.window_table);
+                s.state_slot = seq.state_slot;
                 s.hidden = seq.hidden_rows();
             }
         }

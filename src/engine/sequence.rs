@@ -54,6 +54,10 @@ pub struct Sequence {
     /// Its blocks in the sliding-window layers' pool, if the model has one
     /// ([`crate::engine::window_blocks`]).
     pub window_table: Vec<BlockId>,
+    /// Its recurrent-state slot, for a model with layers that keep one
+    /// ([`crate::engine::state_slots`]): held from admission to its
+    /// finish or preemption.
+    pub state_slot: Option<u32>,
     /// Leading tokens whose K/V are in the cache.
     pub num_cached: usize,
     /// Tokens the scheduler gave this sequence in the current step (0 = none).
@@ -129,6 +133,7 @@ impl Sequence {
             params,
             block_table: Vec::new(),
             window_table: Vec::new(),
+            state_slot: None,
             num_cached: 0,
             chunk: 0,
             prompt_logprobs: Vec::new(),

@@ -16,11 +16,13 @@ use serde_json::Value;
 use crate::models::gpt2::Gpt2;
 use crate::models::linear::WeightSpec;
 use crate::models::llama::Llama;
+use crate::models::qwen35::Qwen35;
 use crate::models::Model;
 use crate::text::chat_template::ChatTemplate;
 use crate::text::tokenizer::Tokenizer;
 
-const SUPPORTED: &str = "gemma3_text, gpt2, llama, mistral, phi3, qwen3 and smollm3";
+const SUPPORTED: &str =
+    "gemma3_text, gpt2, llama, mistral, phi3, qwen3, qwen3_5, qwen3_5_text and smollm3";
 
 fn read_json(path: &Path) -> Result<Value> {
     let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -84,7 +86,15 @@ pub fn load_model(
         .to_string();
     if !matches!(
         model_type.as_str(),
-        "gemma3_text" | "gpt2" | "llama" | "mistral" | "phi3" | "qwen3" | "smollm3"
+        "gemma3_text"
+            | "gpt2"
+            | "llama"
+            | "mistral"
+            | "phi3"
+            | "qwen3"
+            | "qwen3_5"
+            | "qwen3_5_text"
+            | "smollm3"
     ) {
         bail!(
             "model_type {model_type:?} in {} is not supported; wick runs {SUPPORTED}",
@@ -107,6 +117,9 @@ pub fn load_model(
     };
     Ok(match model_type.as_str() {
         "gpt2" => Box::new(Gpt2::from_safetensors(&config, vb, spec).map_err(with_config)?),
+        "qwen3_5" | "qwen3_5_text" => {
+            Box::new(Qwen35::from_safetensors(&config, vb, spec, context).map_err(with_config)?)
+        }
         _ => Box::new(Llama::from_safetensors(&config, vb, spec, context).map_err(with_config)?),
     })
 }

@@ -7,6 +7,7 @@ pub mod embedding;
 pub mod gpt2;
 pub mod linear;
 pub mod llama;
+pub mod qwen35;
 pub mod rope;
 pub mod step_meta;
 
@@ -60,6 +61,7 @@ impl FlatBatch {
             first_pos: positions.start,
             block_table,
             window_table: Vec::new(),
+            state_slot: None,
             logits,
             hidden: LogitRows::None,
         });
@@ -131,6 +133,13 @@ pub trait Model: Send {
     /// Writes the batch's K/V into `cache` and returns the logits and hidden
     /// states the batch's rows asked for.
     fn forward_all(&self, batch: &FlatBatch, cache: &mut KvCache) -> Result<Output>;
+
+    /// Bytes of the recurrent state one sequence holds (in a
+    /// [`SeqSlice::state_slot`]), for a model with layers that keep one
+    /// instead of K/V; `None` for a model that has none.
+    fn state_bytes(&self) -> Option<usize> {
+        None
+    }
 
     /// [`Model::forward_all`]'s logits alone.
     fn forward(&self, batch: &FlatBatch, cache: &mut KvCache) -> Result<Tensor> {

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod transformers_ref;
+pub mod venv;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -135,6 +136,8 @@ pub fn teacher_forced_logits(
                 tables[i].clone(),
                 LogitRows::Last,
             );
+            // A hybrid model's recurrent state: a slot per sequence.
+            batch.seqs.last_mut().unwrap().state_slot = Some(i as u32);
             active.push(i);
         }
         let logits = model

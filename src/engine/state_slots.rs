@@ -1,0 +1,257 @@
+//! Recurrent-state slots: what a hybrid model's linear-attention layers
+//! (Qwen3.5's gated DeltaNet) keep per sequence instead of K/V. Each such
+//! layer carries, for one sequence, a causal conv's last `kernel - 1`
+//! inputs (`[kernel - 1, conv_dim]`) and the delta rule's state
+//! (`[value_heads, key_dim, value_dim]`), all f32, whatever the sequence's
+//! length: a fixed-size slot, not blocks.
+//!
+//! Two halves, as for the KV pool: [`StateSlots`] decides which sequence
+//! holds which slot, and is the scheduler's, as the
+//! [`BlockManager`](crate::engine::block_manager::BlockManager) is; the
+//! memory behind the slots is a [`StateStore`] that the model holds and
+//! reads by the slot index each [`SeqSlice`](crate::attention::SeqSlice)
+//! carries, as it reads the KV pool by block table.
+//!
+//! A sequence takes a slot when admitted and gives it back when it
+//! finishes, is aborted or is preempted. Preemption recomputes from
+//! scratch, so nothing is saved: a slice that starts at position 0 starts
+//! from a zero state, whichever slot it has. Between the steps of a chunked
+//! prefill the slot keeps the state the last chunk left, so the next chunk
+//! carries on from it.
+//!
+//! A state summarizes a whole prefix and cannot be cut back to a shorter
+//! one, so K/V blocks found in the prefix cache would come without the
+//! state to go with them: the prefix cache is off for such models.
+
+/// Which sequence holds which state slot.
+#[derive(Debug, Clone)]
+pub struct StateSlots {
+    /// Free slots; the last is handed out next.
+    free: Vec<u32>,
+    num_slots: usize,
+}
+
+impl StateSlots {
+    pub fn new(num_slots: usize) -> Self {
+        StateSlots {
+            free: (0..num_slots as u32).rev().collect(),
+            num_slots,
+        }
+    }
+
+    pub fn num_slots(&self) -> usize {
+        self.num_slots
+    }
+
+    pub fn num_used(&self) -> usize {
+        self.num_slots - self.free.len()
+    }
+
+    /// Gives `slot` a slot unless it holds one; false (and `slot` left
+    /// `None`) when none is free.
+    pub fn take(&mut self, slot: &mut Option<u32>) -> bool {
+        if slot.is_none() {
+            *slot = self.free.pop();
+        }
+        slot.is_some()
+    }
+
+    /// Gives back the slot `slot` holds, if any, and empties it.
+    pub fn release(&mut self, slot: &mut Option<u32>) {
+        if let Some(s) = slot.take() {
+            debug_assert!(!self.free.contains(&s), "slot {s} freed twice");
+            self.free.push(s);
+        }
+    }
+}
+
+/// The memory behind the slots: `slot_len` f32 per slot, allocated the
+/// first time a slot is used (a server's `--max-num-seqs` slots cost
+/// nothing until that many sequences run).
+#[derive(Debug, Default)]
+pub struct StateStore {
+    slot_len: usize,
+    slots: Vec<Vec<f32>>,
+}
+
+impl StateStore {
+    pub fn new(slot_len: usize) -> Self {
+        StateStore {
+            slot_len,
+            slots: Vec::new(),
+        }
+    }
+
+    pub fn slot_len(&self) -> usize {
+        self.slot_len
+    }
+
+    /// Takes slot `slot`'s state out, to be [`Self::put`] back: zeroed when
+    /// `fresh` (a sequence at position 0). An error when a sequence past
+    /// position 0 finds a slot that never held a state.
+    pub fn take(&mut self, slot: u32, fresh: bool) -> candle_core::Result<Vec<f32>> {
+        let i = slot as usize;
+        if self.slots.len() <= i {
+            self.slots.resize_with(i + 1, Vec::new);
+        }
+        let mut state = std::mem::take(&mut self.slots[i]);
+        match (fresh, state.len() == self.slot_len) {
+            (true, true) => state.fill(0.0),
+            (true, false) => state = vec![0.0; self.slot_len],
+            (false, true) => {}
+            (false, false) => candle_core::bail!(
+                "state slot {slot} holds no state for a sequence past its start (taken twice in \
+                 one step, or lost to a failed step)"
+            ),
+        }
+        Ok(state)
+    }
+
+    /// Puts a state taken by [`Self::take`] back in its slot.
+    pub fn put(&mut self, slot: u32, state: Vec<f32>) {
+        self.slots[slot as usize] = state;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::block_manager::BlockManager;
+    use crate::engine::scheduler::{Scheduler, SchedulerConfig};
+    use crate::engine::sequence::Sequence;
+    use crate::sampling::params::SamplingParams;
+    use crate::sampling::sampler::SampledToken;
+
+    #[test]
+    fn slots_are_taken_until_none_is_free_then_reused() {
+        let mut slots = StateSlots::new(2);
+        let (mut a, mut b, mut c) = (None, None, None);
+        assert!(slots.take(&mut a) && slots.take(&mut b));
+        assert_ne!(a, b);
+        assert_eq!(slots.num_used(), 2);
+        // A holder keeps its slot; none is left for a third.
+        let held = a;
+        assert!(slots.take(&mut a));
+        assert_eq!(a, held);
+        assert!(!slots.take(&mut c));
+        assert_eq!(c, None);
+        slots.release(&mut a);
+        assert_eq!((a, slots.num_used()), (None, 1));
+        slots.release(&mut a);
+        assert_eq!(slots.num_used(), 1, "releasing nothing frees nothing");
+        assert!(slots.take(&mut c));
+        assert_eq!(c, held, "the freed slot is reused");
+    }
+
+    #[test]
+    fn a_fresh_take_starts_from_zero_and_a_resumed_one_from_what_was_put() {
+        let mut store = StateStore::new(3);
+        let mut s = store.take(5, true).unwrap();
+        assert_eq!(s, [0.0; 3]);
+        s[1] = 7.0;
+        store.put(5, s);
+        assert_eq!(store.take(5, false).unwrap(), [0.0, 7.0, 0.0]);
+        // Taken and not put back: a resumed sequence cannot carry on.
+        assert!(store.take(5, false).is_err());
+        assert!(store.take(2, false).is_err(), "never used");
+        store.put(5, vec![1.0; 3]);
+        assert_eq!(
+            store.take(5, true).unwrap(),
+            [0.0; 3],
+            "reset at position 0"
+        );
+    }
+
+    fn seq(id: u64, prompt_len: usize, max_tokens: usize) -> Sequence {
+        let params = SamplingParams {
+            max_tokens,
+            temperature: 0.0,
+            ..Default::default()
+        };
+        Sequence::new(id, (0..prompt_len as u32).collect(), params, 1 << 20, &[])
+    }
+
+    fn token(id: u32) -> SampledToken {
+        SampledToken {
+            id,
+            logprob: None,
+            top_logprobs: Vec::new(),
+        }
+    }
+
+    /// Runs one step as the engine would: every sequence that finished its
+    /// pending tokens samples token 1.
+    fn step(s: &mut Scheduler) -> Vec<u64> {
+        let sampled: Vec<_> = s
+            .scheduled_mut()
+            .filter_map(|q| {
+                q.num_cached += q.chunk;
+                (q.num_cached == q.len()).then(|| (q.id, token(1)))
+            })
+            .collect();
+        s.postprocess(sampled, &[])
+            .into_iter()
+            .filter(|e| e.finish.is_some())
+            .map(|e| e.seq)
+            .collect()
+    }
+
+    /// Two slots for four sequences: two run, each with its own slot; the
+    /// others wait (though blocks and the sequence cap allow them) until a
+    /// finished one frees its slot, which the next one takes.
+    #[test]
+    fn the_scheduler_admits_only_with_a_free_slot_and_frees_it_when_done() {
+        let cfg = SchedulerConfig {
+            max_num_seqs: 8,
+            max_num_batched_tokens: 64,
+            max_step_slowdown: 0.0,
+        };
+        let mut s = Scheduler::new(cfg, BlockManager::new(64, 4).with_caching(false))
+            .with_states(StateSlots::new(2));
+        s.add(seq(1, 5, 1));
+        s.add(seq(2, 5, 3));
+        s.add(seq(3, 5, 3));
+        s.add(seq(4, 5, 3));
+        s.schedule();
+        let slots: Vec<_> = s.scheduled().map(|q| (q.id, q.state_slot)).collect();
+        assert_eq!(slots.len(), 2);
+        assert!(slots.iter().all(|(_, slot)| slot.is_some()));
+        assert_ne!(slots[0].1, slots[1].1);
+        assert_eq!(s.stats().waiting, 2);
+        let freed = s.scheduled().find(|q| q.id == 1).unwrap().state_slot;
+        assert_eq!(step(&mut s), [1], "max_tokens 1");
+        s.schedule();
+        let third = s.scheduled().find(|q| q.id == 3).map(|q| q.state_slot);
+        assert_eq!(third, Some(freed), "seq 3 takes seq 1's slot");
+        assert_eq!(s.stats().waiting, 1);
+        while s.has_work() {
+            s.schedule();
+            step(&mut s);
+        }
+        assert_eq!(s.state_slots().map(StateSlots::num_used), Some(0));
+    }
+
+    /// A preempted sequence gives its slot back (it starts over), and an
+    /// aborted one too.
+    #[test]
+    fn preemption_and_abort_free_the_slot() {
+        let cfg = SchedulerConfig {
+            max_num_seqs: 8,
+            max_num_batched_tokens: 64,
+            max_step_slowdown: 0.0,
+        };
+        // 3 blocks of 4: two sequences of 4 prompt tokens, then each needs
+        // a second block for its 5th token.
+        let mut s = Scheduler::new(cfg, BlockManager::new(3, 4).with_caching(false))
+            .with_states(StateSlots::new(4));
+        s.add(seq(1, 4, 8));
+        s.add(seq(2, 4, 8));
+        s.schedule();
+        step(&mut s);
+        assert_eq!(s.state_slots().unwrap().num_used(), 2);
+        assert_eq!(s.schedule(), [2]);
+        assert_eq!(s.state_slots().unwrap().num_used(), 1);
+        assert!(s.abort(1));
+        assert_eq!(s.state_slots().unwrap().num_used(), 0);
+    }
+}

@@ -1,0 +1,730 @@
+//! Qwen3.5 (`qwen3_5`, text model `qwen3_5_text`): a hybrid decoder whose
+//! layers (`layer_types`) are either gated full attention or gated-DeltaNet
+//! linear attention, each followed by a SwiGLU MLP, with (1 + w) RMSNorms.
+//!
+//! Full-attention layers: q/k RMSNorms per head, RoPE on the leading
+//! `partial_rotary_factor` of each head (the multimodal RoPE of the
+//! checkpoint is plain RoPE for text, whose three position rows are
+//! equal), paged attention over the KV pool, and the attention output
+//! scaled by `sigmoid(gate)`, a second half of each query head's
+//! projection. The KV pool has one layer per full-attention layer (about a
+//! quarter of the layers): the others keep no K/V at all.
+//!
+//! Linear-attention layers (the gated delta rule): per token, the q/k/v
+//! projection goes through a causal depthwise conv of `kernel` taps and
+//! SiLU; q and k are L2-normalized per head (q also scaled by
+//! `key_dim^-1/2`); each value head's state `S` (`[key_dim, value_dim]`)
+//! decays by `exp(g)`, `g = -exp(A_log) * softplus(a + dt_bias)`, then
+//! learns `v` at `k` with rate `beta = sigmoid(b)`:
+//! `S += k (beta (v - S^T k))^T`, and the output `S^T q` goes through an
+//! RMSNorm gated by `silu(z)`. The conv's last inputs and `S` are the
+//! sequence's recurrent state, kept in its state slot
+//! ([`crate::engine::state_slots`]) between steps: a prompt chunk carries
+//! on from where the last one stopped. The recurrence runs on the host in
+//! f32 (transformers' reference loop, token by token, sequences in
+//! parallel); on another device its inputs and outputs are copied over.
+
+use std::sync::Mutex;
+
+use candle_core::{DType, Device, Result, Tensor};
+use candle_nn::VarBuilder;
+use rayon::prelude::*;
+use serde::Deserialize;
+
+use super::elementwise::{self, Act};
+use super::embedding::Embedding;
+use super::linear::{Linear, WeightSpec};
+use super::rope::Rope;
+use super::{hidden_states, FlatBatch, Model, ModelInfo, Output, SeqSlice, StepMeta};
+use crate::attention::{paged_attention, AttnDims};
+use crate::engine::kv_cache::{KvCache, KvDtype};
+use crate::engine::state_slots::StateStore;
+
+/// A layer's token mixer, as `layer_types` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerKind {
+    FullAttention,
+    LinearAttention,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub layers: Vec<LayerKind>,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f32,
+    /// Leading dimensions of each head that RoPE rotates.
+    pub rope_dim: usize,
+    pub max_context: usize,
+    pub vocab_size: usize,
+    /// The linear-attention layers' causal conv taps, and their heads:
+    /// `linear_k_heads` query/key heads of `linear_k_dim`, each serving
+    /// `linear_v_heads / linear_k_heads` value heads of `linear_v_dim`.
+    pub conv_kernel: usize,
+    pub linear_k_heads: usize,
+    pub linear_v_heads: usize,
+    pub linear_k_dim: usize,
+    pub linear_v_dim: usize,
+}
+
+/// The fields of a Qwen3.5 text `config.json` (or of a multimodal one's
+/// `text_config`) that wick reads.
+#[derive(Deserialize)]
+struct HfConfig {
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: usize,
+    head_dim: Option<usize>,
+    rms_norm_eps: f64,
+    max_position_embeddings: usize,
+    vocab_size: usize,
+    layer_types: Option<Vec<String>>,
+    full_attention_interval: Option<usize>,
+    rope_parameters: Option<serde_json::Value>,
+    rope_theta: Option<f32>,
+    partial_rotary_factor: Option<f32>,
+    #[serde(default)]
+    attention_bias: bool,
+    hidden_act: Option<String>,
+    linear_conv_kernel_dim: usize,
+    linear_key_head_dim: usize,
+    linear_value_head_dim: usize,
+    linear_num_key_heads: usize,
+    linear_num_value_heads: usize,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+}
+
+impl Config {
+    /// From `config.json`: a `qwen3_5_text` one, or a `qwen3_5` one whose
+    /// `text_config` describes the language model. Also says whether the
+    /// LM head is tied to the embeddings.
+    pub fn from_hf(json: &str) -> anyhow::Result<(Self, bool)> {
+        let mut v: serde_json::Value = serde_json::from_str(json)?;
+        let tied_outer = v.get("tie_word_embeddings").and_then(|t| t.as_bool());
+        if let Some(text) = v.get_mut("text_config").map(serde_json::Value::take) {
+            v = text;
+        }
+        let c: HfConfig = serde_json::from_value(v)?;
+        anyhow::ensure!(
+            !c.attention_bias,
+            "attention_bias is not supported for qwen3_5"
+        );
+        if let Some(act) = c.hidden_act.as_deref().filter(|&a| a != "silu") {
+            anyhow::bail!("hidden activation {act:?} is not supported (only \"silu\")");
+        }
+        let layers: Vec<LayerKind> = match &c.layer_types {
+            Some(types) => types
+                .iter()
+                .map(|t| match t.as_str() {
+                    "full_attention" => Ok(LayerKind::FullAttention),
+                    "linear_attention" => Ok(LayerKind::LinearAttention),
+                    other => anyhow::bail!("layer type {other:?} is not supported"),
+                })
+                .collect::<anyhow::Result<_>>()?,
+            None => {
+                let n = c.full_attention_interval.unwrap_or(4).max(1);
+                (0..c.num_hidden_layers)
+                    .map(|i| match (i + 1) % n {
+                        0 => LayerKind::FullAttention,
+                        _ => LayerKind::LinearAttention,
+                    })
+                    .collect()
+            }
+        };
+        anyhow::ensure!(
+            layers.len() == c.num_hidden_layers,
+            "layer_types names {} layers of {}",
+            layers.len(),
+            c.num_hidden_layers
+        );
+        anyhow::ensure!(
+            layers.contains(&LayerKind::FullAttention),
+            "a qwen3_5 model without a full-attention layer is not supported"
+        );
+        anyhow::ensure!(
+            c.linear_num_key_heads > 0 && c.linear_num_value_heads % c.linear_num_key_heads == 0,
+            "{} linear value heads do not split among {} key heads",
+            c.linear_num_value_heads,
+            c.linear_num_key_heads
+        );
+        let (mut rope_theta, mut partial) = (
+            c.rope_theta.unwrap_or(10_000_000.0),
+            c.partial_rotary_factor.unwrap_or(0.25),
+        );
+        if let Some(p) = &c.rope_parameters {
+            if let Some(t) = p.get("rope_theta").and_then(|t| t.as_f64()) {
+                rope_theta = t as f32;
+            }
+            if let Some(f) = p.get("partial_rotary_factor").and_then(|f| f.as_f64()) {
+                partial = f as f32;
+            }
+            let kind = p
+                .get("rope_type")
+                .and_then(|t| t.as_str())
+                .unwrap_or("default");
+            anyhow::ensure!(
+                kind == "default",
+                "rope_type {kind:?} is not supported for qwen3_5 (only \"default\")"
+            );
+        }
+        let head_dim = c.head_dim.unwrap_or(c.hidden_size / c.num_attention_heads);
+        let rope_dim = ((head_dim as f32 * partial) as usize) & !1;
+        let config = Config {
+            hidden_size: c.hidden_size,
+            intermediate_size: c.intermediate_size,
+            layers,
+            num_heads: c.num_attention_heads,
+            num_kv_heads: c.num_key_value_heads,
+            head_dim,
+            rms_norm_eps: c.rms_norm_eps,
+            rope_theta,
+            rope_dim,
+            max_context: c.max_position_embeddings,
+            vocab_size: c.vocab_size,
+            conv_kernel: c.linear_conv_kernel_dim,
+            linear_k_heads: c.linear_num_key_heads,
+            linear_v_heads: c.linear_num_value_heads,
+            linear_k_dim: c.linear_key_head_dim,
+            linear_v_dim: c.linear_value_head_dim,
+        };
+        Ok((config, tied_outer.unwrap_or(c.tie_word_embeddings)))
+    }
+
+    fn key_width(&self) -> usize {
+        self.linear_k_heads * self.linear_k_dim
+    }
+
+    fn value_width(&self) -> usize {
+        self.linear_v_heads * self.linear_v_dim
+    }
+
+    /// Channels of the linear layers' conv: q, k and v.
+    fn conv_dim(&self) -> usize {
+        2 * self.key_width() + self.value_width()
+    }
+
+    /// f32 of one linear layer's state: the conv's last `kernel - 1`
+    /// inputs, then each value head's `[key_dim, value_dim]` matrix.
+    fn linear_state_len(&self) -> usize {
+        (self.conv_kernel - 1) * self.conv_dim()
+            + self.linear_v_heads * self.linear_k_dim * self.linear_v_dim
+    }
+
+    fn num_linear_layers(&self) -> usize {
+        self.layers
+            .iter()
+            .filter(|&&k| k == LayerKind::LinearAttention)
+            .count()
+    }
+}
+
+struct FullAttention {
+    /// q, k, v, then the output gate, stacked:
+    /// `[(2 * heads + 2 * kv_heads) * head_dim, hidden]`.
+    qkvg: Linear,
+    q_norm: Tensor,
+    k_norm: Tensor,
+    o: Linear,
+    /// Its layer in the KV pool.
+    kv_layer: usize,
+}
+
+struct LinearAttention {
+    /// q/k/v (the conv's input), z, b and a, stacked.
+    in_proj: Linear,
+    /// `[conv_dim, kernel]`.
+    conv: Vec<f32>,
+    /// `-exp(A_log)` per value head.
+    neg_a: Vec<f32>,
+    dt_bias: Vec<f32>,
+    /// The gated RMSNorm's weights, `[value_dim]` (plain w, not 1 + w).
+    norm: Vec<f32>,
+    out_proj: Linear,
+    /// Where its state starts within a slot.
+    state_at: usize,
+}
+
+enum Mixer {
+    Full(FullAttention),
+    Linear(LinearAttention),
+}
+
+struct Layer {
+    input_norm: Tensor,
+    mixer: Mixer,
+    post_norm: Tensor,
+    gate_up: Linear,
+    down: Linear,
+}
+
+pub struct Qwen35 {
+    config: Config,
+    info: ModelInfo,
+    device: Device,
+    embed: Embedding,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    lm_head: Linear,
+    rope: Rope,
+    /// The recurrent states of the linear-attention layers, by slot.
+    states: Mutex<StateStore>,
+}
+
+/// `x * sigmoid(x)`.
+fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// torch's softplus (beta 1, linear past 20).
+fn softplus(x: f32) -> f32 {
+    match x > 20.0 {
+        true => x,
+        false => x.exp().ln_1p(),
+    }
+}
+
+/// `x / sqrt(sum(x^2) + 1e-6)`, in place (transformers' `l2norm`).
+fn l2_normalize(x: &mut [f32], scale: f32) {
+    let inv = 1.0 / (x.iter().map(|v| v * v).sum::<f32>() + 1e-6).sqrt() * scale;
+    x.iter_mut().for_each(|v| *v *= inv);
+}
+
+impl LinearAttention {
+    /// `h`: `[T, hidden]` normed rows of the whole batch; `states`: each
+    /// sequence's slot, in batch order. Returns `[T, hidden]`.
+    fn forward(
+        &self,
+        h: &Tensor,
+        seqs: &[SeqSlice],
+        states: &mut [Vec<f32>],
+        c: &Config,
+    ) -> Result<Tensor> {
+        let proj = self.in_proj.forward(h)?;
+        let (t, width) = proj.dims2()?;
+        let rows = proj
+            .to_device(&Device::Cpu)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let vw = c.value_width();
+        let mut out = vec![0f32; t * vw];
+        // Each sequence's rows of `out`, in batch order.
+        let mut parts = Vec::with_capacity(seqs.len());
+        let mut rest = out.as_mut_slice();
+        for s in seqs {
+            let (mine, tail) = rest.split_at_mut(s.len * vw);
+            parts.push(mine);
+            rest = tail;
+        }
+        let len = c.linear_state_len();
+        seqs.par_iter()
+            .zip(states.par_iter_mut())
+            .zip(parts.into_par_iter())
+            .for_each(|((s, state), out)| {
+                let state = &mut state[self.state_at..self.state_at + len];
+                let rows = &rows[s.start * width..(s.start + s.len) * width];
+                self.run(rows, width, state, out, c);
+            });
+        let out = Tensor::from_vec(out, (t, vw), h.device())?;
+        self.out_proj.forward(&out)
+    }
+
+    /// One sequence's new rows (`rows`, `width` each) through the conv and
+    /// the delta rule from `state`, which they leave as the next step's;
+    /// the gated-norm outputs go to `out`.
+    fn run(&self, rows: &[f32], width: usize, state: &mut [f32], out: &mut [f32], c: &Config) {
+        let (k_taps, conv_dim) = (c.conv_kernel, c.conv_dim());
+        let (kw, vw) = (c.key_width(), c.value_width());
+        let (dk, dv, nv) = (c.linear_k_dim, c.linear_v_dim, c.linear_v_heads);
+        let group = nv / c.linear_k_heads;
+        let eps = c.rms_norm_eps as f32;
+        let (conv_state, s_all) = state.split_at_mut((k_taps - 1) * conv_dim);
+        let mut mixed = vec![0f32; conv_dim];
+        let mut kv_mem = vec![0f32; dv];
+        for (row, out) in rows.chunks_exact(width).zip(out.chunks_exact_mut(vw)) {
+            let (x, rest) = row.split_at(conv_dim);
+            let (z, rest) = rest.split_at(vw);
+            let (b, a) = rest.split_at(nv);
+            // The causal conv over the last kernel - 1 inputs and this one.
+            for (ch, m) in mixed.iter_mut().enumerate() {
+                let w = &self.conv[ch * k_taps..(ch + 1) * k_taps];
+                let mut acc = w[k_taps - 1] * x[ch];
+                for (j, wj) in w[..k_taps - 1].iter().enumerate() {
+                    acc += wj * conv_state[j * conv_dim + ch];
+                }
+                *m = silu(acc);
+            }
+            if k_taps > 1 {
+                conv_state.copy_within(conv_dim.., 0);
+                conv_state[(k_taps - 2) * conv_dim..].copy_from_slice(x);
+            }
+            let (q, kv) = mixed.split_at_mut(kw);
+            let (k, v) = kv.split_at_mut(kw);
+            let q_scale = 1.0 / (dk as f32).sqrt();
+            for (qh, kh) in q.chunks_exact_mut(dk).zip(k.chunks_exact_mut(dk)) {
+                l2_normalize(qh, q_scale);
+                l2_normalize(kh, 1.0);
+            }
+            for h in 0..nv {
+                let (qh, kh) = (
+                    &q[h / group * dk..(h / group + 1) * dk],
+                    &k[h / group * dk..(h / group + 1) * dk],
+                );
+                let vh = &v[h * dv..(h + 1) * dv];
+                let s = &mut s_all[h * dk * dv..(h + 1) * dk * dv];
+                let decay = (self.neg_a[h] * softplus(a[h] + self.dt_bias[h])).exp();
+                let beta = 1.0 / (1.0 + (-b[h]).exp());
+                s.iter_mut().for_each(|e| *e *= decay);
+                kv_mem.fill(0.0);
+                for (srow, &ki) in s.chunks_exact(dv).zip(kh) {
+                    kv_mem.iter_mut().zip(srow).for_each(|(m, &e)| *m += e * ki);
+                }
+                // kv_mem becomes the update: beta (v - S^T k).
+                kv_mem
+                    .iter_mut()
+                    .zip(vh)
+                    .for_each(|(m, &vj)| *m = (vj - *m) * beta);
+                let o = &mut out[h * dv..(h + 1) * dv];
+                for (srow, (&ki, &qi)) in s.chunks_exact_mut(dv).zip(kh.iter().zip(qh)) {
+                    for ((e, &d), o) in srow.iter_mut().zip(&kv_mem).zip(o.iter_mut()) {
+                        *e += ki * d;
+                        *o += *e * qi;
+                    }
+                }
+                // The RMSNorm gated by silu(z).
+                let inv = 1.0 / (o.iter().map(|x| x * x).sum::<f32>() / dv as f32 + eps).sqrt();
+                for ((o, &w), &zj) in o.iter_mut().zip(&self.norm).zip(&z[h * dv..(h + 1) * dv]) {
+                    *o = *o * inv * w * silu(zj);
+                }
+            }
+        }
+    }
+}
+
+impl FullAttention {
+    fn forward(
+        &self,
+        h: &Tensor,
+        cache: &mut KvCache,
+        meta: &StepMeta,
+        positions: &Tensor,
+        rope: &Rope,
+        dims: AttnDims,
+        eps: f32,
+    ) -> Result<Tensor> {
+        let (nh, nkv, hd) = (dims.num_heads, dims.num_kv_heads, dims.head_dim);
+        let y = self.qkvg.forward(h)?;
+        let t = y.dim(0)?;
+        let width = dims.qkv_width();
+        let heads = |from: usize, n: usize, w: &Tensor| -> Result<Tensor> {
+            let x = y.narrow(1, from * hd, n * hd)?.contiguous()?;
+            candle_nn::ops::rms_norm(&x.reshape((t * n, hd))?, w, eps)?.reshape((t, n * hd))
+        };
+        let qkv = Tensor::cat(
+            &[
+                heads(0, nh, &self.q_norm)?,
+                heads(nh, nkv, &self.k_norm)?,
+                y.narrow(1, (nh + nkv) * hd, nkv * hd)?,
+            ],
+            1,
+        )?;
+        let qkv = rope.apply(&qkv, meta.positions(), positions, nh + nkv)?;
+        let attn = paged_attention(&qkv, cache.layer_mut(self.kv_layer), meta, dims)?;
+        let gate = candle_nn::ops::sigmoid(&y.narrow(1, width, nh * hd)?.contiguous()?)?;
+        self.o.forward(&(attn * gate)?)
+    }
+}
+
+impl Qwen35 {
+    /// From a Hugging Face checkpoint: `config.json` text and its weights
+    /// (`model.` or, for the multimodal checkpoint, `model.language_model.`
+    /// names; the vision tower is not read). Linear layers are held in
+    /// `vb`'s dtype (or as `spec` says); norms, embeddings and the
+    /// recurrence's parameters in f32. `context` caps the context.
+    pub fn from_safetensors(
+        config_json: &str,
+        vb: VarBuilder,
+        spec: WeightSpec,
+        context: Option<usize>,
+    ) -> anyhow::Result<Self> {
+        let (mut c, tied) = Config::from_hf(config_json)?;
+        if let Some(n) = context.filter(|&n| n > 0) {
+            c.max_context = c.max_context.min(n);
+        }
+        let device = vb.device().clone();
+        let root = match vb.contains_tensor("model.language_model.embed_tokens.weight") {
+            true => "model.language_model",
+            false => "model",
+        };
+        let f32_tensor = |name: &str| vb.get_unchecked_dtype(name, DType::F32);
+        let host = |name: &str| -> Result<Vec<f32>> {
+            f32_tensor(name)?
+                .flatten_all()?
+                .to_device(&Device::Cpu)?
+                .to_vec1()
+        };
+        // Its RMSNorms scale by 1 + w.
+        let norm = |name: &str| f32_tensor(name)? + 1.0;
+        let dense = |names: &[String]| -> Result<Linear> {
+            let ws = names
+                .iter()
+                .map(|n| vb.get_unchecked(n))
+                .collect::<Result<Vec<_>>>()?;
+            Linear::dense(Tensor::cat(&ws, 0)?, None, spec)
+        };
+        let (hd, nh, nkv) = (c.head_dim, c.num_heads, c.num_kv_heads);
+        let mut layers = Vec::with_capacity(c.layers.len());
+        let (mut kv_layer, mut state_at) = (0, 0);
+        for (i, kind) in c.layers.iter().enumerate() {
+            let p = format!("{root}.layers.{i}");
+            let mixer = match kind {
+                LayerKind::FullAttention => {
+                    let a = format!("{p}.self_attn");
+                    // q_proj interleaves each head's query and gate rows.
+                    let q = vb.get_unchecked(&format!("{a}.q_proj.weight"))?;
+                    let q = q.reshape((nh, 2 * hd, c.hidden_size))?;
+                    let half = |from: usize| -> Result<Tensor> {
+                        q.narrow(1, from, hd)?.reshape((nh * hd, c.hidden_size))
+                    };
+                    let (k, v) = (
+                        vb.get_unchecked(&format!("{a}.k_proj.weight"))?,
+                        vb.get_unchecked(&format!("{a}.v_proj.weight"))?,
+                    );
+                    let w = Tensor::cat(&[half(0)?, k, v, half(hd)?], 0)?;
+                    kv_layer += 1;
+                    Mixer::Full(FullAttention {
+                        qkvg: Linear::dense(w, None, spec)?,
+                        q_norm: norm(&format!("{a}.q_norm.weight"))?,
+                        k_norm: norm(&format!("{a}.k_norm.weight"))?,
+                        o: dense(&[format!("{a}.o_proj.weight")])?,
+                        kv_layer: kv_layer - 1,
+                    })
+                }
+                LayerKind::LinearAttention => {
+                    let a = format!("{p}.linear_attn");
+                    let conv = host(&format!("{a}.conv1d.weight"))?;
+                    anyhow::ensure!(
+                        conv.len() == c.conv_dim() * c.conv_kernel,
+                        "{a}.conv1d.weight has {} values for {} channels of {} taps",
+                        conv.len(),
+                        c.conv_dim(),
+                        c.conv_kernel
+                    );
+                    let at = state_at;
+                    state_at += c.linear_state_len();
+                    Mixer::Linear(LinearAttention {
+                        in_proj: dense(
+                            &["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"]
+                                .map(|n| format!("{a}.{n}.weight")),
+                        )?,
+                        conv,
+                        neg_a: host(&format!("{a}.A_log"))?
+                            .into_iter()
+                            .map(|x| -x.exp())
+                            .collect(),
+                        dt_bias: host(&format!("{a}.dt_bias"))?,
+                        norm: host(&format!("{a}.norm.weight"))?,
+                        out_proj: dense(&[format!("{a}.out_proj.weight")])?,
+                        state_at: at,
+                    })
+                }
+            };
+            let m = format!("{p}.mlp");
+            layers.push(Layer {
+                input_norm: norm(&format!("{p}.input_layernorm.weight"))?,
+                mixer,
+                post_norm: norm(&format!("{p}.post_attention_layernorm.weight"))?,
+                gate_up: dense(&[
+                    format!("{m}.gate_proj.weight"),
+                    format!("{m}.up_proj.weight"),
+                ])?,
+                down: dense(&[format!("{m}.down_proj.weight")])?,
+            });
+        }
+        let embed_name = format!("{root}.embed_tokens.weight");
+        let embed = Embedding::Dense(f32_tensor(&embed_name)?);
+        let head = match tied || !vb.contains_tensor("lm_head.weight") {
+            true => embed_name,
+            false => "lm_head.weight".to_string(),
+        };
+        let lm_head = Linear::dense(vb.get_unchecked(&head)?, None, spec)?;
+        let norm = norm(&format!("{root}.norm.weight"))?;
+        let inv_freq: Vec<f32> = (0..c.rope_dim / 2)
+            .map(|i| 1.0 / c.rope_theta.powf(2.0 * i as f32 / c.rope_dim as f32))
+            .collect();
+        let rope = Rope::new(&inv_freq, hd, 1.0, c.max_context, false, &device)?;
+        let mut layers = layers;
+        let mut lm_head = lm_head;
+        crate::quant::share_pages(
+            layers
+                .iter_mut()
+                .flat_map(|l| {
+                    let mixer: Vec<&mut Linear> = match &mut l.mixer {
+                        Mixer::Full(a) => vec![&mut a.qkvg, &mut a.o],
+                        Mixer::Linear(a) => vec![&mut a.in_proj, &mut a.out_proj],
+                    };
+                    mixer.into_iter().chain([&mut l.gate_up, &mut l.down])
+                })
+                .chain([&mut lm_head])
+                .flat_map(Linear::own_matrices),
+        );
+        let info = ModelInfo {
+            num_layers: kv_layer,
+            num_heads: nh,
+            num_kv_heads: nkv,
+            head_dim: hd,
+            vocab_size: c.vocab_size,
+            max_context: c.max_context,
+            kv_dtype: KvDtype::for_weights(vb.dtype()),
+            window_layers: Vec::new(),
+            sliding_window: None,
+        };
+        Ok(Qwen35 {
+            states: Mutex::new(StateStore::new(state_at)),
+            config: c,
+            info,
+            device,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            rope,
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+}
+
+impl Model for Qwen35 {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn state_bytes(&self) -> Option<usize> {
+        (self.config.num_linear_layers() > 0)
+            .then(|| self.config.num_linear_layers() * self.config.linear_state_len() * 4)
+    }
+
+    fn forward_all(&self, batch: &FlatBatch, cache: &mut KvCache) -> Result<Output> {
+        let c = &self.config;
+        let dims = AttnDims {
+            num_heads: c.num_heads,
+            num_kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            block_size: cache.layout().block_size,
+            window: None,
+        };
+        let eps = c.rms_norm_eps as f32;
+        let meta = StepMeta::new(batch, cache, None, &self.device)?;
+        let positions = meta.positions_t()?;
+        // Each sequence's recurrent state, out of its slot for the step.
+        let mut store = self
+            .states
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("the state store is poisoned".into()))?;
+        let slots = batch
+            .seqs
+            .iter()
+            .map(|s| {
+                s.state_slot.ok_or_else(|| {
+                    candle_core::Error::Msg(
+                        "a qwen3_5 sequence came without a recurrent-state slot".into(),
+                    )
+                })
+            })
+            .collect::<Result<Vec<u32>>>()?;
+        let mut states = Vec::with_capacity(slots.len());
+        for (s, &slot) in batch.seqs.iter().zip(&slots) {
+            match store.take(slot, s.first_pos == 0) {
+                Ok(state) => states.push(state),
+                Err(e) => {
+                    // Put back what was taken: a sequence's state is lost
+                    // only with the sequence.
+                    for (&slot, state) in slots.iter().zip(states) {
+                        store.put(slot, state);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let mut x = self.embed.forward(meta.tokens(), &meta.tokens_t()?)?;
+        for l in &self.layers {
+            let h = candle_nn::ops::rms_norm(&x, &l.input_norm, eps)?;
+            let mixed = match &l.mixer {
+                Mixer::Full(a) => a.forward(&h, cache, &meta, &positions, &self.rope, dims, eps)?,
+                Mixer::Linear(a) => a.forward(&h, &batch.seqs, &mut states, c)?,
+            };
+            x = elementwise::add(&x, &mixed)?;
+            let h = candle_nn::ops::rms_norm(&x, &l.post_norm, eps)?;
+            let mlp = l
+                .down
+                .forward(&elementwise::glu(&l.gate_up.forward(&h)?, Act::Silu)?)?;
+            x = elementwise::add(&x, &mlp)?;
+        }
+        for (&slot, state) in slots.iter().zip(states) {
+            store.put(slot, state);
+        }
+        drop(store);
+        let hidden = hidden_states(&x, batch, &self.device, |h| {
+            candle_nn::ops::rms_norm(h, &self.norm, eps)
+        })?;
+        if meta.num_logit_rows() == 0 {
+            let logits = Tensor::zeros((0, c.vocab_size), DType::F32, &self.device)?;
+            return Ok(Output { logits, hidden });
+        }
+        let x =
+            candle_nn::ops::rms_norm(&x.index_select(&meta.logit_rows_t()?, 0)?, &self.norm, eps)?;
+        Ok(Output {
+            logits: self.lm_head.forward(&x)?,
+            hidden,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The multimodal checkpoint's `config.json`: the language model in
+    /// `text_config`, layer types from the interval, RoPE in
+    /// `rope_parameters` with the multimodal sections.
+    #[test]
+    fn config_from_a_multimodal_checkpoint() {
+        let json = serde_json::json!({
+            "model_type": "qwen3_5", "tie_word_embeddings": true,
+            "text_config": {
+                "model_type": "qwen3_5_text", "hidden_size": 1024, "intermediate_size": 3584,
+                "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 2,
+                "head_dim": 256, "rms_norm_eps": 1e-6, "max_position_embeddings": 262144,
+                "vocab_size": 248320, "full_attention_interval": 4, "hidden_act": "silu",
+                "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+                "linear_value_head_dim": 128, "linear_num_key_heads": 16,
+                "linear_num_value_heads": 16,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 10000000,
+                    "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10],
+                    "mrope_interleaved": true},
+            },
+        });
+        let (c, tied) = Config::from_hf(&json.to_string()).unwrap();
+        assert!(tied);
+        let full: Vec<usize> = (0..8)
+            .filter(|&i| c.layers[i] == LayerKind::FullAttention)
+            .collect();
+        assert_eq!(full, [3, 7]);
+        assert_eq!((c.rope_dim, c.rope_theta), (64, 1e7));
+        assert_eq!(c.conv_dim(), 3 * 2048);
+        assert_eq!(c.linear_state_len(), 3 * 6144 + 16 * 128 * 128);
+    }
+}
