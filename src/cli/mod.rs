@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use crate::engine::kv_cache::KvDtype;
+use crate::engine::step_budget::DEFAULT_MAX_STEP_SLOWDOWN;
 use crate::engine::EngineConfig;
 use crate::load::loader::{LoadOptions, WeightDtype};
 use crate::models::linear::WeightFormat;
@@ -67,9 +68,23 @@ pub struct EngineArgs {
     /// Most sequences decoded together.
     #[arg(long, default_value_t = 256, env = "WICK_MAX_NUM_SEQS")]
     pub max_num_seqs: usize,
-    /// Most tokens (prefill chunks plus decode rows) in one forward pass.
+    /// Most tokens (prefill chunks plus decode rows) in one forward pass:
+    /// the hard cap under --max-step-slowdown.
     #[arg(long, default_value_t = 512, env = "WICK_MAX_NUM_BATCHED_TOKENS")]
     pub max_num_batched_tokens: usize,
+    /// Most a step that carries prompt tokens may take, as a multiple of a
+    /// decode-only step of the running batch (measured as wick runs): decode
+    /// rows go first and prompt chunks fill what this leaves, at least a
+    /// sixteenth of --max-num-batched-tokens a step. Higher: sooner first
+    /// tokens, longer stalls of running streams. 0: no bound but
+    /// --max-num-batched-tokens.
+    #[arg(
+        long,
+        default_value_t = DEFAULT_MAX_STEP_SLOWDOWN,
+        env = "WICK_MAX_STEP_SLOWDOWN",
+        value_parser = parse_slowdown,
+    )]
+    pub max_step_slowdown: f64,
     /// How K/V are cached; default f32 for f32 weights, else f16. int8
     /// (per token and head, CPU only) takes about half f16's memory and
     /// bandwidth, which speeds up decoding many streams.
@@ -92,6 +107,21 @@ pub struct EngineArgs {
 
 /// The KV budget in MiB where --kv-cache-memory is unset and no GPU sizes it.
 pub const DEFAULT_KV_CACHE_MIB: usize = 512;
+
+/// --max-step-slowdown: 0 (off), or a multiple of at least 1.
+fn parse_slowdown(s: &str) -> Result<f64, String> {
+    let x: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number"))?;
+    if x == 0.0 || (x.is_finite() && x >= 1.0) {
+        Ok(x)
+    } else {
+        Err(format!(
+            "must be a multiple of at least 1 (e.g. 2.5), or 0 for no bound, got {s}"
+        ))
+    }
+}
 
 /// --gpu-memory-utilization: a fraction above 0 and at most 1.
 fn parse_utilization(s: &str) -> Result<f64, String> {
@@ -119,6 +149,7 @@ impl EngineArgs {
                 .then_some(self.gpu_memory_utilization),
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.max_num_batched_tokens,
+            max_step_slowdown: self.max_step_slowdown,
             kv_dtype: self.kv_cache_dtype,
             force_tensor_kv: false,
             prefix_caching: !self.no_prefix_caching,
@@ -172,6 +203,20 @@ mod tests {
             .config();
         assert_eq!(cfg.kv_cache_bytes, 64 << 20);
         assert_eq!(cfg.gpu_memory_utilization, None);
+    }
+
+    #[test]
+    fn step_slowdown_defaults_and_bounds() {
+        assert_eq!(parse(&[]).unwrap().config().max_step_slowdown, 2.5);
+        for (arg, want) in [("4", 4.0), ("1", 1.0), ("0", 0.0)] {
+            let a = parse(&["--max-step-slowdown", arg]).unwrap();
+            assert_eq!(a.config().max_step_slowdown, want);
+        }
+        for bad in ["0.5", "-1", "inf", "NaN", "fast"] {
+            let arg = format!("--max-step-slowdown={bad}");
+            let err = parse(&[&arg]).unwrap_err().to_string();
+            assert!(err.contains("--max-step-slowdown"), "{bad}: {err}");
+        }
     }
 
     #[test]

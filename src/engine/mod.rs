@@ -11,7 +11,7 @@ pub mod pooling;
 pub mod request_rules;
 pub mod scheduler;
 pub mod sequence;
-pub mod state_slots;
+pub mod step_budget;
 pub mod window_blocks;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -25,7 +25,6 @@ use crate::engine::model_runner::ModelRunner;
 use crate::engine::pooling::{Pool, Pooling};
 use crate::engine::scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
 use crate::engine::sequence::{FinishReason, SeqId, Sequence, StepEvent};
-use crate::engine::state_slots::StateSlots;
 use crate::engine::window_blocks::WindowBlocks;
 use crate::error::{Result, WickError};
 use crate::models::LogitRows;
@@ -48,6 +47,10 @@ pub struct EngineConfig {
     pub gpu_memory_utilization: Option<f64>,
     pub max_num_seqs: usize,
     pub max_num_batched_tokens: usize,
+    /// Most a step with prompt tokens may take, as a multiple of a
+    /// decode-only step of the batch ([`step_budget`]); 0: no bound but
+    /// `max_num_batched_tokens`.
+    pub max_step_slowdown: f64,
     /// How K/V are stored; `None` takes the model's choice.
     pub kv_dtype: Option<KvDtype>,
     /// Use the candle-tensor KV pool and attention even on the CPU (tests the
@@ -66,6 +69,7 @@ impl Default for EngineConfig {
             gpu_memory_utilization: None,
             max_num_seqs: 256,
             max_num_batched_tokens: 512,
+            max_step_slowdown: step_budget::DEFAULT_MAX_STEP_SLOWDOWN,
             kv_dtype: None,
             force_tensor_kv: false,
             prefix_caching: true,
@@ -183,6 +187,7 @@ impl Engine {
         let scheduler_cfg = SchedulerConfig {
             max_num_seqs: cfg.max_num_seqs,
             max_num_batched_tokens: cfg.max_num_batched_tokens,
+            max_step_slowdown: cfg.max_step_slowdown,
         };
         let (cache, scheduler) = match info.sliding_window {
             None => (
@@ -190,7 +195,7 @@ impl Engine {
                 Scheduler::new(
                     scheduler_cfg,
                     BlockManager::new(layout.num_blocks, cfg.block_size)
-                        .with_caching(cfg.prefix_caching && model.state_bytes().is_none()),
+                        .with_caching(cfg.prefix_caching),
                 ),
             ),
             // The sliding-window layers' K/V go in a pool of their own,
@@ -231,22 +236,6 @@ impl Engine {
                 ));
                 (cache, scheduler)
             }
-        };
-        // A hybrid model's linear-attention layers keep a state per
-        // sequence: a slot for every sequence that may run. A state sums up
-        // a whole prefix, which cached blocks would come without, so the
-        // prefix cache is off for such models (above).
-        let scheduler = match model.state_bytes() {
-            Some(bytes) => {
-                tracing::info!(
-                    "recurrent state: {} slots of {} KiB, allocated as sequences first use \
-                     them; prefix caching is off for this model",
-                    cfg.max_num_seqs,
-                    bytes >> 10
-                );
-                scheduler.with_states(StateSlots::new(cfg.max_num_seqs))
-            }
-            None => scheduler,
         };
         Ok(Engine {
             runner: ModelRunner::new(model, cache),
@@ -339,8 +328,16 @@ impl Engine {
     }
 
     /// One continuous-batching step: schedule, run one forward over the flat
-    /// batch, sample, and let the scheduler append, finish and free.
+    /// batch, sample, and let the scheduler append, finish and free. Its
+    /// time is what the step budget learns from.
     pub fn step(&mut self) -> Vec<StepEvent> {
+        let start = Instant::now();
+        let events = self.run_step();
+        self.scheduler.note_step(start.elapsed());
+        events
+    }
+
+    fn run_step(&mut self) -> Vec<StepEvent> {
         self.scheduler.schedule();
         let batch = ModelRunner::build_batch(self.scheduler.scheduled());
         if batch.tokens.is_empty() {

@@ -4,9 +4,14 @@
 //! [`Scheduler::postprocess`] appends what was sampled, finishes sequences
 //! and frees their blocks. Blocks are given back in one place, [`release`].
 //!
-//! Each step running sequences go first (a decode token each, or the next
-//! chunk of a long prompt), then waiting ones are admitted while the token
-//! budget, the sequence cap and the KV pool allow. An admitted sequence
+//! Each step decode rows go first (a token for every running sequence past
+//! its prompt), then prompt chunks of running sequences, then waiting ones
+//! are admitted, while the step's prompt budget, the sequence cap and the
+//! KV pool allow. The prompt budget ([`StepBudget`]) keeps a step that
+//! carries prompt tokens within a bounded multiple of a decode-only step,
+//! as measured on the steps run, so a long prompt does not stall every
+//! running stream; it never falls below a floor, so prompts are never
+//! starved, and never past `--max-num-batched-tokens`. An admitted sequence
 //! first takes the longest run of its leading full blocks the prefix cache
 //! holds, and computes only the rest (at least its last token, whose logits
 //! it samples from). When the pool runs dry the most recently admitted
@@ -14,7 +19,7 @@
 //! while the pool allows) and it queues again behind those already waiting.
 //!
 //! No request can lock others out ([`FairShare`]): while any wait, prompts
-//! already running leave part of each step's budget to admissions, and one
+//! already running leave part of each step's prompt budget to admissions, and one
 //! request's sequences beyond its first few may hold at most half the pool
 //! at their longest, so the rest of its `n` waits rather than crowding
 //! others out.
@@ -29,7 +34,7 @@ use std::time::{Duration, Instant};
 use crate::engine::block_manager::BlockManager;
 use crate::engine::mask_budget::MaskBudget;
 use crate::engine::sequence::{FinishReason, SeqId, Sequence, StepEvent};
-use crate::engine::state_slots::StateSlots;
+use crate::engine::step_budget::StepBudget;
 use crate::engine::window_blocks::WindowBlocks;
 use crate::sampling::sampler::SampledToken;
 
@@ -39,16 +44,15 @@ pub struct SchedulerConfig {
     pub max_num_seqs: usize,
     /// Most tokens (prefill chunks plus decode rows) in one forward pass.
     pub max_num_batched_tokens: usize,
+    /// Most a step with prompt tokens may take, as a multiple of a
+    /// decode-only step of the batch ([`StepBudget`]); 0: no bound.
+    pub max_step_slowdown: f64,
 }
 
-/// How the step budget and the KV pool are shared between requests.
+/// How the step's prompt budget and the KV pool are shared between
+/// requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FairShare {
-    /// Tokens of each step's budget that running prompts leave to
-    /// admissions while any sequence waits: a new request's prompt (or its
-    /// first chunk) then runs in the next step, however long the prompts
-    /// before it.
-    pub admit_reserve: usize,
     /// Most blocks one request's running sequences may need at their
     /// longest (`max_len`), beyond its first [`MIN_GROUP_SEQS`].
     pub max_group_blocks: usize,
@@ -60,22 +64,29 @@ pub struct FairShare {
 const MIN_GROUP_SEQS: usize = 4;
 
 impl FairShare {
-    /// Three quarters of the step budget for admissions, half the pool a
-    /// request.
-    pub fn new(max_num_batched_tokens: usize, num_blocks: usize) -> Self {
+    /// Half the pool a request.
+    pub fn new(num_blocks: usize) -> Self {
         FairShare {
-            admit_reserve: max_num_batched_tokens - max_num_batched_tokens / 4,
             max_group_blocks: num_blocks / 2,
         }
     }
 
-    /// Tokens a running sequence with `pending` tokens may take of `budget`:
-    /// a prompt chunk leaves the reserve when others wait; a decode row (one
-    /// token) always runs.
-    fn chunk(&self, pending: usize, budget: usize, others_wait: bool) -> usize {
-        let cap = match (pending > 1, others_wait) {
-            (true, true) => budget.saturating_sub(self.admit_reserve),
-            _ => budget,
+    /// Tokens of a step's prompt budget `prefill` that running prompts
+    /// leave to admissions while any sequence waits, three quarters: a new
+    /// request's prompt (or its first chunk) then runs in the next step,
+    /// however long the prompts before it.
+    pub fn admit_reserve(prefill: usize) -> usize {
+        prefill - prefill / 4
+    }
+
+    /// Tokens a running prompt with `pending` tokens left may take of the
+    /// `left` that remain of the step's prompt budget `prefill`: it leaves
+    /// the reserve when others wait.
+    fn chunk(&self, pending: usize, left: usize, prefill: usize, others_wait: bool) -> usize {
+        let cap = if others_wait {
+            left.saturating_sub(Self::admit_reserve(prefill))
+        } else {
+            left
         };
         pending.min(cap)
     }
@@ -104,20 +115,39 @@ pub struct SchedulerStats {
     /// Prompt tokens looked up in the prefix cache, and found there.
     pub prefix_queries: u64,
     pub prefix_hits: u64,
+    /// Steps timed so far ([`Scheduler::note_step`]), and the last one's
+    /// time and prompt tokens.
+    pub steps: u64,
+    pub last_step: Duration,
+    pub last_step_prefill_tokens: usize,
+    /// Prompt tokens the step budget allowed the last step beside its
+    /// decode rows ([`StepBudget::prefill_tokens`]).
+    pub prefill_budget: usize,
+}
+
+/// What the scheduler gave the step it just scheduled.
+#[derive(Debug, Clone, Copy, Default)]
+struct StepPlan {
+    decode_rows: usize,
+    prompt_tokens: usize,
+    prefill_budget: usize,
 }
 
 pub struct Scheduler {
     cfg: SchedulerConfig,
     share: FairShare,
+    steps: StepBudget,
+    /// The step scheduled and not yet timed.
+    plan: Option<StepPlan>,
+    num_steps: u64,
+    last_step: Duration,
+    last_plan: StepPlan,
     masks: MaskBudget,
     /// How long the last forward pass took: the measure of the mask budget.
     last_forward: Duration,
     blocks: BlockManager,
     /// The sliding-window layers' blocks, for a model with such layers.
     window: Option<WindowBlocks>,
-    /// The recurrent-state slots, for a hybrid model's linear-attention
-    /// layers ([`StateSlots`]): a sequence holds one while it runs.
-    states: Option<StateSlots>,
     /// How long each sequence admitted since the last [`take_queue_waits`]
     /// (`Scheduler::take_queue_waits`) waited for its first admission.
     queue_waits: Vec<Duration>,
@@ -133,13 +163,17 @@ pub struct Scheduler {
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig, blocks: BlockManager) -> Self {
         Scheduler {
-            share: FairShare::new(cfg.max_num_batched_tokens, blocks.num_blocks()),
+            share: FairShare::new(blocks.num_blocks()),
+            steps: StepBudget::new(cfg.max_num_batched_tokens, cfg.max_step_slowdown),
+            plan: None,
+            num_steps: 0,
+            last_step: Duration::ZERO,
+            last_plan: StepPlan::default(),
             cfg,
             masks: MaskBudget::default(),
             last_forward: Duration::ZERO,
             blocks,
             window: None,
-            states: None,
             queue_waits: Vec::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -154,16 +188,6 @@ impl Scheduler {
     pub fn with_window(mut self, window: WindowBlocks) -> Self {
         self.window = Some(window);
         self
-    }
-
-    /// With recurrent-state slots as well: admission then needs a free one.
-    pub fn with_states(mut self, states: StateSlots) -> Self {
-        self.states = Some(states);
-        self
-    }
-
-    pub fn state_slots(&self) -> Option<&StateSlots> {
-        self.states.as_ref()
     }
 
     pub fn block_size(&self) -> usize {
@@ -218,12 +242,33 @@ impl Scheduler {
             mask_deferrals: self.num_mask_deferrals,
             prefix_queries: self.prefix_queries,
             prefix_hits: self.prefix_hits,
+            steps: self.num_steps,
+            last_step: self.last_step,
+            last_step_prefill_tokens: self.last_plan.prompt_tokens,
+            prefill_budget: self.last_plan.prefill_budget,
         }
     }
 
     /// How long the forward pass just run took.
     pub fn note_forward(&mut self, took: Duration) {
         self.last_forward = took;
+    }
+
+    /// How long the whole step just run took, from scheduling to the
+    /// sampled tokens: what the step budget learns its cost model from.
+    /// A step that ran nothing or failed teaches nothing.
+    pub fn note_step(&mut self, took: Duration) {
+        let Some(plan) = self.plan.take() else {
+            return;
+        };
+        if plan.decode_rows + plan.prompt_tokens == 0 {
+            return;
+        }
+        self.steps
+            .observe(plan.decode_rows, plan.prompt_tokens, took);
+        self.num_steps += 1;
+        self.last_step = took;
+        self.last_plan = plan;
     }
 
     /// The constrained decode rows that sit this step out ([`MaskBudget`]).
@@ -253,22 +298,46 @@ impl Scheduler {
     /// Sets `chunk` on every running sequence for this step (0 = sits out),
     /// admitting and preempting as needed. Returns the ids preempted.
     pub fn schedule(&mut self) -> Vec<SeqId> {
-        let mut budget = self.cfg.max_num_batched_tokens;
+        let cap = self.cfg.max_num_batched_tokens;
         let mut preempted = Vec::new();
         let others_wait = !self.waiting.is_empty();
         let sit_outs = self.mask_sit_outs();
         self.num_mask_deferrals += sit_outs.len() as u64;
-        let mut i = 0;
-        while i < self.running.len() {
-            let seq = &mut self.running[i];
+        // Decode rows first, a token each; with prompt work about, they
+        // leave the step budget's floor to it.
+        let prompts = others_wait || self.running.iter().any(|s| s.pending() > 1);
+        let mut decode_room = match prompts {
+            true => cap.saturating_sub(self.steps.floor()),
+            false => cap,
+        };
+        let mut decode_rows = 0;
+        for seq in &mut self.running {
             seq.chunk = 0;
             if sit_outs.contains(&seq.id) {
                 seq.sat_out += 1;
-                i += 1;
                 continue;
             }
             seq.sat_out = 0;
-            let chunk = self.share.chunk(seq.pending(), budget, others_wait);
+            if seq.pending() == 1 && decode_room > 0 {
+                seq.chunk = 1;
+                decode_rows += 1;
+                decode_room -= 1;
+            }
+        }
+        // Then prompt chunks, running ones first, within what the step
+        // budget allows beside those rows.
+        let prefill = self.steps.prefill_tokens(decode_rows, self.batch_to_be());
+        let mut left = prefill;
+        for seq in &mut self.running {
+            if seq.pending() > 1 {
+                seq.chunk = self.share.chunk(seq.pending(), left, prefill, others_wait);
+                left -= seq.chunk;
+            }
+        }
+        // Blocks for what each was given, in admission order.
+        let mut i = 0;
+        while i < self.running.len() {
+            let chunk = self.running[i].chunk;
             if chunk == 0 {
                 i += 1;
                 continue;
@@ -276,9 +345,7 @@ impl Scheduler {
             loop {
                 let seq = &mut self.running[i];
                 if grow(&mut self.blocks, &mut self.window, seq, chunk) {
-                    seq.chunk = chunk;
                     register_full_blocks(&mut self.blocks, seq);
-                    budget -= chunk;
                     i += 1;
                     break;
                 }
@@ -291,13 +358,40 @@ impl Scheduler {
             }
         }
         if preempted.is_empty() {
-            self.admit(budget);
+            self.admit(left);
         }
+        self.plan = Some(self.plan_of_step(prefill));
         // Behind everyone already waiting, in arrival order among themselves.
         preempted.sort_by_key(|s| s.id);
         let ids = preempted.iter().map(|s| s.id).collect();
         self.waiting.extend(preempted);
         ids
+    }
+
+    /// Sequences that will decode together once the prompts running and
+    /// waiting are in: what a step's slowdown is measured against.
+    /// Embedding requests end with their prompt, and do not count.
+    fn batch_to_be(&self) -> usize {
+        let generates = |s: &&Sequence| s.pool.is_none();
+        let n = self.running.iter().filter(generates).count()
+            + self.waiting.iter().filter(generates).count();
+        n.min(self.cfg.max_num_seqs)
+    }
+
+    /// The decode rows and prompt tokens of the step just scheduled.
+    fn plan_of_step(&self, prefill_budget: usize) -> StepPlan {
+        let mut plan = StepPlan {
+            prefill_budget,
+            ..StepPlan::default()
+        };
+        for seq in self.scheduled() {
+            if seq.pending() == 1 {
+                plan.decode_rows += 1;
+            } else {
+                plan.prompt_tokens += seq.chunk;
+            }
+        }
+        plan
     }
 
     /// Admits waiting sequences in queue order while the budget, the
@@ -322,19 +416,11 @@ impl Scheduler {
                 continue;
             }
             let seq = &mut self.waiting[at];
-            // A hybrid model's sequence needs a state slot to run.
-            if !self
-                .states
-                .as_mut()
-                .is_none_or(|s| s.take(&mut seq.state_slot))
-            {
-                break;
-            }
             let hit = match_prefix(&mut self.blocks, seq);
             let chunk = seq.pending().min(budget);
             if !grow(&mut self.blocks, &mut self.window, seq, chunk) {
                 // Holding the matched blocks while waiting would pin them.
-                release(&mut self.blocks, &mut self.window, &mut self.states, seq);
+                release(&mut self.blocks, &mut self.window, seq);
                 break;
             }
             self.prefix_queries += hit.queried as u64;
@@ -356,12 +442,7 @@ impl Scheduler {
     /// Takes a running sequence out and frees its blocks, to be queued again.
     fn preempt(&mut self, index: usize) -> Sequence {
         let mut seq = self.running.remove(index);
-        release(
-            &mut self.blocks,
-            &mut self.window,
-            &mut self.states,
-            &mut seq,
-        );
+        release(&mut self.blocks, &mut self.window, &mut seq);
         self.num_preemptions += 1;
         seq.queued_at = Instant::now();
         seq
@@ -400,12 +481,7 @@ impl Scheduler {
             });
             if finish.is_some() {
                 let mut seq = self.running.remove(i);
-                release(
-                    &mut self.blocks,
-                    &mut self.window,
-                    &mut self.states,
-                    &mut seq,
-                );
+                release(&mut self.blocks, &mut self.window, &mut seq);
             } else {
                 i += 1;
             }
@@ -424,12 +500,7 @@ impl Scheduler {
         };
         match seq {
             Some(mut seq) => {
-                release(
-                    &mut self.blocks,
-                    &mut self.window,
-                    &mut self.states,
-                    &mut seq,
-                );
+                release(&mut self.blocks, &mut self.window, &mut seq);
                 true
             }
             None => false,
@@ -440,6 +511,7 @@ impl Scheduler {
     /// this step registered in the prefix cache was never computed, so the
     /// cache is dropped.
     pub fn fail_scheduled(&mut self, msg: &str) -> Vec<StepEvent> {
+        self.plan = None;
         let ids: Vec<SeqId> = self.scheduled().map(|s| s.id).collect();
         for &id in &ids {
             self.abort(id);
@@ -467,19 +539,10 @@ fn grow(
 }
 
 /// Gives back a sequence's blocks; its cache cursor and hashes reset.
-fn release(
-    blocks: &mut BlockManager,
-    window: &mut Option<WindowBlocks>,
-    states: &mut Option<StateSlots>,
-    seq: &mut Sequence,
-) {
+fn release(blocks: &mut BlockManager, window: &mut Option<WindowBlocks>, seq: &mut Sequence) {
     blocks.release(&mut seq.block_table);
     if let Some(w) = window {
         w.release(&mut seq.window_table);
-    }
-    // Its state goes with it: a preempted sequence starts over.
-    if let Some(s) = states {
-        s.release(&mut seq.state_slot);
     }
     seq.block_hashes.clear();
     seq.num_cached = 0;
@@ -581,6 +644,7 @@ mod tests {
             SchedulerConfig {
                 max_num_seqs,
                 max_num_batched_tokens: max_tokens,
+                max_step_slowdown: 2.5,
             },
             BlockManager::new(num_blocks, 4),
         )
@@ -625,14 +689,182 @@ mod tests {
         assert_eq!(chunks(&s), [(1, 2), (2, 3)]);
         run_step(&mut s);
         s.schedule();
-        // No one waits: the whole budget goes to the running prompt.
-        assert_eq!(chunks(&s), [(1, 10), (2, 0)]);
+        // No one waits: seq 2 decodes first, the running prompt takes the
+        // rest of the budget.
+        assert_eq!(chunks(&s), [(1, 9), (2, 1)]);
         run_step(&mut s);
         s.schedule();
-        assert_eq!(chunks(&s), [(1, 3), (2, 1)]);
+        assert_eq!(chunks(&s), [(1, 4), (2, 1)]);
         run_step(&mut s);
         s.schedule();
         assert_eq!(chunks(&s), [(1, 1), (2, 1)], "both decode");
+    }
+
+    /// A step of `tokens` on a synthetic machine: 40 ms a step and 7.5 ms
+    /// a token (a 1B model on two cores, about).
+    fn cost(tokens: usize) -> Duration {
+        Duration::from_micros(40_000 + 7_500 * tokens as u64)
+    }
+
+    /// One step on the synthetic clock: its decode rows, tokens and time.
+    type ClockedStep = (usize, usize, Duration);
+
+    /// One sequence on the synthetic clock: when its first token came, and
+    /// the longest gap between its tokens.
+    type ClockedSeq = (Duration, Duration);
+
+    /// Runs `s` to the end on the synthetic clock; returns each step, and
+    /// each sequence by id.
+    fn run_clocked(s: &mut Scheduler) -> (Vec<ClockedStep>, Vec<ClockedSeq>) {
+        let mut now = Duration::ZERO;
+        let mut steps = Vec::new();
+        let mut seen: HashMap<SeqId, (Duration, Duration, Duration)> = HashMap::new();
+        while s.has_work() {
+            s.schedule();
+            let decode = s.scheduled().filter(|q| q.pending() == 1).count();
+            let tokens: usize = s.scheduled().map(|q| q.chunk).sum();
+            let events = run_step(s);
+            now += cost(tokens);
+            s.note_step(cost(tokens));
+            steps.push((decode, tokens, cost(tokens)));
+            for ev in events {
+                let e = seen.entry(ev.seq).or_insert((now, now, Duration::ZERO));
+                e.2 = e.2.max(now - e.1);
+                e.1 = now;
+            }
+        }
+        let mut ids: Vec<_> = seen.keys().copied().collect();
+        ids.sort();
+        (
+            steps,
+            ids.iter().map(|id| (seen[id].0, seen[id].2)).collect(),
+        )
+    }
+
+    fn busy_scheduler(slowdown: f64) -> Scheduler {
+        let mut s = Scheduler::new(
+            SchedulerConfig {
+                max_num_seqs: 256,
+                max_num_batched_tokens: 512,
+                max_step_slowdown: slowdown,
+            },
+            BlockManager::new(4096, 16),
+        );
+        for id in 0..32 {
+            s.add(seq(id, 128, 64));
+        }
+        s
+    }
+
+    #[test]
+    fn steps_with_prompts_stay_within_the_slowdown_of_a_decode_step() {
+        // 32 prompts of 128 tokens at once, 64 tokens each: the issue's
+        // load. A 32-row decode step costs 280 ms.
+        let (steps, seqs) = run_clocked(&mut busy_scheduler(2.5));
+        let bound = cost(32).mul_f64(2.5);
+        for &(decode, tokens, took) in &steps {
+            if decode > 0 {
+                assert!(
+                    took <= bound,
+                    "{decode} rows + {} prompt tokens: {took:?}",
+                    tokens - decode
+                );
+            }
+        }
+        // Decode rows never sit out: a stream's longest gap is one step.
+        let worst_gap = seqs.iter().map(|q| q.1).max().unwrap();
+        assert!(worst_gap <= bound, "{worst_gap:?}");
+        // Without the bound a 512-token step stalls the first streams for
+        // 3.9 s at a time; the last first token comes a little sooner.
+        let (_, unbounded) = run_clocked(&mut busy_scheduler(0.0));
+        let stall = unbounded.iter().map(|q| q.1).max().unwrap();
+        assert!(stall > cost(500), "{stall:?}");
+        let last_first = |q: &[ClockedSeq]| q.iter().map(|q| q.0).max().unwrap();
+        let (bounded, free) = (last_first(&seqs), last_first(&unbounded));
+        assert!(bounded <= free.mul_f64(1.2), "{bounded:?} vs {free:?}");
+    }
+
+    #[test]
+    fn a_long_prompt_among_busy_streams_gets_its_first_token_in_bounded_steps() {
+        // 100 streams decode; a 2000-token prompt joins. The slowdown
+        // alone (1.0: no step slower than a decode-only one) would let one
+        // prompt token in a step; the floor (512 / 16 = 32) lets 32.
+        let mut s = Scheduler::new(
+            SchedulerConfig {
+                max_num_seqs: 256,
+                max_num_batched_tokens: 512,
+                max_step_slowdown: 1.0,
+            },
+            BlockManager::new(4096, 16),
+        );
+        for id in 0..100 {
+            s.add(seq(id, 4, 1000));
+        }
+        for _ in 0..4 {
+            s.schedule();
+            let tokens: usize = s.scheduled().map(|q| q.chunk).sum();
+            run_step(&mut s);
+            s.note_step(cost(tokens));
+        }
+        s.add(seq(1000, 2000, 1));
+        let mut steps = 0;
+        let first = loop {
+            s.schedule();
+            steps += 1;
+            assert_eq!(
+                s.scheduled()
+                    .filter(|q| q.pending() == 1 && q.id < 1000)
+                    .count(),
+                100
+            );
+            let long = s.running.iter().find(|q| q.id == 1000);
+            let (chunk, pending) = long.map(|q| (q.chunk, q.pending())).unwrap();
+            assert!(chunk >= 32.min(pending), "step {steps}: {chunk}");
+            let events = run_step(&mut s);
+            s.note_step(cost(100 + chunk));
+            if events.iter().any(|e| e.seq == 1000) {
+                break steps;
+            }
+        };
+        assert_eq!(first, 2000usize.div_ceil(32));
+        assert_eq!(s.stats().prefill_budget, 32);
+    }
+
+    #[test]
+    fn decode_rows_leave_the_floor_to_prompts() {
+        // More decode rows than the cap holds: prompts still get the floor
+        // (128 / 16 = 8 tokens) and the newest decode rows wait a step.
+        let mut s = scheduler(4096, 256, 128);
+        for id in 0..130 {
+            s.add(seq(id, 1, 100));
+        }
+        s.schedule();
+        run_step(&mut s);
+        s.schedule();
+        run_step(&mut s);
+        s.add(seq(500, 40, 1));
+        s.schedule();
+        let decoding = s.scheduled().filter(|q| q.id < 500).count();
+        let prompt: usize = s.scheduled().filter(|q| q.id == 500).map(|q| q.chunk).sum();
+        assert_eq!((decoding, prompt), (120, 8));
+        s.note_step(cost(128));
+        let st = s.stats();
+        assert_eq!((st.steps, st.last_step_prefill_tokens), (1, 8));
+        assert_eq!(st.last_step, cost(128));
+    }
+
+    #[test]
+    fn a_failed_or_empty_step_teaches_nothing() {
+        let mut s = scheduler(64, 8, 100);
+        s.schedule();
+        s.note_step(cost(0));
+        assert_eq!(s.stats().steps, 0, "nothing ran");
+        s.add(seq(1, 5, 4));
+        s.schedule();
+        s.fail_scheduled("boom");
+        s.note_step(cost(5));
+        assert_eq!(s.stats().steps, 0, "failed");
+        assert_eq!(s.steps.cost().line(), None);
     }
 
     #[test]
@@ -719,13 +951,16 @@ mod tests {
     }
 
     #[test]
-    fn fair_share_caps_only_prompt_chunks_and_only_while_others_wait() {
-        let f = FairShare::new(512, 100);
-        assert_eq!((f.admit_reserve, f.max_group_blocks), (384, 50));
-        assert_eq!(f.chunk(8000, 512, true), 128);
-        assert_eq!(f.chunk(8000, 512, false), 512);
-        assert_eq!(f.chunk(1, 1, true), 1, "a decode row always runs");
-        assert_eq!(f.chunk(8000, 300, true), 0);
+    fn fair_share_caps_running_prompts_only_while_others_wait() {
+        let f = FairShare::new(100);
+        assert_eq!(f.max_group_blocks, 50);
+        assert_eq!(FairShare::admit_reserve(512), 384);
+        assert_eq!(f.chunk(8000, 512, 512, true), 128);
+        assert_eq!(f.chunk(8000, 512, 512, false), 512);
+        assert_eq!(f.chunk(8000, 300, 512, true), 0);
+        // A smaller step budget, the same shares of it.
+        assert_eq!(f.chunk(8000, 64, 64, true), 16);
+        assert_eq!(f.chunk(10, 64, 64, true), 10);
         assert!(f.admits(0, 0, 80), "a request's first sequences always run");
         assert!(f.admits(3, 240, 80));
         assert!(f.admits(4, 20, 30) && !f.admits(4, 21, 30));
@@ -825,6 +1060,7 @@ mod tests {
                 SchedulerConfig {
                     max_num_seqs: 8,
                     max_num_batched_tokens: 100,
+                    max_step_slowdown: 2.5,
                 },
                 BlockManager::new(16, 4).with_caching(caching),
             );
@@ -848,6 +1084,7 @@ mod tests {
             SchedulerConfig {
                 max_num_seqs: 8,
                 max_num_batched_tokens: 100,
+                max_step_slowdown: 2.5,
             },
             blocks,
         );

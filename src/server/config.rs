@@ -253,6 +253,7 @@ mod tests {
     }
 
     const FILE: &str = "kv_cache_memory = 64\ngpu_memory_utilization = 0.8\nport = 9001\n\
+                        max_step_slowdown = 4\n\
                         host = \"0.0.0.0\"\n\
                         weights = \"q8_0\"\nrequest_timeout_secs = 5\nmodel = \"/m.gguf\"\n";
 
@@ -262,6 +263,7 @@ mod tests {
         assert_eq!((a.host.as_str(), a.port), ("127.0.0.1", 8000));
         assert_eq!(a.model.engine.kv_cache_memory, None);
         assert_eq!(a.model.engine.gpu_memory_utilization, 0.9);
+        assert_eq!(a.model.engine.max_step_slowdown, 2.5);
         assert_eq!((a.max_waiting, a.max_body_bytes), (1024, 8 << 20));
         assert_eq!((a.request_timeout_secs, a.shutdown_grace_secs), (None, 30));
         assert_eq!((a.client_timeout_secs, a.max_connections), (30, 4096));
@@ -278,6 +280,7 @@ mod tests {
         let a = load(command_no_env(), &["--config", path, "--port", "7000"]).unwrap();
         assert_eq!(a.model.engine.kv_cache_memory, Some(64));
         assert_eq!(a.model.engine.gpu_memory_utilization, 0.8);
+        assert_eq!(a.model.engine.max_step_slowdown, 4.0);
         assert_eq!(a.host, "0.0.0.0");
         assert_eq!(a.model.weights, crate::models::linear::WeightFormat::Q8_0);
         assert_eq!(a.request_timeout_secs, Some(5));
@@ -369,6 +372,7 @@ mod tests {
             "log_format = \"xml\"",
             "gpu_memory_utilization = 1.5",
             "gpu_memory_utilization = 0",
+            "max_step_slowdown = 0.5",
         ] {
             let f = toml_file(text);
             let path = f.path().to_str().unwrap();
@@ -484,6 +488,7 @@ mod tests {
             "env beats file"
         );
         assert_eq!(a.port, 9200, "cli beats env");
+        assert_eq!(a.model.engine.max_step_slowdown, 4.0, "file beats default");
         assert_eq!(a.shutdown_grace_secs, 3, "env beats default");
         assert_eq!(
             a.host, "0.0.0.0",

@@ -29,6 +29,18 @@ const E2E_BUCKETS: &[f64] = &[
     480.0, 960.0, 1920.0, 7680.0,
 ];
 
+/// Buckets for one engine step's time, in seconds: a small model's decode
+/// step on a GPU to a long prefill chunk on two cores.
+const STEP_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5,
+    2.0, 3.0, 5.0, 7.5, 10.0, 20.0,
+];
+/// Buckets for one engine step's prompt tokens: 0 for a decode-only step.
+const STEP_PREFILL_BUCKETS: &[f64] = &[
+    0.0, 1.0, 8.0, 16.0, 32.0, 64.0, 96.0, 128.0, 192.0, 256.0, 384.0, 512.0, 1024.0, 2048.0,
+    4096.0, 8192.0,
+];
+
 /// The finish reasons wick reports; each is rendered from the start (at 0)
 /// so rate() queries see the series before the first such request.
 const FINISH_REASONS: &[&str] = &["stop", "length", "abort", "error"];
@@ -58,6 +70,11 @@ pub struct Metrics {
     inter_token: Histogram,
     time_per_output_token: Histogram,
     e2e: Histogram,
+    step_time: Histogram,
+    step_prefill_tokens: Histogram,
+    prefill_budget: IntGauge,
+    /// The engine's step count as last seen: each step is observed once.
+    steps_seen: AtomicU64,
     /// vLLM's `model_name` label, put on every series once the model is
     /// known (the metrics exist, and render, while it loads).
     model_name: OnceLock<String>,
@@ -215,6 +232,22 @@ impl Metrics {
                 "Histogram of e2e request latency in seconds.",
                 E2E_BUCKETS,
             ),
+            step_time: histogram(
+                "wick:step_time_seconds",
+                "Histogram of engine step time (scheduling, forward pass and sampling) in seconds.",
+                STEP_BUCKETS,
+            ),
+            step_prefill_tokens: histogram(
+                "wick:step_prefill_tokens",
+                "Histogram of prompt (prefill) tokens per engine step; 0 for decode-only steps.",
+                STEP_PREFILL_BUCKETS,
+            ),
+            prefill_budget: int_gauge(
+                "wick:step_prefill_budget_tokens",
+                "Prompt tokens the last engine step could take beside its decode rows under \
+                 --max-step-slowdown and --max-num-batched-tokens.",
+            ),
+            steps_seen: AtomicU64::new(0),
             registry,
             model_name: OnceLock::new(),
         }
@@ -245,6 +278,14 @@ impl Metrics {
         self.mask_deferrals.catch_up(s.mask_deferrals);
         self.prefix_queries.catch_up(s.prefix_queries);
         self.prefix_hits.catch_up(s.prefix_hits);
+        // Published after every step, so the last step is each step in
+        // turn; a repeat (an add or abort between steps) observes nothing.
+        if self.steps_seen.fetch_max(s.steps, Ordering::Relaxed) < s.steps {
+            self.step_time.observe(s.last_step.as_secs_f64());
+            self.step_prefill_tokens
+                .observe(s.last_step_prefill_tokens as f64);
+            self.prefill_budget.set(s.prefill_budget as i64);
+        }
     }
 
     pub fn add_prompt_tokens(&self, n: u64) {
@@ -342,6 +383,9 @@ mod tests {
             ("wick:inter_token_latency_seconds", "histogram"),
             ("wick:time_per_output_token_seconds", "histogram"),
             ("wick:e2e_request_latency_seconds", "histogram"),
+            ("wick:step_time_seconds", "histogram"),
+            ("wick:step_prefill_tokens", "histogram"),
+            ("wick:step_prefill_budget_tokens", "gauge"),
         ] {
             assert!(has_type(&text, name, kind), "{name} {kind} in:\n{text}");
         }
@@ -372,7 +416,7 @@ mod tests {
             }
             checked += 1;
         }
-        assert_eq!(checked, 20);
+        assert_eq!(checked, 23);
     }
 
     #[test]
@@ -390,6 +434,10 @@ mod tests {
             mask_deferrals: 4,
             prefix_queries: 900,
             prefix_hits: 640,
+            steps: 1,
+            last_step: std::time::Duration::from_millis(600),
+            last_step_prefill_tokens: 56,
+            prefill_budget: 56,
         });
         m.add_prompt_tokens(100);
         m.add_prompt_tokens(28);
@@ -453,6 +501,12 @@ mod tests {
             assert_eq!(v(&format!("{name}_bucket{{le=\"0.2\"}}")), 2.0);
             assert_eq!(v(&format!("{name}_bucket{{le=\"+Inf\"}}")), 2.0);
         }
+        assert_eq!(v("wick:step_time_seconds_count"), 1.0);
+        assert_eq!(v("wick:step_time_seconds_bucket{le=\"0.5\"}"), 0.0);
+        assert_eq!(v("wick:step_time_seconds_bucket{le=\"0.75\"}"), 1.0);
+        assert_eq!(v("wick:step_prefill_tokens_bucket{le=\"32\"}"), 0.0);
+        assert_eq!(v("wick:step_prefill_tokens_bucket{le=\"64\"}"), 1.0);
+        assert_eq!(v("wick:step_prefill_budget_tokens"), 56.0);
         assert_eq!(v("wick:e2e_request_latency_seconds_count"), 1.0);
         assert_eq!(v("wick:e2e_request_latency_seconds_bucket{le=\"1\"}"), 0.0);
         assert_eq!(
@@ -517,6 +571,28 @@ mod tests {
         assert_eq!(total(&m, "wick:prefix_cache_hits_total"), 20.0);
         // Empty pool: usage is 0, not NaN.
         assert_eq!(sample(&m.render(), "wick:kv_cache_usage_perc"), 0.0);
+    }
+
+    #[test]
+    fn each_step_is_observed_once() {
+        let m = Metrics::new();
+        let step = |n: u64, prefill: usize| EngineStats {
+            steps: n,
+            last_step: std::time::Duration::from_millis(100),
+            last_step_prefill_tokens: prefill,
+            prefill_budget: 64,
+            ..Default::default()
+        };
+        m.set_engine_stats(&step(0, 0));
+        let v = |m: &Metrics, series: &str| sample(&m.render(), series);
+        assert_eq!(v(&m, "wick:step_time_seconds_count"), 0.0, "no step yet");
+        m.set_engine_stats(&step(1, 0));
+        m.set_engine_stats(&step(1, 0));
+        m.set_engine_stats(&step(2, 40));
+        assert_eq!(v(&m, "wick:step_time_seconds_count"), 2.0);
+        assert_eq!(v(&m, "wick:step_prefill_tokens_sum"), 40.0);
+        assert_eq!(v(&m, "wick:step_prefill_tokens_bucket{le=\"0\"}"), 1.0);
+        assert_eq!(v(&m, "wick:step_prefill_budget_tokens"), 64.0);
     }
 
     #[test]
