@@ -11,6 +11,7 @@ pub mod pooling;
 pub mod request_rules;
 pub mod scheduler;
 pub mod sequence;
+pub mod state_slots;
 pub mod step_budget;
 pub mod window_blocks;
 
@@ -25,6 +26,7 @@ use crate::engine::model_runner::ModelRunner;
 use crate::engine::pooling::{Pool, Pooling};
 use crate::engine::scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
 use crate::engine::sequence::{FinishReason, SeqId, Sequence, StepEvent};
+use crate::engine::state_slots::StateSlots;
 use crate::engine::window_blocks::WindowBlocks;
 use crate::error::{Result, WickError};
 use crate::models::LogitRows;
@@ -195,7 +197,7 @@ impl Engine {
                 Scheduler::new(
                     scheduler_cfg,
                     BlockManager::new(layout.num_blocks, cfg.block_size)
-                        .with_caching(cfg.prefix_caching),
+                        .with_caching(cfg.prefix_caching && model.state_bytes().is_none()),
                 ),
             ),
             // The sliding-window layers' K/V go in a pool of their own,
@@ -236,6 +238,22 @@ impl Engine {
                 ));
                 (cache, scheduler)
             }
+        };
+        // A hybrid model's linear-attention layers keep a state per
+        // sequence: a slot for every sequence that may run. A state sums up
+        // a whole prefix, which cached blocks would come without, so the
+        // prefix cache is off for such models (above).
+        let scheduler = match model.state_bytes() {
+            Some(bytes) => {
+                tracing::info!(
+                    "recurrent state: {} slots of {} KiB, allocated as sequences first use \
+                     them; prefix caching is off for this model",
+                    cfg.max_num_seqs,
+                    bytes >> 10
+                );
+                scheduler.with_states(StateSlots::new(cfg.max_num_seqs))
+            }
+            None => scheduler,
         };
         Ok(Engine {
             runner: ModelRunner::new(model, cache),

@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 use crate::engine::block_manager::BlockManager;
 use crate::engine::mask_budget::MaskBudget;
 use crate::engine::sequence::{FinishReason, SeqId, Sequence, StepEvent};
+use crate::engine::state_slots::StateSlots;
 use crate::engine::step_budget::StepBudget;
 use crate::engine::window_blocks::WindowBlocks;
 use crate::sampling::sampler::SampledToken;
@@ -148,6 +149,9 @@ pub struct Scheduler {
     blocks: BlockManager,
     /// The sliding-window layers' blocks, for a model with such layers.
     window: Option<WindowBlocks>,
+    /// The recurrent-state slots, for a hybrid model's linear-attention
+    /// layers ([`StateSlots`]): a sequence holds one while it runs.
+    states: Option<StateSlots>,
     /// How long each sequence admitted since the last [`take_queue_waits`]
     /// (`Scheduler::take_queue_waits`) waited for its first admission.
     queue_waits: Vec<Duration>,
@@ -174,6 +178,7 @@ impl Scheduler {
             last_forward: Duration::ZERO,
             blocks,
             window: None,
+            states: None,
             queue_waits: Vec::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -188,6 +193,16 @@ impl Scheduler {
     pub fn with_window(mut self, window: WindowBlocks) -> Self {
         self.window = Some(window);
         self
+    }
+
+    /// With recurrent-state slots as well: admission then needs a free one.
+    pub fn with_states(mut self, states: StateSlots) -> Self {
+        self.states = Some(states);
+        self
+    }
+
+    pub fn state_slots(&self) -> Option<&StateSlots> {
+        self.states.as_ref()
     }
 
     pub fn block_size(&self) -> usize {
@@ -416,11 +431,19 @@ impl Scheduler {
                 continue;
             }
             let seq = &mut self.waiting[at];
+            // A hybrid model's sequence needs a state slot to run.
+            if !self
+                .states
+                .as_mut()
+                .is_none_or(|s| s.take(&mut seq.state_slot))
+            {
+                break;
+            }
             let hit = match_prefix(&mut self.blocks, seq);
             let chunk = seq.pending().min(budget);
             if !grow(&mut self.blocks, &mut self.window, seq, chunk) {
                 // Holding the matched blocks while waiting would pin them.
-                release(&mut self.blocks, &mut self.window, seq);
+                release(&mut self.blocks, &mut self.window, &mut self.states, seq);
                 break;
             }
             self.prefix_queries += hit.queried as u64;
@@ -442,7 +465,12 @@ impl Scheduler {
     /// Takes a running sequence out and frees its blocks, to be queued again.
     fn preempt(&mut self, index: usize) -> Sequence {
         let mut seq = self.running.remove(index);
-        release(&mut self.blocks, &mut self.window, &mut seq);
+        release(
+            &mut self.blocks,
+            &mut self.window,
+            &mut self.states,
+            &mut seq,
+        );
         self.num_preemptions += 1;
         seq.queued_at = Instant::now();
         seq
@@ -481,7 +509,12 @@ impl Scheduler {
             });
             if finish.is_some() {
                 let mut seq = self.running.remove(i);
-                release(&mut self.blocks, &mut self.window, &mut seq);
+                release(
+                    &mut self.blocks,
+                    &mut self.window,
+                    &mut self.states,
+                    &mut seq,
+                );
             } else {
                 i += 1;
             }
@@ -500,7 +533,12 @@ impl Scheduler {
         };
         match seq {
             Some(mut seq) => {
-                release(&mut self.blocks, &mut self.window, &mut seq);
+                release(
+                    &mut self.blocks,
+                    &mut self.window,
+                    &mut self.states,
+                    &mut seq,
+                );
                 true
             }
             None => false,
@@ -539,10 +577,19 @@ fn grow(
 }
 
 /// Gives back a sequence's blocks; its cache cursor and hashes reset.
-fn release(blocks: &mut BlockManager, window: &mut Option<WindowBlocks>, seq: &mut Sequence) {
+fn release(
+    blocks: &mut BlockManager,
+    window: &mut Option<WindowBlocks>,
+    states: &mut Option<StateSlots>,
+    seq: &mut Sequence,
+) {
     blocks.release(&mut seq.block_table);
     if let Some(w) = window {
         w.release(&mut seq.window_table);
+    }
+    // Its state goes with it: a preempted sequence starts over.
+    if let Some(s) = states {
+        s.release(&mut seq.state_slot);
     }
     seq.block_hashes.clear();
     seq.num_cached = 0;
