@@ -142,7 +142,10 @@ fn run() -> anyhow::Result<()> {
             println!("{}", serde_json::to_string(&tokenizer.encode(&text)?)?);
             Ok(())
         }
-        Command::Bench(args) => wick::cli::bench::run(&args),
+        Command::Bench(args) => {
+            wick::cli::init_threads(args.engine.threads);
+            wick::cli::bench::run(&args)
+        }
         Command::ExportHf { model, out } => {
             let path = wick::load::model_fetch::resolve_model(model.as_deref())?;
             wick::cli::export_hf::export(&path, &out)?;
@@ -160,6 +163,8 @@ fn serve(matches: &clap::ArgMatches) -> anyhow::Result<()> {
     let args = wick::server::config::load_serve_config(sub)?;
     // wick's own info lines are the access log and start-up notes.
     init_logging("warn,wick=info", args.log_format);
+    // Before the runtime's threads exist: it sets RAYON_NUM_THREADS.
+    wick::cli::init_threads(args.model.engine.threads);
     let runtime = tokio::runtime::Runtime::new()?;
     let served = runtime.block_on(wick::server::serve(args));
     // A tokenization still running on the blocking pool must not hold the exit.
@@ -168,6 +173,7 @@ fn serve(matches: &clap::ArgMatches) -> anyhow::Result<()> {
 }
 
 fn generate(args: GenerateArgs) -> anyhow::Result<()> {
+    wick::cli::init_threads(args.model.engine.threads);
     let path = args.model.model_path()?;
     let device = wick::load::loader::device(&args.model.device)?;
     let loaded = wick::load::loader::load(&path, &args.model.load_options(), &device)?;

@@ -85,6 +85,12 @@ pub struct EngineArgs {
         value_parser = parse_slowdown,
     )]
     pub max_step_slowdown: f64,
+    /// Threads for the model's kernels, sampling and grammar masks (wick's
+    /// rayon pool). Default: the physical cores wick may run on (fewer
+    /// where a CPU quota or affinity mask allows fewer), or
+    /// RAYON_NUM_THREADS where that is set.
+    #[arg(long, env = "WICK_THREADS", value_parser = parse_threads)]
+    pub threads: Option<usize>,
     /// How K/V are cached; default f32 for f32 weights, else f16. int8
     /// (per token and head, CPU only) takes about half f16's memory and
     /// bandwidth, which speeds up decoding many streams.
@@ -121,6 +127,75 @@ fn parse_slowdown(s: &str) -> Result<f64, String> {
             "must be a multiple of at least 1 (e.g. 2.5), or 0 for no bound, got {s}"
         ))
     }
+}
+
+/// --threads: at least one.
+fn parse_threads(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!(
+            "must be a whole number of threads, at least 1, got {s}"
+        )),
+    }
+}
+
+/// Where the thread count came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThreadSource {
+    Flag,
+    RayonEnv,
+    PhysicalCores,
+}
+
+/// The kernels' thread count: `--threads`, else a valid
+/// `RAYON_NUM_THREADS` (`rayon_env`), else the physical cores, no more
+/// than the CPUs this process may use (`available`: a cgroup quota or an
+/// affinity mask can allow fewer than the machine has).
+pub fn thread_count(
+    threads: Option<usize>,
+    rayon_env: Option<&str>,
+    physical: usize,
+    available: usize,
+) -> (usize, ThreadSource) {
+    if let Some(n) = threads {
+        return (n, ThreadSource::Flag);
+    }
+    if let Some(n) = rayon_env.and_then(|v| v.trim().parse::<usize>().ok()) {
+        if n > 0 {
+            return (n, ThreadSource::RayonEnv);
+        }
+    }
+    (physical.min(available).max(1), ThreadSource::PhysicalCores)
+}
+
+/// Sizes the global rayon pool, which wick's kernels, sampling and
+/// grammar masks run on, before anything uses it, and logs the count.
+/// RAYON_NUM_THREADS is set to the same count, so candle's own CPU ops
+/// (which read it) agree. Call it once, early, while the process has one
+/// thread.
+pub fn init_threads(threads: Option<usize>) -> usize {
+    let env = std::env::var("RAYON_NUM_THREADS").ok();
+    let (n, source) = thread_count(
+        threads,
+        env.as_deref(),
+        num_cpus::get_physical(),
+        num_cpus::get(),
+    );
+    std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+    if let Err(e) = rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build_global()
+    {
+        tracing::warn!("the thread pool was already set up: {e}");
+        return rayon::current_num_threads();
+    }
+    let from = match source {
+        ThreadSource::Flag => "--threads",
+        ThreadSource::RayonEnv => "RAYON_NUM_THREADS",
+        ThreadSource::PhysicalCores => "physical cores",
+    };
+    tracing::info!("{n} threads ({from})");
+    n
 }
 
 /// --gpu-memory-utilization: a fraction above 0 and at most 1.
@@ -217,6 +292,24 @@ mod tests {
             let err = parse(&[&arg]).unwrap_err().to_string();
             assert!(err.contains("--max-step-slowdown"), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn threads_from_the_option_then_rayon_then_physical_cores() {
+        use ThreadSource::*;
+        assert_eq!(parse(&[]).unwrap().threads, None);
+        assert_eq!(parse(&["--threads", "3"]).unwrap().threads, Some(3));
+        assert!(parse(&["--threads", "0"]).is_err());
+        assert_eq!(thread_count(Some(3), Some("8"), 4, 8), (3, Flag));
+        assert_eq!(thread_count(None, Some("8"), 4, 8), (8, RayonEnv));
+        assert_eq!(thread_count(None, Some(" 6 "), 4, 8), (6, RayonEnv));
+        for junk in ["0", "", "many"] {
+            assert_eq!(thread_count(None, Some(junk), 4, 8), (4, PhysicalCores));
+        }
+        assert_eq!(thread_count(None, None, 4, 8), (4, PhysicalCores));
+        // A CPU quota of two on a 16-core host: two.
+        assert_eq!(thread_count(None, None, 16, 2), (2, PhysicalCores));
+        assert_eq!(thread_count(None, None, 0, 0), (1, PhysicalCores));
     }
 
     #[test]

@@ -253,7 +253,7 @@ mod tests {
     }
 
     const FILE: &str = "kv_cache_memory = 64\ngpu_memory_utilization = 0.8\nport = 9001\n\
-                        max_step_slowdown = 4\n\
+                        max_step_slowdown = 4\nthreads = 3\n\
                         host = \"0.0.0.0\"\n\
                         weights = \"q8_0\"\nrequest_timeout_secs = 5\nmodel = \"/m.gguf\"\n";
 
@@ -264,6 +264,7 @@ mod tests {
         assert_eq!(a.model.engine.kv_cache_memory, None);
         assert_eq!(a.model.engine.gpu_memory_utilization, 0.9);
         assert_eq!(a.model.engine.max_step_slowdown, 2.5);
+        assert_eq!(a.model.engine.threads, None);
         assert_eq!((a.max_waiting, a.max_body_bytes), (1024, 8 << 20));
         assert_eq!((a.request_timeout_secs, a.shutdown_grace_secs), (None, 30));
         assert_eq!((a.client_timeout_secs, a.max_connections), (30, 4096));
@@ -281,6 +282,7 @@ mod tests {
         assert_eq!(a.model.engine.kv_cache_memory, Some(64));
         assert_eq!(a.model.engine.gpu_memory_utilization, 0.8);
         assert_eq!(a.model.engine.max_step_slowdown, 4.0);
+        assert_eq!(a.model.engine.threads, Some(3));
         assert_eq!(a.host, "0.0.0.0");
         assert_eq!(a.model.weights, crate::models::linear::WeightFormat::Q8_0);
         assert_eq!(a.request_timeout_secs, Some(5));
@@ -373,6 +375,7 @@ mod tests {
             "gpu_memory_utilization = 1.5",
             "gpu_memory_utilization = 0",
             "max_step_slowdown = 0.5",
+            "threads = 0",
         ] {
             let f = toml_file(text);
             let path = f.path().to_str().unwrap();
@@ -465,6 +468,7 @@ mod tests {
             .env("WICK_KV_CACHE_MEMORY", "128")
             .env("WICK_GPU_MEMORY_UTILIZATION", "0.95")
             .env("WICK_PORT", "9100")
+            .env("WICK_THREADS", "5")
             .env("WICK_SHUTDOWN_GRACE_SECS", "3");
         let out = child.output().unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
@@ -488,6 +492,7 @@ mod tests {
             "env beats file"
         );
         assert_eq!(a.port, 9200, "cli beats env");
+        assert_eq!(a.model.engine.threads, Some(5), "env beats file");
         assert_eq!(a.model.engine.max_step_slowdown, 4.0, "file beats default");
         assert_eq!(a.shutdown_grace_secs, 3, "env beats default");
         assert_eq!(
