@@ -1,58 +1,23 @@
 //! Runs the official `openai` Python SDK (tests/openai_sdk/) against a
 //! started `wick serve` behind an API key: a real client, sync and async,
 //! a model that thinks, its reasoning shown apart from its answer, and an
-//! agent loop on a Mistral template.
+//! agent loop on a Mistral template. The SDK and pytest are the pinned ones
+//! of tests/client_libraries/requirements.txt ([`common::venv`]).
 
 mod common;
 
 use std::process::Command;
-use std::sync::Once;
 
+use common::venv::venv_python;
 use common::Server;
 
 /// Every SDK call goes through the API-key check, as on a real deployment.
 const KEY: &str = "sk-wick-sdk-test";
 const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_sdk");
 
-fn python() -> String {
-    std::env::var("WICK_PYTHON").unwrap_or_else(|_| "python3".into())
-}
-
-/// Installs the SDK and pytest from PyPI when they are missing, once for
-/// the tests running side by side.
-fn ensure_packages() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(install_packages);
-}
-
-fn install_packages() {
-    let have = Command::new(python())
-        .args(["-c", "import openai, pytest"])
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !have {
-        let ok = Command::new(python())
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "openai",
-                "pytest",
-            ])
-            .status()
-            .expect("python3 with pip is needed for the openai SDK test")
-            .success();
-        assert!(ok, "pip install openai pytest failed");
-    }
-}
-
 /// Runs the pytest file `file` of tests/openai_sdk/ against `server`.
 fn pytest(file: &str, server: &Server) {
-    ensure_packages();
-    let status = Command::new(python())
+    let status = Command::new(venv_python())
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
         .arg(format!("{DIR}/{file}"))
         .env("WICK_BASE_URL", &server.base)
