@@ -241,7 +241,8 @@ impl Prompt<'_> {
         }
         let mut body = Map::new();
         body.insert("messages".into(), Value::Array(messages));
-        if let Some(tools) = self.tools {
+        // An empty list is no tools (chat would refuse it).
+        if let Some(tools) = self.tools.filter(|t| !t.is_empty()) {
             body.insert("tools".into(), translate_tools(tools)?);
         }
         if let Some(choice) = self.tool_choice {

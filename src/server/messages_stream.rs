@@ -171,7 +171,8 @@ pub struct BlockBuilder {
     parallel: bool,
     ids: CallIds,
     stops: Vec<String>,
-    model: Arc<ModelState>,
+    /// A token's text, as it reads mid-reply.
+    token_text: Box<dyn Fn(u32) -> String + Send>,
     /// Set by the delta that finishes the reply.
     pub stop_reason: Option<&'static str>,
     pub stop_sequence: Option<String>,
@@ -179,6 +180,12 @@ pub struct BlockBuilder {
 
 impl BlockBuilder {
     pub fn new(plan: &GenerationPlan, model: Arc<ModelState>) -> Self {
+        let token_text = move |t: u32| {
+            model
+                .tokenizer
+                .decode_continuation(&[t])
+                .unwrap_or_default()
+        };
         BlockBuilder {
             thinking: plan.reasoning.map(ReasoningParser::new),
             parser: plan.tools.parser(),
@@ -189,7 +196,7 @@ impl BlockBuilder {
             parallel: plan.tools.parallel,
             ids: plan.tools.ids,
             stops: plan.params.stop.clone(),
-            model,
+            token_text: Box::new(token_text),
             stop_reason: None,
             stop_sequence: None,
         }
@@ -336,10 +343,7 @@ impl BlockBuilder {
         if d.finish != Some(FinishReason::Stop) || self.stops.is_empty() {
             return None;
         }
-        let piece = d
-            .token
-            .and_then(|t| self.model.tokenizer.decode_continuation(&[t]).ok())
-            .unwrap_or_default();
+        let piece = d.token.map(&self.token_text).unwrap_or_default();
         let fits = |stop: &&String| {
             let seen = format!("{}{stop}", d.text);
             piece
@@ -481,4 +485,204 @@ pub async fn respond(
         }
     }
     Ok(Json(message(content, &builder, usage(&g))).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::text::tool_parser::ToolFormat;
+
+    /// A builder whose tokens all read as `piece`.
+    fn builder(
+        parser: Option<ToolCallParser>,
+        thinks: bool,
+        stops: &[&str],
+        piece: &str,
+    ) -> BlockBuilder {
+        let piece = piece.to_string();
+        BlockBuilder {
+            thinking: thinks.then(|| ReasoningParser::new(false)),
+            parser,
+            open: None,
+            blocks: 0,
+            blank: String::new(),
+            calls: 0,
+            parallel: true,
+            ids: CallIds::OpenAi,
+            stops: stops.iter().map(|s| s.to_string()).collect(),
+            token_text: Box::new(move |_| piece.clone()),
+            stop_reason: None,
+            stop_sequence: None,
+        }
+    }
+
+    /// `pieces` as deltas, the last ending with `finish`: the events, and
+    /// the whole content they make.
+    fn run(
+        b: &mut BlockBuilder,
+        pieces: &[&str],
+        finish: FinishReason,
+    ) -> (Vec<StreamEvent>, Vec<ContentBlock>) {
+        let mut events = Vec::new();
+        for (k, text) in pieces.iter().enumerate() {
+            let last = k + 1 == pieces.len();
+            events.extend(b.push(Delta {
+                text: text.to_string(),
+                token: Some(7),
+                finish: last.then(|| finish.clone()),
+                ..Default::default()
+            }));
+        }
+        let (mut content, mut json) = (Vec::new(), Vec::new());
+        for ev in events.clone() {
+            apply(&mut content, &mut json, ev);
+        }
+        (events, content)
+    }
+
+    fn text(t: &str) -> ContentBlock {
+        ContentBlock::Text { text: t.into() }
+    }
+
+    #[test]
+    fn text_streams_as_one_block_and_ends_the_turn() {
+        let mut b = builder(None, false, &[], "");
+        let (events, content) = run(&mut b, &["Hello", " world", ""], FinishReason::Stop);
+        assert_eq!(content, [text("Hello world")]);
+        assert_eq!(
+            events[0],
+            StreamEvent::ContentBlockStart {
+                index: 0,
+                content_block: text("")
+            }
+        );
+        assert_eq!(events.len(), 4, "{events:?}");
+        assert_eq!(events[3], StreamEvent::ContentBlockStop { index: 0 });
+        assert_eq!((b.stop_reason, b.stop_sequence), (Some("end_turn"), None));
+
+        let mut b = builder(None, false, &[], "");
+        let (_, content) = run(&mut b, &["Hel", "lo"], FinishReason::Length);
+        assert_eq!(content, [text("Hello")]);
+        assert_eq!(b.stop_reason, Some("max_tokens"));
+        let mut b = builder(None, false, &[], "");
+        let (events, content) = run(&mut b, &[""], FinishReason::Stop);
+        assert!(events.is_empty() && content.is_empty());
+    }
+
+    const CALLS: [&str; 5] = [
+        "Checking.",
+        "<tool_call>\n{\"name\": \"get_weather\", ",
+        "\"arguments\": {\"city\": ",
+        "\"Paris\"}}\n</tool_call>\n<tool_call>{\"name\": \"now\", \"arguments\": {}}",
+        "</tool_call>\n",
+    ];
+
+    #[test]
+    fn calls_are_tool_use_blocks_without_blank_text_between() {
+        let mut b = builder(
+            Some(ToolCallParser::new(ToolFormat::Hermes)),
+            false,
+            &[],
+            "",
+        );
+        let (events, content) = run(&mut b, &CALLS, FinishReason::Stop);
+        assert_eq!(content.len(), 3, "{content:?}");
+        assert_eq!(content[0], text("Checking."));
+        let (ContentBlock::ToolUse { id: a, name, input }, ContentBlock::ToolUse { id: b2, .. }) =
+            (&content[1], &content[2])
+        else {
+            panic!("{content:?}")
+        };
+        assert_eq!(
+            (name.as_str(), input),
+            ("get_weather", &serde_json::json!({"city": "Paris"}))
+        );
+        assert!(
+            a.starts_with("toolu_") && a.len() == 30 && a != b2,
+            "{a} {b2}"
+        );
+        assert_eq!(
+            content[2],
+            ContentBlock::ToolUse {
+                id: b2.clone(),
+                name: "now".into(),
+                input: serde_json::json!({})
+            }
+        );
+        assert_eq!(b.stop_reason, Some("tool_use"));
+        // Each block opens empty, its arguments follow as JSON pieces.
+        assert!(events.iter().any(|e| matches!(
+            e,
+            StreamEvent::ContentBlockDelta {
+                index: 1,
+                delta: BlockDelta::InputJsonDelta { .. }
+            }
+        )));
+
+        let mut b = builder(
+            Some(ToolCallParser::new(ToolFormat::Hermes)),
+            false,
+            &[],
+            "",
+        );
+        b.parallel = false;
+        let (_, content) = run(&mut b, &CALLS[1..], FinishReason::Stop);
+        assert_eq!(content.len(), 1, "{content:?}");
+        assert_eq!(b.stop_reason, Some("tool_use"));
+    }
+
+    #[test]
+    fn thinking_is_a_block_before_the_answer() {
+        let mut b = builder(None, true, &[], "");
+        let (_, content) = run(
+            &mut b,
+            &["<think>I should", " say hi.</", "think>\n\nHi", "!"],
+            FinishReason::Stop,
+        );
+        assert_eq!(
+            content,
+            [
+                ContentBlock::Thinking {
+                    thinking: "I should say hi.".into(),
+                    signature: String::new()
+                },
+                text("Hi!")
+            ]
+        );
+    }
+
+    fn stopped(
+        stops: &[&str],
+        seen: &str,
+        piece: &str,
+        early: bool,
+    ) -> (Option<&'static str>, Option<String>) {
+        let mut b = builder(None, false, stops, piece);
+        b.push(Delta {
+            text: seen.into(),
+            token: Some(1),
+            finish: Some(FinishReason::Stop),
+            abort_in_engine: early,
+            ..Default::default()
+        });
+        (b.stop_reason, b.stop_sequence)
+    }
+
+    #[test]
+    fn the_stop_sequence_that_matched_is_named() {
+        let stop = |s: &str| (Some("stop_sequence"), Some(s.to_string()));
+        assert_eq!(stopped(&["xyz", "END"], "The ", "END", true), stop("END"));
+        // The match began in text held back before the last token.
+        assert_eq!(stopped(&["xyz", "END"], "The ", "ND", true), stop("END"));
+        // The token goes on past the match; the earliest match wins.
+        assert_eq!(stopped(&["\n", "ab"], "", "ab\nc", true), stop("ab"));
+        assert_eq!(stopped(&["\n", "ab"], "x", "\nab", true), stop("\n"));
+        // An end-of-sequence token is no stop sequence.
+        assert_eq!(
+            stopped(&["END"], "Done.", "", false),
+            (Some("end_turn"), None)
+        );
+        // One stop sequence, ended early by the engine: that one.
+        assert_eq!(stopped(&["END"], "", "", true), stop("END"));
+    }
 }
