@@ -238,6 +238,84 @@ fn window_pool_run(force_tensor_kv: bool) {
     }
 }
 
+/// Qwen3.5's linear-attention layers keep a recurrent state per sequence
+/// in a slot the scheduler hands out: a prompt six chunks long carries its
+/// state from chunk to chunk (its prompt scored as transformers scores it),
+/// a request's two copies of one prompt each run from a state of their own
+/// (the prefix cache, off for such a model, gives the second nothing), and
+/// a request that finds no free sequence slot waits for one.
+#[test]
+fn hybrid_state_carries_across_chunks_and_copies() {
+    let r = reference("qwen35-tiny");
+    let long = r.long.as_ref().unwrap();
+    let loaded = load_fixture("qwen35-tiny", &LoadOptions::default());
+    assert!(loaded.model.state_bytes().is_some());
+    let cfg = EngineConfig {
+        block_size: 4,
+        max_num_seqs: 2,
+        max_num_batched_tokens: 16,
+        kv_cache_bytes: 4 << 20,
+        ..Default::default()
+    };
+    let mut engine = Engine::new(loaded.model, loaded.tokenizer.eos_ids().to_vec(), &cfg).unwrap();
+    let greedy = |max_tokens: usize| SamplingParams {
+        max_tokens,
+        temperature: 0.0,
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let scored = engine
+        .add_request(
+            long.ids.clone(),
+            SamplingParams {
+                prompt_logprobs: Some(1),
+                ..greedy(4)
+            },
+        )
+        .unwrap();
+    let n = r.greedy[3].len();
+    let first = engine.add_request(r.inputs[3].clone(), greedy(n)).unwrap();
+    let second = engine
+        .add_to_group(r.inputs[3].clone(), greedy(n), Some(first))
+        .unwrap();
+    let later = engine.add_request(r.inputs[2].clone(), greedy(n)).unwrap();
+    let mut tokens: std::collections::HashMap<u64, Vec<u32>> = Default::default();
+    let mut prompt_scores = None;
+    while engine.has_work() {
+        for ev in engine.step() {
+            if ev.token.is_some() && !tokens.contains_key(&ev.seq) {
+                assert_eq!(
+                    ev.cached_prompt_tokens,
+                    Some(0),
+                    "nothing from the prefix cache"
+                );
+                if ev.seq == scored {
+                    prompt_scores = Some(ev.prompt_logprobs.clone());
+                }
+            }
+            tokens
+                .entry(ev.seq)
+                .or_default()
+                .extend(ev.token.map(|t| t.id));
+        }
+        assert!(engine.stats().running <= 2);
+    }
+    assert_eq!(tokens[&first], r.greedy[3]);
+    assert_eq!(tokens[&second], r.greedy[3]);
+    assert_eq!(tokens[&later], r.greedy[2]);
+    let scores = prompt_scores.unwrap();
+    let mut worst = 0f64;
+    for (k, want) in long.logits.iter().enumerate() {
+        let pos = long.from + k;
+        let Some(next) = long.ids.get(pos + 1) else {
+            break;
+        };
+        worst = worst.max((scores[pos].logprob.unwrap() as f64 - logprob(want, *next)).abs());
+    }
+    eprintln!("qwen35-tiny long prompt in chunks of 16: max |logprob - transformers| = {worst:e}");
+    assert!(worst < 1e-4, "{worst}");
+}
+
 #[test]
 fn half_precision_weights_stay_close() {
     // bf16 keeps 8 bits of mantissa, and its rounding adds up layer by
