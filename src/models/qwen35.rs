@@ -149,7 +149,9 @@ impl Config {
             "a qwen3_5 model without a full-attention layer is not supported"
         );
         anyhow::ensure!(
-            c.linear_num_key_heads > 0 && c.linear_num_value_heads % c.linear_num_key_heads == 0,
+            c.linear_num_key_heads > 0
+                && c.linear_num_value_heads
+                    .is_multiple_of(c.linear_num_key_heads),
             "{} linear value heads do not split among {} key heads",
             c.linear_num_value_heads,
             c.linear_num_key_heads
@@ -407,17 +409,25 @@ impl LinearAttention {
     }
 }
 
+/// What every full-attention layer of a step reads besides its rows.
+struct AttnStep<'a> {
+    meta: &'a StepMeta<'a>,
+    /// The rows' positions on the device.
+    positions: &'a Tensor,
+    rope: &'a Rope,
+    dims: AttnDims,
+    eps: f32,
+}
+
 impl FullAttention {
-    fn forward(
-        &self,
-        h: &Tensor,
-        cache: &mut KvCache,
-        meta: &StepMeta,
-        positions: &Tensor,
-        rope: &Rope,
-        dims: AttnDims,
-        eps: f32,
-    ) -> Result<Tensor> {
+    fn forward(&self, h: &Tensor, cache: &mut KvCache, step: &AttnStep) -> Result<Tensor> {
+        let AttnStep {
+            meta,
+            positions,
+            rope,
+            dims,
+            eps,
+        } = *step;
         let (nh, nkv, hd) = (dims.num_heads, dims.num_kv_heads, dims.head_dim);
         let y = self.qkvg.forward(h)?;
         let t = y.dim(0)?;
@@ -660,10 +670,17 @@ impl Model for Qwen35 {
             }
         }
         let mut x = self.embed.forward(meta.tokens(), &meta.tokens_t()?)?;
+        let step = AttnStep {
+            meta: &meta,
+            positions: &positions,
+            rope: &self.rope,
+            dims,
+            eps,
+        };
         for l in &self.layers {
             let h = candle_nn::ops::rms_norm(&x, &l.input_norm, eps)?;
             let mixed = match &l.mixer {
-                Mixer::Full(a) => a.forward(&h, cache, &meta, &positions, &self.rope, dims, eps)?,
+                Mixer::Full(a) => a.forward(&h, cache, &step)?,
                 Mixer::Linear(a) => a.forward(&h, &batch.seqs, &mut states, c)?,
             };
             x = elementwise::add(&x, &mixed)?;
