@@ -33,7 +33,8 @@ use super::listener::{self, ConnectionLimits};
 use super::metrics::Metrics;
 use super::respond::StreamShape;
 use super::validation::{GenerationPlan, ModelContext};
-use super::{chat, completions, embeddings, handlers};
+use super::responses_store::ResponseStore;
+use super::{chat, completions, embeddings, handlers, messages, responses};
 use crate::engine::Engine;
 use crate::sampling::constraint::ConstraintFactory;
 use crate::text::chat_template::ChatTemplate;
@@ -93,6 +94,8 @@ pub struct AppState {
     /// Becomes true on SIGINT/SIGTERM.
     pub shutting_down: watch::Sender<bool>,
     pub limits: RequestLimits,
+    /// The responses `/v1/responses` keeps (bounded, in memory only).
+    pub responses: std::sync::Mutex<ResponseStore>,
 }
 
 impl AppState {
@@ -135,6 +138,20 @@ pub fn router(state: Arc<AppState>, cfg: &RouterConfig) -> anyhow::Result<Router
         .route("/v1/completions", post(completions::completions))
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/embeddings", post(embeddings::embeddings))
+        .route("/v1/responses", post(responses::create_response))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::retrieve).delete(responses::delete),
+        )
+        // Anthropic's API answers even a wrong method in its own shape.
+        .route(
+            "/v1/messages",
+            post(messages::messages).fallback(messages::method_not_allowed),
+        )
+        .route(
+            "/v1/messages/count_tokens",
+            post(messages::count_tokens).fallback(messages::method_not_allowed),
+        )
         .route("/v1/models", get(handlers::models))
         // Hub-style names (`ORG/NAME`) hold a slash.
         .route("/v1/models/{*id}", get(handlers::model))
@@ -366,6 +383,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             request_timeout: args.request_timeout_secs.map(Duration::from_secs),
             sse_keep_alive: Duration::from_secs(args.sse_keep_alive_secs.max(1)),
         },
+        responses: Default::default(),
     });
     let app = router(state.clone(), &router_cfg)?;
     // Tests and scripts read the bound address (the port may be 0) from here.
