@@ -607,3 +607,35 @@ fn unsupported_checkpoints_are_refused_clearly() {
     let e = load_error(dir.path());
     assert!(e.contains(shard.as_str().unwrap()), "{e}");
 }
+
+/// A multimodal Qwen3.5 checkpoint (`qwen3_5`): the language model's
+/// config in `text_config`, its weights under `model.language_model.`,
+/// and a vision tower wick does not read. Its text logits are the text
+/// model's.
+#[test]
+fn qwen35_multimodal_checkpoint_serves_its_language_model() {
+    let dir = edited_copy("qwen35-tiny", "config.json", |c| {
+        let text = c.clone();
+        *c = serde_json::json!({
+            "model_type": "qwen3_5",
+            "architectures": ["Qwen3_5ForConditionalGeneration"],
+            "tie_word_embeddings": true,
+            "text_config": text,
+            "vision_config": {"depth": 1},
+        });
+    });
+    let path = dir.path().join("model.safetensors");
+    let mut tensors = candle_core::safetensors::load(&path, &Device::Cpu).unwrap();
+    tensors = tensors
+        .into_iter()
+        .map(|(k, v)| (k.replacen("model.", "model.language_model.", 1), v))
+        .collect();
+    tensors.insert(
+        "model.visual.patch_embed.proj.weight".into(),
+        candle_core::Tensor::zeros((4, 4), candle_core::DType::F32, &Device::Cpu).unwrap(),
+    );
+    candle_core::safetensors::save(&tensors, &path).unwrap();
+    let loaded = load(dir.path(), &LoadOptions::default(), &Device::Cpu).unwrap();
+    let d = transformers_ref::worst_logit_diff(&reference("qwen35-tiny"), &loaded, None);
+    assert!(d <= 1e-4, "{d}");
+}
