@@ -4,7 +4,6 @@
 
 pub mod transformers_ref;
 pub mod venv;
-pub mod venv;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
