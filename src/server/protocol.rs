@@ -313,10 +313,7 @@ pub enum ToolChoice {
 
 /// `"none"`, `"auto"` or `{"name": …}`: the deprecated `function_call`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(
-    untagged,
-    expecting = "expected \"none\", \"auto\" or {\"name\": …}"
-)]
+#[serde(untagged, expecting = "expected \"none\", \"auto\" or {\"name\": …}")]
 pub enum LegacyFunctionCall {
     Mode(String),
     Named(ToolChoiceFunction),
