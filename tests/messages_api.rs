@@ -40,12 +40,7 @@ async fn post(server: &Server, body: Value) -> (u16, Value) {
 async fn stream(server: &Server, mut body: Value) -> Vec<(String, Value)> {
     body["stream"] = json!(true);
     let r = send(server, "/v1/messages", &body, None).await;
-    assert_eq!(r.status(), 200);
-    assert!(r.headers()["content-type"]
-        .to_str()
-        .unwrap()
-        .starts_with("text/event-stream"));
-    let text = r.text().await.unwrap();
+    let text = common::event_stream_text(r).await;
     let mut events = Vec::new();
     for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {
         let (mut name, mut data) = (None, None);

@@ -30,12 +30,7 @@ async fn events(server: &Server, body: Value) -> Vec<Value> {
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 200);
-    assert!(r.headers()["content-type"]
-        .to_str()
-        .unwrap()
-        .starts_with("text/event-stream"));
-    let text = r.text().await.unwrap();
+    let text = common::event_stream_text(r).await;
     text.split("\n\n")
         .filter(|e| !e.trim().is_empty() && !e.starts_with(':'))
         .map(|e| {

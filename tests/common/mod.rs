@@ -402,6 +402,16 @@ pub fn choice_chunks(chunks: &[Value], index: usize) -> Vec<&Value> {
         .collect()
 }
 
+/// The body of `r`, a successful event stream.
+pub async fn event_stream_text(r: reqwest::Response) -> String {
+    assert_eq!(r.status(), 200);
+    assert!(r.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
+    r.text().await.unwrap()
+}
+
 /// The `data:` payloads of an SSE response, `[DONE]` included.
 pub async fn sse(server: &Server, path: &str, body: Value) -> Vec<String> {
     let r = reqwest::Client::new()
@@ -410,12 +420,7 @@ pub async fn sse(server: &Server, path: &str, body: Value) -> Vec<String> {
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 200);
-    assert!(r.headers()["content-type"]
-        .to_str()
-        .unwrap()
-        .starts_with("text/event-stream"));
-    let text = r.text().await.unwrap();
+    let text = event_stream_text(r).await;
     text.split("\n\n")
         .filter(|e| !e.trim().is_empty())
         .map(|e| {
