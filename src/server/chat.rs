@@ -23,7 +23,7 @@ use super::validation::validate_chat;
 use super::AppState;
 use crate::engine::output::{Delta, TokenLogprob};
 use crate::engine::sequence::FinishReason;
-use crate::text::reasoning::{Piece, ReasoningParser};
+use crate::text::reasoning::{self, Piece, ReasoningParser};
 use crate::text::tool_parser::{ToolCallParser, ToolEvent};
 
 pub async fn chat_completions(
@@ -95,16 +95,7 @@ impl OutputBuilder for ChatBuilder {
         let mut out = Vec::new();
         let mut logprobs = self.want_logprobs.then(|| chat_logprobs(&d.logprobs));
         // Thinking goes out as it comes; the answer through the tool parser.
-        let pieces = match &mut self.thinking[i] {
-            None => vec![Piece::Content(d.text)],
-            Some(thinking) => {
-                let mut pieces = thinking.push(&d.text);
-                if d.finish.is_some() {
-                    pieces.extend(thinking.finish());
-                }
-                pieces
-            }
-        };
+        let pieces = reasoning::split(self.thinking[i].as_mut(), d.text, d.finish.is_some());
         let mut deltas = Vec::new();
         for piece in pieces {
             let text = match piece {

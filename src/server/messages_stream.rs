@@ -26,7 +26,7 @@ use super::validation::GenerationPlan;
 use super::ModelState;
 use crate::engine::output::Delta;
 use crate::engine::sequence::FinishReason;
-use crate::text::reasoning::{Piece, ReasoningParser};
+use crate::text::reasoning::{self, Piece, ReasoningParser};
 use crate::text::tool_parser::{ToolCallParser, ToolEvent};
 
 /// A content block of the reply; in a `content_block_start` event, as it
@@ -206,16 +206,7 @@ impl BlockBuilder {
     /// sets the stop reason.
     pub fn push(&mut self, d: Delta) -> Vec<StreamEvent> {
         let mut out = Vec::new();
-        let pieces = match &mut self.thinking {
-            None => vec![Piece::Content(d.text.clone())],
-            Some(thinking) => {
-                let mut pieces = thinking.push(&d.text);
-                if d.finish.is_some() {
-                    pieces.extend(thinking.finish());
-                }
-                pieces
-            }
-        };
+        let pieces = reasoning::split(self.thinking.as_mut(), d.text.clone(), d.finish.is_some());
         for piece in pieces {
             match piece {
                 Piece::Reasoning(text) => self.append(Kind::Thinking, text, &mut out),

@@ -17,7 +17,7 @@ use super::protocol::Usage;
 use super::tools::CallIds;
 use crate::engine::output::Delta;
 use crate::engine::sequence::FinishReason;
-use crate::text::reasoning::{Piece, ReasoningParser};
+use crate::text::reasoning::{self, Piece, ReasoningParser};
 use crate::text::tool_parser::{ToolCallParser, ToolEvent};
 
 /// A fresh id: `prefix`, an underscore and 32 hex digits.
@@ -169,16 +169,7 @@ impl ResponseBuilder {
     /// The events one delta of the reply makes.
     pub fn push(&mut self, d: Delta) -> Vec<Value> {
         let mut out = Vec::new();
-        let pieces = match &mut self.thinking {
-            None => vec![Piece::Content(d.text)],
-            Some(thinking) => {
-                let mut pieces = thinking.push(&d.text);
-                if d.finish.is_some() {
-                    pieces.extend(thinking.finish());
-                }
-                pieces
-            }
-        };
+        let pieces = reasoning::split(self.thinking.as_mut(), d.text, d.finish.is_some());
         if d.token.is_some() {
             let thought = pieces.iter().any(|p| matches!(p, Piece::Reasoning(_)));
             let answered = pieces

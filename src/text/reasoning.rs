@@ -33,6 +33,20 @@ pub struct ReasoningParser {
     held: String,
 }
 
+/// One delta's text as pieces: all answer where the template does not think
+/// (`thinking` is `None`), else split by `thinking`, whatever it held back
+/// settled when `last`.
+pub fn split(thinking: Option<&mut ReasoningParser>, text: String, last: bool) -> Vec<Piece> {
+    let Some(thinking) = thinking else {
+        return vec![Piece::Content(text)];
+    };
+    let mut pieces = thinking.push(&text);
+    if last {
+        pieces.extend(thinking.finish());
+    }
+    pieces
+}
+
 impl ReasoningParser {
     /// `opened`: the prompt ended inside a `<think>` block.
     pub fn new(opened: bool) -> Self {
