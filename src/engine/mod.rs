@@ -11,6 +11,7 @@ pub mod pooling;
 pub mod request_rules;
 pub mod scheduler;
 pub mod sequence;
+pub mod speculation;
 pub mod state_slots;
 pub mod step_budget;
 pub mod window_blocks;
@@ -26,6 +27,7 @@ use crate::engine::model_runner::ModelRunner;
 use crate::engine::pooling::{Pool, Pooling};
 use crate::engine::scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
 use crate::engine::sequence::{FinishReason, SeqId, Sequence, StepEvent};
+use crate::engine::speculation::Speculation;
 use crate::engine::state_slots::StateSlots;
 use crate::engine::window_blocks::WindowBlocks;
 use crate::error::{Result, WickError};
@@ -61,6 +63,8 @@ pub struct EngineConfig {
     /// Reuse cached K/V of prompt prefixes seen before (vLLM's automatic
     /// prefix caching).
     pub prefix_caching: bool,
+    /// Draft decode rows by prompt lookup ([`speculation`]).
+    pub speculation: Option<Speculation>,
 }
 
 impl Default for EngineConfig {
@@ -75,6 +79,7 @@ impl Default for EngineConfig {
             kv_dtype: None,
             force_tensor_kv: false,
             prefix_caching: true,
+            speculation: None,
         }
     }
 }
@@ -252,6 +257,32 @@ impl Engine {
                     bytes >> 10
                 );
                 scheduler.with_states(StateSlots::new(cfg.max_num_seqs))
+            }
+            None => scheduler,
+        };
+        let scheduler = match cfg.speculation {
+            Some(spec) => {
+                spec.validate().map_err(WickError::Model)?;
+                // A draft rejected must leave nothing behind: a recurrent
+                // state cannot be cut back, nor can a window pool give back
+                // the blocks it freed past a draft.
+                if model.state_bytes().is_some() || info.sliding_window.is_some() {
+                    tracing::warn!(
+                        "--speculative is off for this model: its recurrent-state or \
+                         sliding-window layers cannot take back a rejected draft"
+                    );
+                    scheduler
+                } else {
+                    tracing::info!(
+                        "speculative decoding: prompt lookup, up to {} tokens a row, \
+                         {}..={}-token matches, in steps of at most {} decode rows",
+                        spec.max_draft,
+                        spec.ngram_min,
+                        spec.ngram_max,
+                        spec.max_batch
+                    );
+                    scheduler.with_speculation(spec)
+                }
             }
             None => scheduler,
         };
@@ -437,16 +468,18 @@ impl Engine {
     /// Advances the cache cursors, scores prompt tokens where asked, and
     /// samples one token for every sequence whose pending tokens are now all
     /// cached, in parallel: each sequence draws from its own RNG, so the
-    /// order does not matter. A constrained row samples under its grammar
-    /// mask and advances its grammar; one whose grammar fails (the only way
-    /// a row fails to sample) is returned apart, with the error.
+    /// order does not matter. A decode row that ran a draft samples its rows
+    /// in turn while they agree with it ([`verify_draft`]). A constrained
+    /// row samples under its grammar mask and advances its grammar; one
+    /// whose grammar fails (the only way a row fails to sample) is returned
+    /// apart, with the error.
     fn sample(
         &mut self,
         logits: Vec<Vec<f32>>,
         mut masks: Vec<(SeqId, anyhow::Result<TokenMask>)>,
     ) -> (Vec<(SeqId, SampledToken)>, Vec<Failure>) {
         let mut rows = logits.into_iter();
-        let mut targets: Vec<(&mut Sequence, Vec<f32>)> = Vec::new();
+        let mut targets: Vec<(&mut Sequence, Vec<Vec<f32>>)> = Vec::new();
         for seq in self.scheduler.scheduled_mut() {
             let wanted = seq.logit_rows();
             let mut mine: Vec<Vec<f32>> = match wanted {
@@ -454,6 +487,10 @@ impl Engine {
                 LogitRows::Last => rows.by_ref().take(1).collect(),
                 LogitRows::All => rows.by_ref().take(seq.chunk).collect(),
             };
+            if !seq.draft.is_empty() {
+                targets.push((seq, mine));
+                continue;
+            }
             let first = seq.num_cached;
             seq.num_cached += seq.chunk;
             if wanted == LogitRows::All {
@@ -461,30 +498,38 @@ impl Engine {
             }
             if seq.num_cached == seq.len() {
                 if let Some(row) = mine.pop() {
-                    targets.push((seq, row));
+                    targets.push((seq, vec![row]));
                 }
             }
         }
         // Each constrained row takes its mask along.
         let mut targets: Vec<_> = targets
             .into_iter()
-            .map(|(seq, row)| {
+            .map(|(seq, rows)| {
                 let mask = masks
                     .iter()
                     .position(|(id, _)| *id == seq.id)
                     .map(|at| masks.swap_remove(at).1);
-                (seq, row, mask)
+                (seq, rows, mask)
             })
             .collect();
-        let results: Vec<(SeqId, std::result::Result<SampledToken, String>)> = targets
+        let results: Vec<(SeqId, std::result::Result<Vec<SampledToken>, String>)> = targets
             .par_iter_mut()
-            .map(|(seq, row, mask)| (seq.id, sample_one(seq, row, mask.take())))
+            .map(|(seq, rows, mask)| {
+                let sampled = match &mut rows[..] {
+                    [row] if seq.draft.is_empty() => {
+                        sample_one(seq, row, mask.take()).map(|t| vec![t])
+                    }
+                    rows => Ok(verify_draft(seq, rows)),
+                };
+                (seq.id, sampled)
+            })
             .collect();
         let mut sampled = Vec::with_capacity(results.len());
         let mut failed = Vec::new();
         for (id, r) in results {
             match r {
-                Ok(t) => sampled.push((id, t)),
+                Ok(tokens) => sampled.extend(tokens.into_iter().map(|t| (id, t))),
                 Err(msg) => failed.push((id, msg)),
             }
         }
@@ -527,6 +572,36 @@ fn sample_one(
         }
     }
     Ok(token)
+}
+
+/// Samples a drafted decode row's logit rows in turn, each seeing the
+/// tokens kept before it, while the token sampled is the one drafted: the
+/// drafted tokens kept and the first sampled past them, which is pending
+/// next. The row's own token and the drafts kept are now in the cache.
+/// Drafted rows carry no grammar ([`Sequence::may_draft`]).
+fn verify_draft(seq: &mut Sequence, rows: &mut [Vec<f32>]) -> Vec<SampledToken> {
+    let Sequence {
+        sampler,
+        tokens,
+        prompt_len,
+        draft,
+        num_cached,
+        ..
+    } = seq;
+    let (prompt, output) = tokens.split_at(*prompt_len);
+    let mut output = output.to_vec();
+    let mut kept = Vec::with_capacity(rows.len());
+    for (i, row) in rows.iter_mut().enumerate() {
+        let token = sampler.sample(row, prompt, &output);
+        let holds = draft.get(i) == Some(&token.id);
+        output.push(token.id);
+        kept.push(token);
+        if !holds {
+            break;
+        }
+    }
+    *num_cached += kept.len();
+    kept
 }
 
 /// The grammar masks of the constrained rows about to sample; nothing is

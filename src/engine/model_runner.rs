@@ -31,13 +31,14 @@ impl ModelRunner {
     pub fn build_batch<'a>(seqs: impl Iterator<Item = &'a Sequence>) -> FlatBatch {
         let mut batch = FlatBatch::default();
         for seq in seqs.filter(|s| s.chunk > 0) {
-            let range = seq.num_cached..seq.num_cached + seq.chunk;
+            let range = seq.num_cached..seq.num_cached + seq.own_chunk();
             batch.push(
                 &seq.tokens,
                 range,
                 seq.block_table.clone(),
                 seq.logit_rows(),
             );
+            batch.extend_last(&seq.draft);
             if let Some(s) = batch.seqs.last_mut() {
                 s.window_table.clone_from(&seq.window_table);
                 s.state_slot = seq.state_slot;

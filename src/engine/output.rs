@@ -10,6 +10,7 @@
 
 use crate::engine::sequence::FinishReason;
 use crate::engine::sequence::StepEvent;
+use crate::engine::speculation::DraftTally;
 use crate::sampling::sampler::SampledToken;
 use crate::text::stream::TextStream;
 use crate::text::tokenizer::Tokenizer;
@@ -53,6 +54,8 @@ pub struct SequenceOutput {
     want_logprobs: bool,
     /// Tokens generated up to the finish, the stop token included.
     pub completion_tokens: usize,
+    /// Tokens drafted for it and accepted, up to the finish.
+    pub drafts: DraftTally,
     finished: bool,
 }
 
@@ -80,6 +83,7 @@ impl SequenceOutput {
             stream: TextStream::new(stops),
             want_logprobs,
             completion_tokens: 0,
+            drafts: DraftTally::default(),
             finished: false,
         }
     }
@@ -94,6 +98,9 @@ impl SequenceOutput {
             return Ok(None);
         }
         let mut delta = Delta::default();
+        if let Some(d) = ev.draft {
+            self.drafts.add(d);
+        }
         if self.want_logprobs {
             delta.prompt_logprobs = ev
                 .prompt_logprobs
@@ -160,6 +167,7 @@ mod tests {
             prompt_logprobs: Vec::new(),
             cached_prompt_tokens: None,
             embedding: None,
+            draft: None,
         }
     }
 

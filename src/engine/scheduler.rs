@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 use crate::engine::block_manager::BlockManager;
 use crate::engine::mask_budget::MaskBudget;
 use crate::engine::sequence::{FinishReason, SeqId, Sequence, StepEvent};
+use crate::engine::speculation::{self, DraftLength, DraftTally, Speculation};
 use crate::engine::state_slots::StateSlots;
 use crate::engine::step_budget::StepBudget;
 use crate::engine::window_blocks::WindowBlocks;
@@ -124,6 +125,8 @@ pub struct SchedulerStats {
     /// Prompt tokens the step budget allowed the last step beside its
     /// decode rows ([`StepBudget::prefill_tokens`]).
     pub prefill_budget: usize,
+    /// Tokens drafted by prompt lookup and accepted, so far.
+    pub drafts: DraftTally,
 }
 
 /// What the scheduler gave the step it just scheduled.
@@ -152,6 +155,9 @@ pub struct Scheduler {
     /// The recurrent-state slots, for a hybrid model's linear-attention
     /// layers ([`StateSlots`]): a sequence holds one while it runs.
     states: Option<StateSlots>,
+    /// Prompt lookup, when decode rows draft ([`speculation`]).
+    spec: Option<Speculation>,
+    drafts: DraftTally,
     /// How long each sequence admitted since the last [`take_queue_waits`]
     /// (`Scheduler::take_queue_waits`) waited for its first admission.
     queue_waits: Vec<Duration>,
@@ -179,6 +185,8 @@ impl Scheduler {
             blocks,
             window: None,
             states: None,
+            spec: None,
+            drafts: DraftTally::default(),
             queue_waits: Vec::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -198,6 +206,12 @@ impl Scheduler {
     /// With recurrent-state slots as well: admission then needs a free one.
     pub fn with_states(mut self, states: StateSlots) -> Self {
         self.states = Some(states);
+        self
+    }
+
+    /// With decode rows drafting by prompt lookup.
+    pub fn with_speculation(mut self, spec: Speculation) -> Self {
+        self.spec = Some(spec);
         self
     }
 
@@ -261,6 +275,7 @@ impl Scheduler {
             last_step: self.last_step,
             last_step_prefill_tokens: self.last_plan.prompt_tokens,
             prefill_budget: self.last_plan.prefill_budget,
+            drafts: self.drafts,
         }
     }
 
@@ -325,9 +340,15 @@ impl Scheduler {
             true => cap.saturating_sub(self.steps.floor()),
             false => cap,
         };
+        let decoding = |s: &Sequence| s.pending() == 1 && !sit_outs.contains(&s.id);
+        let num_decoding = self.running.iter().filter(|s| decoding(s)).count();
+        // Drafts take what the step has left past a row for each.
+        let spec = self.spec.filter(|s| s.drafts_with(num_decoding));
+        let mut draft_room = decode_room.saturating_sub(num_decoding);
         let mut decode_rows = 0;
         for seq in &mut self.running {
             seq.chunk = 0;
+            seq.draft.clear();
             if sit_outs.contains(&seq.id) {
                 seq.sat_out += 1;
                 continue;
@@ -337,6 +358,10 @@ impl Scheduler {
                 seq.chunk = 1;
                 decode_rows += 1;
                 decode_room -= 1;
+                if let Some(spec) = &spec {
+                    draft(seq, spec, &mut draft_room);
+                    decode_room -= seq.draft.len();
+                }
             }
         }
         // Then prompt chunks, running ones first, within what the step
@@ -359,12 +384,18 @@ impl Scheduler {
             }
             loop {
                 let seq = &mut self.running[i];
-                if grow(&mut self.blocks, &mut self.window, seq, chunk) {
+                if grow(&mut self.blocks, &mut self.window, seq, seq.chunk) {
                     register_full_blocks(&mut self.blocks, seq);
                     i += 1;
                     break;
                 }
-                // Out of blocks: evict the newest sequence (possibly this one).
+                // Out of blocks: a draft goes first, then the newest
+                // sequence (possibly this one).
+                if !seq.draft.is_empty() {
+                    seq.chunk = seq.own_chunk();
+                    seq.draft.clear();
+                    continue;
+                }
                 let victim = self.running.len() - 1;
                 preempted.push(self.preempt(victim));
                 if victim == i {
@@ -400,8 +431,9 @@ impl Scheduler {
             ..StepPlan::default()
         };
         for seq in self.scheduled() {
+            // A drafted token costs the step what a decode row does.
             if seq.pending() == 1 {
-                plan.decode_rows += 1;
+                plan.decode_rows += seq.chunk;
             } else {
                 plan.prompt_tokens += seq.chunk;
             }
@@ -476,8 +508,10 @@ impl Scheduler {
         seq
     }
 
-    /// Appends each sampled token to its sequence, and retires the ones it
-    /// finishes. `sampled` is in batch order.
+    /// Appends the tokens sampled for each sequence, and retires the ones
+    /// they finish. `sampled` is in batch order; a sequence whose decode
+    /// row ran a draft has the drafted tokens it kept and the one sampled
+    /// after them, and learns from that how long to draft next.
     pub fn postprocess(
         &mut self,
         sampled: Vec<(SeqId, SampledToken)>,
@@ -488,25 +522,47 @@ impl Scheduler {
         let mut i = 0;
         while i < self.running.len() {
             let seq = &mut self.running[i];
-            let Some((_, token)) = sampled.next_if(|(id, _)| *id == seq.id) else {
+            let mut mine = Vec::new();
+            while let Some((_, token)) = sampled.next_if(|(id, _)| *id == seq.id) {
+                mine.push(token);
+            }
+            if mine.is_empty() {
                 i += 1;
                 continue;
-            };
-            let first = seq.output().is_empty();
-            seq.tokens.push(token.id);
-            let finish = seq.finish_reason(token.id, eos_ids);
-            events.push(StepEvent {
-                seq: seq.id,
-                token: Some(token),
-                finish: finish.clone(),
-                prompt_logprobs: std::mem::take(&mut seq.prompt_logprobs),
-                cached_prompt_tokens: if first {
-                    seq.cached_prompt_tokens
-                } else {
-                    None
-                },
-                embedding: None,
-            });
+            }
+            let mut tally = None;
+            if let (Some(len), Some(spec)) = (&mut seq.draft_len, &self.spec) {
+                if !seq.draft.is_empty() {
+                    let (drafted, accepted) = (seq.draft.len(), mine.len() - 1);
+                    len.update(drafted, accepted, spec.max_draft);
+                    tally = Some(DraftTally::one(drafted, accepted));
+                    self.drafts.add(DraftTally::one(drafted, accepted));
+                    seq.draft.clear();
+                }
+            }
+            let mut finish = None;
+            for token in mine {
+                let first = seq.output().is_empty();
+                seq.tokens.push(token.id);
+                finish = seq.finish_reason(token.id, eos_ids);
+                events.push(StepEvent {
+                    seq: seq.id,
+                    token: Some(token),
+                    finish: finish.clone(),
+                    prompt_logprobs: std::mem::take(&mut seq.prompt_logprobs),
+                    cached_prompt_tokens: if first {
+                        seq.cached_prompt_tokens
+                    } else {
+                        None
+                    },
+                    embedding: None,
+                    draft: tally.take(),
+                });
+                // What was kept past a finish is not the sequence's.
+                if finish.is_some() {
+                    break;
+                }
+            }
             if finish.is_some() {
                 let mut seq = self.running.remove(i);
                 release(
@@ -594,6 +650,27 @@ fn release(
     seq.block_hashes.clear();
     seq.num_cached = 0;
     seq.chunk = 0;
+    seq.draft.clear();
+}
+
+/// Drafts a decode row's next tokens by prompt lookup, within `room`
+/// tokens of the step and the sequence's `max_len`.
+fn draft(seq: &mut Sequence, spec: &Speculation, room: &mut usize) {
+    if !seq.may_draft() {
+        return;
+    }
+    let len = seq
+        .draft_len
+        .get_or_insert_with(|| DraftLength::new(spec.max_draft))
+        .get();
+    // Every drafted token kept leaves room for the one sampled after it.
+    let max = len
+        .min(*room)
+        .min(seq.max_len.saturating_sub(seq.len() + 1));
+    let found = speculation::lookup(&seq.tokens, spec.ngram_min, spec.ngram_max, max);
+    seq.draft.extend_from_slice(found);
+    seq.chunk += seq.draft.len();
+    *room -= seq.draft.len();
 }
 
 /// Prompt tokens an admission looked up in the prefix cache, and found.
@@ -641,7 +718,8 @@ fn match_prefix(blocks: &mut BlockManager, seq: &mut Sequence) -> PrefixHit {
 /// written before any is read) can share them.
 fn register_full_blocks(blocks: &mut BlockManager, seq: &mut Sequence) {
     let bs = blocks.block_size();
-    let full = (seq.num_cached + seq.chunk) / bs;
+    // Drafted tokens are not the sequence's until kept.
+    let full = (seq.num_cached + seq.own_chunk()) / bs;
     for i in seq.block_hashes.len()..full {
         let tokens = &seq.tokens[i * bs..(i + 1) * bs];
         let hash = blocks.hash(seq.block_hashes.last().copied(), tokens);

@@ -6,6 +6,7 @@ use std::time::Instant;
 use crate::engine::block_manager::{BlockHash, BlockId};
 use crate::engine::mask_budget::MaskRow;
 use crate::engine::pooling::Pool;
+use crate::engine::speculation::{DraftLength, DraftTally};
 use crate::models::LogitRows;
 use crate::sampling::params::SamplingParams;
 use crate::sampling::sampler::{SampledToken, Sampler};
@@ -78,6 +79,12 @@ pub struct Sequence {
     pub sat_out: u32,
     /// An embedding request's vector in the making: it samples nothing.
     pub pool: Option<Pool>,
+    /// Tokens drafted for this step's decode row, run after its pending
+    /// token and kept where sampling agrees ([`crate::engine::speculation`]).
+    /// Not part of `tokens`: nothing of them is the sequence's until kept.
+    pub draft: Vec<u32>,
+    /// How long its next draft may be, once it has drafted.
+    pub draft_len: Option<DraftLength>,
 }
 
 /// What happened to one sequence in a step. A token that comes with
@@ -95,6 +102,9 @@ pub struct StepEvent {
     pub cached_prompt_tokens: Option<usize>,
     /// An embedding request's vector, when its prompt is done.
     pub embedding: Option<Vec<f32>>,
+    /// With the first token of a step whose decode row ran a draft: how
+    /// many tokens were drafted, and accepted.
+    pub draft: Option<DraftTally>,
 }
 
 impl StepEvent {
@@ -107,6 +117,7 @@ impl StepEvent {
             prompt_logprobs: Vec::new(),
             cached_prompt_tokens: None,
             embedding: None,
+            draft: None,
         }
     }
 }
@@ -141,6 +152,8 @@ impl Sequence {
             cached_prompt_tokens: None,
             sat_out: 0,
             pool: None,
+            draft: Vec::new(),
+            draft_len: None,
         }
     }
 
@@ -188,6 +201,9 @@ impl Sequence {
     /// with the first sampled token, so a sequence preempted later does not
     /// score its prompt again when it is recomputed.
     pub fn logit_rows(&self) -> LogitRows {
+        if !self.draft.is_empty() {
+            return LogitRows::All;
+        }
         let scoring = self.params.prompt_logprobs.is_some() && self.output().is_empty();
         match (scoring, self.num_cached + self.chunk == self.len()) {
             _ if self.pool.is_some() => LogitRows::None,
@@ -195,6 +211,18 @@ impl Sequence {
             (false, true) => LogitRows::Last,
             (false, false) => LogitRows::None,
         }
+    }
+
+    /// Whether its decode rows may carry drafts: a grammar's mask depends
+    /// on every token before it, and an embedding decodes nothing.
+    pub fn may_draft(&self) -> bool {
+        self.params.constraint.is_none() && self.pool.is_none()
+    }
+
+    /// This step's tokens that are the sequence's own: its chunk less the
+    /// drafted ones.
+    pub fn own_chunk(&self) -> usize {
+        self.chunk - self.draft.len()
     }
 
     /// The rows of this step's chunk whose final hidden states it pools.

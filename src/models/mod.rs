@@ -69,6 +69,18 @@ impl FlatBatch {
         self.positions.extend(positions.map(|p| p as u32));
     }
 
+    /// Appends `tokens` to the last sequence pushed, at the positions after
+    /// its own: a decode row's drafted tokens, run in the same slice.
+    pub fn extend_last(&mut self, tokens: &[u32]) {
+        let Some(s) = self.seqs.last_mut() else {
+            return;
+        };
+        let next = (s.first_pos + s.len) as u32;
+        s.len += tokens.len();
+        self.tokens.extend_from_slice(tokens);
+        self.positions.extend(next..next + tokens.len() as u32);
+    }
+
     /// Rows whose logits are wanted, in row order.
     pub fn logit_rows(&self) -> Vec<u32> {
         self.rows(|s| s.logits)

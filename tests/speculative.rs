@@ -1,0 +1,232 @@
+//! Speculative decoding by prompt lookup keeps every token what decoding
+//! one at a time gives: greedy and seeded sampling alike, batched with rows
+//! that draft nothing, through preemption, on the default model and on a
+//! random one; and on text that repeats its prompt, most drafts are kept.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use candle_core::Device;
+use wick::engine::kv_cache::KvLayout;
+use wick::engine::sequence::{FinishReason, SeqId};
+use wick::engine::speculation::Speculation;
+use wick::engine::{Engine, EngineConfig};
+use wick::load::loader::{load, LoadOptions};
+use wick::models::linear::WeightFormat;
+use wick::sampling::params::SamplingParams;
+use wick::sampling::sampler::SampledToken;
+use wick::text::tokenizer::Tokenizer;
+
+/// A prompt whose answer copies a text, and ones that copy nothing.
+const COPY: &str = "<|im_start|>user\nRepeat this text exactly:\nThe quick brown fox jumps over \
+    the lazy dog. Pack my box with five dozen liquor jugs. How vexingly quick daft zebras \
+    jump!<|im_end|>\n<|im_start|>assistant\n";
+const PLAIN: [&str; 3] = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a land far away, there lived a",
+];
+
+fn greedy(max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        max_tokens,
+        temperature: 0.0,
+        ignore_eos: true,
+        logprobs: Some(2),
+        ..Default::default()
+    }
+}
+
+fn seeded(max_tokens: usize, seed: u64) -> SamplingParams {
+    SamplingParams {
+        max_tokens,
+        temperature: 0.8,
+        top_p: 0.95,
+        top_k: 50,
+        frequency_penalty: 0.3,
+        seed: Some(seed),
+        ignore_eos: true,
+        logprobs: Some(2),
+        ..Default::default()
+    }
+}
+
+fn speculating(cfg: &EngineConfig) -> EngineConfig {
+    EngineConfig {
+        speculation: Some(Speculation {
+            max_draft: 6,
+            ngram_max: 3,
+            ngram_min: 1,
+            max_batch: 4,
+        }),
+        ..cfg.clone()
+    }
+}
+
+/// Runs every request together to its end; each one's sampled tokens.
+fn run(engine: &mut Engine, requests: &[(Vec<u32>, SamplingParams)]) -> Vec<Vec<SampledToken>> {
+    let ids: Vec<SeqId> = requests
+        .iter()
+        .map(|(p, s)| engine.add_request(p.clone(), s.clone()).unwrap())
+        .collect();
+    let mut out: HashMap<SeqId, Vec<SampledToken>> = HashMap::new();
+    while engine.has_work() {
+        for ev in engine.step() {
+            assert!(!matches!(ev.finish, Some(FinishReason::Error(_))), "{ev:?}");
+            out.entry(ev.seq).or_default().extend(ev.token);
+        }
+    }
+    ids.iter()
+        .map(|id| out.remove(id).unwrap_or_default())
+        .collect()
+}
+
+/// The same requests without and with speculation give the same tokens and
+/// logprobs; returns the speculating engine's (drafted, accepted).
+fn assert_same(
+    plain: &mut Engine,
+    spec: &mut Engine,
+    requests: &[(Vec<u32>, SamplingParams)],
+) -> (u64, u64) {
+    let want = run(plain, requests);
+    let before = spec.stats().drafts;
+    let got = run(spec, requests);
+    for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+        assert_eq!(w.len(), requests[i].1.max_tokens, "request {i}");
+        let ids = |t: &[SampledToken]| t.iter().map(|t| t.id).collect::<Vec<_>>();
+        assert_eq!(
+            ids(w),
+            ids(g),
+            "request {i}: tokens differ with speculation"
+        );
+        for (a, b) in w.iter().zip(g) {
+            let (a, b) = (a.logprob.unwrap(), b.logprob.unwrap());
+            assert!((a - b).abs() < 1e-3, "request {i}: logprob {a} vs {b}");
+        }
+    }
+    let after = spec.stats().drafts;
+    assert_eq!(plain.stats().drafts.drafted, 0);
+    assert_eq!(spec.stats().blocks_used, 0, "every block is free again");
+    (
+        after.drafted - before.drafted,
+        after.accepted - before.accepted,
+    )
+}
+
+fn default_engines(cfg: &EngineConfig) -> (Engine, Engine, Tokenizer) {
+    let (plain, tok) = common::engine(cfg);
+    let (spec, _) = common::engine(&speculating(cfg));
+    (plain, spec, tok)
+}
+
+#[test]
+fn greedy_and_seeded_outputs_are_unchanged_and_copies_are_drafted() {
+    let (mut plain, mut spec, tok) = default_engines(&EngineConfig::default());
+    let copy = tok.encode(COPY).unwrap();
+    // Alone, greedy: the answer repeats the prompt, so most drafts hold.
+    let (drafted, accepted) = assert_same(&mut plain, &mut spec, &[(copy.clone(), greedy(40))]);
+    eprintln!("copy, greedy: {accepted} of {drafted} drafted tokens kept");
+    assert!(
+        accepted * 2 > drafted && accepted >= 20,
+        "{accepted} of {drafted}"
+    );
+    // Seeded sampling, with penalties that read every kept token.
+    let (drafted, accepted) = assert_same(&mut plain, &mut spec, &[(copy.clone(), seeded(40, 7))]);
+    eprintln!("copy, seeded: {accepted} of {drafted} drafted tokens kept");
+    assert!(accepted > 0);
+    // Together with rows that find nothing to draft, greedy and sampled.
+    let mut batch = vec![(copy.clone(), greedy(32)), (copy, seeded(32, 11))];
+    for (i, p) in PLAIN.iter().enumerate() {
+        batch.push((tok.encode(p).unwrap(), seeded(24, i as u64)));
+    }
+    let (drafted, accepted) = assert_same(&mut plain, &mut spec, &batch);
+    assert!(accepted > 0, "{accepted} of {drafted}");
+}
+
+#[test]
+fn big_batches_draft_nothing_and_still_agree() {
+    let (mut plain, mut spec, tok) = default_engines(&EngineConfig::default());
+    let copy = tok.encode(COPY).unwrap();
+    // Six decode rows against a limit of four: no step drafts until only
+    // four run (the plain ones stop first).
+    let mut batch: Vec<_> = (0..4).map(|_| (copy.clone(), greedy(8))).collect();
+    batch.push((copy.clone(), greedy(30)));
+    batch.push((copy, greedy(30)));
+    let (drafted, accepted) = assert_same(&mut plain, &mut spec, &batch);
+    assert!(accepted > 0, "the two long ones draft once alone");
+    let s = spec.stats();
+    assert!(s.drafts.drafts > 0 && drafted > 0);
+}
+
+#[test]
+fn a_pool_too_small_for_drafts_preempts_and_still_agrees() {
+    // 12 blocks of 16 tokens: three copies of ~60 prompt + 40 out cannot
+    // all fit, so sequences are preempted and recomputed mid-draft.
+    let info = common::load_default(WeightFormat::Native)
+        .model
+        .info()
+        .clone();
+    let per_block = KvLayout::bytes_per_block(
+        info.num_layers,
+        info.num_kv_heads,
+        info.head_dim,
+        16,
+        info.kv_dtype,
+    );
+    let cfg = EngineConfig {
+        block_size: 16,
+        kv_cache_bytes: 12 * per_block,
+        ..Default::default()
+    };
+    let (mut plain, mut spec, tok) = default_engines(&cfg);
+    let copy = tok.encode(COPY).unwrap();
+    let batch = vec![
+        (copy.clone(), greedy(40)),
+        (copy.clone(), seeded(40, 3)),
+        (copy, greedy(40)),
+    ];
+    let (drafted, accepted) = assert_same(&mut plain, &mut spec, &batch);
+    assert!(
+        spec.stats().preemptions > 0,
+        "the pool was meant to run dry"
+    );
+    assert!(accepted > 0, "{accepted} of {drafted}");
+}
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+#[test]
+fn a_random_model_gives_the_same_tokens() {
+    let engine = |cfg: &EngineConfig| {
+        let loaded = load(
+            &fixture("llama-tiny"),
+            &LoadOptions::default(),
+            &Device::Cpu,
+        )
+        .unwrap();
+        let eos = loaded.tokenizer.eos_ids().to_vec();
+        (
+            Engine::new(loaded.model, eos, cfg).unwrap(),
+            loaded.tokenizer,
+        )
+    };
+    let cfg = EngineConfig::default();
+    let (mut plain, tok) = engine(&cfg);
+    let (mut spec, _) = engine(&speculating(&cfg));
+    let text = "one two three four five one two three four five one two three";
+    let prompt = tok.encode(text).unwrap();
+    let batch = vec![
+        (prompt.clone(), greedy(48)),
+        (prompt, seeded(48, 5)),
+        (tok.encode(PLAIN[0]).unwrap(), greedy(32)),
+    ];
+    let (drafted, accepted) = assert_same(&mut plain, &mut spec, &batch);
+    eprintln!("random model: {accepted} of {drafted} drafted tokens kept");
+    assert!(drafted > 0, "the repeated prompt was meant to draft");
+}
