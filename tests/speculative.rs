@@ -230,3 +230,52 @@ fn a_random_model_gives_the_same_tokens() {
     eprintln!("random model: {accepted} of {drafted} drafted tokens kept");
     assert!(drafted > 0, "the repeated prompt was meant to draft");
 }
+
+/// Over HTTP: the same text whole and streamed as without speculation, the
+/// drafts in `usage` and in `/metrics`.
+#[tokio::test(flavor = "multi_thread")]
+async fn served_answers_match_and_report_their_drafts() {
+    use common::{chunks, metric, post, sse, Server};
+    use serde_json::json;
+
+    let plain = Server::start(&[]);
+    let spec = Server::start(&["--speculative", "ngram"]);
+    let body = json!({
+        "messages": [{"role": "user", "content":
+            "Repeat this text exactly:\nThe quick brown fox jumps over the lazy dog. Pack my \
+             box with five dozen liquor jugs. How vexingly quick daft zebras jump!"}],
+        "max_tokens": 40, "temperature": 0,
+    });
+    let (status, want) = post(&plain, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(status, 200, "{want}");
+    assert!(want["usage"].get("completion_tokens_details").is_none());
+    let (status, got) = post(&spec, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(status, 200, "{got}");
+    let text = got["choices"][0]["message"]["content"].as_str().unwrap();
+    assert_eq!(text, want["choices"][0]["message"]["content"]);
+    let details = &got["usage"]["completion_tokens_details"];
+    let accepted = details["accepted_prediction_tokens"].as_u64().unwrap();
+    let rejected = details["rejected_prediction_tokens"].as_u64().unwrap();
+    assert!(accepted > 0, "{details}");
+    assert_eq!(
+        metric(&spec, "wick:spec_decode_num_accepted_tokens_total").await,
+        accepted as f64
+    );
+    assert_eq!(
+        metric(&spec, "wick:spec_decode_num_draft_tokens_total").await,
+        (accepted + rejected) as f64
+    );
+
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let cs = chunks(&sse(&spec, "/v1/chat/completions", streamed).await);
+    let joined: String = cs
+        .iter()
+        .flat_map(|c| c["choices"].as_array().unwrap())
+        .filter_map(|c| c["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(joined, text);
+    let usage = &cs.last().unwrap()["usage"];
+    assert_eq!(usage["completion_tokens_details"], *details);
+}

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use crate::engine::kv_cache::KvDtype;
+use crate::engine::speculation::Speculation;
 use crate::engine::step_budget::DEFAULT_MAX_STEP_SLOWDOWN;
 use crate::engine::EngineConfig;
 use crate::load::loader::{LoadOptions, WeightDtype};
@@ -109,6 +110,34 @@ pub struct EngineArgs {
         value_parser = clap::builder::BoolishValueParser::new(),
     )]
     pub no_prefix_caching: bool,
+    /// Speculative decoding: `ngram` drafts each decode row's next tokens
+    /// by prompt lookup (what followed the last few tokens where they last
+    /// occurred in the prompt or output) and verifies them in the same
+    /// forward pass. Output is what decoding without it gives; text that
+    /// repeats its context (edits, code, quotes) comes faster.
+    #[arg(long, value_enum, default_value_t = SpecMethod::None, env = "WICK_SPECULATIVE")]
+    pub speculative: SpecMethod,
+    /// Most tokens drafted for one sequence in one step (each sequence
+    /// drafts fewer while its drafts are rejected).
+    #[arg(long, default_value_t = Speculation::default().max_draft, env = "WICK_NUM_SPECULATIVE_TOKENS", value_parser = parse_positive)]
+    pub num_speculative_tokens: usize,
+    /// Longest run of last tokens prompt lookup matches.
+    #[arg(long, default_value_t = Speculation::default().ngram_max, env = "WICK_PROMPT_LOOKUP_MAX", value_parser = parse_positive)]
+    pub prompt_lookup_max: usize,
+    /// Shortest run of last tokens prompt lookup matches.
+    #[arg(long, default_value_t = Speculation::default().ngram_min, env = "WICK_PROMPT_LOOKUP_MIN", value_parser = parse_positive)]
+    pub prompt_lookup_min: usize,
+    /// No drafts in a step with more decode rows than this: a big batch is
+    /// bound by arithmetic already, and drafted rows would slow it.
+    #[arg(long, default_value_t = Speculation::default().max_batch, env = "WICK_SPECULATIVE_MAX_BATCH")]
+    pub speculative_max_batch: usize,
+}
+
+/// --speculative's methods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SpecMethod {
+    None,
+    Ngram,
 }
 
 /// The KV budget in MiB where --kv-cache-memory is unset and no GPU sizes it.
@@ -126,6 +155,14 @@ fn parse_slowdown(s: &str) -> Result<f64, String> {
         Err(format!(
             "must be a multiple of at least 1 (e.g. 2.5), or 0 for no bound, got {s}"
         ))
+    }
+}
+
+/// A count of at least one.
+fn parse_positive(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("must be a whole number, at least 1, got {s}")),
     }
 }
 
@@ -228,6 +265,12 @@ impl EngineArgs {
             kv_dtype: self.kv_cache_dtype,
             force_tensor_kv: false,
             prefix_caching: !self.no_prefix_caching,
+            speculation: (self.speculative == SpecMethod::Ngram).then_some(Speculation {
+                max_draft: self.num_speculative_tokens,
+                ngram_max: self.prompt_lookup_max,
+                ngram_min: self.prompt_lookup_min,
+                max_batch: self.speculative_max_batch,
+            }),
         }
     }
 }

@@ -16,11 +16,12 @@ use super::access::AccessRecord;
 use super::error::ApiError;
 use super::json_body::JsonBody;
 use super::metrics::Metrics;
-use super::protocol::{PromptTokensDetails, Usage};
+use super::protocol::{CompletionTokensDetails, PromptTokensDetails, Usage};
 use super::validation::{GenerationPlan, ModelContext};
 use super::{handlers, AppState, ModelState};
 use crate::engine::output::{Delta, SequenceOutput};
 use crate::engine::sequence::{FinishReason, SeqId, StepEvent};
+use crate::engine::speculation::DraftTally;
 
 pub struct Generation {
     model: Arc<ModelState>,
@@ -172,6 +173,10 @@ impl Generation {
         // A prompt's first choice tells what was cached before the request
         // came; its other choices share that choice's blocks.
         let cached = self.cached_tokens.iter().step_by(self.n.max(1)).sum();
+        let mut drafts = DraftTally::default();
+        for o in &self.outputs {
+            drafts.add(o.drafts);
+        }
         Usage {
             prompt_tokens: self.prompt_tokens,
             completion_tokens: completion,
@@ -179,6 +184,10 @@ impl Generation {
             prompt_tokens_details: PromptTokensDetails {
                 cached_tokens: cached,
             },
+            completion_tokens_details: (drafts.drafted > 0).then_some(CompletionTokensDetails {
+                accepted_prediction_tokens: drafts.accepted,
+                rejected_prediction_tokens: drafts.drafted - drafts.accepted,
+            }),
         }
     }
 

@@ -62,6 +62,9 @@ pub struct Metrics {
     mask_deferrals: EngineTotal,
     prefix_queries: EngineTotal,
     prefix_hits: EngineTotal,
+    spec_drafts: EngineTotal,
+    spec_draft_tokens: EngineTotal,
+    spec_accepted_tokens: EngineTotal,
     prompt_tokens: IntCounter,
     generation_tokens: IntCounter,
     request_success: IntCounterVec,
@@ -197,6 +200,18 @@ impl Metrics {
                 "wick:prefix_cache_hits_total",
                 "Prefix cache hits, in terms of number of cached tokens.",
             )),
+            spec_drafts: EngineTotal::new(counter(
+                "wick:spec_decode_num_drafts_total",
+                "Decode rows that ran a speculative draft.",
+            )),
+            spec_draft_tokens: EngineTotal::new(counter(
+                "wick:spec_decode_num_draft_tokens_total",
+                "Tokens drafted by speculative decoding.",
+            )),
+            spec_accepted_tokens: EngineTotal::new(counter(
+                "wick:spec_decode_num_accepted_tokens_total",
+                "Drafted tokens kept (the model sampled them).",
+            )),
             prompt_tokens: counter(
                 "wick:prompt_tokens_total",
                 "Number of prefill tokens processed.",
@@ -278,6 +293,9 @@ impl Metrics {
         self.mask_deferrals.catch_up(s.mask_deferrals);
         self.prefix_queries.catch_up(s.prefix_queries);
         self.prefix_hits.catch_up(s.prefix_hits);
+        self.spec_drafts.catch_up(s.drafts.drafts);
+        self.spec_draft_tokens.catch_up(s.drafts.drafted);
+        self.spec_accepted_tokens.catch_up(s.drafts.accepted);
         // Published after every step, so the last step is each step in
         // turn; a repeat (an add or abort between steps) observes nothing.
         if self.steps_seen.fetch_max(s.steps, Ordering::Relaxed) < s.steps {
@@ -345,6 +363,7 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::speculation::DraftTally;
 
     /// The value of the sample line that starts with `series ` exactly.
     fn sample(text: &str, series: &str) -> f64 {
@@ -375,6 +394,9 @@ mod tests {
             ("wick:grammar_mask_deferrals_total", "counter"),
             ("wick:prefix_cache_queries_total", "counter"),
             ("wick:prefix_cache_hits_total", "counter"),
+            ("wick:spec_decode_num_drafts_total", "counter"),
+            ("wick:spec_decode_num_draft_tokens_total", "counter"),
+            ("wick:spec_decode_num_accepted_tokens_total", "counter"),
             ("wick:prompt_tokens_total", "counter"),
             ("wick:generation_tokens_total", "counter"),
             ("wick:request_success_total", "counter"),
@@ -416,7 +438,7 @@ mod tests {
             }
             checked += 1;
         }
-        assert_eq!(checked, 23);
+        assert_eq!(checked, 26);
     }
 
     #[test]
@@ -438,6 +460,11 @@ mod tests {
             last_step: std::time::Duration::from_millis(600),
             last_step_prefill_tokens: 56,
             prefill_budget: 56,
+            drafts: DraftTally {
+                drafts: 3,
+                drafted: 12,
+                accepted: 9,
+            },
         });
         m.add_prompt_tokens(100);
         m.add_prompt_tokens(28);
@@ -463,6 +490,9 @@ mod tests {
         assert_eq!(v("wick:grammar_mask_deferrals_total"), 4.0);
         assert_eq!(v("wick:prefix_cache_queries_total"), 900.0);
         assert_eq!(v("wick:prefix_cache_hits_total"), 640.0);
+        assert_eq!(v("wick:spec_decode_num_drafts_total"), 3.0);
+        assert_eq!(v("wick:spec_decode_num_draft_tokens_total"), 12.0);
+        assert_eq!(v("wick:spec_decode_num_accepted_tokens_total"), 9.0);
         assert_eq!(v("wick:prompt_tokens_total"), 128.0);
         assert_eq!(v("wick:generation_tokens_total"), 7.0);
         assert_eq!(

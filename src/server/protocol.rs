@@ -343,6 +343,16 @@ pub struct Usage {
     pub completion_tokens: usize,
     pub total_tokens: usize,
     pub prompt_tokens_details: PromptTokensDetails,
+    /// Where speculative decoding drafted for the request (OpenAI's
+    /// predicted-output counts): drafted tokens kept, and rejected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_tokens_details: Option<CompletionTokensDetails>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompletionTokensDetails {
+    pub accepted_prediction_tokens: u64,
+    pub rejected_prediction_tokens: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -819,6 +829,7 @@ mod tests {
             completion_tokens: 2,
             total_tokens: 5,
             prompt_tokens_details: PromptTokensDetails { cached_tokens: 1 },
+            completion_tokens_details: None,
         };
         let with_usage = chunk(ChatDelta::default(), None, Some(usage));
         assert_eq!(
@@ -851,6 +862,7 @@ mod tests {
                 completion_tokens: 1,
                 total_tokens: 2,
                 prompt_tokens_details: PromptTokensDetails { cached_tokens: 0 },
+                completion_tokens_details: None,
             }),
         };
         let v = serde_json::to_value(&r).unwrap();
@@ -915,6 +927,7 @@ mod tests {
                 completion_tokens: 1,
                 total_tokens: 5,
                 prompt_tokens_details: PromptTokensDetails { cached_tokens: 0 },
+                completion_tokens_details: None,
             }),
         };
         let v = serde_json::to_value(&r).unwrap();

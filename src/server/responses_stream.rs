@@ -547,6 +547,7 @@ mod tests {
             completion_tokens: 4,
             total_tokens: 9,
             prompt_tokens_details: PromptTokensDetails { cached_tokens: 2 },
+            completion_tokens_details: None,
         }
     }
 
