@@ -3,7 +3,8 @@
 //! biases, NEOX RoPE, tied head), Qwen3 (per-head q/k norms, head size
 //! not hidden / heads), SmolLM3 (every fourth layer without RoPE) and Phi-3
 //! (fused q/k/v and gate/up, partial rotary, LongRoPE factor tensors) and
-//! Gemma 3 (sandwich norms, GeGLU, local sliding-window layers)
+//! Gemma 3 (sandwich norms, GeGLU, local sliding-window layers) and
+//! Qwen3.5 (gated-DeltaNet linear attention around gated full attention)
 //! converted by llama.cpp's own
 //! `convert_hf_to_gguf.py` (`scripts/make_gguf_fixtures.py`), compared with
 //! transformers' logits and greedy continuations for the same weights.
@@ -24,7 +25,7 @@ fn fixtures() -> PathBuf {
 }
 
 /// `(GGUF stem, its transformers reference, a tensor only that feature has)`.
-const CASES: [(&str, &str, &str); 6] = [
+const CASES: [(&str, &str, &str); 7] = [
     (
         "llama3-rope",
         "llama-tiny/reference.json",
@@ -58,6 +59,9 @@ const CASES: [(&str, &str, &str); 6] = [
         "gemma3-tiny/reference.json",
         "blk.0.post_ffw_norm.weight",
     ),
+    // Gated-DeltaNet layers (A stored as -exp(A_log), value heads in
+    // llama.cpp's tiled order) around gated attention.
+    ("qwen35", "qwen35-tiny/reference.json", "blk.0.ssm_a"),
 ];
 
 fn gguf(stem: &str, ty: &str) -> PathBuf {
@@ -82,6 +86,14 @@ fn assert_has_tensor(path: &Path, name: &str) {
         "{} has no {name}",
         path.display()
     );
+}
+
+/// Its decoder layers, as `{architecture}.block_count` says.
+fn block_count(path: &Path) -> usize {
+    let content = Content::read(&mut std::fs::File::open(path).unwrap()).unwrap();
+    let md = |key: &str| content.metadata.get(key).unwrap();
+    let arch = md("general.architecture").to_string().unwrap().clone();
+    md(&format!("{arch}.block_count")).to_u32().unwrap() as usize
 }
 
 fn reference(rel: &str) -> Reference {
@@ -124,14 +136,16 @@ fn phi3_gguf_long_rope_matches_transformers_past_the_pretrained_context() {
 #[test]
 fn q8_0_gguf_logits_stay_close() {
     // llama.cpp's own Q8_0 of the weights, with wick's 8-bit activations:
-    // a broken layer moves logits spanning -5..5 by units.
+    // a broken layer moves logits spanning -5..5 by units. The bound grows
+    // past five layers as tests/hf_models.rs's does (Qwen3.5's six: 0.46).
     for (stem, rel, marker) in CASES {
         let path = gguf(stem, "q8_0");
         assert_has_tensor(&path, marker);
         let r = reference(rel);
         let d = worst_logit_diff(&r, &load_gguf(&path, &r), None);
+        let bound = 0.5f32.max(0.1 * (block_count(&path) + 1) as f32);
         eprintln!("{stem} q8_0: max |logit - transformers| = {d:e}");
-        assert!(d <= 0.5, "{stem} q8_0: logits differ by {d}");
+        assert!(d <= bound, "{stem} q8_0: logits differ by {d}");
     }
 }
 
@@ -149,5 +163,119 @@ fn f32_gguf_greedy_continuations_match_transformers() {
         let mut engine =
             Engine::new(loaded.model, loaded.tokenizer.eos_ids().to_vec(), &cfg).unwrap();
         common::assert_greedy_matches(&mut engine, &r.inputs, &r.greedy, stem);
+    }
+}
+
+/// llama.cpp's teacher-forced log-probs on the Qwen3.5 files
+/// (`gguf-tiny/qwen35-llama-cpp.json`, from its `llama-server`).
+#[derive(serde::Deserialize)]
+struct LlamaCppLogprobs {
+    ids: Vec<u32>,
+    f32: LlamaCppRun,
+    q8_0: LlamaCppRun,
+}
+
+#[derive(serde::Deserialize)]
+struct LlamaCppRun {
+    /// Position `i`: the distribution after `ids[..=i]`.
+    positions: Vec<LlamaCppPosition>,
+}
+
+#[derive(serde::Deserialize)]
+struct LlamaCppPosition {
+    next: Option<u32>,
+    logprob: Option<f32>,
+    /// `(id, logprob)` of its 8 likeliest tokens.
+    top: Vec<(u32, f32)>,
+}
+
+fn log_softmax(row: &[f32]) -> Vec<f32> {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = max + row.iter().map(|x| (x - max).exp()).sum::<f32>().ln();
+    row.iter().map(|x| x - lse).collect()
+}
+
+/// The largest |wick - llama.cpp| over the next token's and the top 8's
+/// log-probs at every position of the 96-token prompt: once fed a token at
+/// a time from the first, once after a 48-token prefill. Also checks that
+/// both pick the same top token wherever llama.cpp's top two are more
+/// than `tie` apart.
+fn worst_logprob_diff_vs_llama_cpp(ty: &str, kv_dtype: KvDtype, tie: f32) -> f32 {
+    let text = std::fs::read_to_string(fixtures().join("gguf-tiny/qwen35-llama-cpp.json")).unwrap();
+    let want: LlamaCppLogprobs = serde_json::from_str(&text).unwrap();
+    let run = match ty {
+        "f32" => &want.f32,
+        _ => &want.q8_0,
+    };
+    assert_eq!(run.positions.len(), want.ids.len());
+    let loaded = load(&gguf("qwen35", ty), &LoadOptions::default(), &Device::Cpu).unwrap();
+    let ids: Vec<u32> = want.ids.iter().copied().chain([0]).collect();
+    let seqs = [(1, ids.clone()), (48, ids)];
+    let got = common::teacher_forced_logits(&*loaded.model, &seqs, kv_dtype, false);
+    let mut worst = 0f32;
+    let mut compared = 0;
+    for ((prefill, _), rows) in seqs.iter().zip(&got) {
+        for (k, row) in rows.iter().enumerate() {
+            let pos = prefill - 1 + k;
+            let p = &run.positions[pos];
+            let lp = log_softmax(row);
+            let pairs = p.top.iter().copied().chain(p.next.zip(p.logprob));
+            for (id, llama) in pairs {
+                worst = worst.max((lp[id as usize] - llama).abs());
+            }
+            let top1 = (0..lp.len())
+                .max_by(|&a, &b| lp[a].total_cmp(&lp[b]))
+                .unwrap();
+            if p.top[0].1 - p.top[1].1 > tie {
+                assert_eq!(top1 as u32, p.top[0].0, "{ty}: top token at position {pos}");
+            }
+            compared += 1;
+        }
+    }
+    assert_eq!(compared, 96 + 49);
+    worst
+}
+
+#[test]
+fn qwen35_gguf_logprobs_match_llama_cpp() {
+    // llama.cpp ran the f32 file with f32 K/V, the Q8_0 one with its
+    // default f16 K/V. In f32 llama.cpp is itself about 1.2e-3 from
+    // transformers (whose logits wick matches within 1.2e-5): observed
+    // 1.3e-3. On Q8_0 both quantize activations to 8 bits, each its own
+    // way, and this tiny model's flat distributions have near-ties (top
+    // two within 0.08) that then flip: observed 0.19.
+    let f32 = worst_logprob_diff_vs_llama_cpp("f32", KvDtype::F32, 1e-2);
+    let q8 = worst_logprob_diff_vs_llama_cpp("q8_0", KvDtype::F16, 0.1);
+    eprintln!("qwen35 vs llama.cpp: max |logprob diff| f32 {f32:e}, q8_0 {q8:e}");
+    assert!(
+        f32 <= 5e-3,
+        "f32: log-probs differ from llama.cpp's by {f32}"
+    );
+    assert!(q8 <= 0.4, "q8_0: log-probs differ from llama.cpp's by {q8}");
+}
+
+/// A GGUF architecture wick does not run is refused by name, with the list
+/// of those it does, Qwen3.5's included.
+#[test]
+fn unsupported_gguf_architecture_names_what_wick_runs() {
+    use candle_core::quantized::gguf_file::{write, Value};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mamba.gguf");
+    let arch = Value::String("mamba".into());
+    write(
+        &mut std::fs::File::create(&path).unwrap(),
+        &[("general.architecture", &arch)],
+        &[],
+    )
+    .unwrap();
+    let e = match load(&path, &LoadOptions::default(), &Device::Cpu) {
+        Ok(_) => panic!("a mamba file loaded"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(e.contains("\"mamba\" is not supported"), "{e}");
+    for arch in [
+        "llama", "qwen2", "qwen3", "smollm3", "phi3", "gemma3", "qwen35",
+    ] {
+        assert!(e.contains(&format!("\"{arch}\"")), "{arch} missing: {e}");
     }
 }

@@ -13,6 +13,7 @@ use candle_core::{DType, Device};
 use crate::load::hf_dir;
 use crate::models::linear::{WeightFormat, WeightSpec};
 use crate::models::llama::{GgufArch, Llama};
+use crate::models::qwen35::Qwen35;
 use crate::models::Model;
 use crate::quant::Kernel;
 use crate::text::chat_template::ChatTemplate;
@@ -217,7 +218,7 @@ fn load_gguf(path: &Path, options: &LoadOptions, device: &Device) -> anyhow::Res
         .and_then(|s| s.to_str())
         .unwrap_or("model")
         .to_string();
-    let (content, mut reader, _) = open_model_gguf(path)?;
+    let (content, mut reader, arch) = open_model_gguf(path)?;
     let tokenizer =
         Tokenizer::from_gguf(&content).context("building the tokenizer from the GGUF metadata")?;
     let chat_template = match content.metadata.get("tokenizer.chat_template") {
@@ -238,16 +239,16 @@ fn load_gguf(path: &Path, options: &LoadOptions, device: &Device) -> anyhow::Res
         }
         None => None,
     };
-    let model = Llama::from_gguf(
-        &content,
-        &mut reader,
-        options.spec(),
-        options.context,
-        device,
-    )
-    .context("loading the model weights")?;
+    let (spec, context) = (options.spec(), options.context);
+    let model: anyhow::Result<Box<dyn Model>> = match arch {
+        GgufArch::Qwen35 => Qwen35::from_gguf(&content, &mut reader, spec, context, device)
+            .map(|m| Box::new(m) as Box<dyn Model>),
+        _ => Llama::from_gguf(&content, &mut reader, spec, context, device)
+            .map(|m| Box::new(m) as Box<dyn Model>),
+    };
+    let model = model.context("loading the model weights")?;
     Ok(LoadedModel {
-        model: Box::new(model),
+        model,
         tokenizer,
         chat_template,
         name,

@@ -169,6 +169,9 @@ pub enum GgufArch {
     /// Gemma 3: scaled embeddings, q/k norms, norms after attention and
     /// MLP too, GeGLU, and local sliding-window layers between global ones.
     Gemma3,
+    /// Qwen3.5: gated attention and gated-DeltaNet layers, which
+    /// `crate::models::qwen35::Qwen35` runs (not this forward).
+    Qwen35,
 }
 
 impl GgufArch {
@@ -186,10 +189,12 @@ impl GgufArch {
             "smollm3" => Ok(GgufArch::SmolLm3),
             "phi3" => Ok(GgufArch::Phi3),
             "gemma3" => Ok(GgufArch::Gemma3),
+            "qwen35" => Ok(GgufArch::Qwen35),
             other => anyhow::bail!(
                 "GGUF architecture {other:?} is not supported; wick runs \"llama\" (Llama 2 and \
                  3.x, Mistral, TinyLlama), \"qwen2\" (Qwen2, Qwen2.5), \"qwen3\", \
-                 \"smollm3\", \"phi3\" (Phi-3.x, Phi-4-mini) and \"gemma3\" files"
+                 \"smollm3\", \"phi3\" (Phi-3.x, Phi-4-mini), \"gemma3\" and \"qwen35\" \
+                 (Qwen3.5) files"
             ),
         }
     }
@@ -203,6 +208,7 @@ impl GgufArch {
             GgufArch::SmolLm3 => "smollm3",
             GgufArch::Phi3 => "phi3",
             GgufArch::Gemma3 => "gemma3",
+            GgufArch::Qwen35 => "qwen35",
         }
     }
 }
@@ -210,6 +216,10 @@ impl GgufArch {
 impl Config {
     pub fn from_gguf(content: &gguf_file::Content) -> anyhow::Result<Self> {
         let arch = GgufArch::of(content)?;
+        anyhow::ensure!(
+            arch != GgufArch::Qwen35,
+            "a qwen35 file is not a Llama-family model (it loads as Qwen35)"
+        );
         let prefix = arch.key_prefix();
         let md = |key: &str| {
             content

@@ -23,9 +23,21 @@
 //! on from where the last one stopped. The recurrence runs on the host in
 //! f32 (transformers' reference loop, token by token, sequences in
 //! parallel); on another device its inputs and outputs are copied over.
+//!
+//! It loads from a Hugging Face checkpoint or from a GGUF file
+//! (`general.architecture` `qwen35`, as llama.cpp's converter writes it):
+//! the converter stores the (1 + w) norms already shifted, `A_log` as
+//! `-exp(A_log)`, the conv as `[conv_dim, kernel]` and the linear layers'
+//! value heads in tiled order (value head `j` reads key head
+//! `j % key_heads`, not `j / (value_heads / key_heads)`), which the model
+//! follows rather than undoes, since a quantized `ssm_out` cannot have its
+//! columns reordered.
 
+use std::borrow::Cow;
+use std::io::{Read, Seek};
 use std::sync::Mutex;
 
+use candle_core::quantized::{gguf_file, QStorage, QTensor};
 use candle_core::{DType, Device, Result, Tensor};
 use candle_nn::VarBuilder;
 use rayon::prelude::*;
@@ -69,6 +81,11 @@ pub struct Config {
     pub linear_v_heads: usize,
     pub linear_k_dim: usize,
     pub linear_v_dim: usize,
+    /// Value heads in llama.cpp's tiled order (`[G0_v0, G1_v0, G0_v1, ...]`
+    /// for key heads G): value head `j` reads key head `j % key_heads`.
+    /// Hugging Face checkpoints group them by key head instead
+    /// (`j / (value_heads / key_heads)`).
+    pub v_heads_tiled: bool,
 }
 
 /// The fields of a Qwen3.5 text `config.json` (or of a multimodal one's
@@ -195,8 +212,110 @@ impl Config {
             linear_v_heads: c.linear_num_value_heads,
             linear_k_dim: c.linear_key_head_dim,
             linear_v_dim: c.linear_value_head_dim,
+            v_heads_tiled: false,
         };
         Ok((config, tied_outer.unwrap_or(c.tie_word_embeddings)))
+    }
+
+    /// From a `qwen35` GGUF file's metadata (llama.cpp's keys: the linear
+    /// layers' sizes under `ssm.*`, which layers are recurrent in
+    /// `attention.recurrent_layers`). `block_count` counts a multi-token
+    /// prediction block too, which `nextn_predict_layers` says and wick
+    /// does not run.
+    pub fn from_gguf(content: &gguf_file::Content) -> anyhow::Result<Self> {
+        let get = |key: &str| content.metadata.get(&format!("qwen35.{key}"));
+        let md = |key: &str| get(key).ok_or_else(|| anyhow::anyhow!("GGUF lacks qwen35.{key}"));
+        let usize_of = |key: &str| -> anyhow::Result<usize> { Ok(md(key)?.to_u32()? as usize) };
+        let nextn = get("nextn_predict_layers").map_or(Ok(0), |v| v.to_u32())? as usize;
+        let num_layers = usize_of("block_count")?
+            .checked_sub(nextn)
+            .ok_or_else(|| anyhow::anyhow!("qwen35.nextn_predict_layers exceeds block_count"))?;
+        let layers: Vec<LayerKind> = match get("attention.recurrent_layers") {
+            Some(gguf_file::Value::Array(flags)) => flags
+                .iter()
+                .take(num_layers)
+                .map(|f| match f.to_bool()? {
+                    true => Ok(LayerKind::LinearAttention),
+                    false => Ok(LayerKind::FullAttention),
+                })
+                .collect::<anyhow::Result<_>>()?,
+            Some(other) => anyhow::bail!("qwen35.attention.recurrent_layers is {other:?}"),
+            None => {
+                let n = get("full_attention_interval").map_or(Ok(4), |v| v.to_u32())? as usize;
+                (0..num_layers)
+                    .map(|i| match (i + 1) % n.max(1) {
+                        0 => LayerKind::FullAttention,
+                        _ => LayerKind::LinearAttention,
+                    })
+                    .collect()
+            }
+        };
+        anyhow::ensure!(
+            layers.len() == num_layers,
+            "qwen35.attention.recurrent_layers names {} layers of {num_layers}",
+            layers.len()
+        );
+        anyhow::ensure!(
+            layers.contains(&LayerKind::FullAttention),
+            "a qwen35 model without a full-attention layer is not supported"
+        );
+        if let Some(kind) = get("rope.scaling.type") {
+            let kind = kind.to_string()?;
+            anyhow::ensure!(
+                kind == "none",
+                "qwen35.rope.scaling.type {kind:?} is not supported"
+            );
+        }
+        let hidden_size = usize_of("embedding_length")?;
+        let num_heads = usize_of("attention.head_count")?;
+        let head_dim = match get("attention.key_length") {
+            Some(v) => v.to_u32()? as usize,
+            None => hidden_size / num_heads,
+        };
+        let (k_heads, v_heads) = (
+            usize_of("ssm.group_count")?,
+            usize_of("ssm.time_step_rank")?,
+        );
+        anyhow::ensure!(
+            k_heads > 0 && v_heads.is_multiple_of(k_heads),
+            "{v_heads} linear value heads do not split among {k_heads} key heads"
+        );
+        let inner = usize_of("ssm.inner_size")?;
+        anyhow::ensure!(
+            inner.is_multiple_of(v_heads),
+            "qwen35.ssm.inner_size {inner} is not {v_heads} value heads"
+        );
+        let vocab_size = match get("vocab_size") {
+            Some(v) => v.to_u32()? as usize,
+            None => content
+                .tensor_infos
+                .get("token_embd.weight")
+                .ok_or_else(|| anyhow::anyhow!("the file has no tensor token_embd.weight"))?
+                .shape
+                .dims()[0],
+        };
+        Ok(Config {
+            hidden_size,
+            intermediate_size: usize_of("feed_forward_length")?,
+            layers,
+            num_heads,
+            num_kv_heads: usize_of("attention.head_count_kv")?,
+            head_dim,
+            rms_norm_eps: md("attention.layer_norm_rms_epsilon")?.to_f32()? as f64,
+            rope_theta: get("rope.freq_base").map_or(Ok(10_000_000.0), |v| v.to_f32())?,
+            rope_dim: match get("rope.dimension_count") {
+                Some(v) => v.to_u32()? as usize,
+                None => head_dim / 4,
+            },
+            max_context: usize_of("context_length")?,
+            vocab_size,
+            conv_kernel: usize_of("ssm.conv_kernel")?,
+            linear_k_heads: k_heads,
+            linear_v_heads: v_heads,
+            linear_k_dim: usize_of("ssm.state_size")?,
+            linear_v_dim: inner / v_heads,
+            v_heads_tiled: true,
+        })
     }
 
     fn key_width(&self) -> usize {
@@ -224,6 +343,14 @@ impl Config {
             .iter()
             .filter(|&&k| k == LayerKind::LinearAttention)
             .count()
+    }
+
+    /// The key head that value head `h` reads.
+    fn key_head_of(&self, h: usize) -> usize {
+        match self.v_heads_tiled {
+            true => h % self.linear_k_heads,
+            false => h / (self.linear_v_heads / self.linear_k_heads),
+        }
     }
 }
 
@@ -298,6 +425,35 @@ fn l2_normalize(x: &mut [f32], scale: f32) {
     x.iter_mut().for_each(|v| *v *= inv);
 }
 
+/// Rows `[from, from + n)` of every `period` rows of the quantized matrix
+/// `w`, stacked: a GGUF row is whole blocks, so its bytes are its row.
+fn every_rows(
+    w: &QTensor,
+    period: usize,
+    from: usize,
+    n: usize,
+    device: &Device,
+) -> Result<QTensor> {
+    let (rows, cols) = w.shape().dims2()?;
+    if rows % period != 0 || from + n > period {
+        candle_core::bail!(
+            "cannot take rows {from}..{} of every {period} of {rows}",
+            from + n
+        );
+    }
+    let data = w.data()?;
+    let row = data.len() / rows;
+    let bytes: Vec<u8> = data
+        .chunks_exact(period * row)
+        .flat_map(|group| &group[from * row..(from + n) * row])
+        .copied()
+        .collect();
+    QTensor::new(
+        QStorage::from_data(Cow::Owned(bytes), device, w.dtype())?,
+        (rows / period * n, cols),
+    )
+}
+
 impl LinearAttention {
     /// `h`: `[T, hidden]` normed rows of the whole batch; `states`: each
     /// sequence's slot, in batch order. Returns `[T, hidden]`.
@@ -344,7 +500,6 @@ impl LinearAttention {
         let (k_taps, conv_dim) = (c.conv_kernel, c.conv_dim());
         let (kw, vw) = (c.key_width(), c.value_width());
         let (dk, dv, nv) = (c.linear_k_dim, c.linear_v_dim, c.linear_v_heads);
-        let group = nv / c.linear_k_heads;
         let eps = c.rms_norm_eps as f32;
         let (conv_state, s_all) = state.split_at_mut((k_taps - 1) * conv_dim);
         let mut mixed = vec![0f32; conv_dim];
@@ -374,10 +529,8 @@ impl LinearAttention {
                 l2_normalize(kh, 1.0);
             }
             for h in 0..nv {
-                let (qh, kh) = (
-                    &q[h / group * dk..(h / group + 1) * dk],
-                    &k[h / group * dk..(h / group + 1) * dk],
-                );
+                let g = c.key_head_of(h);
+                let (qh, kh) = (&q[g * dk..(g + 1) * dk], &k[g * dk..(g + 1) * dk]);
                 let vh = &v[h * dv..(h + 1) * dv];
                 let s = &mut s_all[h * dk * dv..(h + 1) * dk * dv];
                 let decay = (self.neg_a[h] * softplus(a[h] + self.dt_bias[h])).exp();
@@ -488,9 +641,8 @@ impl Qwen35 {
                 .collect::<Result<Vec<_>>>()?;
             Linear::dense(Tensor::cat(&ws, 0)?, None, spec)
         };
-        let (hd, nh, nkv) = (c.head_dim, c.num_heads, c.num_kv_heads);
+        let (hd, nh) = (c.head_dim, c.num_heads);
         let mut layers = Vec::with_capacity(c.layers.len());
-        let (mut kv_layer, mut state_at) = (0, 0);
         for (i, kind) in c.layers.iter().enumerate() {
             let p = format!("{root}.layers.{i}");
             let mixer = match kind {
@@ -507,13 +659,13 @@ impl Qwen35 {
                         vb.get_unchecked(&format!("{a}.v_proj.weight"))?,
                     );
                     let w = Tensor::cat(&[half(0)?, k, v, half(hd)?], 0)?;
-                    kv_layer += 1;
                     Mixer::Full(FullAttention {
                         qkvg: Linear::dense(w, None, spec)?,
                         q_norm: norm(&format!("{a}.q_norm.weight"))?,
                         k_norm: norm(&format!("{a}.k_norm.weight"))?,
                         o: dense(&[format!("{a}.o_proj.weight")])?,
-                        kv_layer: kv_layer - 1,
+                        // Numbered by `assemble`.
+                        kv_layer: 0,
                     })
                 }
                 LayerKind::LinearAttention => {
@@ -526,8 +678,6 @@ impl Qwen35 {
                         c.conv_dim(),
                         c.conv_kernel
                     );
-                    let at = state_at;
-                    state_at += c.linear_state_len();
                     Mixer::Linear(LinearAttention {
                         in_proj: dense(
                             &["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"]
@@ -541,7 +691,8 @@ impl Qwen35 {
                         dt_bias: host(&format!("{a}.dt_bias"))?,
                         norm: host(&format!("{a}.norm.weight"))?,
                         out_proj: dense(&[format!("{a}.out_proj.weight")])?,
-                        state_at: at,
+                        // Placed by `assemble`.
+                        state_at: 0,
                     })
                 }
             };
@@ -565,12 +716,192 @@ impl Qwen35 {
         };
         let lm_head = Linear::dense(vb.get_unchecked(&head)?, None, spec)?;
         let norm = norm(&format!("{root}.norm.weight"))?;
+        let kv_dtype = KvDtype::for_weights(vb.dtype());
+        Ok(Self::assemble(
+            c, embed, layers, norm, lm_head, kv_dtype, device,
+        )?)
+    }
+
+    /// From a `qwen35` GGUF file (llama.cpp's tensor names; see the module
+    /// comment for how its converter stores them). `context` caps the
+    /// context. A multi-token-prediction block, if the file has one, is
+    /// not read.
+    pub fn from_gguf<R: Read + Seek>(
+        content: &gguf_file::Content,
+        reader: &mut R,
+        spec: WeightSpec,
+        context: Option<usize>,
+        device: &Device,
+    ) -> anyhow::Result<Self> {
+        let mut c = Config::from_gguf(content)?;
+        if let Some(n) = context.filter(|&n| n > 0) {
+            c.max_context = c.max_context.min(n);
+        }
+        // Every tensor error names the tensor and its block type.
+        let reader = std::cell::RefCell::new(reader);
+        let qt = |name: &str| -> anyhow::Result<QTensor> {
+            let kind = content
+                .tensor_infos
+                .get(name)
+                .map(|i| format!("{:?}", i.ggml_dtype));
+            content
+                .tensor(&mut **reader.borrow_mut(), name, device)
+                .map_err(|e| match kind {
+                    Some(kind) => anyhow::anyhow!("tensor {name} ({kind}): {e}"),
+                    None => anyhow::anyhow!("the file has no tensor {name}"),
+                })
+        };
+        // A vector (norm weights, per-head parameters, the conv) of `len`
+        // values, on the host.
+        let host = |name: &str, len: usize| -> anyhow::Result<Vec<f32>> {
+            let v = qt(name)?
+                .dequantize(&Device::Cpu)?
+                .flatten_all()?
+                .to_vec1::<f32>()?;
+            anyhow::ensure!(v.len() == len, "{name} has {} values, not {len}", v.len());
+            Ok(v)
+        };
+        let (hd, nh) = (c.head_dim, c.num_heads);
+        let embed_q = qt("token_embd.weight")?;
+        let embed = Embedding::new(&embed_q, spec, device)?;
+        let mut layers = Vec::with_capacity(c.layers.len());
+        for (i, kind) in c.layers.iter().enumerate() {
+            let p = format!("blk.{i}");
+            let linear = |names: &[&str]| -> anyhow::Result<Linear> {
+                let ws = names
+                    .iter()
+                    .map(|n| qt(&format!("{p}.{n}.weight")))
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                Linear::stacked(ws, spec, device)
+                    .map_err(|e| anyhow::anyhow!("{p}.{}: {e}", names.join("+")))
+            };
+            // The (1 + w) norms: the converter stored them shifted.
+            let norm = |name: &str, len: usize| -> anyhow::Result<Tensor> {
+                Ok(Tensor::from_vec(
+                    host(&format!("{p}.{name}.weight"), len)?,
+                    len,
+                    device,
+                )?)
+            };
+            let mixer = match kind {
+                LayerKind::FullAttention => {
+                    let (q_norm, k_norm) = (norm("attn_q_norm", hd)?, norm("attn_k_norm", hd)?);
+                    // attn_q interleaves each head's query and gate rows,
+                    // as the checkpoint's q_proj does.
+                    let name = format!("{p}.attn_q.weight");
+                    let q = qt(&name)?;
+                    anyhow::ensure!(
+                        q.shape().dims2()?.0 == 2 * nh * hd,
+                        "{name} has {:?} for {nh} heads of query and gate of {hd}",
+                        q.shape()
+                    );
+                    let (q, gate) = (
+                        every_rows(&q, 2 * hd, 0, hd, device)?,
+                        every_rows(&q, 2 * hd, hd, hd, device)?,
+                    );
+                    let (k, v) = (
+                        qt(&format!("{p}.attn_k.weight"))?,
+                        qt(&format!("{p}.attn_v.weight"))?,
+                    );
+                    let qkvg = Linear::stacked(vec![q, k, v, gate], spec, device)
+                        .map_err(|e| anyhow::anyhow!("{p}.attn_q+k+v: {e}"))?;
+                    Mixer::Full(FullAttention {
+                        qkvg,
+                        q_norm,
+                        k_norm,
+                        o: linear(&["attn_output"])?,
+                        kv_layer: 0,
+                    })
+                }
+                LayerKind::LinearAttention => {
+                    let nv = c.linear_v_heads;
+                    let name = format!("{p}.attn_qkv.weight");
+                    let rows = content.tensor_infos.get(&name).map(|t| t.shape.dims()[0]);
+                    anyhow::ensure!(
+                        rows == Some(c.conv_dim()),
+                        "{name} has {rows:?} rows for {} conv channels",
+                        c.conv_dim()
+                    );
+                    // q/k/v, then z, b and a: the order of `run`'s row.
+                    let in_proj = linear(&["attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha"])?;
+                    let host = |n: &str, len| host(&format!("{p}.{n}"), len);
+                    Mixer::Linear(LinearAttention {
+                        in_proj,
+                        // [conv_dim, kernel], as `run` reads it.
+                        conv: host("ssm_conv1d.weight", c.conv_dim() * c.conv_kernel)?,
+                        // Stored as -exp(A_log) already.
+                        neg_a: host("ssm_a", nv)?,
+                        dt_bias: host("ssm_dt.bias", nv)?,
+                        norm: host("ssm_norm.weight", c.linear_v_dim)?,
+                        out_proj: linear(&["ssm_out"])?,
+                        state_at: 0,
+                    })
+                }
+            };
+            let h = c.hidden_size;
+            layers.push(Layer {
+                input_norm: norm("attn_norm", h)?,
+                post_norm: norm("post_attention_norm", h)?,
+                mixer,
+                gate_up: linear(&["ffn_gate", "ffn_up"])?,
+                down: linear(&["ffn_down"])?,
+            });
+        }
+        let norm = Tensor::from_vec(
+            host("output_norm.weight", c.hidden_size)?,
+            c.hidden_size,
+            device,
+        )?;
+        // Tied embeddings when the file has no separate output matrix.
+        let lm_head = match (
+            content.tensor_infos.contains_key("output.weight"),
+            embed.shared(),
+        ) {
+            (true, _) => Linear::new(qt("output.weight")?, spec, device)?,
+            (false, Some(table)) => Linear::shared(table),
+            (false, None) => Linear::new(embed_q, spec, device)?,
+        };
+        Ok(Self::assemble(
+            c,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            KvDtype::F16,
+            device.clone(),
+        )?)
+    }
+
+    /// The model from its parts, in `c`'s layer order: numbers the
+    /// full-attention layers' KV pool layers and places the linear ones'
+    /// states within a slot.
+    #[allow(clippy::too_many_arguments)]
+    fn assemble(
+        c: Config,
+        embed: Embedding,
+        mut layers: Vec<Layer>,
+        norm: Tensor,
+        mut lm_head: Linear,
+        kv_dtype: KvDtype,
+        device: Device,
+    ) -> Result<Self> {
+        let (mut kv_layers, mut state_len) = (0, 0);
+        for l in &mut layers {
+            match &mut l.mixer {
+                Mixer::Full(a) => {
+                    a.kv_layer = kv_layers;
+                    kv_layers += 1;
+                }
+                Mixer::Linear(a) => {
+                    a.state_at = state_len;
+                    state_len += c.linear_state_len();
+                }
+            }
+        }
         let inv_freq: Vec<f32> = (0..c.rope_dim / 2)
             .map(|i| 1.0 / c.rope_theta.powf(2.0 * i as f32 / c.rope_dim as f32))
             .collect();
-        let rope = Rope::new(&inv_freq, hd, 1.0, c.max_context, false, &device)?;
-        let mut layers = layers;
-        let mut lm_head = lm_head;
+        let rope = Rope::new(&inv_freq, c.head_dim, 1.0, c.max_context, false, &device)?;
         crate::quant::share_pages(
             layers
                 .iter_mut()
@@ -585,18 +916,18 @@ impl Qwen35 {
                 .flat_map(Linear::own_matrices),
         );
         let info = ModelInfo {
-            num_layers: kv_layer,
-            num_heads: nh,
-            num_kv_heads: nkv,
-            head_dim: hd,
+            num_layers: kv_layers,
+            num_heads: c.num_heads,
+            num_kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
             vocab_size: c.vocab_size,
             max_context: c.max_context,
-            kv_dtype: KvDtype::for_weights(vb.dtype()),
+            kv_dtype,
             window_layers: Vec::new(),
             sliding_window: None,
         };
         Ok(Qwen35 {
-            states: Mutex::new(StateStore::new(state_at)),
+            states: Mutex::new(StateStore::new(state_len)),
             config: c,
             info,
             device,
