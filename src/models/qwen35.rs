@@ -1075,4 +1075,38 @@ mod tests {
         assert_eq!(c.conv_dim(), 3 * 2048);
         assert_eq!(c.linear_state_len(), 3 * 6144 + 16 * 128 * 128);
     }
+
+    /// A converted Qwen3.5 checkpoint keeps its multi-token-prediction
+    /// block as one more `blk`, counted in `block_count` and flagged
+    /// non-recurrent: wick runs the layers before it.
+    #[test]
+    fn gguf_config_leaves_out_the_mtp_block() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/gguf-tiny/qwen35-f32.gguf"
+        );
+        let mut content =
+            gguf_file::Content::read(&mut std::fs::File::open(path).unwrap()).unwrap();
+        let plain = Config::from_gguf(&content).unwrap();
+        assert!(plain.v_heads_tiled);
+        assert_eq!(plain.layers.len(), 6);
+        assert_eq!((plain.rope_dim, plain.linear_v_dim), (8, 16));
+        let md = &mut content.metadata;
+        md.insert("qwen35.block_count".into(), gguf_file::Value::U32(7));
+        md.insert(
+            "qwen35.nextn_predict_layers".into(),
+            gguf_file::Value::U32(1),
+        );
+        let flags = plain
+            .layers
+            .iter()
+            .map(|&k| gguf_file::Value::Bool(k == LayerKind::LinearAttention))
+            .chain([gguf_file::Value::Bool(false)])
+            .collect();
+        md.insert(
+            "qwen35.attention.recurrent_layers".into(),
+            gguf_file::Value::Array(flags),
+        );
+        assert_eq!(Config::from_gguf(&content).unwrap(), plain);
+    }
 }
