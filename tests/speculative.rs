@@ -59,7 +59,6 @@ fn speculating(cfg: &EngineConfig) -> EngineConfig {
             max_draft: 6,
             ngram_max: 3,
             ngram_min: 1,
-            max_batch: 4,
         }),
         ..cfg.clone()
     }
@@ -146,18 +145,16 @@ fn greedy_and_seeded_outputs_are_unchanged_and_copies_are_drafted() {
 }
 
 #[test]
-fn big_batches_draft_nothing_and_still_agree() {
+fn a_batch_of_copies_agrees_as_rows_finish() {
     let (mut plain, mut spec, tok) = default_engines(&EngineConfig::default());
     let copy = tok.encode(COPY).unwrap();
-    // Six decode rows against a limit of four: no step drafts until only
-    // four run (the plain ones stop first).
-    let mut batch: Vec<_> = (0..4).map(|_| (copy.clone(), greedy(8))).collect();
-    batch.push((copy.clone(), greedy(30)));
-    batch.push((copy, greedy(30)));
+    // Twelve rows draft little; as the short ones finish, the long ones
+    // draft more.
+    let mut batch: Vec<_> = (0..10).map(|i| (copy.clone(), seeded(8, i))).collect();
+    batch.push((copy.clone(), greedy(40)));
+    batch.push((copy, greedy(40)));
     let (drafted, accepted) = assert_same(&mut plain, &mut spec, &batch);
-    assert!(accepted > 0, "the two long ones draft once alone");
-    let s = spec.stats();
-    assert!(s.drafts.drafts > 0 && drafted > 0);
+    assert!(accepted > 0 && drafted > 0, "{accepted} of {drafted}");
 }
 
 #[test]
@@ -276,6 +273,12 @@ async fn served_answers_match_and_report_their_drafts() {
         .filter_map(|c| c["delta"]["content"].as_str())
         .collect();
     assert_eq!(joined, text);
+    // How much is drafted follows the step times measured, so only the
+    // report's presence is the same.
     let usage = &cs.last().unwrap()["usage"];
-    assert_eq!(usage["completion_tokens_details"], *details);
+    let streamed = &usage["completion_tokens_details"];
+    assert!(
+        streamed["accepted_prediction_tokens"].as_u64().unwrap() > 0,
+        "{usage}"
+    );
 }

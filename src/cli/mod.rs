@@ -117,8 +117,9 @@ pub struct EngineArgs {
     /// repeats its context (edits, code, quotes) comes faster.
     #[arg(long, value_enum, default_value_t = SpecMethod::None, env = "WICK_SPECULATIVE")]
     pub speculative: SpecMethod,
-    /// Most tokens drafted for one sequence in one step (each sequence
-    /// drafts fewer while its drafts are rejected).
+    /// Most tokens drafted for one sequence in one step. Each step drafts
+    /// fewer, or none, as a sequence's drafts have been rejected and as the
+    /// batch grows: only what is expected to pay for its rows.
     #[arg(long, default_value_t = Speculation::default().max_draft, env = "WICK_NUM_SPECULATIVE_TOKENS", value_parser = parse_positive)]
     pub num_speculative_tokens: usize,
     /// Longest run of last tokens prompt lookup matches.
@@ -127,10 +128,6 @@ pub struct EngineArgs {
     /// Shortest run of last tokens prompt lookup matches.
     #[arg(long, default_value_t = Speculation::default().ngram_min, env = "WICK_PROMPT_LOOKUP_MIN", value_parser = parse_positive)]
     pub prompt_lookup_min: usize,
-    /// No drafts in a step with more decode rows than this: a big batch is
-    /// bound by arithmetic already, and drafted rows would slow it.
-    #[arg(long, default_value_t = Speculation::default().max_batch, env = "WICK_SPECULATIVE_MAX_BATCH")]
-    pub speculative_max_batch: usize,
 }
 
 /// --speculative's methods.
@@ -269,7 +266,6 @@ impl EngineArgs {
                 max_draft: self.num_speculative_tokens,
                 ngram_max: self.prompt_lookup_max,
                 ngram_min: self.prompt_lookup_min,
-                max_batch: self.speculative_max_batch,
             }),
         }
     }

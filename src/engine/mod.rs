@@ -275,11 +275,10 @@ impl Engine {
                 } else {
                     tracing::info!(
                         "speculative decoding: prompt lookup, up to {} tokens a row, \
-                         {}..={}-token matches, in steps of at most {} decode rows",
+                         {}..={}-token matches",
                         spec.max_draft,
                         spec.ngram_min,
-                        spec.ngram_max,
-                        spec.max_batch
+                        spec.ngram_max
                     );
                     scheduler.with_speculation(spec)
                 }

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use crate::engine::block_manager::BlockManager;
 use crate::engine::mask_budget::MaskBudget;
 use crate::engine::sequence::{FinishReason, SeqId, Sequence, StepEvent};
-use crate::engine::speculation::{self, DraftLength, DraftTally, Speculation};
+use crate::engine::speculation::{self, DraftTally, Speculation, PRIOR_FIXED_COST_IN_TOKENS};
 use crate::engine::state_slots::StateSlots;
 use crate::engine::step_budget::StepBudget;
 use crate::engine::window_blocks::WindowBlocks;
@@ -340,11 +340,6 @@ impl Scheduler {
             true => cap.saturating_sub(self.steps.floor()),
             false => cap,
         };
-        let decoding = |s: &Sequence| s.pending() == 1 && !sit_outs.contains(&s.id);
-        let num_decoding = self.running.iter().filter(|s| decoding(s)).count();
-        // Drafts take what the step has left past a row for each.
-        let spec = self.spec.filter(|s| s.drafts_with(num_decoding));
-        let mut draft_room = decode_room.saturating_sub(num_decoding);
         let mut decode_rows = 0;
         for seq in &mut self.running {
             seq.chunk = 0;
@@ -358,11 +353,17 @@ impl Scheduler {
                 seq.chunk = 1;
                 decode_rows += 1;
                 decode_room -= 1;
-                if let Some(spec) = &spec {
-                    draft(seq, spec, &mut draft_room);
-                    decode_room -= seq.draft.len();
-                }
             }
+        }
+        // Drafts for those rows, in what the step has left; a drafted
+        // token costs the step what a decode row does.
+        if let Some(spec) = self.spec {
+            let fixed = self
+                .steps
+                .cost()
+                .fixed_in_tokens()
+                .unwrap_or(PRIOR_FIXED_COST_IN_TOKENS);
+            decode_rows += draft(&mut self.running, &spec, fixed, decode_room);
         }
         // Then prompt chunks, running ones first, within what the step
         // budget allows beside those rows.
@@ -531,14 +532,12 @@ impl Scheduler {
                 continue;
             }
             let mut tally = None;
-            if let (Some(len), Some(spec)) = (&mut seq.draft_len, &self.spec) {
-                if !seq.draft.is_empty() {
-                    let (drafted, accepted) = (seq.draft.len(), mine.len() - 1);
-                    len.update(drafted, accepted, spec.max_draft);
-                    tally = Some(DraftTally::one(drafted, accepted));
-                    self.drafts.add(DraftTally::one(drafted, accepted));
-                    seq.draft.clear();
-                }
+            if !seq.draft.is_empty() {
+                let (drafted, accepted) = (seq.draft.len(), mine.len() - 1);
+                seq.acceptance.update(drafted, accepted);
+                tally = Some(DraftTally::one(drafted, accepted));
+                self.drafts.add(DraftTally::one(drafted, accepted));
+                seq.draft.clear();
             }
             let mut finish = None;
             for token in mine {
@@ -653,24 +652,45 @@ fn release(
     seq.draft.clear();
 }
 
-/// Drafts a decode row's next tokens by prompt lookup, within `room`
-/// tokens of the step and the sequence's `max_len`.
-fn draft(seq: &mut Sequence, spec: &Speculation, room: &mut usize) {
-    if !seq.may_draft() {
-        return;
-    }
-    let len = seq
-        .draft_len
-        .get_or_insert_with(|| DraftLength::new(spec.max_draft))
-        .get();
+/// Drafts the decode rows' next tokens by prompt lookup, as many as
+/// [`speculation::plan`] expects to pay for themselves in a step whose
+/// fixed cost is `fixed` tokens' cost, and at most `room`. Returns the
+/// tokens drafted.
+fn draft(running: &mut [Sequence], spec: &Speculation, fixed: f64, room: usize) -> usize {
     // Every drafted token kept leaves room for the one sampled after it.
-    let max = len
-        .min(*room)
-        .min(seq.max_len.saturating_sub(seq.len() + 1));
-    let found = speculation::lookup(&seq.tokens, spec.ngram_min, spec.ngram_max, max);
-    seq.draft.extend_from_slice(found);
-    seq.chunk += seq.draft.len();
-    *room -= seq.draft.len();
+    let most = |s: &Sequence| spec.max_draft.min(s.max_len.saturating_sub(s.len() + 1));
+    let offer = |s: &Sequence| {
+        let lookup = |max| speculation::lookup(&s.tokens, spec.ngram_min, spec.ngram_max, max);
+        match s.chunk == 1 && s.pending() == 1 && s.may_draft() {
+            true => lookup(most(s)).len(),
+            false => 0,
+        }
+    };
+    let rows: Vec<usize> = (0..running.len())
+        .filter(|&i| running[i].chunk > 0)
+        .collect();
+    let decode_rows = rows.iter().filter(|&&i| running[i].pending() == 1).count();
+    // No row could be worth a draft: skip the lookups.
+    let best = rows
+        .iter()
+        .map(|&i| running[i].acceptance.p())
+        .fold(0.0, f64::max);
+    if best * (fixed + decode_rows as f64) <= decode_rows as f64 {
+        return 0;
+    }
+    let offers: Vec<(f64, usize)> = rows
+        .iter()
+        .map(|&i| (running[i].acceptance.p(), offer(&running[i])))
+        .collect();
+    let mut drafted = 0;
+    for (&i, take) in rows.iter().zip(speculation::plan(&offers, fixed, room)) {
+        let seq = &mut running[i];
+        let found = speculation::lookup(&seq.tokens, spec.ngram_min, spec.ngram_max, take);
+        seq.draft.extend_from_slice(found);
+        seq.chunk += found.len();
+        drafted += found.len();
+    }
+    drafted
 }
 
 /// Prompt tokens an admission looked up in the prefix cache, and found.
@@ -798,6 +818,70 @@ mod tests {
 
     fn chunks(s: &Scheduler) -> Vec<(SeqId, usize)> {
         s.running.iter().map(|q| (q.id, q.chunk)).collect()
+    }
+
+    #[test]
+    fn a_decode_row_drafts_its_lookup_and_keeps_what_was_sampled() {
+        let spec = Speculation {
+            max_draft: 4,
+            ngram_max: 2,
+            ngram_min: 1,
+        };
+        let mut s = scheduler(64, 8, 64).with_speculation(spec);
+        // Blocks of 4: "1 2 3 4 5 6 1 2" looks up "3 4 5 6"; a first draft
+        // at the hopeful prior runs three of them.
+        s.add(seq_of(1, vec![1, 2, 3, 4, 5, 6, 1], 20));
+        s.schedule();
+        assert_eq!(chunks(&s), [(1, 7)], "the prompt drafts nothing");
+        let seq = &mut s.running[0];
+        seq.num_cached += seq.chunk;
+        s.postprocess(vec![(1, token(2))], &[]);
+        s.schedule();
+        assert_eq!(s.running[0].draft, [3, 4, 5]);
+        assert_eq!(chunks(&s), [(1, 4)]);
+        assert_eq!(s.running[0].block_table.len(), 3, "blocks for the draft");
+        assert_eq!(
+            s.running[0].block_hashes.len(),
+            2,
+            "only the block of kept tokens is registered"
+        );
+        // Two drafted tokens held; the third row sampled 9: three tokens.
+        let seq = &mut s.running[0];
+        seq.num_cached += 3;
+        let events = s.postprocess(vec![(1, token(3)), (1, token(4)), (1, token(9))], &[]);
+        assert_eq!(s.running[0].tokens[7..], [2, 3, 4, 9]);
+        assert_eq!(s.running[0].pending(), 1);
+        assert!(s.running[0].draft.is_empty());
+        assert_eq!(events.len(), 3);
+        assert_eq!(events[0].draft, Some(DraftTally::one(3, 2)));
+        assert!(events[1].draft.is_none() && events[2].draft.is_none());
+        assert_eq!(s.stats().drafts, DraftTally::one(3, 2));
+    }
+
+    #[test]
+    fn drafts_stop_at_max_len_and_tokens_past_a_finish_are_dropped() {
+        let spec = Speculation {
+            max_draft: 8,
+            ngram_max: 2,
+            ngram_min: 1,
+        };
+        let mut s = scheduler(64, 8, 64).with_speculation(spec);
+        // Room for 3 more tokens: a draft of at most 2, then the one after.
+        s.add(seq_of(1, vec![1, 2, 3, 4, 5, 6, 1], 4));
+        s.schedule();
+        let seq = &mut s.running[0];
+        seq.num_cached += seq.chunk;
+        s.postprocess(vec![(1, token(2))], &[]);
+        s.schedule();
+        assert_eq!(s.running[0].draft, [3, 4]);
+        let seq = &mut s.running[0];
+        seq.num_cached += 3;
+        // EOS (5) sampled for the second drafted token ends it there.
+        let events = s.postprocess(vec![(1, token(3)), (1, token(5)), (1, token(6))], &[5]);
+        assert_eq!(events.len(), 2);
+        assert_eq!(events[1].finish, Some(FinishReason::Stop));
+        assert!(s.running.is_empty());
+        assert_eq!(s.stats().blocks_used, 0);
     }
 
     #[test]

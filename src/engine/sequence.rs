@@ -6,7 +6,7 @@ use std::time::Instant;
 use crate::engine::block_manager::{BlockHash, BlockId};
 use crate::engine::mask_budget::MaskRow;
 use crate::engine::pooling::Pool;
-use crate::engine::speculation::{DraftLength, DraftTally};
+use crate::engine::speculation::{Acceptance, DraftTally};
 use crate::models::LogitRows;
 use crate::sampling::params::SamplingParams;
 use crate::sampling::sampler::{SampledToken, Sampler};
@@ -83,8 +83,8 @@ pub struct Sequence {
     /// token and kept where sampling agrees ([`crate::engine::speculation`]).
     /// Not part of `tokens`: nothing of them is the sequence's until kept.
     pub draft: Vec<u32>,
-    /// How long its next draft may be, once it has drafted.
-    pub draft_len: Option<DraftLength>,
+    /// How likely its drafted tokens have been to hold.
+    pub acceptance: Acceptance,
 }
 
 /// What happened to one sequence in a step. A token that comes with
@@ -153,7 +153,7 @@ impl Sequence {
             sat_out: 0,
             pool: None,
             draft: Vec::new(),
-            draft_len: None,
+            acceptance: Acceptance::default(),
         }
     }
 

@@ -18,10 +18,14 @@
 //! Rejected drafts cost their rows and nothing else: their K/V, written
 //! past the sequence's cache cursor, is overwritten by the next step.
 //!
-//! Here are the policies: [`lookup`] finds a draft, [`DraftLength`] sets how
-//! long a sequence's drafts may be from how many it had accepted, and
-//! [`Speculation`] keeps drafts to steps with few decode rows, where a
-//! forward pass is bound by reading the weights rather than by arithmetic.
+//! Here are the policies: [`lookup`] finds a draft; [`Acceptance`] keeps
+//! how likely a sequence's drafted tokens have been to hold; and [`plan`]
+//! decides how many of each row's drafted tokens the step runs, from those
+//! odds and what a token costs against a whole step, so that drafts run
+//! only where they are expected to raise the step's tokens per second. A
+//! small batch is bound by reading the weights, and extra rows are cheap
+//! beside the step; a big one is bound by arithmetic, every row costs
+//! about as much as it yields, and drafts stop.
 
 /// How prompt lookup drafts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,9 +35,6 @@ pub struct Speculation {
     /// Longest and shortest run of last tokens looked up, longest first.
     pub ngram_max: usize,
     pub ngram_min: usize,
-    /// No drafts in a step with more decode rows than this: a big batch is
-    /// compute-bound already, and drafted rows would slow every stream.
-    pub max_batch: usize,
 }
 
 impl Default for Speculation {
@@ -42,7 +43,6 @@ impl Default for Speculation {
             max_draft: 8,
             ngram_max: 4,
             ngram_min: 2,
-            max_batch: 8,
         }
     }
 }
@@ -60,11 +60,6 @@ impl Speculation {
             ));
         }
         Ok(())
-    }
-
-    /// Whether a step with `decode_rows` decode rows drafts at all.
-    pub fn drafts_with(&self, decode_rows: usize) -> bool {
-        decode_rows <= self.max_batch
     }
 }
 
@@ -93,32 +88,75 @@ pub fn lookup(tokens: &[u32], ngram_min: usize, ngram_max: usize, max: usize) ->
     &[]
 }
 
-/// How many tokens a sequence may draft next: more while its drafts are
-/// accepted whole, fewer when they are not (the heuristic of transformers'
-/// assisted generation), so text the lookup cannot predict costs few rows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DraftLength {
-    len: usize,
+/// A step's fixed cost over one token's, assumed until the steps timed
+/// vary enough in size to measure it: a pass over the weights costs about
+/// as much as four extra rows, as for a small model on two cores.
+pub const PRIOR_FIXED_COST_IN_TOKENS: f64 = 4.0;
+
+/// How likely a sequence's next drafted token is to hold, given the ones
+/// before it did: kept tokens over kept tokens and misses, recent drafts
+/// weighing most. It starts hopeful, so a sequence's first drafts run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Acceptance {
+    kept: f64,
+    missed: f64,
 }
 
-impl DraftLength {
-    /// Starts at `max`: the first draft decides.
-    pub fn new(max: usize) -> Self {
-        DraftLength { len: max }
-    }
+/// How much of the past each new draft leaves.
+const ACCEPTANCE_DECAY: f64 = 0.7;
 
-    pub fn get(&self) -> usize {
-        self.len
+impl Default for Acceptance {
+    fn default() -> Self {
+        Acceptance {
+            kept: 3.0,
+            missed: 1.0,
+        }
+    }
+}
+
+impl Acceptance {
+    pub fn p(&self) -> f64 {
+        self.kept / (self.kept + self.missed)
     }
 
     /// After a draft of `drafted` tokens of which the first `accepted` held.
-    pub fn update(&mut self, drafted: usize, accepted: usize, max: usize) {
-        self.len = if accepted == drafted {
-            (self.len + 2).min(max)
-        } else {
-            self.len.saturating_sub(1).max(1)
-        };
+    pub fn update(&mut self, drafted: usize, accepted: usize) {
+        self.kept = self.kept * ACCEPTANCE_DECAY + accepted as f64;
+        self.missed = self.missed * ACCEPTANCE_DECAY + f64::from(accepted < drafted);
     }
+}
+
+/// How many drafted tokens each of a step's decode rows runs. `rows` has,
+/// for every decode row, its [`Acceptance::p`] and how many tokens its
+/// lookup offers; rows that cannot draft offer none. A step costs
+/// `fixed + tokens` token-costs; a row's j-th drafted token is expected to
+/// yield `p^j` tokens. Tokens are taken best first while each raises the
+/// step's expected tokens per cost, and at most `room` in all.
+pub fn plan(rows: &[(f64, usize)], fixed: f64, room: usize) -> Vec<usize> {
+    let mut take = vec![0; rows.len()];
+    let mut gains: Vec<(f64, usize)> = rows
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &(p, offered))| {
+            (1..=offered).scan(1.0, move |g, _| {
+                *g *= p;
+                Some((*g, i))
+            })
+        })
+        .collect();
+    // Best first; a row's gains fall with j, so each row takes a prefix.
+    gains.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let (mut yield_, mut cost) = (rows.len() as f64, fixed + rows.len() as f64);
+    for (gain, i) in gains.into_iter().take(room) {
+        // Worth it iff (yield + gain) / (cost + 1) > yield / cost.
+        if gain * cost <= yield_ {
+            break;
+        }
+        yield_ += gain;
+        cost += 1.0;
+        take[i] += 1;
+    }
+    take
 }
 
 /// Drafted and accepted tokens: one verification, or a sum of them.
@@ -190,30 +228,55 @@ mod tests {
     }
 
     #[test]
-    fn draft_length_grows_on_full_acceptance_and_shrinks_otherwise() {
-        let mut d = DraftLength::new(8);
-        d.update(8, 3, 8);
-        assert_eq!(d.get(), 7);
-        d.update(7, 0, 8);
-        assert_eq!(d.get(), 6);
-        d.update(6, 6, 8);
-        assert_eq!(d.get(), 8, "capped at the maximum");
-        for _ in 0..20 {
-            d.update(1, 0, 8);
+    fn acceptance_follows_recent_drafts() {
+        let mut a = Acceptance::default();
+        assert!(a.p() > 0.5, "hopeful at first");
+        for _ in 0..10 {
+            a.update(4, 0);
         }
-        assert_eq!(d.get(), 1, "never below one");
-        d.update(1, 1, 8);
-        assert_eq!(d.get(), 3);
+        assert!(a.p() < 0.05, "{}", a.p());
+        for _ in 0..10 {
+            a.update(4, 4);
+        }
+        assert!(a.p() > 0.9, "{}", a.p());
+        // Four kept then a miss: four in five.
+        let mut a = Acceptance {
+            kept: 0.0,
+            missed: 0.0,
+        };
+        a.update(6, 4);
+        assert!((a.p() - 0.8).abs() < 1e-9);
     }
 
     #[test]
-    fn big_batches_do_not_draft() {
-        let s = Speculation {
-            max_batch: 4,
-            ..Speculation::default()
-        };
-        assert!(s.drafts_with(1) && s.drafts_with(4));
-        assert!(!s.drafts_with(5));
+    fn a_lone_row_drafts_while_its_tokens_are_likely_to_hold() {
+        // fixed cost 4: one row alone yields 1 per 5; a token is worth
+        // running while p^j beats the step's tokens per cost.
+        assert_eq!(plan(&[(0.97, 8)], 4.0, 512), vec![8]);
+        assert_eq!(
+            plan(&[(0.9, 8)], 4.0, 512),
+            vec![7],
+            "the eighth yields 0.43"
+        );
+        let some = plan(&[(0.6, 8)], 4.0, 512)[0];
+        assert!((1..8).contains(&some), "{some}");
+        assert_eq!(plan(&[(0.15, 8)], 4.0, 512), vec![0], "below 1/5");
+        assert_eq!(plan(&[(0.9, 3)], 4.0, 512), vec![3], "what lookup offers");
+        assert_eq!(plan(&[(0.9, 8)], 4.0, 5), vec![5], "within the room");
+    }
+
+    #[test]
+    fn big_batches_back_off_and_likely_rows_go_first() {
+        // 64 rows of a 4-token-fixed-cost model: each row already yields
+        // about one per cost, and no draft beats that.
+        let rows = vec![(0.8, 8); 64];
+        assert!(plan(&rows, 4.0, 512).iter().all(|&k| k == 0));
+        // Few rows: the likely one drafts more than the doubtful one.
+        let k = plan(&[(0.9, 8), (0.4, 8), (0.9, 0)], 4.0, 512);
+        assert!(k[0] > k[1] && k[2] == 0, "{k:?}");
+        // A dearer fixed cost (a GPU, a big model) makes drafts cheaper.
+        let cheap = plan(&[(0.4, 8)], 50.0, 512)[0];
+        assert!(cheap > plan(&[(0.4, 8)], 4.0, 512)[0]);
     }
 
     #[test]

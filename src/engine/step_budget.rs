@@ -107,6 +107,18 @@ impl CostModel {
         sums.add(tokens as f64, took.as_secs_f64());
     }
 
+    /// `a / b`: a step's fixed cost in tokens' cost, where the steps seen
+    /// vary enough in size to measure it; `None` before.
+    pub fn fixed_in_tokens(&self) -> Option<f64> {
+        let s = self.decode.plus(self.mixed);
+        let mx = s.x / s.w;
+        let spread = s.w > 0.0 && s.xx / s.w - mx * mx >= (MIN_SPREAD * mx).powi(2);
+        match self.line() {
+            Some((a, b)) if spread && a > 0.0 => Some(a / b),
+            _ => None,
+        }
+    }
+
     /// `(a, b)`: seconds a step, and seconds a token; `None` before any
     /// step took measurable time. `a` is never negative and `b` always
     /// positive: where the fit says otherwise (noise, or steps of one size
@@ -221,6 +233,21 @@ mod tests {
 
     fn close(x: f64, y: f64) -> bool {
         (x - y).abs() <= 1e-9 + 1e-6 * y.abs()
+    }
+
+    #[test]
+    fn the_fixed_cost_in_tokens_is_known_only_from_steps_of_several_sizes() {
+        let mut c = CostModel::default();
+        assert_eq!(c.fixed_in_tokens(), None);
+        for _ in 0..5 {
+            c.observe(1, false, ms(2.9, 0.93, 1));
+        }
+        assert_eq!(c.fixed_in_tokens(), None, "one size says nothing of a");
+        for t in [3, 9, 5] {
+            c.observe(t, false, ms(2.9, 0.93, t));
+        }
+        let r = c.fixed_in_tokens().unwrap();
+        assert!(close(r, 2.9 / 0.93), "{r}");
     }
 
     #[test]
