@@ -8,7 +8,7 @@ use std::sync::Arc;
 use candle_core::quantized::QTensor;
 use candle_core::{Device, Result, Tensor};
 
-use super::linear::{WeightFormat, WeightSpec};
+use super::linear::{Linear, WeightFormat, WeightSpec};
 use crate::quant::QuantMatrix;
 
 pub enum Embedding {
@@ -46,6 +46,23 @@ impl Embedding {
                 }
                 Tensor::from_vec(rows, (tokens.len(), k), on_device.device())
             }
+        }
+    }
+
+    /// A GGUF model's LM head: the file's own `output` matrix, else tied
+    /// to this table (`table`, as stored), sharing its tiles where it
+    /// holds them.
+    pub fn lm_head(
+        &self,
+        output: Option<QTensor>,
+        table: QTensor,
+        spec: WeightSpec,
+        device: &Device,
+    ) -> Result<Linear> {
+        match (output, self.shared()) {
+            (Some(w), _) => Linear::new(w, spec, device),
+            (None, Some(tiles)) => Ok(Linear::shared(tiles)),
+            (None, None) => Linear::new(table, spec, device),
         }
     }
 

@@ -723,15 +723,11 @@ impl Llama {
             });
         }
         let norm = qt("output_norm.weight")?.dequantize(device)?;
-        // Tied embeddings when the file has no separate output matrix.
-        let lm_head = match (
-            content.tensor_infos.contains_key("output.weight"),
-            embed.shared(),
-        ) {
-            (true, _) => Linear::new(qt("output.weight")?, spec, device)?,
-            (false, Some(table)) => Linear::shared(table),
-            (false, None) => Linear::new(embed_q, spec, device)?,
+        let output = match content.tensor_infos.contains_key("output.weight") {
+            true => Some(qt("output.weight")?),
+            false => None,
         };
+        let lm_head = embed.lm_head(output, embed_q, spec, device)?;
         Ok(Self::assemble(
             config,
             embed,
