@@ -820,22 +820,30 @@ mod tests {
         s.running.iter().map(|q| (q.id, q.chunk)).collect()
     }
 
-    #[test]
-    fn a_decode_row_drafts_its_lookup_and_keeps_what_was_sampled() {
+    /// A scheduler drafting up to `max_draft` tokens by 2- and 1-grams,
+    /// whose one sequence, "1 2 3 4 5 6 1" with `max_tokens`, has
+    /// prefilled and sampled 2: its next row drafts.
+    fn drafting(max_draft: usize, max_tokens: usize) -> Scheduler {
         let spec = Speculation {
-            max_draft: 4,
+            max_draft,
             ngram_max: 2,
             ngram_min: 1,
         };
         let mut s = scheduler(64, 8, 64).with_speculation(spec);
-        // Blocks of 4: "1 2 3 4 5 6 1 2" looks up "3 4 5 6"; a first draft
-        // at the hopeful prior runs three of them.
-        s.add(seq_of(1, vec![1, 2, 3, 4, 5, 6, 1], 20));
+        s.add(seq_of(1, vec![1, 2, 3, 4, 5, 6, 1], max_tokens));
         s.schedule();
         assert_eq!(chunks(&s), [(1, 7)], "the prompt drafts nothing");
         let seq = &mut s.running[0];
         seq.num_cached += seq.chunk;
         s.postprocess(vec![(1, token(2))], &[]);
+        s
+    }
+
+    #[test]
+    fn a_decode_row_drafts_its_lookup_and_keeps_what_was_sampled() {
+        // Blocks of 4: "1 2 3 4 5 6 1 2" looks up "3 4 5 6"; a first draft
+        // at the hopeful prior runs three of them.
+        let mut s = drafting(4, 20);
         s.schedule();
         assert_eq!(s.running[0].draft, [3, 4, 5]);
         assert_eq!(chunks(&s), [(1, 4)]);
@@ -860,18 +868,8 @@ mod tests {
 
     #[test]
     fn drafts_stop_at_max_len_and_tokens_past_a_finish_are_dropped() {
-        let spec = Speculation {
-            max_draft: 8,
-            ngram_max: 2,
-            ngram_min: 1,
-        };
-        let mut s = scheduler(64, 8, 64).with_speculation(spec);
         // Room for 3 more tokens: a draft of at most 2, then the one after.
-        s.add(seq_of(1, vec![1, 2, 3, 4, 5, 6, 1], 4));
-        s.schedule();
-        let seq = &mut s.running[0];
-        seq.num_cached += seq.chunk;
-        s.postprocess(vec![(1, token(2))], &[]);
+        let mut s = drafting(8, 4);
         s.schedule();
         assert_eq!(s.running[0].draft, [3, 4]);
         let seq = &mut s.running[0];
