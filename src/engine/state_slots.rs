@@ -23,6 +23,54 @@
 //! one, so K/V blocks found in the prefix cache would come without the
 //! state to go with them: the prefix cache is off for such models.
 
+/// How a hybrid model's memory budget splits between its state slots and
+/// its KV pool ([`split_budget`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateBudget {
+    /// Slots to make: at most `--max-num-seqs`, which they cap when fewer.
+    pub num_slots: usize,
+    /// Bytes left to the KV pool.
+    pub kv_bytes: usize,
+}
+
+/// Splits `budget` bytes (`--kv-cache-memory`, or what
+/// `--gpu-memory-utilization` leaves) between state slots of `state_bytes`
+/// each and a KV pool of blocks of `block_bytes`. The rule: a slot for each
+/// of `max_num_seqs` sequences, but no more slots than leave the KV pool at
+/// least as many bytes as the slots take, and at least one block per slot;
+/// that is, each slot is charged `state_bytes + max(state_bytes,
+/// block_bytes)` against the budget, and the slots get at most half of it.
+/// A sequence without K/V to grow into is no use, nor is a pool that only
+/// the slots' memory keeps from holding longer sequences. The pool gets the
+/// rest: `budget - num_slots * state_bytes`.
+///
+/// A budget that cannot hold one slot so charged is an error (one line,
+/// naming the options that raise it).
+pub fn split_budget(
+    budget: usize,
+    state_bytes: usize,
+    block_bytes: usize,
+    max_num_seqs: usize,
+) -> Result<StateBudget, String> {
+    let per_slot = state_bytes.saturating_add(state_bytes.max(block_bytes));
+    let fit = budget / per_slot.max(1);
+    if fit == 0 {
+        return Err(format!(
+            "a KV budget of {} KiB cannot hold one recurrent-state slot ({} KiB) beside a KV \
+             pool at least as large ({} KiB in all); raise --kv-cache-memory (on a GPU, \
+             --gpu-memory-utilization)",
+            budget >> 10,
+            state_bytes >> 10,
+            per_slot.div_ceil(1 << 10),
+        ));
+    }
+    let num_slots = max_num_seqs.min(fit);
+    Ok(StateBudget {
+        num_slots,
+        kv_bytes: budget - num_slots * state_bytes,
+    })
+}
+
 /// Which sequence holds which state slot.
 #[derive(Debug, Clone)]
 pub struct StateSlots {
@@ -121,6 +169,69 @@ mod tests {
     use crate::engine::sequence::Sequence;
     use crate::sampling::params::SamplingParams;
     use crate::sampling::sampler::SampledToken;
+
+    const KIB: usize = 1 << 10;
+    const MIB: usize = 1 << 20;
+
+    #[test]
+    fn every_sequence_gets_a_slot_when_the_budget_allows() {
+        // 64 slots of 1 MiB take 64 of 512 MiB; the pool gets the rest.
+        assert_eq!(
+            split_budget(512 * MIB, MIB, 64 * KIB, 64),
+            Ok(StateBudget {
+                num_slots: 64,
+                kv_bytes: 448 * MIB
+            })
+        );
+        // Exactly half the budget is still allowed.
+        assert_eq!(
+            split_budget(128 * MIB, MIB, 64 * KIB, 64),
+            Ok(StateBudget {
+                num_slots: 64,
+                kv_bytes: 64 * MIB
+            })
+        );
+    }
+
+    #[test]
+    fn slots_take_at_most_half_the_budget() {
+        // 50 MiB slots (a 9B model's) in 512 MiB: 5, not 256; the pool
+        // keeps 262 MiB.
+        assert_eq!(
+            split_budget(512 * MIB, 50 * MIB, 64 * KIB, 256),
+            Ok(StateBudget {
+                num_slots: 5,
+                kv_bytes: 262 * MIB
+            })
+        );
+        // One byte short of half for 64: 63.
+        assert_eq!(
+            split_budget(128 * MIB - 1, MIB, KIB, 64).unwrap().num_slots,
+            63
+        );
+    }
+
+    #[test]
+    fn each_slot_leaves_at_least_one_block() {
+        // Blocks bigger than slots: each slot is charged a block beside it.
+        let b = split_budget(100 * KIB, KIB, 9 * KIB, 64).unwrap();
+        assert_eq!(b.num_slots, 10);
+        assert_eq!(b.kv_bytes, 90 * KIB);
+        assert!(b.kv_bytes / (9 * KIB) >= b.num_slots);
+    }
+
+    #[test]
+    fn a_budget_without_room_for_one_slot_is_an_error_naming_the_options() {
+        let err = split_budget(MIB, 600 * KIB, 64 * KIB, 8).unwrap_err();
+        assert!(err.contains("1024 KiB") && err.contains("600 KiB"), "{err}");
+        assert!(
+            err.contains("--kv-cache-memory") && err.contains("--gpu-memory-utilization"),
+            "{err}"
+        );
+        assert!(!err.contains('\n'), "one line: {err}");
+        assert!(split_budget(1200 * KIB, 600 * KIB, 64 * KIB, 8).is_ok());
+        assert!(split_budget(1200 * KIB - 1, 600 * KIB, 64 * KIB, 8).is_err());
+    }
 
     #[test]
     fn slots_are_taken_until_none_is_free_then_reused() {
