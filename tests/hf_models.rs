@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use candle_core::Device;
 use wick::engine::kv_cache::KvLayout;
 use wick::engine::pooling::Pooling;
+use wick::engine::sequence::FinishReason;
 use wick::engine::window_blocks::WindowBlocks;
 use wick::engine::{Engine, EngineConfig};
 use wick::load::loader::{load, LoadOptions, LoadedModel, WeightDtype};
@@ -314,6 +315,93 @@ fn hybrid_state_carries_across_chunks_and_copies() {
     }
     eprintln!("qwen35-tiny long prompt in chunks of 16: max |logprob - transformers| = {worst:e}");
     assert!(worst < 1e-4, "{worst}");
+}
+
+/// Qwen3.5's state slots come out of the KV budget: a budget with room
+/// for three slots (each beside a KV pool as large) makes three, not
+/// `--max-num-seqs` eight, and the pool gets what they leave. Eight
+/// requests still all run, three at a time, each as transformers
+/// continues it, and the stats report the slots held and made. A budget
+/// without room for one slot is refused at start-up.
+#[test]
+fn hybrid_state_slots_come_out_of_the_kv_budget() {
+    let r = reference("qwen35-tiny");
+    let loaded = load_fixture("qwen35-tiny", &LoadOptions::default());
+    let state = loaded.model.state_bytes().unwrap();
+    let info = loaded.model.info().clone();
+    let block_bytes = KvLayout::bytes_per_block(
+        info.num_layers,
+        info.num_kv_heads,
+        info.head_dim,
+        4,
+        info.kv_dtype,
+    );
+    assert!(block_bytes < state, "{block_bytes} {state}");
+    // Four slots would each need twice their size: one byte short.
+    let budget = 4 * 2 * state - 1;
+    let cfg = EngineConfig {
+        block_size: 4,
+        max_num_seqs: 8,
+        max_num_batched_tokens: 64,
+        kv_cache_bytes: budget,
+        ..Default::default()
+    };
+    let mut engine = Engine::new(loaded.model, loaded.tokenizer.eos_ids().to_vec(), &cfg).unwrap();
+    let stats = engine.stats();
+    assert_eq!((stats.state_slots_used, stats.state_slots_total), (0, 3));
+    assert_eq!(stats.blocks_total, (budget - 3 * state) / block_bytes);
+    let ids: Vec<u64> = (0..8)
+        .map(|i| {
+            let params = SamplingParams {
+                max_tokens: r.greedy[i % 4].len(),
+                temperature: 0.0,
+                ignore_eos: true,
+                ..Default::default()
+            };
+            engine.add_request(r.inputs[i % 4].clone(), params).unwrap()
+        })
+        .collect();
+    let mut tokens: std::collections::HashMap<u64, Vec<u32>> = Default::default();
+    let mut most_used = 0;
+    while engine.has_work() {
+        for ev in engine.step() {
+            assert!(
+                !matches!(ev.finish, Some(FinishReason::Error(_))),
+                "{:?}",
+                ev.finish
+            );
+            tokens
+                .entry(ev.seq)
+                .or_default()
+                .extend(ev.token.map(|t| t.id));
+        }
+        let stats = engine.stats();
+        assert_eq!(stats.state_slots_total, 3);
+        assert!(
+            stats.running <= 3 && stats.state_slots_used <= 3,
+            "{stats:?}"
+        );
+        most_used = most_used.max(stats.state_slots_used);
+    }
+    assert_eq!(most_used, 3, "all three slots in use at once");
+    assert_eq!(engine.stats().state_slots_used, 0, "all given back");
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(tokens[id], r.greedy[i % 4], "request {i}");
+    }
+
+    let loaded = load_fixture("qwen35-tiny", &LoadOptions::default());
+    let cfg = EngineConfig {
+        kv_cache_bytes: 2 * state - 1,
+        ..cfg
+    };
+    let err = Engine::new(loaded.model, Vec::new(), &cfg)
+        .err()
+        .expect("no room for one slot")
+        .to_string();
+    assert!(
+        err.contains("recurrent-state slot") && err.contains("--kv-cache-memory"),
+        "{err}"
+    );
 }
 
 #[test]

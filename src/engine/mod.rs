@@ -174,7 +174,29 @@ impl Engine {
     pub fn new(model: Box<dyn Model>, eos_ids: Vec<u32>, cfg: &EngineConfig) -> Result<Self> {
         let info = model.info().clone();
         let kv_dtype = cfg.kv_dtype.unwrap_or(info.kv_dtype);
-        let kv_cache_bytes = kv_budget(model.as_ref(), cfg)?;
+        let budget = kv_budget(model.as_ref(), cfg)?;
+        // A hybrid model's recurrent-state slots come out of the same
+        // budget, at most `--max-num-seqs` of them and fewer where the
+        // budget could not also keep a KV pool worth the name
+        // ([`state_slots::split_budget`]); fewer slots cap the sequences
+        // that run at once.
+        let states = match model.state_bytes() {
+            Some(bytes) => {
+                let block_bytes = KvLayout::bytes_per_block(
+                    info.num_layers,
+                    info.num_kv_heads,
+                    info.head_dim,
+                    cfg.block_size,
+                    kv_dtype,
+                );
+                let split = state_slots::split_budget(budget, bytes, block_bytes, cfg.max_num_seqs)
+                    .map_err(WickError::Model)?;
+                Some((bytes, split))
+            }
+            None => None,
+        };
+        let kv_cache_bytes = states.map_or(budget, |(_, split)| split.kv_bytes);
+        let max_num_seqs = states.map_or(cfg.max_num_seqs, |(_, split)| split.num_slots);
         let layout = KvLayout::from_budget(
             info.num_layers,
             info.num_kv_heads,
@@ -192,7 +214,7 @@ impl Engine {
             )));
         }
         let scheduler_cfg = SchedulerConfig {
-            max_num_seqs: cfg.max_num_seqs,
+            max_num_seqs,
             max_num_batched_tokens: cfg.max_num_batched_tokens,
             max_step_slowdown: cfg.max_step_slowdown,
         };
@@ -248,15 +270,28 @@ impl Engine {
         // sequence: a slot for every sequence that may run. A state sums up
         // a whole prefix, which cached blocks would come without, so the
         // prefix cache is off for such models (above).
-        let scheduler = match model.state_bytes() {
-            Some(bytes) => {
+        let scheduler = match states {
+            Some((bytes, split)) => {
                 tracing::info!(
-                    "recurrent state: {} slots of {} KiB, allocated as sequences first use \
-                     them; prefix caching is off for this model",
-                    cfg.max_num_seqs,
-                    bytes >> 10
+                    "recurrent state: {} slots of {} KiB ({} MiB of the KV budget's {} MiB, \
+                     allocated as sequences first use them); prefix caching is off for \
+                     this model",
+                    split.num_slots,
+                    bytes >> 10,
+                    (split.num_slots * bytes) >> 20,
+                    budget >> 20,
                 );
-                scheduler.with_states(StateSlots::new(cfg.max_num_seqs))
+                if split.num_slots < cfg.max_num_seqs {
+                    tracing::warn!(
+                        "the KV budget holds {} recurrent-state slots, not --max-num-seqs {}: at \
+                         most {} sequences run at once; raise --kv-cache-memory (on a GPU, \
+                         --gpu-memory-utilization) for more",
+                        split.num_slots,
+                        cfg.max_num_seqs,
+                        split.num_slots,
+                    );
+                }
+                scheduler.with_states(StateSlots::new(split.num_slots))
             }
             None => scheduler,
         };

@@ -111,6 +111,10 @@ pub struct SchedulerStats {
     /// The sliding-window layers' pool, where the model has one (else 0).
     pub window_blocks_used: usize,
     pub window_blocks_total: usize,
+    /// Recurrent-state slots held, and made, where the model keeps a
+    /// state per sequence (else 0).
+    pub state_slots_used: usize,
+    pub state_slots_total: usize,
     pub preemptions: u64,
     /// Decode rows that sat a step out for their grammar's mask time.
     pub mask_deferrals: u64,
@@ -267,6 +271,8 @@ impl Scheduler {
             blocks_total: self.blocks.num_blocks(),
             window_blocks_used: self.window.as_ref().map_or(0, WindowBlocks::num_used),
             window_blocks_total: self.window.as_ref().map_or(0, WindowBlocks::num_blocks),
+            state_slots_used: self.states.as_ref().map_or(0, StateSlots::num_used),
+            state_slots_total: self.states.as_ref().map_or(0, StateSlots::num_slots),
             preemptions: self.num_preemptions,
             mask_deferrals: self.num_mask_deferrals,
             prefix_queries: self.prefix_queries,

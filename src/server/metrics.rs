@@ -58,6 +58,8 @@ pub struct Metrics {
     blocks_total: IntGauge,
     window_blocks_used: IntGauge,
     window_blocks_total: IntGauge,
+    state_slots_used: IntGauge,
+    state_slots_total: IntGauge,
     preemptions: EngineTotal,
     mask_deferrals: EngineTotal,
     prefix_queries: EngineTotal,
@@ -183,6 +185,15 @@ impl Metrics {
                 "wick:kv_window_blocks_capacity",
                 "KV-cache blocks in the sliding-window layers' pool (0 without such layers).",
             ),
+            state_slots_used: int_gauge(
+                "wick:state_slots_used",
+                "Recurrent-state slots held by sequences (0 for models without such state).",
+            ),
+            state_slots_total: int_gauge(
+                "wick:state_slots_capacity",
+                "Recurrent-state slots, which cap the sequences that run at once (0 for models \
+                 without such state).",
+            ),
             preemptions: EngineTotal::new(counter(
                 "wick:num_preemptions_total",
                 "Cumulative number of preemptions from the engine.",
@@ -282,6 +293,8 @@ impl Metrics {
         self.blocks_total.set(s.blocks_total as i64);
         self.window_blocks_used.set(s.window_blocks_used as i64);
         self.window_blocks_total.set(s.window_blocks_total as i64);
+        self.state_slots_used.set(s.state_slots_used as i64);
+        self.state_slots_total.set(s.state_slots_total as i64);
         let usage = if s.blocks_total == 0 {
             0.0
         } else {
@@ -390,6 +403,8 @@ mod tests {
             ("wick:kv_blocks_capacity", "gauge"),
             ("wick:kv_window_blocks_used", "gauge"),
             ("wick:kv_window_blocks_capacity", "gauge"),
+            ("wick:state_slots_used", "gauge"),
+            ("wick:state_slots_capacity", "gauge"),
             ("wick:num_preemptions_total", "counter"),
             ("wick:grammar_mask_deferrals_total", "counter"),
             ("wick:prefix_cache_queries_total", "counter"),
@@ -438,7 +453,7 @@ mod tests {
             }
             checked += 1;
         }
-        assert_eq!(checked, 26);
+        assert_eq!(checked, 28);
     }
 
     #[test]
@@ -452,6 +467,8 @@ mod tests {
             blocks_total: 120,
             window_blocks_used: 7,
             window_blocks_total: 40,
+            state_slots_used: 2,
+            state_slots_total: 6,
             preemptions: 2,
             mask_deferrals: 4,
             prefix_queries: 900,
@@ -484,6 +501,8 @@ mod tests {
         assert_eq!(v("wick:kv_blocks_capacity"), 120.0);
         assert_eq!(v("wick:kv_window_blocks_used"), 7.0);
         assert_eq!(v("wick:kv_window_blocks_capacity"), 40.0);
+        assert_eq!(v("wick:state_slots_used"), 2.0);
+        assert_eq!(v("wick:state_slots_capacity"), 6.0);
         assert_eq!(v("wick:kv_cache_usage_perc"), 0.25);
         assert_eq!(v("wick:gpu_cache_usage_perc"), 0.25);
         assert_eq!(v("wick:num_preemptions_total"), 2.0);
