@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Copy-heavy chat workload for speculative decoding: each request asks the
-model to repeat or edit a text or code block given in the prompt, one
+model to repeat or edit a text or code block given in the prompt (with
+--predict, also sent as OpenAI's `prediction`), one
 request at a time (a single stream), greedy, streamed. Reports decode tok/s
 (tokens after the first over the time after the first), TTFT and the
 server's own draft counts where its usage has them, and ends with one JSON
@@ -47,19 +48,24 @@ JSON_DOC = json.dumps(
     indent=2,
 )
 
+CODE_BLOCK = f"```python\n{CODE}```"
+JSON_BLOCK = f"```json\n{JSON_DOC}\n```"
+
+# Each task with the text it works on: what an editor would send as the
+# request's `prediction` (--predict).
 TASKS = [
-    f"Repeat this code exactly, in a code block:\n```python\n{CODE}```",
-    f"Rename the function to rolling_mean and repeat the whole code:\n```python\n{CODE}```",
-    f"Repeat this paragraph word for word:\n\n{PROSE}",
-    f"Rewrite this paragraph with 'library' replaced by 'archive':\n\n{PROSE}",
-    f"Repeat this JSON exactly:\n```json\n{JSON_DOC}\n```",
-    f"Change the version to 0.2.0 and repeat the JSON:\n```json\n{JSON_DOC}\n```",
-    f"Add a docstring to this function and repeat it:\n```python\n{CODE}```",
-    f"Copy this text, then say how many sentences it has:\n\n{PROSE}",
+    (f"Repeat this code exactly, in a code block:\n{CODE_BLOCK}", CODE_BLOCK),
+    (f"Rename the function to rolling_mean and repeat the whole code:\n{CODE_BLOCK}", CODE_BLOCK),
+    (f"Repeat this paragraph word for word:\n\n{PROSE}", PROSE),
+    (f"Rewrite this paragraph with 'library' replaced by 'archive':\n\n{PROSE}", PROSE),
+    (f"Repeat this JSON exactly:\n{JSON_BLOCK}", JSON_BLOCK),
+    (f"Change the version to 0.2.0 and repeat the JSON:\n{JSON_BLOCK}", JSON_BLOCK),
+    (f"Add a docstring to this function and repeat it:\n{CODE_BLOCK}", CODE_BLOCK),
+    (f"Copy this text, then say how many sentences it has:\n\n{PROSE}", PROSE),
 ]
 
 
-def one(client, base, model, task, max_tokens):
+def one(client, base, model, task, max_tokens, prediction=None):
     body = {
         "model": model,
         "messages": [{"role": "user", "content": task}],
@@ -68,6 +74,8 @@ def one(client, base, model, task, max_tokens):
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if prediction is not None:
+        body["prediction"] = {"type": "content", "content": prediction}
     start = time.perf_counter()
     first = last = None
     usage = None
@@ -104,6 +112,11 @@ def main():
     ap.add_argument("--model", default=None)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=2, help="passes over the tasks")
+    ap.add_argument(
+        "--predict",
+        action="store_true",
+        help="send the text each task works on as the request's prediction",
+    )
     ap.add_argument("--label", default="")
     ap.add_argument("--json-out", default=None)
     a = ap.parse_args()
@@ -111,9 +124,9 @@ def main():
         model = a.model or client.get(f"{a.base_url}/v1/models").json()["data"][0]["id"]
         one(client, a.base_url, model, "Say hi.", 8)  # warm-up
         runs = [
-            one(client, a.base_url, model, t, a.max_tokens)
+            one(client, a.base_url, model, t, a.max_tokens, p if a.predict else None)
             for _ in range(a.rounds)
-            for t in TASKS
+            for t, p in TASKS
         ]
     tokens = sum(r["tokens"] - 1 for r in runs)
     decode_s = sum(r["decode_s"] for r in runs)

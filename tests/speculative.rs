@@ -82,14 +82,25 @@ fn run(engine: &mut Engine, requests: &[(Vec<u32>, SamplingParams)]) -> Vec<Vec<
         .collect()
 }
 
-/// The same requests without and with speculation give the same tokens and
-/// logprobs; returns the speculating engine's (drafted, accepted).
+/// The same requests without speculation (and without their predictions)
+/// and with it give the same tokens and logprobs; returns the speculating
+/// engine's (drafted, accepted).
 fn assert_same(
     plain: &mut Engine,
     spec: &mut Engine,
     requests: &[(Vec<u32>, SamplingParams)],
 ) -> (u64, u64) {
-    let want = run(plain, requests);
+    let unpredicted: Vec<_> = requests
+        .iter()
+        .map(|(p, s)| {
+            let s = SamplingParams {
+                prediction: Vec::new(),
+                ..s.clone()
+            };
+            (p.clone(), s)
+        })
+        .collect();
+    let want = run(plain, &unpredicted);
     let before = spec.stats().drafts;
     let got = run(spec, requests);
     for (i, (w, g)) in want.iter().zip(&got).enumerate() {
@@ -280,5 +291,92 @@ async fn served_answers_match_and_report_their_drafts() {
     assert!(
         streamed["accepted_prediction_tokens"].as_u64().unwrap() > 0,
         "{usage}"
+    );
+}
+
+/// A request's prediction drafts even without `--speculative`: the whole
+/// expected answer is mostly kept, a wrong one costs only its rows, and
+/// neither changes the output.
+#[test]
+fn a_prediction_drafts_without_prompt_lookup_and_changes_nothing() {
+    let (mut plain, tok) = common::engine(&EngineConfig::default());
+    let copy = tok.encode(COPY).unwrap();
+    let want = run(&mut plain, &[(copy.clone(), greedy(40))]).remove(0);
+    let want_ids: Vec<u32> = want.iter().map(|t| t.id).collect();
+    let with = |prediction: Vec<u32>| SamplingParams {
+        prediction,
+        ..greedy(40)
+    };
+    let (drafted, accepted) = assert_same(
+        &mut plain,
+        &mut common::engine(&EngineConfig::default()).0,
+        &[(copy.clone(), with(want_ids.clone()))],
+    );
+    eprintln!("exact prediction: {accepted} of {drafted} drafted tokens kept");
+    assert!(
+        accepted >= 20 && accepted * 10 >= drafted * 9,
+        "{accepted} of {drafted}"
+    );
+    // A prediction that is nothing like the answer, and one with an edit.
+    let wrong: Vec<u32> = (0..40).map(|i| 100 + i).collect();
+    let mut edited = want_ids.clone();
+    edited.insert(10, 100);
+    let (_, accepted) = assert_same(
+        &mut plain,
+        &mut common::engine(&EngineConfig::default()).0,
+        &[
+            (copy.clone(), with(wrong)),
+            (copy, with(edited)),
+            (tok.encode(PLAIN[0]).unwrap(), greedy(16)),
+        ],
+    );
+    assert!(accepted >= 20, "the edited one realigns: {accepted}");
+}
+
+#[test]
+fn a_model_that_cannot_take_drafts_back_refuses_a_prediction() {
+    let loaded = load(
+        &fixture("gemma3-tiny"),
+        &LoadOptions::default(),
+        &Device::Cpu,
+    )
+    .unwrap();
+    let mut engine = Engine::new(loaded.model, vec![], &EngineConfig::default()).unwrap();
+    let params = SamplingParams {
+        prediction: vec![1, 2, 3],
+        ..greedy(4)
+    };
+    match engine.add_request(vec![1, 2], params) {
+        Err(wick::error::WickError::InvalidRequest { param, message }) => {
+            assert_eq!(param.as_deref(), Some("prediction"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(engine.add_request(vec![1, 2], greedy(4)).is_ok());
+}
+
+/// Over HTTP, OpenAI's `prediction` field on a server started without
+/// `--speculative`.
+#[tokio::test(flavor = "multi_thread")]
+async fn served_predictions_report_their_drafts() {
+    use common::{post, Server};
+    use serde_json::json;
+
+    let s = Server::start(&[]);
+    let mut body = json!({
+        "messages": [{"role": "user", "content": "Say the alphabet from a to k, with spaces."}],
+        "max_tokens": 24, "temperature": 0,
+    });
+    let (status, plain) = post(&s, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(status, 200, "{plain}");
+    let text = plain["choices"][0]["message"]["content"].as_str().unwrap();
+    body["prediction"] = json!({"type": "content", "content": text});
+    let (status, got) = post(&s, "/v1/chat/completions", body).await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got["choices"][0]["message"]["content"], text);
+    let details = &got["usage"]["completion_tokens_details"];
+    assert!(
+        details["accepted_prediction_tokens"].as_u64().unwrap() > 0,
+        "{details}"
     );
 }

@@ -295,30 +295,30 @@ impl Engine {
             }
             None => scheduler,
         };
-        let scheduler = match cfg.speculation {
-            Some(spec) => {
-                spec.validate().map_err(WickError::Model)?;
-                // A draft rejected must leave nothing behind: a recurrent
-                // state cannot be cut back, nor can a window pool give back
-                // the blocks it freed past a draft.
-                if model.state_bytes().is_some() || info.sliding_window.is_some() {
-                    tracing::warn!(
-                        "--speculative is off for this model: its recurrent-state or \
-                         sliding-window layers cannot take back a rejected draft"
-                    );
-                    scheduler
-                } else {
-                    tracing::info!(
-                        "speculative decoding: prompt lookup, up to {} tokens a row, \
-                         {}..={}-token matches",
-                        spec.max_draft,
-                        spec.ngram_min,
-                        spec.ngram_max
-                    );
-                    scheduler.with_speculation(spec)
-                }
+        // A draft rejected must leave nothing behind: a recurrent state
+        // cannot be cut back, nor can a window pool give back the blocks it
+        // freed past a draft. Other models draft from predictions, and by
+        // prompt lookup where asked.
+        let can_draft = model.state_bytes().is_none() && info.sliding_window.is_none();
+        if let Some(spec) = cfg.speculation {
+            spec.validate().map_err(WickError::Model)?;
+            match can_draft {
+                true => tracing::info!(
+                    "speculative decoding: prompt lookup, up to {} tokens a row, {}..={}-token \
+                     matches",
+                    spec.max_draft,
+                    spec.ngram_min,
+                    spec.ngram_max
+                ),
+                false => tracing::warn!(
+                    "--speculative is off for this model: its recurrent-state or sliding-window \
+                     layers cannot take back a rejected draft"
+                ),
             }
-            None => scheduler,
+        }
+        let scheduler = match can_draft {
+            true => scheduler.with_drafts(cfg.speculation),
+            false => scheduler,
         };
         Ok(Engine {
             runner: ModelRunner::new(model, cache),
@@ -356,6 +356,14 @@ impl Engine {
         request_rules::check_prompt(&prompt, info.vocab_size)?;
         params.validate(info.vocab_size)?;
         request_rules::check_context(prompt.len(), params.max_tokens, info.max_context)?;
+        if !params.prediction.is_empty() && !self.scheduler.drafts() {
+            return Err(WickError::invalid(
+                "this model cannot use a prediction: its sliding-window or recurrent layers \
+                 cannot take back a rejected draft"
+                    .to_string(),
+                "prediction".to_string(),
+            ));
+        }
         let id = self.next_id;
         let mut seq = Sequence::new(id, prompt, params, info.max_context, &self.eos_ids);
         seq.group = group.unwrap_or(id);

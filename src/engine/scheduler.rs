@@ -161,6 +161,10 @@ pub struct Scheduler {
     states: Option<StateSlots>,
     /// Prompt lookup, when decode rows draft ([`speculation`]).
     spec: Option<Speculation>,
+    /// Whether decode rows may draft at all: the model can take a
+    /// rejected draft back. Rows with a prediction draft from it then,
+    /// with or without prompt lookup.
+    drafting: bool,
     drafts: DraftTally,
     /// How long each sequence admitted since the last [`take_queue_waits`]
     /// (`Scheduler::take_queue_waits`) waited for its first admission.
@@ -190,6 +194,7 @@ impl Scheduler {
             window: None,
             states: None,
             spec: None,
+            drafting: false,
             drafts: DraftTally::default(),
             queue_waits: Vec::new(),
             waiting: VecDeque::new(),
@@ -213,10 +218,17 @@ impl Scheduler {
         self
     }
 
-    /// With decode rows drafting by prompt lookup.
-    pub fn with_speculation(mut self, spec: Speculation) -> Self {
-        self.spec = Some(spec);
+    /// With decode rows drafting: from their requests' predictions, and
+    /// by prompt lookup as `lookup` says, if at all.
+    pub fn with_drafts(mut self, lookup: Option<Speculation>) -> Self {
+        self.spec = lookup;
+        self.drafting = true;
         self
+    }
+
+    /// Whether decode rows may draft (see [`Self::with_drafts`]).
+    pub fn drafts(&self) -> bool {
+        self.drafting
     }
 
     pub fn state_slots(&self) -> Option<&StateSlots> {
@@ -363,13 +375,13 @@ impl Scheduler {
         }
         // Drafts for those rows, in what the step has left; a drafted
         // token costs the step what a decode row does.
-        if let Some(spec) = self.spec {
+        if self.drafting {
             let fixed = self
                 .steps
                 .cost()
                 .fixed_in_tokens()
                 .unwrap_or(PRIOR_FIXED_COST_IN_TOKENS);
-            decode_rows += draft(&mut self.running, &spec, fixed, decode_room);
+            decode_rows += draft(&mut self.running, self.spec, fixed, decode_room);
         }
         // Then prompt chunks, running ones first, within what the step
         // budget allows beside those rows.
@@ -662,15 +674,24 @@ fn release(
 /// [`speculation::plan`] expects to pay for themselves in a step whose
 /// fixed cost is `fixed` tokens' cost, and at most `room`. Returns the
 /// tokens drafted.
-fn draft(running: &mut [Sequence], spec: &Speculation, fixed: f64, room: usize) -> usize {
+fn draft(running: &mut [Sequence], lookup: Option<Speculation>, fixed: f64, room: usize) -> usize {
+    let spec = lookup.unwrap_or_default();
+    // What a row may draft, at most `max` tokens: its prediction's, else
+    // its own text's.
+    fn source<'a>(s: &'a Sequence, spec: &Speculation, lookup: bool, max: usize) -> &'a [u32] {
+        let (min, most) = (spec.ngram_min, spec.ngram_max);
+        match &s.params.prediction[..] {
+            [] if !lookup => &[],
+            [] => speculation::lookup(&s.tokens, min, most, max),
+            p => speculation::predicted(p, s.output(), &s.tokens, min, most, max),
+        }
+    }
+    let source = |s: &Sequence, max| source(s, &spec, lookup.is_some(), max).to_vec();
     // Every drafted token kept leaves room for the one sampled after it.
     let most = |s: &Sequence| spec.max_draft.min(s.max_len.saturating_sub(s.len() + 1));
-    let offer = |s: &Sequence| {
-        let lookup = |max| speculation::lookup(&s.tokens, spec.ngram_min, spec.ngram_max, max);
-        match s.chunk == 1 && s.pending() == 1 && s.may_draft() {
-            true => lookup(most(s)).len(),
-            false => 0,
-        }
+    let offer = |s: &Sequence| match s.chunk == 1 && s.pending() == 1 && s.may_draft() {
+        true => source(s, most(s)).len(),
+        false => 0,
     };
     let rows: Vec<usize> = (0..running.len())
         .filter(|&i| running[i].chunk > 0)
@@ -690,11 +711,11 @@ fn draft(running: &mut [Sequence], spec: &Speculation, fixed: f64, room: usize) 
         .collect();
     let mut drafted = 0;
     for (&i, take) in rows.iter().zip(speculation::plan(&offers, fixed, room)) {
+        let found = source(&running[i], take);
         let seq = &mut running[i];
-        let found = speculation::lookup(&seq.tokens, spec.ngram_min, spec.ngram_max, take);
-        seq.draft.extend_from_slice(found);
         seq.chunk += found.len();
         drafted += found.len();
+        seq.draft = found;
     }
     drafted
 }
@@ -835,7 +856,7 @@ mod tests {
             ngram_max: 2,
             ngram_min: 1,
         };
-        let mut s = scheduler(64, 8, 64).with_speculation(spec);
+        let mut s = scheduler(64, 8, 64).with_drafts(Some(spec));
         s.add(seq_of(1, vec![1, 2, 3, 4, 5, 6, 1], max_tokens));
         s.schedule();
         assert_eq!(chunks(&s), [(1, 7)], "the prompt drafts nothing");

@@ -67,22 +67,55 @@ impl Speculation {
 /// last `n` tokens, for the longest `n` in `ngram_min..=ngram_max` that
 /// has one; at most `max` of them. Empty when nothing matches.
 pub fn lookup(tokens: &[u32], ngram_min: usize, ngram_max: usize, max: usize) -> &[u32] {
+    // Latest first: recent text predicts best.
+    matched(tokens, tokens, tokens.len(), ngram_min, ngram_max, max)
+}
+
+/// What a request's `prediction` says comes next after `output` (the
+/// tokens sampled so far; `tokens` is the prompt and them): the rest of
+/// the prediction while the output is a prefix of it, else what follows
+/// the occurrence of the last few tokens nearest where the output has got
+/// to, as in [`lookup`]. At most `max` tokens.
+pub fn predicted<'a>(
+    prediction: &'a [u32],
+    output: &[u32],
+    tokens: &[u32],
+    ngram_min: usize,
+    ngram_max: usize,
+    max: usize,
+) -> &'a [u32] {
+    if let Some(rest) = prediction.strip_prefix(output) {
+        return &rest[..max.min(rest.len())];
+    }
+    matched(prediction, tokens, output.len(), ngram_min, ngram_max, max)
+}
+
+/// At most `max` tokens of `text` after an occurrence of `tokens`' last
+/// `n` tokens (the longest `n` in `ngram_min..=ngram_max` that has one),
+/// the occurrence ending nearest `near`, later on a tie; something must
+/// follow it.
+fn matched<'a>(
+    text: &'a [u32],
+    tokens: &[u32],
+    near: usize,
+    ngram_min: usize,
+    ngram_max: usize,
+    max: usize,
+) -> &'a [u32] {
     if max == 0 {
         return &[];
     }
     for n in (ngram_min..=ngram_max).rev() {
-        if n >= tokens.len() {
+        if n > tokens.len() || n >= text.len() {
             continue;
         }
         let tail = &tokens[tokens.len() - n..];
-        // Latest first: recent text predicts best. The occurrence must end
-        // before the tail does, and something must follow it.
-        let found = (0..tokens.len() - n)
-            .rev()
-            .find(|&start| &tokens[start..start + n] == tail);
+        let found = (0..text.len() - n)
+            .filter(|&start| &text[start..start + n] == tail)
+            .min_by_key(|&start| ((start + n).abs_diff(near), usize::MAX - start));
         if let Some(start) = found {
             let from = start + n;
-            return &tokens[from..(from + max).min(tokens.len())];
+            return &text[from..(from + max).min(text.len())];
         }
     }
     &[]
@@ -218,6 +251,27 @@ mod tests {
         assert!(lookup(&[], 1, 3, 4).is_empty());
         // A run longer than the text is skipped, not an out-of-range read.
         assert_eq!(lookup(&[3, 3], 1, 8, 4), &[3]);
+    }
+
+    #[test]
+    fn a_prediction_drafts_its_rest_then_realigns_after_an_edit() {
+        // prompt 9 9; prediction "1 2 3 4 5 6".
+        let pred = [1, 2, 3, 4, 5, 6];
+        let at = |output: &[u32], max| {
+            let tokens: Vec<u32> = [9, 9].iter().chain(output).copied().collect();
+            predicted(&pred, output, &tokens, 1, 2, max).to_vec()
+        };
+        assert_eq!(at(&[], 3), [1, 2, 3], "from the start");
+        assert_eq!(at(&[1, 2], 8), [3, 4, 5, 6]);
+        assert!(at(&[1, 2, 3, 4, 5, 6], 8).is_empty(), "all used");
+        // An edit: "1 2 7 3" goes on from the prediction's "3".
+        assert_eq!(at(&[1, 2, 7, 3], 8), [4, 5, 6]);
+        assert!(at(&[8, 8, 8], 8).is_empty(), "nothing matches");
+        // Of two occurrences, the one nearest the output's progress.
+        let pred = [5, 1, 2, 5, 3, 4, 5, 6];
+        let tokens = [0, 9, 9, 9, 9, 9, 5];
+        assert_eq!(predicted(&pred, &tokens[1..], &tokens, 1, 1, 1), [6]);
+        assert_eq!(predicted(&pred, &tokens[4..], &tokens, 1, 1, 1), [3]);
     }
 
     #[test]

@@ -53,6 +53,10 @@ pub struct SamplingParams {
     /// scheduler thread); the sequence stops at EOS once it is complete.
     #[serde(skip)]
     pub constraint: Option<Constraint>,
+    /// What the output is expected to be, mostly (OpenAI's predicted
+    /// outputs): decode rows draft from it; the output does not change.
+    #[serde(skip)]
+    pub prediction: Vec<u32>,
 }
 
 impl Default for SamplingParams {
@@ -75,6 +79,7 @@ impl Default for SamplingParams {
             logprobs: None,
             prompt_logprobs: None,
             constraint: None,
+            prediction: Vec::new(),
         }
     }
 }

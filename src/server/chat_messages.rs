@@ -138,7 +138,7 @@ pub fn with_empty_content(messages: &[Message]) -> Option<Vec<Message>> {
 
 /// The text of a message: its text parts joined by newlines (as vLLM joins
 /// them); other kinds of part are not served.
-fn text(content: &MessageContent, at: &str) -> Result<String, ApiError> {
+pub(crate) fn text(content: &MessageContent, at: &str) -> Result<String, ApiError> {
     let parts = match content {
         MessageContent::Text(t) => return Ok(t.clone()),
         MessageContent::Parts(parts) => parts,

@@ -148,6 +148,19 @@ pub enum MessageContent {
     Parts(Vec<ContentPart>),
 }
 
+/// OpenAI's predicted output: what the answer is expected to be, mostly
+/// (a file being edited, say), for decode rows to draft from.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Prediction {
+    /// Only `"content"`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub content: MessageContent,
+    /// Fields this type does not declare, refused by validation.
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
+}
+
 /// One turn of a chat request, as OpenAI's API takes it, agent loops
 /// included: `system`, `developer` (OpenAI's newer name for system),
 /// `user`, `assistant` (possibly calling tools) and `tool` (a call's
@@ -232,6 +245,7 @@ pub struct ChatCompletionRequest {
     pub seed: Option<i64>,
     /// Output kinds: only `["text"]` is served.
     pub modalities: Option<Vec<String>>,
+    pub prediction: Option<Prediction>,
     // Metadata for the client's own records at OpenAI (who asked, whether
     // and how to keep the completion, the processing tier): changes no
     // output, so accepted and left unused.

@@ -13,8 +13,8 @@ use super::chat_messages;
 use super::error::{clip, ApiError, MAX_ECHO_CHARS};
 use super::legacy_functions;
 use super::protocol::{
-    ChatCompletionRequest, CompletionRequest, Prompt, ResponseFormat, Stop, StreamOptions,
-    UnknownFields,
+    ChatCompletionRequest, CompletionRequest, Prediction, Prompt, ResponseFormat, Stop,
+    StreamOptions, UnknownFields,
 };
 use super::tools::{self, ToolMode, ToolPlan};
 use super::unsupported;
@@ -291,6 +291,7 @@ impl Common<'_> {
             logprobs,
             prompt_logprobs: None,
             constraint: None,
+            prediction: Vec::new(),
         };
         params.validate(ctx.vocab_size)?;
         Ok(params)
@@ -376,6 +377,42 @@ fn response_format(f: &ResponseFormat) -> Result<Option<Grammar>, ApiError> {
             format!("response_format type must be text, json_object or json_schema, got {other:?}"),
         )),
     }
+}
+
+/// A chat request's `prediction`, tokenized. Its drafts never change the
+/// output, but a constrained row does not draft, so the two together are
+/// refused rather than the prediction ignored.
+fn prediction(
+    p: &Prediction,
+    params: &SamplingParams,
+    ctx: &ModelContext,
+) -> Result<Vec<u32>, ApiError> {
+    unsupported::refuse(&p.unknown, "prediction")?;
+    if p.kind != "content" {
+        return Err(ApiError::bad_request(
+            format!(
+                "prediction type {:?} is not supported: only \"content\"",
+                p.kind
+            ),
+            Some("prediction.type"),
+        ));
+    }
+    if params.constraint.is_some() {
+        return Err(ApiError::bad_request(
+            "prediction cannot be used with response_format or a forced tool call: \
+             constrained output is not drafted",
+            Some("prediction"),
+        ));
+    }
+    let text = chat_messages::text(&p.content, "prediction.content")?;
+    let mut ids = encode(&text, ctx, "prediction")?;
+    if ids
+        .first()
+        .is_some_and(|&t| Some(t) == ctx.tokenizer.bos_id())
+    {
+        ids.remove(0);
+    }
+    Ok(ids)
 }
 
 /// Tokenizes, after refusing text too long to fit the context without
@@ -590,6 +627,9 @@ pub fn validate_chat(
     check_context(ids.len(), max_tokens, ctx, "messages")?;
     let forced = tools.grammar.clone().map(|g| (g, "tool_choice"));
     params.constraint = common.constraint(forced, ctx)?;
+    if let Some(p) = &req.prediction {
+        params.prediction = prediction(p, &params, ctx)?;
+    }
     Ok(GenerationPlan {
         prompts: vec![ids],
         params,
@@ -843,6 +883,7 @@ mod tests {
             logprobs: Some(2),
             prompt_logprobs: None,
             constraint: None,
+            prediction: Vec::new(),
         };
         assert_eq!(plan.params, expected);
         assert_eq!((plan.n, plan.stream, plan.include_usage), (3, true, true));
@@ -1349,8 +1390,16 @@ mod tests {
             ),
             (json!({"modalities": ["text", "audio"]}), "modalities"),
             (
-                json!({"prediction": {"type": "content", "content": "x"}}),
-                "prediction",
+                json!({"prediction": {"type": "embedding", "content": "x"}}),
+                "prediction.type",
+            ),
+            (
+                json!({"prediction": {"type": "content", "content": [{"type": "image_url"}]}}),
+                "prediction.content[0].type",
+            ),
+            (
+                json!({"prediction": {"type": "content", "content": "x", "extra": 1}}),
+                "prediction.extra",
             ),
             (json!({"guided_regex": "a+"}), "guided_regex"),
             (
@@ -1395,6 +1444,25 @@ mod tests {
     /// sent), `best_of` equal to `n`, text-only `modalities`, `tool_choice`
     /// none without tools, and a `response_format` of plain `text` (the
     /// default).
+    #[test]
+    fn a_prediction_is_tokenized_unless_output_is_constrained() {
+        let plan = chat(with(
+            user("x"),
+            json!({"prediction": {"type": "content", "content": [
+                {"type": "text", "text": "fn main() {}"}, {"type": "text", "text": "// end"}]}}),
+        ))
+        .unwrap();
+        let want = ctx().tokenizer.encode("fn main() {}\n// end").unwrap();
+        assert_eq!(plan.params.prediction, want);
+        assert!(!want.is_empty());
+        let refused = chat(with(
+            user("x"),
+            json!({"prediction": {"type": "content", "content": "x"},
+                   "response_format": {"type": "json_object"}}),
+        ));
+        assert_rejects(refused, "prediction");
+    }
+
     #[test]
     fn harmless_fields_are_accepted() {
         completion(json!({"prompt": "x", "best_of": 1, "user": "u", "suffix": null, "foo": null}))
