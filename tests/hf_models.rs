@@ -500,9 +500,12 @@ fn prompt_logprobs_match_transformers_across_chunks_and_preemption() {
             block_size,
             info.kv_dtype,
         );
+        // A hybrid model's state slots come out of the budget too: room
+        // for two beside those 12 blocks, two sequences at once.
+        let slots = 2 * loaded.model.state_bytes().unwrap_or(0);
         let cfg = EngineConfig {
             block_size,
-            kv_cache_bytes: 12 * block_bytes,
+            kv_cache_bytes: 12 * block_bytes + slots,
             max_num_batched_tokens: 16,
             ..Default::default()
         };
