@@ -676,14 +676,15 @@ fn release(
 /// tokens drafted.
 fn draft(running: &mut [Sequence], lookup: Option<Speculation>, fixed: f64, room: usize) -> usize {
     let spec = lookup.unwrap_or_default();
-    // What a row may draft, at most `max` tokens: its prediction's, else
-    // its own text's.
+    // What a row may draft, at most `max` tokens: its prediction's, and
+    // where that has nothing (or there is none), its own text's under
+    // prompt lookup.
     fn source<'a>(s: &'a Sequence, spec: &Speculation, lookup: bool, max: usize) -> &'a [u32] {
         let (min, most) = (spec.ngram_min, spec.ngram_max);
-        match &s.params.prediction[..] {
-            [] if !lookup => &[],
-            [] => speculation::lookup(&s.tokens, min, most, max),
-            p => speculation::predicted(p, s.output(), &s.tokens, min, most, max),
+        let p = &s.params.prediction;
+        match speculation::predicted(p, s.output(), &s.tokens, min, most, max) {
+            [] if lookup => speculation::lookup(&s.tokens, min, most, max),
+            found => found,
         }
     }
     let source = |s: &Sequence, max| source(s, &spec, lookup.is_some(), max).to_vec();
