@@ -208,11 +208,14 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         };
         requests.push((loaded.tokenizer.encode(&text)?, params.clone()));
     }
-    let mut engine = Engine::new(
+    let engine = Engine::new(
         loaded.model,
         loaded.tokenizer.eos_ids().to_vec(),
         &args.model.engine.config(),
     )?;
+    let mut engine = args
+        .model
+        .with_draft(engine, &args.model.load_options(), &device)?;
     let (outputs, stats) = wick::cli::generate::generate(&mut engine, &loaded.tokenizer, requests)?;
     let mut out = std::io::stdout().lock();
     for c in &outputs {

@@ -380,3 +380,82 @@ async fn served_predictions_report_their_drafts() {
         "{details}"
     );
 }
+
+/// `--draft-model`: the default model drafting for itself, the upper bound
+/// on acceptance, keeps the output and nearly every greedy draft.
+#[test]
+fn a_draft_model_drafting_for_itself_keeps_the_output() {
+    let (mut plain, tok) = common::engine(&EngineConfig::default());
+    let draft = common::load_default(WeightFormat::Native).model;
+    let mut spec = common::engine(&EngineConfig::default())
+        .0
+        .with_draft_model(draft, 64 << 20)
+        .unwrap();
+    let greedy_only = [
+        (tok.encode(PLAIN[1]).unwrap(), greedy(30)),
+        (tok.encode(PLAIN[2]).unwrap(), greedy(30)),
+    ];
+    let (drafted, accepted) = assert_same(&mut plain, &mut spec, &greedy_only);
+    eprintln!("self-drafting, greedy: {accepted} of {drafted} drafted tokens kept");
+    assert!(
+        drafted >= 20 && accepted * 10 >= drafted * 9,
+        "{accepted} of {drafted}"
+    );
+    // Sampled rows keep their seeded tokens too, beside a grammar-free
+    // greedy one and a prediction.
+    let copy = tok.encode(COPY).unwrap();
+    let mixed = [
+        (copy.clone(), seeded(30, 4)),
+        (tok.encode(PLAIN[0]).unwrap(), greedy(20)),
+        (
+            copy,
+            SamplingParams {
+                prediction: tok.encode("The quick brown fox").unwrap(),
+                ..greedy(20)
+            },
+        ),
+    ];
+    let (drafted, _) = assert_same(&mut plain, &mut spec, &mixed);
+    assert!(drafted > 0);
+}
+
+#[test]
+fn a_draft_model_must_share_the_vocabulary() {
+    let (engine, _) = common::engine(&EngineConfig::default());
+    let other = load(
+        &fixture("llama-tiny"),
+        &LoadOptions::default(),
+        &Device::Cpu,
+    )
+    .unwrap();
+    let err = engine.with_draft_model(other.model, 1 << 20).err().unwrap();
+    assert!(err.to_string().contains("vocabulary"), "{err}");
+}
+
+/// `wick serve --draft-model`: the same answer, its drafts in `usage`.
+#[tokio::test(flavor = "multi_thread")]
+async fn served_with_a_draft_model() {
+    use common::{post, Server};
+    use serde_json::json;
+
+    let path = common::model_path();
+    let plain = Server::start(&[]);
+    let spec = Server::start(&["--draft-model", path.to_str().unwrap()]);
+    let body = json!({
+        "messages": [{"role": "user", "content": "Write a haiku about rivers."}],
+        "max_tokens": 24, "temperature": 0,
+    });
+    let (status, want) = post(&plain, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(status, 200, "{want}");
+    let (status, got) = post(&spec, "/v1/chat/completions", body).await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(
+        got["choices"][0]["message"]["content"],
+        want["choices"][0]["message"]["content"]
+    );
+    let details = &got["usage"]["completion_tokens_details"];
+    assert!(
+        details["accepted_prediction_tokens"].as_u64().unwrap() > 0,
+        "{details}"
+    );
+}

@@ -41,6 +41,13 @@ pub struct ModelArgs {
     /// cpu, or cuda[:N] in a build with the `cuda` feature.
     #[arg(long, default_value = "cpu", env = "WICK_DEVICE")]
     pub device: String,
+    /// A smaller model sharing the tokenizer (a GGUF file, a checkpoint
+    /// directory or a cached hub repo id) that drafts decode rows' next
+    /// tokens greedily, for the model to verify in one pass (speculative
+    /// decoding); output is unchanged. Its KV pool is a quarter of
+    /// --kv-cache-memory (of 512 MiB when that is unset).
+    #[arg(long, env = "WICK_DRAFT_MODEL")]
+    pub draft_model: Option<String>,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -274,6 +281,24 @@ impl EngineArgs {
 impl ModelArgs {
     pub fn model_path(&self) -> anyhow::Result<PathBuf> {
         crate::load::model_fetch::resolve_model(self.model.as_deref())
+    }
+
+    /// `engine` with the draft model (--draft-model) loaded beside it,
+    /// where one is named, on `device` as `options` say.
+    pub fn with_draft(
+        &self,
+        engine: crate::engine::Engine,
+        options: &LoadOptions,
+        device: &candle_core::Device,
+    ) -> anyhow::Result<crate::engine::Engine> {
+        let Some(name) = &self.draft_model else {
+            return Ok(engine);
+        };
+        let path = crate::load::model_fetch::resolve_model(Some(name))?;
+        let draft = crate::load::loader::load(&path, options, device)
+            .map_err(|e| anyhow::anyhow!("loading the draft model {name}: {e:#}"))?;
+        let mib = self.engine.kv_cache_memory.unwrap_or(DEFAULT_KV_CACHE_MIB);
+        Ok(engine.with_draft_model(draft.model, (mib << 20) / 4)?)
     }
 
     pub fn load_options(&self) -> LoadOptions {

@@ -3,6 +3,7 @@
 //! only; text, stop strings and HTTP live with whoever drives it.
 
 pub mod block_manager;
+pub mod drafter;
 pub mod kv_cache;
 pub mod mask_budget;
 pub mod model_runner;
@@ -22,12 +23,13 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use crate::engine::block_manager::BlockManager;
+use crate::engine::drafter::Drafter;
 use crate::engine::kv_cache::{KvCache, KvDtype, KvLayout};
 use crate::engine::model_runner::ModelRunner;
 use crate::engine::pooling::{Pool, Pooling};
 use crate::engine::scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
 use crate::engine::sequence::{FinishReason, SeqId, Sequence, StepEvent};
-use crate::engine::speculation::Speculation;
+use crate::engine::speculation::{Speculation, MODEL_DRAFT};
 use crate::engine::state_slots::StateSlots;
 use crate::engine::window_blocks::WindowBlocks;
 use crate::error::{Result, WickError};
@@ -166,6 +168,8 @@ fn device_memory(device: &candle_core::Device) -> Result<Option<(u64, u64)>> {
 pub struct Engine {
     runner: ModelRunner,
     scheduler: Scheduler,
+    /// A draft model, when decode rows draft from one.
+    drafter: Option<Drafter>,
     eos_ids: Vec<u32>,
     next_id: SeqId,
 }
@@ -323,6 +327,7 @@ impl Engine {
         Ok(Engine {
             runner: ModelRunner::new(model, cache),
             scheduler,
+            drafter: None,
             eos_ids,
             next_id: 0,
         })
@@ -330,6 +335,58 @@ impl Engine {
 
     pub fn model(&self) -> &dyn Model {
         self.runner.model()
+    }
+
+    /// With `draft` proposing for decode rows that have nothing else to
+    /// draft (`--draft-model`), greedily, from a KV pool of its own of
+    /// `kv_cache_bytes`. It must share the target's vocabulary, and the
+    /// target must be able to take a draft back.
+    pub fn with_draft_model(
+        mut self,
+        draft: Box<dyn Model>,
+        kv_cache_bytes: usize,
+    ) -> Result<Self> {
+        let (target, info) = (self.runner.model().info(), draft.info().clone());
+        if info.vocab_size != target.vocab_size {
+            return Err(WickError::Model(format!(
+                "the draft model's vocabulary ({} tokens) is not the model's ({}): it must share \
+                 the tokenizer",
+                info.vocab_size, target.vocab_size
+            )));
+        }
+        if !self.scheduler.drafts() {
+            return Err(WickError::Model(
+                "--draft-model cannot be used with this model: its sliding-window or recurrent \
+                 layers cannot take back a rejected draft"
+                    .into(),
+            ));
+        }
+        if draft.state_bytes().is_some() || info.sliding_window.is_some() {
+            return Err(WickError::Model(
+                "the draft model has sliding-window or recurrent layers, which cannot take back \
+                 a rejected draft"
+                    .into(),
+            ));
+        }
+        let block_size = self.scheduler.block_size();
+        let layout = KvLayout::from_budget(
+            info.num_layers,
+            info.num_kv_heads,
+            info.head_dim,
+            block_size,
+            info.kv_dtype,
+            kv_cache_bytes,
+        );
+        let cache = KvCache::new(layout, draft.device(), false)?;
+        tracing::info!(
+            "draft model: {} layers, a KV pool of {} blocks",
+            info.num_layers,
+            layout.num_blocks
+        );
+        let blocks = BlockManager::new(layout.num_blocks, block_size);
+        self.drafter = Some(Drafter::new(draft, cache, blocks));
+        self.scheduler = self.scheduler.with_model_drafts();
+        Ok(self)
     }
 
     /// Most tokens one sequence can ever hold: the whole KV pool. A request
@@ -430,6 +487,16 @@ impl Engine {
 
     fn run_step(&mut self) -> Vec<StepEvent> {
         self.scheduler.schedule();
+        if let Some(drafter) = &mut self.drafter {
+            let mut rows: Vec<&mut Sequence> = self
+                .scheduler
+                .scheduled_mut()
+                .filter(|s| s.draft.first() == Some(&MODEL_DRAFT))
+                .collect();
+            if !rows.is_empty() {
+                drafter.propose(&mut rows);
+            }
+        }
         let batch = ModelRunner::build_batch(self.scheduler.scheduled());
         if batch.tokens.is_empty() {
             return Vec::new();
@@ -467,6 +534,9 @@ impl Engine {
         let pooled = self.pool(hidden);
         let (sampled, failed) = rayon::scope(|_| self.sample(logits, masks));
         let mut events = self.scheduler.postprocess(sampled, &self.eos_ids);
+        if let Some(drafter) = &mut self.drafter {
+            drafter.retain(&self.scheduler.running_ids());
+        }
         for (id, msg) in failed {
             self.scheduler.abort(id);
             events.push(StepEvent::ended(id, FinishReason::Grammar(msg)));

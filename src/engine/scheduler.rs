@@ -165,6 +165,8 @@ pub struct Scheduler {
     /// rejected draft back. Rows with a prediction draft from it then,
     /// with or without prompt lookup.
     drafting: bool,
+    /// A draft model proposes for rows that have nothing else to draft.
+    model_drafts: bool,
     drafts: DraftTally,
     /// How long each sequence admitted since the last [`take_queue_waits`]
     /// (`Scheduler::take_queue_waits`) waited for its first admission.
@@ -195,6 +197,7 @@ impl Scheduler {
             states: None,
             spec: None,
             drafting: false,
+            model_drafts: false,
             drafts: DraftTally::default(),
             queue_waits: Vec::new(),
             waiting: VecDeque::new(),
@@ -229,6 +232,18 @@ impl Scheduler {
     /// Whether decode rows may draft (see [`Self::with_drafts`]).
     pub fn drafts(&self) -> bool {
         self.drafting
+    }
+
+    /// Rows with nothing else to draft leave placeholders
+    /// ([`speculation::MODEL_DRAFT`]) for a draft model to fill.
+    pub fn with_model_drafts(mut self) -> Self {
+        self.model_drafts = true;
+        self
+    }
+
+    /// The ids of the running sequences.
+    pub fn running_ids(&self) -> std::collections::HashSet<SeqId> {
+        self.running.iter().map(|s| s.id).collect()
     }
 
     pub fn state_slots(&self) -> Option<&StateSlots> {
@@ -381,7 +396,8 @@ impl Scheduler {
                 .cost()
                 .fixed_in_tokens()
                 .unwrap_or(PRIOR_FIXED_COST_IN_TOKENS);
-            decode_rows += draft(&mut self.running, self.spec, fixed, decode_room);
+            let model = self.model_drafts;
+            decode_rows += draft(&mut self.running, self.spec, model, fixed, decode_room);
         }
         // Then prompt chunks, running ones first, within what the step
         // budget allows beside those rows.
@@ -674,7 +690,13 @@ fn release(
 /// [`speculation::plan`] expects to pay for themselves in a step whose
 /// fixed cost is `fixed` tokens' cost, and at most `room`. Returns the
 /// tokens drafted.
-fn draft(running: &mut [Sequence], lookup: Option<Speculation>, fixed: f64, room: usize) -> usize {
+fn draft(
+    running: &mut [Sequence],
+    lookup: Option<Speculation>,
+    model: bool,
+    fixed: f64,
+    room: usize,
+) -> usize {
     let spec = lookup.unwrap_or_default();
     // What a row may draft, at most `max` tokens: its prediction's, and
     // where that has nothing (or there is none), its own text's under
@@ -687,7 +709,10 @@ fn draft(running: &mut [Sequence], lookup: Option<Speculation>, fixed: f64, room
             found => found,
         }
     }
-    let source = |s: &Sequence, max| source(s, &spec, lookup.is_some(), max).to_vec();
+    let source = |s: &Sequence, max| match source(s, &spec, lookup.is_some(), max) {
+        [] if model => vec![speculation::MODEL_DRAFT; max],
+        found => found.to_vec(),
+    };
     // Every drafted token kept leaves room for the one sampled after it.
     let most = |s: &Sequence| spec.max_draft.min(s.max_len.saturating_sub(s.len() + 1));
     let offer = |s: &Sequence| match s.chunk == 1 && s.pending() == 1 && s.may_draft() {

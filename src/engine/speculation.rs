@@ -121,6 +121,11 @@ fn matched<'a>(
     &[]
 }
 
+/// A drafted token the draft model is yet to propose: the scheduler
+/// plans how many a row drafts, and [`crate::engine::drafter::Drafter`]
+/// fills them in before the forward. Never a vocabulary id.
+pub const MODEL_DRAFT: u32 = u32::MAX;
+
 /// A step's fixed cost over one token's, assumed until the steps timed
 /// vary enough in size to measure it: a pass over the weights costs about
 /// as much as four extra rows, as for a small model on two cores.

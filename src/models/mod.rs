@@ -55,18 +55,32 @@ impl FlatBatch {
         block_table: Vec<crate::engine::block_manager::BlockId>,
         logits: LogitRows,
     ) {
+        let start = positions.start;
+        self.push_at(&tokens[positions], start, block_table, logits);
+    }
+
+    /// Appends one sequence's new `tokens`, the first at position
+    /// `first_pos`, cached in `block_table`.
+    pub fn push_at(
+        &mut self,
+        tokens: &[u32],
+        first_pos: usize,
+        block_table: Vec<crate::engine::block_manager::BlockId>,
+        logits: LogitRows,
+    ) {
         self.seqs.push(SeqSlice {
             start: self.tokens.len(),
-            len: positions.len(),
-            first_pos: positions.start,
+            len: tokens.len(),
+            first_pos,
             block_table,
             window_table: Vec::new(),
             state_slot: None,
             logits,
             hidden: LogitRows::None,
         });
-        self.tokens.extend_from_slice(&tokens[positions.clone()]);
-        self.positions.extend(positions.map(|p| p as u32));
+        self.tokens.extend_from_slice(tokens);
+        let first = first_pos as u32;
+        self.positions.extend(first..first + tokens.len() as u32);
     }
 
     /// Appends `tokens` to the last sequence pushed, at the positions after

@@ -264,6 +264,7 @@ fn load(args: &ServeArgs, metrics: Arc<Metrics>) -> anyhow::Result<ModelState> {
         loaded.tokenizer.eos_ids().to_vec(),
         &args.model.engine.config(),
     )?;
+    let engine = args.model.with_draft(engine, &options, &device)?;
     let mut names = args.served_model_name.iter().filter(|n| !n.is_empty());
     let name = names.next().cloned().unwrap_or(loaded.name);
     let aliases = names.filter(|&n| *n != name).cloned().collect();

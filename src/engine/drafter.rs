@@ -1,0 +1,144 @@
+//! Drafts from a second, smaller model sharing the tokenizer
+//! (`--draft-model`): for each decode row the scheduler gave a draft
+//! length, the draft model catches up on the row's tokens it has not seen
+//! and then proposes that many tokens greedily, one forward over all such
+//! rows per token. Greedy proposals are certain ones, so verification
+//! ([`crate::engine::speculation`]) keeps the target's output exactly.
+//!
+//! The draft model has a paged KV pool of its own, and a block table and
+//! cache cursor per sequence. What it cached past the tokens the target
+//! has kept is stale once a draft is rejected; each round starts from the
+//! shorter of its cursor and the target's, so nothing needs rolling back.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::engine::block_manager::{BlockId, BlockManager};
+use crate::engine::kv_cache::KvCache;
+use crate::engine::model_runner::ModelRunner;
+use crate::engine::sequence::{SeqId, Sequence};
+use crate::models::{FlatBatch, LogitRows, Model};
+
+/// A sequence's state in the draft model's pool.
+#[derive(Default)]
+struct DraftSeq {
+    table: Vec<BlockId>,
+    /// Leading tokens whose K/V the draft model holds.
+    cached: usize,
+}
+
+pub struct Drafter {
+    runner: ModelRunner,
+    blocks: BlockManager,
+    seqs: HashMap<SeqId, DraftSeq>,
+}
+
+impl Drafter {
+    pub fn new(model: Box<dyn Model>, cache: KvCache, blocks: BlockManager) -> Self {
+        Drafter {
+            runner: ModelRunner::new(model, cache),
+            blocks,
+            seqs: HashMap::new(),
+        }
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.runner.model().info().vocab_size
+    }
+
+    /// Replaces each of `rows`' placeholder drafts
+    /// ([`MODEL_DRAFT`](crate::engine::speculation::MODEL_DRAFT)) with the
+    /// draft model's greedy proposals, as many as it has placeholders. A row the draft
+    /// pool cannot hold, or a failed forward, leaves its draft empty (and
+    /// its chunk one token).
+    pub fn propose(&mut self, rows: &mut [&mut Sequence]) {
+        let mut active: Vec<usize> = Vec::new();
+        for (r, seq) in rows.iter_mut().enumerate() {
+            let want = seq.draft.len();
+            let state = self.seqs.entry(seq.id).or_default();
+            state.cached = state.cached.min(seq.num_cached);
+            // Its tokens, then all but the last proposal, are run.
+            if self.blocks.grow(&mut state.table, seq.len() + want - 1) {
+                active.push(r);
+            } else {
+                let mut state = self.seqs.remove(&seq.id).unwrap_or_default();
+                self.blocks.release(&mut state.table);
+                drop_draft(seq);
+            }
+        }
+        let mut proposals: Vec<Vec<u32>> = vec![Vec::new(); rows.len()];
+        let longest = active.iter().map(|&r| rows[r].draft.len()).max();
+        for j in 0..longest.unwrap_or(0) {
+            let run: Vec<usize> = active
+                .iter()
+                .copied()
+                .filter(|&r| rows[r].draft.len() > j)
+                .collect();
+            let mut batch = FlatBatch::default();
+            for &r in &run {
+                let seq = &rows[r];
+                let state = &self.seqs[&seq.id];
+                let table = state.table.clone();
+                // The first round catches up on the sequence's own tokens;
+                // later ones feed the last proposal.
+                match proposals[r].last() {
+                    None => {
+                        batch.push(&seq.tokens, state.cached..seq.len(), table, LogitRows::Last)
+                    }
+                    Some(&last) => {
+                        batch.push_at(&[last], seq.len() + j - 1, table, LogitRows::Last)
+                    }
+                }
+            }
+            let logits = match self.runner.run(&batch) {
+                Ok((logits, _)) => logits,
+                Err(e) => {
+                    tracing::warn!("draft model step failed, drafting nothing: {e}");
+                    for &r in &active {
+                        drop_draft(rows[r]);
+                    }
+                    self.retain(&HashSet::new());
+                    return;
+                }
+            };
+            for (&r, row) in run.iter().zip(&logits) {
+                let id = rows[r].id;
+                let state = self.seqs.get_mut(&id).expect("drafting sequence");
+                state.cached = rows[r].len() + j;
+                proposals[r].push(argmax(row));
+            }
+        }
+        for &r in &active {
+            let found = std::mem::take(&mut proposals[r]);
+            rows[r].draft = found;
+        }
+    }
+
+    /// Forgets the sequences not in `running`, freeing their blocks.
+    pub fn retain(&mut self, running: &HashSet<SeqId>) {
+        let blocks = &mut self.blocks;
+        self.seqs.retain(|id, state| {
+            let keep = running.contains(id);
+            if !keep {
+                blocks.release(&mut state.table);
+            }
+            keep
+        });
+    }
+}
+
+/// A row that will not draft after all: back to its one token.
+fn drop_draft(seq: &mut Sequence) {
+    seq.chunk -= seq.draft.len();
+    seq.draft.clear();
+}
+
+/// The first of the largest: the target's greedy rule.
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in row.iter().enumerate() {
+        if x > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
