@@ -365,8 +365,8 @@ async fn unsupported_fields_answer_400_naming_them() {
         ),
         (json!({"modalities": ["text", "audio"]}), "modalities"),
         (
-            json!({"prediction": {"type": "content", "content": "Hi"}}),
-            "prediction",
+            json!({"prediction": {"type": "embedding", "content": "Hi"}}),
+            "prediction.type",
         ),
         (json!({"guided_choice": ["a", "b"]}), "guided_choice"),
         (
