@@ -686,7 +686,8 @@ fn release(
     seq.draft.clear();
 }
 
-/// Drafts the decode rows' next tokens by prompt lookup, as many as
+/// Drafts the decode rows' next tokens (from a prediction, by prompt
+/// lookup, or as placeholders for the draft model), as many as
 /// [`speculation::plan`] expects to pay for themselves in a step whose
 /// fixed cost is `fixed` tokens' cost, and at most `room`. Returns the
 /// tokens drafted.
@@ -698,27 +699,6 @@ fn draft(
     room: usize,
 ) -> usize {
     let spec = lookup.unwrap_or_default();
-    // What a row may draft, at most `max` tokens: its prediction's, and
-    // where that has nothing (or there is none), its own text's under
-    // prompt lookup.
-    fn source<'a>(s: &'a Sequence, spec: &Speculation, lookup: bool, max: usize) -> &'a [u32] {
-        let (min, most) = (spec.ngram_min, spec.ngram_max);
-        let p = &s.params.prediction;
-        match speculation::predicted(p, s.output(), &s.tokens, min, most, max) {
-            [] if lookup => speculation::lookup(&s.tokens, min, most, max),
-            found => found,
-        }
-    }
-    let source = |s: &Sequence, max| match source(s, &spec, lookup.is_some(), max) {
-        [] if model => vec![speculation::MODEL_DRAFT; max],
-        found => found.to_vec(),
-    };
-    // Every drafted token kept leaves room for the one sampled after it.
-    let most = |s: &Sequence| spec.max_draft.min(s.max_len.saturating_sub(s.len() + 1));
-    let offer = |s: &Sequence| match s.chunk == 1 && s.pending() == 1 && s.may_draft() {
-        true => source(s, most(s)).len(),
-        false => 0,
-    };
     let rows: Vec<usize> = (0..running.len())
         .filter(|&i| running[i].chunk > 0)
         .collect();
@@ -731,19 +711,77 @@ fn draft(
     if best * (fixed + decode_rows as f64) <= decode_rows as f64 {
         return 0;
     }
-    let offers: Vec<(f64, usize)> = rows
+    // Each decode row's offer, looked up once.
+    let offers: Vec<Offer> = rows
         .iter()
-        .map(|&i| (running[i].acceptance.p(), offer(&running[i])))
+        .map(|&i| Offer::of(&running[i], &spec, lookup.is_some(), model))
+        .collect();
+    let odds: Vec<(f64, usize)> = rows
+        .iter()
+        .zip(&offers)
+        .map(|(&i, o)| (running[i].acceptance.p(), o.len()))
+        .collect();
+    let drafts: Vec<(usize, Vec<u32>)> = rows
+        .iter()
+        .zip(offers)
+        .zip(speculation::plan(&odds, fixed, room))
+        .filter(|&(_, take)| take > 0)
+        .map(|((&i, o), take)| (i, o.take(take)))
         .collect();
     let mut drafted = 0;
-    for (&i, take) in rows.iter().zip(speculation::plan(&offers, fixed, room)) {
-        let found = source(&running[i], take);
+    for (i, found) in drafts {
         let seq = &mut running[i];
         seq.chunk += found.len();
         drafted += found.len();
         seq.draft = found;
     }
     drafted
+}
+
+/// What a decode row could draft this step.
+enum Offer<'a> {
+    /// Tokens found in its prediction or its own text (none: no draft).
+    Text(&'a [u32]),
+    /// This many tokens for the draft model to propose.
+    Placeholders(usize),
+}
+
+impl Offer<'_> {
+    /// A decode row's: its prediction's next tokens, and where that has
+    /// nothing (or there is none), its own text's under prompt `lookup`;
+    /// failing both, placeholders for the draft `model`. Every drafted
+    /// token kept leaves room for the one sampled after it.
+    fn of<'a>(s: &'a Sequence, spec: &Speculation, lookup: bool, model: bool) -> Offer<'a> {
+        if s.chunk != 1 || s.pending() != 1 || !s.may_draft() {
+            return Offer::Text(&[]);
+        }
+        let most = spec.max_draft.min(s.max_len.saturating_sub(s.len() + 1));
+        let (min, max) = (spec.ngram_min, spec.ngram_max);
+        let p = &s.params.prediction;
+        let found = match speculation::predicted(p, s.output(), &s.tokens, min, max, most) {
+            [] if lookup => speculation::lookup(&s.tokens, min, max, most),
+            found => found,
+        };
+        match found {
+            [] if model => Offer::Placeholders(most),
+            found => Offer::Text(found),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Offer::Text(found) => found.len(),
+            Offer::Placeholders(n) => *n,
+        }
+    }
+
+    /// The first `n` tokens offered, as the row's draft.
+    fn take(self, n: usize) -> Vec<u32> {
+        match self {
+            Offer::Text(found) => found[..n].to_vec(),
+            Offer::Placeholders(_) => vec![speculation::MODEL_DRAFT; n],
+        }
+    }
 }
 
 /// Prompt tokens an admission looked up in the prefix cache, and found.
