@@ -387,12 +387,18 @@ async fn served_predictions_report_their_drafts() {
 fn a_draft_model_drafting_for_itself_keeps_the_output() {
     let (mut plain, tok) = common::engine(&EngineConfig::default());
     let draft = common::load_default(WeightFormat::Native).model;
-    let mut spec = common::engine(&EngineConfig::default())
+    // Small steps: the copy prompt prefills in chunks, which the draft
+    // model caches alongside the target.
+    let chunked = EngineConfig {
+        max_num_batched_tokens: 16,
+        ..EngineConfig::default()
+    };
+    let mut spec = common::engine(&chunked)
         .0
         .with_draft_model(draft, 64 << 20)
         .unwrap();
     let greedy_only = [
-        (tok.encode(PLAIN[1]).unwrap(), greedy(30)),
+        (tok.encode(COPY).unwrap(), greedy(30)),
         (tok.encode(PLAIN[2]).unwrap(), greedy(30)),
     ];
     let (drafted, accepted) = assert_same(&mut plain, &mut spec, &greedy_only);

@@ -47,17 +47,24 @@ impl Drafter {
 
     /// Replaces each of `rows`' placeholder drafts
     /// ([`MODEL_DRAFT`](crate::engine::speculation::MODEL_DRAFT)) with the
-    /// draft model's greedy proposals, as many as it has placeholders. A row the draft
-    /// pool cannot hold, or a failed forward, leaves its draft empty (and
-    /// its chunk one token).
+    /// draft model's greedy proposals, as many as it has placeholders.
+    /// Rows without a draft are prompt chunks: the draft model caches them
+    /// in the first round, alongside the target's prefill, so a prompt
+    /// costs the first decode step nothing. A row the draft pool cannot
+    /// hold, or a failed forward, leaves its draft empty (and its chunk
+    /// one token).
     pub fn propose(&mut self, rows: &mut [&mut Sequence]) {
         let mut active: Vec<usize> = Vec::new();
         for (r, seq) in rows.iter_mut().enumerate() {
-            let want = seq.draft.len();
             let state = self.seqs.entry(seq.id).or_default();
             state.cached = state.cached.min(seq.num_cached);
-            // Its tokens, then all but the last proposal, are run.
-            if self.blocks.grow(&mut state.table, seq.len() + want - 1) {
+            // A prompt chunk's tokens; a drafting row's tokens, then all
+            // but its last proposal.
+            let upto = match seq.draft.len() {
+                0 => seq.num_cached + seq.chunk,
+                want => seq.len() + want - 1,
+            };
+            if self.blocks.grow(&mut state.table, upto) {
                 active.push(r);
             } else {
                 let mut state = self.seqs.remove(&seq.id).unwrap_or_default();
@@ -66,12 +73,13 @@ impl Drafter {
             }
         }
         let mut proposals: Vec<Vec<u32>> = vec![Vec::new(); rows.len()];
-        let longest = active.iter().map(|&r| rows[r].draft.len()).max();
+        // Prompt chunks run in the first round.
+        let longest = active.iter().map(|&r| rows[r].draft.len().max(1)).max();
         for j in 0..longest.unwrap_or(0) {
             let run: Vec<usize> = active
                 .iter()
                 .copied()
-                .filter(|&r| rows[r].draft.len() > j)
+                .filter(|&r| rows[r].draft.len() > j || j == 0)
                 .collect();
             let mut batch = FlatBatch::default();
             for &r in &run {
@@ -80,11 +88,15 @@ impl Drafter {
                 let table = state.table.clone();
                 // The first round catches up on the sequence's own tokens;
                 // later ones feed the last proposal.
-                match proposals[r].last() {
-                    None => {
+                match (proposals[r].last(), seq.draft.is_empty()) {
+                    (None, true) => {
+                        let chunk = state.cached..seq.num_cached + seq.chunk;
+                        batch.push(&seq.tokens, chunk, table, LogitRows::None)
+                    }
+                    (None, false) => {
                         batch.push(&seq.tokens, state.cached..seq.len(), table, LogitRows::Last)
                     }
-                    Some(&last) => {
+                    (Some(&last), _) => {
                         batch.push_at(&[last], seq.len() + j - 1, table, LogitRows::Last)
                     }
                 }
@@ -100,16 +112,24 @@ impl Drafter {
                     return;
                 }
             };
-            for (&r, row) in run.iter().zip(&logits) {
-                let id = rows[r].id;
-                let state = self.seqs.get_mut(&id).expect("drafting sequence");
-                state.cached = rows[r].len() + j;
-                proposals[r].push(argmax(row));
+            let mut logits = logits.iter();
+            for &r in &run {
+                let seq = &rows[r];
+                let state = self.seqs.get_mut(&seq.id).expect("drafting sequence");
+                if seq.draft.is_empty() {
+                    state.cached = seq.num_cached + seq.chunk;
+                    continue;
+                }
+                state.cached = seq.len() + j;
+                if let Some(row) = logits.next() {
+                    proposals[r].push(argmax(row));
+                }
             }
         }
         for &r in &active {
-            let found = std::mem::take(&mut proposals[r]);
-            rows[r].draft = found;
+            if !rows[r].draft.is_empty() {
+                rows[r].draft = std::mem::take(&mut proposals[r]);
+            }
         }
     }
 

@@ -488,10 +488,15 @@ impl Engine {
     fn run_step(&mut self) -> Vec<StepEvent> {
         self.scheduler.schedule();
         if let Some(drafter) = &mut self.drafter {
+            // Rows drafting with the model, and the prompt chunks of those
+            // that may draft later, which it caches alongside the target.
             let mut rows: Vec<&mut Sequence> = self
                 .scheduler
                 .scheduled_mut()
-                .filter(|s| s.draft.first() == Some(&MODEL_DRAFT))
+                .filter(|s| match s.draft.first() {
+                    Some(&t) => t == MODEL_DRAFT,
+                    None => s.may_draft() && (s.pending() > 1 || s.output().is_empty()),
+                })
                 .collect();
             if !rows.is_empty() {
                 drafter.propose(&mut rows);
