@@ -1,25 +1,31 @@
 //! llama.cpp's own tokenizer test vectors: for each vocabulary-only GGUF of
 //! its source distribution, the texts of `<vocab>.gguf.inp` must encode to the
 //! ids of `<vocab>.gguf.out` (what `tests/test-tokenizer-0.cpp` checks), and
-//! those ids must decode back to the text.
+//! those ids must decode back to the text. Gemma 3's GGUF and vectors are
+//! made here with llama.cpp (`scripts/make_gemma3_vocab.py`), so they live
+//! in their own directory.
 
 use std::path::PathBuf;
 
 use candle_core::quantized::gguf_file::Content;
 use wick::text::tokenizer::Tokenizer;
 
-fn fixture(file: &str) -> PathBuf {
+/// llama.cpp's own vocabularies, under `tests/fixtures`.
+const LLAMA_CPP: &str = "llama-cpp/vocab";
+
+fn fixture(dir: &str, file: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/llama-cpp/vocab")
+        .join("tests/fixtures")
+        .join(dir)
         .join(file)
 }
 
 /// The cases as test-tokenizer-0 reads them: texts separated by
 /// `\n__ggml_vocab_test__\n` (most files end with one, gemma-4's with its
 /// last text), one line of space-separated ids per text.
-fn cases(vocab: &str) -> Vec<(String, Vec<u32>)> {
+fn cases(dir: &str, vocab: &str) -> Vec<(String, Vec<u32>)> {
     let read = |ext: &str| {
-        let path = fixture(&format!("ggml-vocab-{vocab}.gguf.{ext}"));
+        let path = fixture(dir, &format!("ggml-vocab-{vocab}.gguf.{ext}"));
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
     };
     let inp = read("inp");
@@ -34,16 +40,16 @@ fn cases(vocab: &str) -> Vec<(String, Vec<u32>)> {
     texts.into_iter().map(String::from).zip(ids).collect()
 }
 
-fn tokenizer(vocab: &str) -> Tokenizer {
-    let path = fixture(&format!("ggml-vocab-{vocab}.gguf"));
+fn tokenizer(dir: &str, vocab: &str) -> Tokenizer {
+    let path = fixture(dir, &format!("ggml-vocab-{vocab}.gguf"));
     let mut file = std::fs::File::open(&path).unwrap();
     let content = Content::read(&mut file).expect("read gguf");
     Tokenizer::from_gguf(&content).expect("build tokenizer")
 }
 
-fn check(vocab: &str) {
-    let tok = tokenizer(vocab);
-    let cases = cases(vocab);
+fn check(dir: &str, vocab: &str) {
+    let tok = tokenizer(dir, vocab);
+    let cases = cases(dir, vocab);
     let mut failures = Vec::new();
     for (text, want) in &cases {
         // test-tokenizer-0 tokenizes with add_special = false: no BOS or EOS.
@@ -85,35 +91,40 @@ fn check(vocab: &str) {
 
 #[test]
 fn llama_spm() {
-    check("llama-spm");
+    check(LLAMA_CPP, "llama-spm");
 }
 
 #[test]
 fn phi_3() {
-    check("phi-3");
+    check(LLAMA_CPP, "phi-3");
 }
 
 #[test]
 fn llama_bpe() {
-    check("llama-bpe");
+    check(LLAMA_CPP, "llama-bpe");
 }
 
 #[test]
 fn qwen2() {
-    check("qwen2");
+    check(LLAMA_CPP, "qwen2");
 }
 
 #[test]
 fn gpt_2() {
-    check("gpt-2");
+    check(LLAMA_CPP, "gpt-2");
 }
 
 #[test]
 fn qwen35() {
-    check("qwen35");
+    check(LLAMA_CPP, "qwen35");
 }
 
 #[test]
 fn gemma_4() {
-    check("gemma-4");
+    check(LLAMA_CPP, "gemma-4");
+}
+
+#[test]
+fn gemma_3() {
+    check("gemma3-vocab", "gemma-3");
 }

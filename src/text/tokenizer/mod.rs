@@ -8,8 +8,8 @@
 //!
 //! GGUF vocabularies come in families, one file each: `vocab` reads what
 //! they share, `bpe` builds byte-level BPE (GPT-2, Llama 3, Qwen2,
-//! Qwen3.5, SmolLM), `spm` SentencePiece (Llama 2, Mistral, Phi-3) and
-//! `gemma4` Gemma 4's BPE over `▁`-spelled text.
+//! Qwen3.5, SmolLM), `spm` SentencePiece (Llama 2, Mistral, Phi-3,
+//! Gemma 3) and `gemma4` Gemma 4's BPE over `▁`-spelled text.
 
 mod bpe;
 mod gemma4;
@@ -281,11 +281,16 @@ pub(crate) fn test_tokenizer() -> Tokenizer {
 
 /// A vocabulary-only GGUF from llama.cpp's test vectors
 /// (`tests/fixtures/llama-cpp/vocab`), for unit tests: `llama-spm`, `phi-3`,
-/// `llama-bpe`, `qwen2`, `qwen35` or `gpt-2`.
+/// `llama-bpe`, `qwen2`, `qwen35` or `gpt-2`; or `gemma-3`, written here
+/// (`tests/fixtures/gemma3-vocab`).
 #[cfg(test)]
 pub(crate) fn vocab_fixture(name: &str) -> Content {
+    let dir = match name {
+        "gemma-3" => "tests/fixtures/gemma3-vocab",
+        _ => "tests/fixtures/llama-cpp/vocab",
+    };
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/llama-cpp/vocab")
+        .join(dir)
         .join(format!("ggml-vocab-{name}.gguf"));
     let mut f = std::fs::File::open(&path).unwrap();
     Content::read(&mut f).expect("read gguf")
@@ -313,6 +318,9 @@ mod tests {
             // makes it EOG for llama.cpp.
             ("qwen2", 151643, false, &[151643, 128247, 151645][..]),
             ("gpt-2", 50256, false, &[50256][..]),
+            // EOS is `<end_of_turn>`; `<eos>` and the HTML `</s>` end
+            // generation by their text.
+            ("gemma-3", 2, true, &[106, 1, 212][..]),
         ] {
             let tok = fixture_tokenizer(name);
             assert_eq!(tok.bos_id(), Some(bos), "{name}");

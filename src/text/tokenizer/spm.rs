@@ -1,5 +1,5 @@
 //! SentencePiece BPE (`tokenizer.ggml.model = "llama"`): Llama 2, Mistral,
-//! TinyLlama, Phi-3.
+//! TinyLlama, Phi-3, Gemma 3.
 //!
 //! llama.cpp tokenizes each stretch of text between special tokens on its
 //! own: a space is prepended (`add_space_prefix`), spaces become `▁`, and
