@@ -47,6 +47,17 @@ pub struct SampledToken {
     pub top_logprobs: Vec<(u32, f32)>,
 }
 
+impl SampledToken {
+    /// A token without logprobs.
+    pub fn plain(id: u32) -> Self {
+        SampledToken {
+            id,
+            logprob: None,
+            top_logprobs: Vec::new(),
+        }
+    }
+}
+
 /// Samples the tokens of one request; owns that request's RNG so seeded
 /// requests are reproducible whatever else the batch contains.
 #[derive(Debug)]
@@ -103,6 +114,21 @@ impl Sampler {
         if !self.params.ignore_eos {
             self.min_tokens_mask.extend_from_slice(eos_ids);
         }
+    }
+
+    /// Whether [`Sampler::sample`], after `generated` output tokens, returns
+    /// the logits' [`argmax`] and reads nothing else of them: greedy, with no
+    /// logprobs, bias or penalties, and no `min_tokens` mask in force. Such a
+    /// row can be picked where the logits are, and only its id sent back.
+    pub fn argmax_only(&self, generated: usize) -> bool {
+        let p = &self.params;
+        p.temperature < GREEDY_TEMPERATURE
+            && p.logprobs.is_none()
+            && p.logit_bias.is_empty()
+            && p.repetition_penalty == 1.0
+            && p.presence_penalty == 0.0
+            && p.frequency_penalty == 0.0
+            && (generated >= p.min_tokens || self.min_tokens_mask.is_empty())
     }
 
     /// Picks the next token from one row of logits (one entry per vocabulary
@@ -386,8 +412,9 @@ pub fn score_token(logits: &[f32], token: u32, n: usize) -> SampledToken {
     }
 }
 
-/// Index of the largest logit, lowest id on ties; NaN never wins.
-fn argmax(logits: &[f32]) -> u32 {
+/// The lowest id among the largest logits; NaN is never picked (a row of
+/// NaN gives 0). `argmax.cu` is its twin on a CUDA device.
+pub fn argmax(logits: &[f32]) -> u32 {
     let max = max_of(logits);
     logits.iter().position(|&l| l == max).unwrap_or(0) as u32
 }
@@ -442,6 +469,43 @@ mod tests {
     /// Logits for a larger vocabulary with distinct, non-monotonic values.
     fn scrambled(n: usize) -> Vec<f32> {
         (0..n).map(|i| ((i * 7919) % n) as f32 * -0.01).collect()
+    }
+
+    #[test]
+    fn argmax_only_holds_exactly_while_sampling_reads_just_the_argmax() {
+        let greedy = |f: fn(&mut SamplingParams)| {
+            params(|p| {
+                p.temperature = 0.0;
+                f(p)
+            })
+        };
+        assert!(Sampler::new(&greedy(|_| {})).argmax_only(0));
+        let reads_more: [(&str, SamplingParams); 6] = [
+            ("temperature", params(|p| p.temperature = 0.7)),
+            ("logprobs", greedy(|p| p.logprobs = Some(0))),
+            ("logit_bias", greedy(|p| p.logit_bias = vec![(3, 1.0)])),
+            ("repetition_penalty", greedy(|p| p.repetition_penalty = 1.1)),
+            ("presence_penalty", greedy(|p| p.presence_penalty = 0.5)),
+            ("frequency_penalty", greedy(|p| p.frequency_penalty = 0.5)),
+        ];
+        for (name, p) in &reads_more {
+            assert!(!Sampler::new(p).argmax_only(5), "{name}");
+        }
+        // EOS is masked until min_tokens; under ignore_eos nothing is.
+        let mut s = Sampler::new(&greedy(|p| p.min_tokens = 2));
+        s.set_eos_ids(&[1]);
+        assert!(!s.argmax_only(1) && s.argmax_only(2));
+        let mut s = Sampler::new(&greedy(|p| {
+            p.min_tokens = 2;
+            p.ignore_eos = true
+        }));
+        s.set_eos_ids(&[1]);
+        assert!(s.argmax_only(0));
+        // Where it holds, sampling gives the argmax and nothing else.
+        let logits = [0.5, 2.0, -1.0, 1.9, 2.0];
+        let token = s.sample(&mut logits.clone(), &[1, 3], &[1]);
+        assert_eq!((token.id, token.logprob), (argmax(&logits), None));
+        assert!(token.top_logprobs.is_empty());
     }
 
     #[test]
