@@ -8,6 +8,8 @@
 //!   chunks and decode rows, a prefix hit, a context long enough to split
 //!   rows across blocks, sliding windows, and more query heads per KV head
 //!   than one block takes.
+//! - The greedy pick: each row's argmax against the host's, with ties,
+//!   NaN and -inf planted, vocabularies from below a warp to 262k.
 //! - Whole models: logits against transformers' from the tiny fixtures.
 #![cfg(feature = "cuda")]
 
@@ -18,6 +20,8 @@ use wick::attention::{cuda, paged_attention, AttnDims};
 use wick::engine::kv_cache::{KvCache, KvDtype, KvLayout, LayerCache};
 use wick::load::loader::{load, LoadOptions};
 use wick::models::{FlatBatch, LogitRows, StepMeta};
+use wick::sampling::argmax::argmax_rows;
+use wick::sampling::sampler::argmax;
 
 fn gpu() -> Option<Device> {
     match Device::new_cuda(0) {
@@ -268,6 +272,65 @@ fn paged_attention_matches_the_host_kernel() {
 /// Whole models with head sizes the kernel serves (Qwen3's q/k norms,
 /// Gemma 3's sliding windows and soft cap) against transformers' logits,
 /// in f32.
+/// Fresh random rows every run (the seed is printed); in each row in turn a
+/// tie for the largest value planted around it, NaN planted (at id 0 too),
+/// every value -inf, every value NaN. f32 and bf16 logits, the latter
+/// against the host's pick of the same bf16 values. Runs of the same size
+/// follow one another, so a row the kernel left unwritten would show a
+/// stale id.
+#[test]
+fn argmax_matches_the_host() {
+    let Some(dev) = gpu() else { return };
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    eprintln!("seed {seed}");
+    let mut rng = Lcg(seed);
+    let id =
+        |rng: &mut Lcg, vocab: usize| ((rng.next() + 1.0) * 0.5 * vocab as f32) as usize % vocab;
+    for (rows, vocab) in [
+        (1, 7),
+        (5, 49152),
+        (300, 128256),
+        (300, 128256),
+        (4, 262144),
+    ] {
+        let mut data: Vec<f32> = (0..rows * vocab).map(|_| rng.next()).collect();
+        for (r, row) in data.chunks_mut(vocab).enumerate() {
+            match r % 4 {
+                0 => {
+                    let top = row[argmax(row) as usize];
+                    let (a, b) = (id(&mut rng, vocab), id(&mut rng, vocab));
+                    row[a] = top;
+                    row[b] = top;
+                }
+                1 => {
+                    row[0] = f32::NAN;
+                    let a = id(&mut rng, vocab);
+                    row[a] = f32::NAN;
+                }
+                2 => row.fill(f32::NEG_INFINITY),
+                _ => row.fill(f32::NAN),
+            }
+        }
+        let cpu = Tensor::from_vec(data, (rows, vocab), &Device::Cpu).unwrap();
+        for dtype in [DType::F32, DType::BF16] {
+            let on_host = cpu.to_dtype(dtype).unwrap();
+            let want: Vec<u32> = on_host
+                .to_dtype(DType::F32)
+                .unwrap()
+                .to_vec2::<f32>()
+                .unwrap()
+                .iter()
+                .map(|r| argmax(r))
+                .collect();
+            let got = argmax_rows(&on_host.to_device(&dev).unwrap()).unwrap();
+            assert_eq!(got, want, "{rows} rows of {vocab}, {dtype:?}, seed {seed}");
+        }
+    }
+}
+
 #[test]
 fn models_on_the_gpu_match_transformers() {
     let Some(dev) = gpu() else { return };

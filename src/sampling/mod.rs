@@ -2,6 +2,7 @@
 //! request, the sampler that draws from a row of logits under them, and the
 //! grammar that may mask that row first.
 
+pub mod argmax;
 pub mod constraint;
 pub mod params;
 pub mod sampler;

@@ -1,0 +1,64 @@
+//! Each row's argmax, picked where the logits are. On a CUDA device
+//! `argmax.cu` reduces every row in one launch and only the ids cross to
+//! the host; elsewhere the rows come back and the host's
+//! [`argmax`](crate::sampling::sampler::argmax) picks. Both follow one
+//! rule: the lowest id among the largest values, NaN never picked.
+
+use candle_core::{DType, Result, Tensor};
+
+use crate::sampling::sampler::argmax;
+
+/// The argmax of each row of `logits`, `[rows, vocab]`.
+pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {
+    let logits = logits.to_dtype(DType::F32)?;
+    #[cfg(feature = "cuda")]
+    if logits.device().is_cuda() {
+        return cuda::argmax_rows(&logits.contiguous()?);
+    }
+    Ok(logits.to_vec2::<f32>()?.iter().map(|r| argmax(r)).collect())
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::WrapErr;
+    use candle_core::op::BackpropOp;
+    use candle_core::{CudaStorage, Result, Storage, Tensor};
+
+    const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/argmax.ptx"));
+    const MODULE: &str = "wick_argmax";
+    /// `THREADS` in the kernel.
+    const THREADS: u32 = 512;
+
+    /// `logits`: contiguous f32 `[rows, vocab]` on a CUDA device.
+    pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {
+        let (rows, vocab) = logits.dims2()?;
+        if rows == 0 {
+            return Ok(Vec::new());
+        }
+        let (storage, layout) = logits.storage_and_layout();
+        let Storage::Cuda(s) = &*storage else {
+            candle_core::bail!("the CUDA argmax needs its logits on a CUDA device");
+        };
+        let Some((from, to)) = layout.contiguous_offsets() else {
+            candle_core::bail!("the CUDA argmax needs contiguous logits");
+        };
+        let dev = s.device().clone();
+        let input = s.as_cuda_slice::<f32>()?.slice(from..to);
+        // Every element is written by the kernel.
+        let out = unsafe { dev.alloc::<u32>(rows)? };
+        let func = dev.get_or_load_custom_func("argmax_rows_f32", MODULE, PTX)?;
+        let mut b = func.builder();
+        let vocab = vocab as u32;
+        b.arg(&input).arg(&vocab).arg(&out);
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        unsafe { b.launch(cfg) }.w()?;
+        let out = Storage::Cuda(CudaStorage::wrap_cuda_slice(out, dev));
+        Tensor::from_storage(out, rows, BackpropOp::none(), false).to_vec1::<u32>()
+    }
+}
