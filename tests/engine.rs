@@ -319,3 +319,163 @@ fn tensor_kv_fallback_matches_the_cpu_kernel() {
         "tensor KV path differs from the host kernel by {d}"
     );
 }
+
+/// The devices' path picks a row's argmax before the logits come back,
+/// where the flags say it suffices; the other rows come back whole. Run on
+/// the CPU: the picks must be the host's argmax of the same rows.
+#[test]
+fn rows_picked_on_the_device_are_the_hosts_argmax() {
+    use wick::engine::model_runner::{LogitRow, ModelRunner};
+
+    let loaded = common::load_default(WeightFormat::Native);
+    let tok = &loaded.tokenizer;
+    let prompts: Vec<Vec<u32>> = PROMPTS[..3]
+        .iter()
+        .map(|p| tok.encode(p).unwrap())
+        .collect();
+    let runner = |device_path: bool| {
+        let model = common::load_default(WeightFormat::Native).model;
+        let info = model.info();
+        let layout = KvLayout {
+            num_layers: info.num_layers,
+            num_kv_heads: info.num_kv_heads,
+            head_dim: info.head_dim,
+            block_size: 16,
+            num_blocks: 8,
+            dtype: info.kv_dtype,
+        };
+        let cache = KvCache::new(layout, &Device::Cpu, device_path).unwrap();
+        ModelRunner::new(model, cache, device_path)
+    };
+    let mut blocks = BlockManager::new(8, 16);
+    let mut batch = FlatBatch::default();
+    for p in &prompts {
+        let mut table = Vec::new();
+        assert!(blocks.grow(&mut table, p.len()));
+        // The second prompt's every row, as prompt scoring asks.
+        let rows = match batch.seqs.len() {
+            1 => LogitRows::All,
+            _ => LogitRows::Last,
+        };
+        batch.push(p, 0..p.len(), table, rows);
+    }
+    let n = batch.logit_rows().len();
+    let mut flags = vec![true; n];
+    flags[1] = false;
+    let (host, _) = runner(false).run(&batch, &flags).unwrap();
+    assert!(
+        host.iter().all(|r| matches!(r, LogitRow::Logits(_))),
+        "the CPU's own path"
+    );
+    let (whole, _) = runner(true).run(&batch, &vec![false; n]).unwrap();
+    for flags in [flags, vec![true; n]] {
+        let (picked, _) = runner(true).run(&batch, &flags).unwrap();
+        assert_eq!(picked.len(), n);
+        for (r, (got, want)) in picked.iter().zip(&whole).enumerate() {
+            match (flags[r], got) {
+                (true, LogitRow::Argmax(id)) => assert_eq!(*id, want.argmax(), "row {r}"),
+                (false, LogitRow::Logits(row)) => {
+                    let LogitRow::Logits(want) = want else {
+                        unreachable!()
+                    };
+                    assert!(max_rel_diff(want, row) < 1e-3, "row {r}");
+                }
+                (flag, got) => panic!("row {r}: flag {flag}, got {got:?}"),
+            }
+        }
+    }
+}
+
+/// On the devices' path, a batch whose greedy rows are picked on the
+/// device samples exactly what the same batch does with every row brought
+/// back whole (each request also asking for logprobs, which needs the row):
+/// plain and drafting greedy rows beside rows that need their logits
+/// (sampled, with logprobs, penalties, a min_tokens mask, prompt scores).
+#[test]
+fn greedy_rows_picked_on_the_device_sample_as_whole_rows_do() {
+    let cfg = EngineConfig {
+        force_device_path: true,
+        speculation: Some(Default::default()),
+        ..Default::default()
+    };
+    let greedy = SamplingParams {
+        max_tokens: 12,
+        temperature: 0.0,
+        ..Default::default()
+    };
+    let variants = [
+        greedy.clone(),
+        SamplingParams {
+            logprobs: Some(2),
+            ..greedy.clone()
+        },
+        SamplingParams {
+            presence_penalty: 1.5,
+            ..greedy.clone()
+        },
+        SamplingParams {
+            min_tokens: 12,
+            ..greedy.clone()
+        },
+        SamplingParams {
+            prompt_logprobs: Some(1),
+            ..greedy.clone()
+        },
+        params(1),
+    ];
+    let (mut picking, tok) = common::engine(&cfg);
+    let copy = "Repeat: the cat sat on the mat, the cat sat on the mat, the cat sat on";
+    let reqs: Vec<(Vec<u32>, SamplingParams)> = variants
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (tok.encode(PROMPTS[i]).unwrap(), p.clone()))
+        .chain([(tok.encode(copy).unwrap(), greedy.clone())])
+        .collect();
+    let whole_rows: Vec<_> = reqs
+        .iter()
+        .map(|(p, s)| {
+            let s = SamplingParams {
+                logprobs: s.logprobs.or(Some(0)),
+                ..s.clone()
+            };
+            (p.clone(), s)
+        })
+        .collect();
+    type Tokens = Vec<(u32, Option<f32>)>;
+    let run = |engine: &mut Engine, reqs: &[(Vec<u32>, SamplingParams)]| {
+        let ids: Vec<SeqId> = reqs
+            .iter()
+            .map(|(p, s)| engine.add_request(p.clone(), s.clone()).unwrap())
+            .collect();
+        let mut out: HashMap<SeqId, (Tokens, Vec<f32>)> = HashMap::new();
+        while engine.has_work() {
+            for ev in engine.step() {
+                let o = out.entry(ev.seq).or_default();
+                o.0.extend(ev.token.map(|t| (t.id, t.logprob)));
+                o.1.extend(ev.prompt_logprobs.iter().filter_map(|t| t.logprob));
+            }
+        }
+        (
+            ids.iter()
+                .map(|id| out.remove(id).unwrap())
+                .collect::<Vec<_>>(),
+            engine.stats().drafts,
+        )
+    };
+    let (got, drafts) = run(&mut picking, &reqs);
+    let (want, _) = run(&mut common::engine(&cfg).0, &whole_rows);
+    for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+        let ids = |t: &Tokens| t.iter().map(|t| t.0).collect::<Vec<_>>();
+        assert_eq!(ids(&w.0), ids(&g.0), "request {i}: tokens");
+        if reqs[i].1.logprobs.is_some() {
+            assert_eq!(w.0, g.0, "request {i}: logprobs");
+        }
+        assert_eq!(w.1, g.1, "request {i}: prompt scores");
+    }
+    assert!(
+        got[0].0.iter().all(|t| t.1.is_none()),
+        "picked: no logprobs"
+    );
+    assert!(got[4].1.len() > 1, "the prompt scored");
+    assert!(drafts.drafted > 0, "the copy drafted");
+}

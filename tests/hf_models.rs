@@ -189,7 +189,7 @@ fn window_pool_run(force_tensor_kv: bool) {
         max_num_seqs: 2,
         max_num_batched_tokens: chunk,
         kv_cache_bytes: 4 << 20,
-        force_tensor_kv,
+        force_device_path: force_tensor_kv,
         ..Default::default()
     };
     let mut engine = Engine::new(loaded.model, loaded.tokenizer.eos_ids().to_vec(), &cfg).unwrap();

@@ -137,7 +137,7 @@ fn multi_turn_chat_reuses_earlier_turns() {
     for (kv_dtype, force_tensor_kv) in [(None, false), (Some(KvDtype::Int8), false), (None, true)] {
         let cfg = EngineConfig {
             kv_dtype,
-            force_tensor_kv,
+            force_device_path: force_tensor_kv,
             ..Default::default()
         };
         // The conversation grows by the model's own (greedy) answers, which

@@ -267,7 +267,7 @@ impl EngineArgs {
             max_num_batched_tokens: self.max_num_batched_tokens,
             max_step_slowdown: self.max_step_slowdown,
             kv_dtype: self.kv_cache_dtype,
-            force_tensor_kv: false,
+            force_device_path: false,
             prefix_caching: !self.no_prefix_caching,
             speculation: (self.speculative == SpecMethod::Ngram).then_some(Speculation {
                 max_draft: self.num_speculative_tokens,

@@ -35,7 +35,7 @@ pub struct Drafter {
 impl Drafter {
     pub fn new(model: Box<dyn Model>, cache: KvCache, blocks: BlockManager) -> Self {
         Drafter {
-            runner: ModelRunner::new(model, cache),
+            runner: ModelRunner::new(model, cache, false),
             blocks,
             seqs: HashMap::new(),
         }
@@ -101,7 +101,8 @@ impl Drafter {
                     }
                 }
             }
-            let logits = match self.runner.run(&batch) {
+            let picks = vec![true; batch.logit_rows().len()];
+            let logits = match self.runner.run(&batch, &picks) {
                 Ok((logits, _)) => logits,
                 Err(e) => {
                     tracing::warn!("draft model step failed, drafting nothing: {e}");
@@ -122,7 +123,7 @@ impl Drafter {
                 }
                 state.cached = seq.len() + j;
                 if let Some(row) = logits.next() {
-                    proposals[r].push(argmax(row));
+                    proposals[r].push(row.argmax());
                 }
             }
         }
@@ -150,15 +151,4 @@ impl Drafter {
 fn drop_draft(seq: &mut Sequence) {
     seq.chunk -= seq.draft.len();
     seq.draft.clear();
-}
-
-/// The first of the largest: the target's greedy rule.
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in row.iter().enumerate() {
-        if x > row[best] {
-            best = i;
-        }
-    }
-    best as u32
 }

@@ -25,7 +25,7 @@ use rayon::prelude::*;
 use crate::engine::block_manager::BlockManager;
 use crate::engine::drafter::Drafter;
 use crate::engine::kv_cache::{KvCache, KvDtype, KvLayout};
-use crate::engine::model_runner::ModelRunner;
+use crate::engine::model_runner::{LogitRow, ModelRunner};
 use crate::engine::pooling::{Pool, Pooling};
 use crate::engine::scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
 use crate::engine::sequence::{FinishReason, SeqId, Sequence, StepEvent};
@@ -59,9 +59,10 @@ pub struct EngineConfig {
     pub max_step_slowdown: f64,
     /// How K/V are stored; `None` takes the model's choice.
     pub kv_dtype: Option<KvDtype>,
-    /// Use the candle-tensor KV pool and attention even on the CPU (tests the
-    /// path other devices take).
-    pub force_tensor_kv: bool,
+    /// Take the path other devices take even on the CPU (to test it): the
+    /// candle-tensor KV pool and attention, and greedy rows' argmax picked
+    /// before the logits come back.
+    pub force_device_path: bool,
     /// Reuse cached K/V of prompt prefixes seen before (vLLM's automatic
     /// prefix caching).
     pub prefix_caching: bool,
@@ -79,7 +80,7 @@ impl Default for EngineConfig {
             max_num_batched_tokens: 512,
             max_step_slowdown: step_budget::DEFAULT_MAX_STEP_SLOWDOWN,
             kv_dtype: None,
-            force_tensor_kv: false,
+            force_device_path: false,
             prefix_caching: true,
             speculation: None,
         }
@@ -224,7 +225,7 @@ impl Engine {
         };
         let (cache, scheduler) = match info.sliding_window {
             None => (
-                KvCache::new(layout, model.device(), cfg.force_tensor_kv)?,
+                KvCache::new(layout, model.device(), cfg.force_device_path)?,
                 Scheduler::new(
                     scheduler_cfg,
                     BlockManager::new(layout.num_blocks, cfg.block_size)
@@ -256,7 +257,7 @@ impl Engine {
                     &info.window_layers,
                     window_blocks,
                     model.device(),
-                    cfg.force_tensor_kv,
+                    cfg.force_device_path,
                 )?;
                 let scheduler = Scheduler::new(
                     scheduler_cfg,
@@ -325,7 +326,7 @@ impl Engine {
             false => scheduler,
         };
         Ok(Engine {
-            runner: ModelRunner::new(model, cache),
+            runner: ModelRunner::new(model, cache, cfg.force_device_path),
             scheduler,
             drafter: None,
             eos_ids,
@@ -506,6 +507,11 @@ impl Engine {
         if batch.tokens.is_empty() {
             return Vec::new();
         }
+        let argmax: Vec<bool> = self
+            .scheduler
+            .scheduled()
+            .flat_map(|s| std::iter::repeat_n(s.argmax_suffices(), s.num_logit_rows()))
+            .collect();
         // Inside the rayon pool, the kernels' parallel calls are cheap forks
         // rather than a cross-thread hand-off each. Grammar masks for the
         // rows about to sample are computed alongside the forward.
@@ -518,7 +524,7 @@ impl Engine {
         let ((result, took), masks) = rayon::join(
             || {
                 let start = Instant::now();
-                let result = catch_unwind(AssertUnwindSafe(|| runner.run(&batch)));
+                let result = catch_unwind(AssertUnwindSafe(|| runner.run(&batch, &argmax)));
                 (result, start.elapsed())
             },
             || grammar_masks(&mut constrained),
@@ -592,18 +598,14 @@ impl Engine {
     /// apart, with the error.
     fn sample(
         &mut self,
-        logits: Vec<Vec<f32>>,
+        logits: Vec<LogitRow>,
         mut masks: Vec<(SeqId, anyhow::Result<TokenMask>)>,
     ) -> (Vec<(SeqId, SampledToken)>, Vec<Failure>) {
         let mut rows = logits.into_iter();
-        let mut targets: Vec<(&mut Sequence, Vec<Vec<f32>>)> = Vec::new();
+        let mut targets: Vec<(&mut Sequence, Vec<LogitRow>)> = Vec::new();
         for seq in self.scheduler.scheduled_mut() {
             let wanted = seq.logit_rows();
-            let mut mine: Vec<Vec<f32>> = match wanted {
-                LogitRows::None => Vec::new(),
-                LogitRows::Last => rows.by_ref().take(1).collect(),
-                LogitRows::All => rows.by_ref().take(seq.chunk).collect(),
-            };
+            let mut mine: Vec<LogitRow> = rows.by_ref().take(seq.num_logit_rows()).collect();
             if !seq.draft.is_empty() {
                 targets.push((seq, mine));
                 continue;
@@ -667,9 +669,14 @@ type Failure = (SeqId, String);
 /// it has one, and advances the grammar past it.
 fn sample_one(
     seq: &mut Sequence,
-    row: &mut [f32],
+    row: &mut LogitRow,
     mask: Option<anyhow::Result<TokenMask>>,
 ) -> std::result::Result<SampledToken, String> {
+    let row = match row {
+        LogitRow::Logits(row) => row,
+        // A row picked on the device has no grammar (`argmax_suffices`).
+        LogitRow::Argmax(id) => return Ok(SampledToken::plain(*id)),
+    };
     let grammar_error = |e: anyhow::Error| format!("the output grammar failed: {e:#}");
     if let Some(mask) = mask {
         mask.map_err(grammar_error)?.apply(row);
@@ -696,7 +703,7 @@ fn sample_one(
 /// drafted tokens kept and the first sampled past them, which is pending
 /// next. The row's own token and the drafts kept are now in the cache.
 /// Drafted rows carry no grammar ([`Sequence::may_draft`]).
-fn verify_draft(seq: &mut Sequence, rows: &mut [Vec<f32>]) -> Vec<SampledToken> {
+fn verify_draft(seq: &mut Sequence, rows: &mut [LogitRow]) -> Vec<SampledToken> {
     let Sequence {
         sampler,
         tokens,
@@ -709,7 +716,10 @@ fn verify_draft(seq: &mut Sequence, rows: &mut [Vec<f32>]) -> Vec<SampledToken> 
     let mut output = output.to_vec();
     let mut kept = Vec::with_capacity(rows.len());
     for (i, row) in rows.iter_mut().enumerate() {
-        let token = sampler.sample(row, prompt, &output);
+        let token = match row {
+            LogitRow::Logits(row) => sampler.sample(row, prompt, &output),
+            LogitRow::Argmax(id) => SampledToken::plain(*id),
+        };
         let holds = draft.get(i) == Some(&token.id);
         output.push(token.id);
         kept.push(token);
@@ -734,7 +744,7 @@ fn grammar_masks(seqs: &mut [&mut Sequence]) -> Vec<(SeqId, anyhow::Result<Token
 
 /// Scores the prompt tokens that `rows` (logits at positions `first..`)
 /// predict and `seq` is still owed, in parallel over the rows.
-fn score_prompt(seq: &mut Sequence, first: usize, rows: &[Vec<f32>]) {
+fn score_prompt(seq: &mut Sequence, first: usize, rows: &[LogitRow]) {
     let Some(n) = seq.params.prompt_logprobs else {
         return;
     };
@@ -749,7 +759,11 @@ fn score_prompt(seq: &mut Sequence, first: usize, rows: &[Vec<f32>]) {
     let prompt = &seq.tokens[..seq.prompt_len];
     let scored: Vec<SampledToken> = (from..to)
         .into_par_iter()
-        .map(|t| score_token(&rows[t - 1 - first], prompt[t], n))
+        .map(|t| match &rows[t - 1 - first] {
+            LogitRow::Logits(row) => score_token(row, prompt[t], n),
+            // Never: a scoring row comes back whole (`argmax_suffices`).
+            LogitRow::Argmax(_) => SampledToken::plain(prompt[t]),
+        })
         .collect();
     seq.prompt_logprobs.extend(scored);
 }

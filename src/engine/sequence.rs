@@ -213,6 +213,24 @@ impl Sequence {
         }
     }
 
+    /// How many logits rows this step's chunk has ([`Sequence::logit_rows`]).
+    pub fn num_logit_rows(&self) -> usize {
+        match (self.chunk, self.logit_rows()) {
+            (0, _) | (_, LogitRows::None) => 0,
+            (_, LogitRows::Last) => 1,
+            (chunk, LogitRows::All) => chunk,
+        }
+    }
+
+    /// Whether sampling this step's rows reads nothing of the logits but
+    /// their argmax: plain greedy decoding, no grammar, no prompt scores.
+    pub fn argmax_suffices(&self) -> bool {
+        let scoring = self.params.prompt_logprobs.is_some() && self.output().is_empty();
+        self.params.constraint.is_none()
+            && !scoring
+            && self.sampler.argmax_only(self.output().len())
+    }
+
     /// Whether its decode rows may carry drafts: a grammar's mask depends
     /// on every token before it, and an embedding decodes nothing.
     pub fn may_draft(&self) -> bool {
