@@ -33,6 +33,16 @@ fn gpu() -> Option<Device> {
     }
 }
 
+/// A new seed every run, printed so that a failure can be replayed.
+fn fresh_seed() -> u64 {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    eprintln!("seed {seed}");
+    seed
+}
+
 /// A small LCG: uniform values in [-1, 1).
 struct Lcg(u64);
 
@@ -205,11 +215,7 @@ fn run_case(dev: &Device, case: Case, seed: u64) {
 #[test]
 fn paged_attention_matches_the_host_kernel() {
     let Some(dev) = gpu() else { return };
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    eprintln!("seed {seed}");
+    let seed = fresh_seed();
     let base = Case {
         head_dim: 64,
         num_heads: 8,
@@ -281,11 +287,7 @@ fn paged_attention_matches_the_host_kernel() {
 #[test]
 fn argmax_matches_the_host() {
     let Some(dev) = gpu() else { return };
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    eprintln!("seed {seed}");
+    let seed = fresh_seed();
     let mut rng = Lcg(seed);
     let id =
         |rng: &mut Lcg, vocab: usize| ((rng.next() + 1.0) * 0.5 * vocab as f32) as usize % vocab;

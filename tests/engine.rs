@@ -235,14 +235,9 @@ fn prompt_and_params_are_validated() {
     ));
 }
 
-/// Runs `tokens` through `model` in the given chunk sizes against a fresh
-/// pool, returning the last logits row.
-fn logits_in_chunks(
-    model: &dyn Model,
-    tokens: &[u32],
-    chunks: &[usize],
-    force_tensor: bool,
-) -> Vec<f32> {
+/// A pool of 8 blocks of 16 tokens for `model`, on the host kernel's path
+/// or the devices' (`device_path`).
+fn small_pool(model: &dyn Model, device_path: bool) -> KvCache {
     let info = model.info();
     let layout = KvLayout {
         num_layers: info.num_layers,
@@ -252,7 +247,18 @@ fn logits_in_chunks(
         num_blocks: 8,
         dtype: info.kv_dtype,
     };
-    let mut cache = KvCache::new(layout, &Device::Cpu, force_tensor).unwrap();
+    KvCache::new(layout, &Device::Cpu, device_path).unwrap()
+}
+
+/// Runs `tokens` through `model` in the given chunk sizes against a fresh
+/// pool, returning the last logits row.
+fn logits_in_chunks(
+    model: &dyn Model,
+    tokens: &[u32],
+    chunks: &[usize],
+    force_tensor: bool,
+) -> Vec<f32> {
+    let mut cache = small_pool(model, force_tensor);
     let mut blocks = BlockManager::new(8, 16);
     let mut table = Vec::new();
     let mut pos = 0;
@@ -335,16 +341,7 @@ fn rows_picked_on_the_device_are_the_hosts_argmax() {
         .collect();
     let runner = |device_path: bool| {
         let model = common::load_default(WeightFormat::Native).model;
-        let info = model.info();
-        let layout = KvLayout {
-            num_layers: info.num_layers,
-            num_kv_heads: info.num_kv_heads,
-            head_dim: info.head_dim,
-            block_size: 16,
-            num_blocks: 8,
-            dtype: info.kv_dtype,
-        };
-        let cache = KvCache::new(layout, &Device::Cpu, device_path).unwrap();
+        let cache = small_pool(model.as_ref(), device_path);
         ModelRunner::new(model, cache, device_path)
     };
     let mut blocks = BlockManager::new(8, 16);
