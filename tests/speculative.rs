@@ -381,11 +381,24 @@ async fn served_predictions_report_their_drafts() {
     );
 }
 
-/// `--draft-model`: the default model drafting for itself, the upper bound
-/// on acceptance, keeps the output and nearly every greedy draft.
+/// `--draft-model`: the default model's Q4_1 drafting for its f32 form,
+/// near the upper bound on acceptance, keeps the output and nearly every
+/// greedy draft.
 #[test]
-fn a_draft_model_drafting_for_itself_keeps_the_output() {
-    let (mut plain, tok) = common::engine(&EngineConfig::default());
+fn a_draft_model_drafting_for_its_f32_form_keeps_the_output() {
+    // The default model in f32 (its Q4_1 weights dequantized), drafted for
+    // by its Q4_1 form: nearly the same model, several times cheaper a
+    // token, so the plan keeps drafting (a draft model as dear as the
+    // target would stop once its rounds were timed).
+    let f32_engine = |cfg: &EngineConfig| {
+        let loaded = common::load_default(WeightFormat::F32);
+        let eos = loaded.tokenizer.eos_ids().to_vec();
+        (
+            Engine::new(loaded.model, eos, cfg).unwrap(),
+            loaded.tokenizer,
+        )
+    };
+    let (mut plain, tok) = f32_engine(&EngineConfig::default());
     let draft = common::load_default(WeightFormat::Native).model;
     // Small steps: the copy prompt prefills in chunks, which the draft
     // model caches alongside the target.
@@ -393,7 +406,7 @@ fn a_draft_model_drafting_for_itself_keeps_the_output() {
         max_num_batched_tokens: 16,
         ..EngineConfig::default()
     };
-    let mut spec = common::engine(&chunked)
+    let mut spec = f32_engine(&chunked)
         .0
         .with_draft_model(draft, 64 << 20)
         .unwrap();
@@ -402,7 +415,7 @@ fn a_draft_model_drafting_for_itself_keeps_the_output() {
         (tok.encode(PLAIN[2]).unwrap(), greedy(30)),
     ];
     let (drafted, accepted) = assert_same(&mut plain, &mut spec, &greedy_only);
-    eprintln!("self-drafting, greedy: {accepted} of {drafted} drafted tokens kept");
+    eprintln!("Q4_1 drafting for f32, greedy: {accepted} of {drafted} drafted tokens kept");
     assert!(
         drafted >= 20 && accepted * 10 >= drafted * 9,
         "{accepted} of {drafted}"
@@ -445,8 +458,10 @@ async fn served_with_a_draft_model() {
     use serde_json::json;
 
     let path = common::model_path();
-    let plain = Server::start(&[]);
-    let spec = Server::start(&["--draft-model", path.to_str().unwrap()]);
+    // The f32 form, drafted for by the file's own Q4_1 (the draft model
+    // keeps its file's format): drafts pay, and go on after the first.
+    let plain = Server::start(&["--weights", "f32"]);
+    let spec = Server::start(&["--weights", "f32", "--draft-model", path.to_str().unwrap()]);
     let body = json!({
         "messages": [{"role": "user", "content": "Write a haiku about rivers."}],
         "max_tokens": 24, "temperature": 0,

@@ -295,7 +295,14 @@ impl ModelArgs {
             return Ok(engine);
         };
         let path = crate::load::model_fetch::resolve_model(Some(name))?;
-        let draft = crate::load::loader::load(&path, options, device)
+        // Drafts must be cheap: the draft model keeps its file's own
+        // format whatever --weights makes of the served one (a Q4 file
+        // can draft for its own f32 form).
+        let options = LoadOptions {
+            weights: WeightFormat::Native,
+            ..options.clone()
+        };
+        let draft = crate::load::loader::load(&path, &options, device)
             .map_err(|e| anyhow::anyhow!("loading the draft model {name}: {e:#}"))?;
         let mib = self.engine.kv_cache_memory.unwrap_or(DEFAULT_KV_CACHE_MIB);
         Ok(engine.with_draft_model(draft.model, (mib << 20) / 4)?)
