@@ -26,6 +26,15 @@ struct DraftSeq {
     cached: usize,
 }
 
+/// What one [`Drafter::propose`] ran.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct DraftRun {
+    /// Proposal rounds: forwards of one token a drafting row.
+    pub rounds: usize,
+    /// Whether prompt chunks were cached too.
+    pub prefilled: bool,
+}
+
 pub struct Drafter {
     runner: ModelRunner,
     blocks: BlockManager,
@@ -52,8 +61,9 @@ impl Drafter {
     /// in the first round, alongside the target's prefill, so a prompt
     /// costs the first decode step nothing. A row the draft pool cannot
     /// hold, or a failed forward, leaves its draft empty (and its chunk
-    /// one token).
-    pub fn propose(&mut self, rows: &mut [&mut Sequence]) {
+    /// one token). Returns what it ran, for the plan to learn a round's
+    /// cost.
+    pub fn propose(&mut self, rows: &mut [&mut Sequence]) -> DraftRun {
         let mut active: Vec<usize> = Vec::new();
         for (r, seq) in rows.iter_mut().enumerate() {
             let state = self.seqs.entry(seq.id).or_default();
@@ -73,9 +83,16 @@ impl Drafter {
             }
         }
         let mut proposals: Vec<Vec<u32>> = vec![Vec::new(); rows.len()];
+        let ran = DraftRun {
+            rounds: active
+                .iter()
+                .map(|&r| rows[r].draft.len())
+                .max()
+                .unwrap_or(0),
+            prefilled: active.iter().any(|&r| rows[r].draft.is_empty()),
+        };
         // Prompt chunks run in the first round.
-        let longest = active.iter().map(|&r| rows[r].draft.len().max(1)).max();
-        for j in 0..longest.unwrap_or(0) {
+        for j in 0..ran.rounds.max(usize::from(ran.prefilled)) {
             let run: Vec<usize> = active
                 .iter()
                 .copied()
@@ -110,7 +127,7 @@ impl Drafter {
                         drop_draft(rows[r]);
                     }
                     self.retain(&HashSet::new());
-                    return;
+                    return DraftRun::default();
                 }
             };
             let mut logits = logits.iter();
@@ -132,6 +149,7 @@ impl Drafter {
                 rows[r].draft = std::mem::take(&mut proposals[r]);
             }
         }
+        ran
     }
 
     /// Forgets the sequences not in `running`, freeing their blocks.

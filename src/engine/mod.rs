@@ -500,7 +500,10 @@ impl Engine {
                 })
                 .collect();
             if !rows.is_empty() {
-                drafter.propose(&mut rows);
+                let start = Instant::now();
+                let run = drafter.propose(&mut rows);
+                self.scheduler
+                    .note_drafts(run.rounds, run.prefilled, start.elapsed());
             }
         }
         let batch = ModelRunner::build_batch(self.scheduler.scheduled());

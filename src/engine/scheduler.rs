@@ -34,7 +34,9 @@ use std::time::{Duration, Instant};
 use crate::engine::block_manager::BlockManager;
 use crate::engine::mask_budget::MaskBudget;
 use crate::engine::sequence::{FinishReason, SeqId, Sequence, StepEvent};
-use crate::engine::speculation::{self, DraftTally, Speculation, PRIOR_FIXED_COST_IN_TOKENS};
+use crate::engine::speculation::{
+    self, DraftTally, Offered, Speculation, PRIOR_FIXED_COST_IN_TOKENS, PRIOR_ROUND_COST_IN_TOKENS,
+};
 use crate::engine::state_slots::StateSlots;
 use crate::engine::step_budget::StepBudget;
 use crate::engine::window_blocks::WindowBlocks;
@@ -64,6 +66,9 @@ pub struct FairShare {
 /// chat's `n = 2` without `max_tokens` may each grow to the whole context,
 /// and should not then take turns.
 const MIN_GROUP_SEQS: usize = 4;
+
+/// How much of the past each timed draft-model round leaves.
+const DRAFT_ROUND_DECAY: f64 = 0.8;
 
 impl FairShare {
     /// Half the pool a request.
@@ -167,6 +172,12 @@ pub struct Scheduler {
     drafting: bool,
     /// A draft model proposes for rows that have nothing else to draft.
     model_drafts: bool,
+    /// Seconds a draft model's round has taken, recent rounds weighing
+    /// most; `None` before one was timed.
+    draft_round: Option<f64>,
+    /// What the draft model took of the step being run, which the step's
+    /// cost leaves out.
+    draft_time: Duration,
     drafts: DraftTally,
     /// How long each sequence admitted since the last [`take_queue_waits`]
     /// (`Scheduler::take_queue_waits`) waited for its first admission.
@@ -198,6 +209,8 @@ impl Scheduler {
             spec: None,
             drafting: false,
             model_drafts: false,
+            draft_round: None,
+            draft_time: Duration::ZERO,
             drafts: DraftTally::default(),
             queue_waits: Vec::new(),
             waiting: VecDeque::new(),
@@ -312,6 +325,21 @@ impl Scheduler {
         }
     }
 
+    /// The draft model ran `rounds` proposal rounds in `took`, this step;
+    /// `prefilled` if it also cached prompt chunks, which says nothing of
+    /// a round's cost.
+    pub fn note_drafts(&mut self, rounds: usize, prefilled: bool, took: Duration) {
+        self.draft_time += took;
+        if rounds == 0 || prefilled {
+            return;
+        }
+        let round = took.as_secs_f64() / rounds as f64;
+        self.draft_round = Some(match self.draft_round {
+            Some(r) => r * DRAFT_ROUND_DECAY + round * (1.0 - DRAFT_ROUND_DECAY),
+            None => round,
+        });
+    }
+
     /// How long the forward pass just run took.
     pub fn note_forward(&mut self, took: Duration) {
         self.last_forward = took;
@@ -321,6 +349,7 @@ impl Scheduler {
     /// sampled tokens: what the step budget learns its cost model from.
     /// A step that ran nothing or failed teaches nothing.
     pub fn note_step(&mut self, took: Duration) {
+        let took = took.saturating_sub(std::mem::take(&mut self.draft_time));
         let Some(plan) = self.plan.take() else {
             return;
         };
@@ -391,13 +420,14 @@ impl Scheduler {
         // Drafts for those rows, in what the step has left; a drafted
         // token costs the step what a decode row does.
         if self.drafting {
-            let fixed = self
-                .steps
-                .cost()
-                .fixed_in_tokens()
-                .unwrap_or(PRIOR_FIXED_COST_IN_TOKENS);
-            let model = self.model_drafts;
-            decode_rows += draft(&mut self.running, self.spec, model, fixed, decode_room);
+            let cost = self.steps.cost();
+            let fixed = cost.fixed_in_tokens().unwrap_or(PRIOR_FIXED_COST_IN_TOKENS);
+            let round = match (self.draft_round, cost.token_seconds(fixed)) {
+                (Some(secs), Some(per_token)) => secs / per_token,
+                _ => PRIOR_ROUND_COST_IN_TOKENS,
+            };
+            let (spec, model) = (self.spec, self.model_drafts);
+            decode_rows += draft(&mut self.running, spec, model, fixed, round, decode_room);
         }
         // Then prompt chunks, running ones first, within what the step
         // budget allows beside those rows.
@@ -689,13 +719,14 @@ fn release(
 /// Drafts the decode rows' next tokens (from a prediction, by prompt
 /// lookup, or as placeholders for the draft model), as many as
 /// [`speculation::plan`] expects to pay for themselves in a step whose
-/// fixed cost is `fixed` tokens' cost, and at most `room`. Returns the
-/// tokens drafted.
+/// fixed cost is `fixed` tokens' cost, with a draft model's round costing
+/// `round`, and at most `room`. Returns the tokens drafted.
 fn draft(
     running: &mut [Sequence],
     lookup: Option<Speculation>,
     model: bool,
     fixed: f64,
+    round: f64,
     room: usize,
 ) -> usize {
     let spec = lookup.unwrap_or_default();
@@ -716,15 +747,19 @@ fn draft(
         .iter()
         .map(|&i| Offer::of(&running[i], &spec, lookup.is_some(), model))
         .collect();
-    let odds: Vec<(f64, usize)> = rows
+    let odds: Vec<Offered> = rows
         .iter()
         .zip(&offers)
-        .map(|(&i, o)| (running[i].acceptance.p(), o.len()))
+        .map(|(&i, o)| Offered {
+            p: running[i].acceptance.p(),
+            tokens: o.len(),
+            by_model: matches!(o, Offer::Placeholders(_)),
+        })
         .collect();
     let drafts: Vec<(usize, Vec<u32>)> = rows
         .iter()
         .zip(offers)
-        .zip(speculation::plan(&odds, fixed, room))
+        .zip(speculation::plan(&odds, fixed, round, room))
         .filter(|&(_, take)| take > 0)
         .map(|((&i, o), take)| (i, o.take(take)))
         .collect();

@@ -131,6 +131,10 @@ pub const MODEL_DRAFT: u32 = u32::MAX;
 /// as much as four extra rows, as for a small model on two cores.
 pub const PRIOR_FIXED_COST_IN_TOKENS: f64 = 4.0;
 
+/// A draft model's round in token-costs, assumed until one is timed: a
+/// model a few times smaller than the one it drafts for.
+pub const PRIOR_ROUND_COST_IN_TOKENS: f64 = 1.0;
+
 /// How likely a sequence's next drafted token is to hold, given the ones
 /// before it did: kept tokens over kept tokens and misses, recent drafts
 /// weighing most. It starts hopeful, so a sequence's first drafts run.
@@ -164,35 +168,65 @@ impl Acceptance {
     }
 }
 
-/// How many drafted tokens each of a step's decode rows runs. `rows` has,
-/// for every decode row, its [`Acceptance::p`] and how many tokens its
-/// lookup offers; rows that cannot draft offer none. A step costs
+/// What a decode row could draft, as the plan weighs it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Offered {
+    /// Its [`Acceptance::p`].
+    pub p: f64,
+    /// How many tokens its prediction or lookup offers, or placeholders
+    /// for the draft model; none for a row that cannot draft.
+    pub tokens: usize,
+    /// Whether the draft model is to propose them.
+    pub by_model: bool,
+}
+
+/// How many drafted tokens each of a step's decode rows runs. A step costs
 /// `fixed + tokens` token-costs; a row's j-th drafted token is expected to
-/// yield `p^j` tokens. Tokens are taken best first while each raises the
-/// step's expected tokens per cost, and at most `room` in all.
-pub fn plan(rows: &[(f64, usize)], fixed: f64, room: usize) -> Vec<usize> {
+/// yield `p^j` tokens. A draft model proposes one token a round, all rows
+/// at once, and a round costs `round` token-costs: a row's j-th proposal
+/// pays for a round unless another row's already needs j of them. Tokens
+/// are taken best first while each raises the step's expected tokens per
+/// cost, and at most `room` in all.
+pub fn plan(rows: &[Offered], fixed: f64, round: f64, room: usize) -> Vec<usize> {
     let mut take = vec![0; rows.len()];
     let mut gains: Vec<(f64, usize)> = rows
         .iter()
         .enumerate()
-        .flat_map(|(i, &(p, offered))| {
-            (1..=offered).scan(1.0, move |g, _| {
-                *g *= p;
+        .flat_map(|(i, r)| {
+            (1..=r.tokens).scan(1.0, move |g, _| {
+                *g *= r.p;
                 Some((*g, i))
             })
         })
         .collect();
-    // Best first; a row's gains fall with j, so each row takes a prefix.
+    // Best first; a row's gains fall with j, so its tokens come in order,
+    // and a row stops at the first it does not take.
     gains.sort_by(|a, b| b.0.total_cmp(&a.0));
     let (mut yield_, mut cost) = (rows.len() as f64, fixed + rows.len() as f64);
-    for (gain, i) in gains.into_iter().take(room) {
-        // Worth it iff (yield + gain) / (cost + 1) > yield / cost.
-        if gain * cost <= yield_ {
+    let (mut rounds, mut room) = (0, room);
+    let mut stopped = vec![false; rows.len()];
+    for (gain, i) in gains {
+        if room == 0 {
             break;
         }
+        if stopped[i] {
+            continue;
+        }
+        let j = take[i] + 1;
+        let by_model = rows[i].by_model;
+        let price = 1.0 + if by_model && j > rounds { round } else { 0.0 };
+        // Worth it iff (yield + gain) / (cost + price) > yield / cost.
+        if gain * cost <= yield_ * price {
+            stopped[i] = true;
+            continue;
+        }
         yield_ += gain;
-        cost += 1.0;
-        take[i] += 1;
+        cost += price;
+        take[i] = j;
+        room -= 1;
+        if by_model {
+            rounds = rounds.max(j);
+        }
     }
     take
 }
@@ -307,35 +341,79 @@ mod tests {
         assert!((a.p() - 0.8).abs() < 1e-9);
     }
 
+    /// Rows drafting by lookup, `(p, tokens offered)` each.
+    fn by_lookup(rows: &[(f64, usize)]) -> Vec<Offered> {
+        rows.iter()
+            .map(|&(p, tokens)| Offered {
+                p,
+                tokens,
+                by_model: false,
+            })
+            .collect()
+    }
+
     #[test]
     fn a_lone_row_drafts_while_its_tokens_are_likely_to_hold() {
+        let plan = |rows: &[(f64, usize)], room| plan(&by_lookup(rows), 4.0, 0.0, room);
         // fixed cost 4: one row alone yields 1 per 5; a token is worth
         // running while p^j beats the step's tokens per cost.
-        assert_eq!(plan(&[(0.97, 8)], 4.0, 512), vec![8]);
-        assert_eq!(
-            plan(&[(0.9, 8)], 4.0, 512),
-            vec![7],
-            "the eighth yields 0.43"
-        );
-        let some = plan(&[(0.6, 8)], 4.0, 512)[0];
+        assert_eq!(plan(&[(0.97, 8)], 512), vec![8]);
+        assert_eq!(plan(&[(0.9, 8)], 512), vec![7], "the eighth yields 0.43");
+        let some = plan(&[(0.6, 8)], 512)[0];
         assert!((1..8).contains(&some), "{some}");
-        assert_eq!(plan(&[(0.15, 8)], 4.0, 512), vec![0], "below 1/5");
-        assert_eq!(plan(&[(0.9, 3)], 4.0, 512), vec![3], "what lookup offers");
-        assert_eq!(plan(&[(0.9, 8)], 4.0, 5), vec![5], "within the room");
+        assert_eq!(plan(&[(0.15, 8)], 512), vec![0], "below 1/5");
+        assert_eq!(plan(&[(0.9, 3)], 512), vec![3], "what lookup offers");
+        assert_eq!(plan(&[(0.9, 8)], 5), vec![5], "within the room");
     }
 
     #[test]
     fn big_batches_back_off_and_likely_rows_go_first() {
         // 64 rows of a 4-token-fixed-cost model: each row already yields
         // about one per cost, and no draft beats that.
-        let rows = vec![(0.8, 8); 64];
-        assert!(plan(&rows, 4.0, 512).iter().all(|&k| k == 0));
+        let rows = by_lookup(&vec![(0.8, 8); 64]);
+        assert!(plan(&rows, 4.0, 0.0, 512).iter().all(|&k| k == 0));
         // Few rows: the likely one drafts more than the doubtful one.
-        let k = plan(&[(0.9, 8), (0.4, 8), (0.9, 0)], 4.0, 512);
+        let k = plan(&by_lookup(&[(0.9, 8), (0.4, 8), (0.9, 0)]), 4.0, 0.0, 512);
         assert!(k[0] > k[1] && k[2] == 0, "{k:?}");
         // A dearer fixed cost (a GPU, a big model) makes drafts cheaper.
-        let cheap = plan(&[(0.4, 8)], 50.0, 512)[0];
-        assert!(cheap > plan(&[(0.4, 8)], 4.0, 512)[0]);
+        let doubtful = by_lookup(&[(0.4, 8)]);
+        assert!(plan(&doubtful, 50.0, 0.0, 512)[0] > plan(&doubtful, 4.0, 0.0, 512)[0]);
+    }
+
+    #[test]
+    fn a_draft_model_drafts_only_where_its_rounds_pay() {
+        let by_model = |p, tokens| Offered {
+            p,
+            tokens,
+            by_model: true,
+        };
+        // A model as dear as the target (it drafts for itself): a round
+        // costs a whole step, and nothing is worth it even if all holds.
+        assert_eq!(plan(&[by_model(1.0, 8)], 4.0, 5.0, 512), vec![0]);
+        // A tenth of its size: it drafts deep, though less deep than a
+        // lookup that holds as well and costs no rounds.
+        let small = plan(&[by_model(0.9, 8)], 4.0, 0.5, 512)[0];
+        let free = plan(&by_lookup(&[(0.9, 8)]), 4.0, 0.0, 512)[0];
+        assert!((3..free).contains(&small), "{small} against {free}");
+        // Rounds are shared: a doubtful row rides the rounds a sure one
+        // runs anyway, where paying for its own would not be worth it.
+        let sure = |by_model| Offered {
+            p: 1.0,
+            tokens: 8,
+            by_model,
+        };
+        let riding = plan(&[sure(true), by_model(0.5, 8)], 4.0, 1.0, 512);
+        let paying = plan(&[sure(false), by_model(0.5, 8)], 4.0, 1.0, 512);
+        assert!(riding[1] > 0 && paying[1] == 0, "{riding:?} {paying:?}");
+        // A lookup row beside a model row that does not pay drafts as alone.
+        let mixed = plan(
+            &[by_model(0.9, 8), by_lookup(&[(0.9, 8)])[0]],
+            4.0,
+            50.0,
+            512,
+        );
+        assert_eq!(mixed[0], 0);
+        assert!(mixed[1] > 0, "{mixed:?}");
     }
 
     #[test]

@@ -119,6 +119,19 @@ impl CostModel {
         }
     }
 
+    /// Seconds a token's cost, in steps whose fixed cost is `fixed` tokens'
+    /// (measured, or assumed where the steps seen cannot tell): the mean
+    /// step over its mean tokens plus `fixed`, which is `b` where the fit
+    /// measured `a / b` as `fixed`. `None` before any step was timed.
+    pub fn token_seconds(&self, fixed: f64) -> Option<f64> {
+        let s = self.decode.plus(self.mixed);
+        if s.w <= 0.0 {
+            return None;
+        }
+        let (mx, my) = (s.x / s.w, s.y / s.w);
+        (my > 0.0 && my.is_finite()).then(|| my / (fixed + mx))
+    }
+
     /// `(a, b)`: seconds a step, and seconds a token; `None` before any
     /// step took measurable time. `a` is never negative and `b` always
     /// positive: where the fit says otherwise (noise, or steps of one size
@@ -248,6 +261,20 @@ mod tests {
         }
         let r = c.fixed_in_tokens().unwrap();
         assert!(close(r, 2.9 / 0.93), "{r}");
+        let b = c.token_seconds(r).unwrap();
+        assert!(close(b, 0.93e-3), "{b}");
+    }
+
+    #[test]
+    fn a_tokens_cost_follows_the_fixed_cost_assumed() {
+        let mut c = CostModel::default();
+        assert_eq!(c.token_seconds(4.0), None);
+        for _ in 0..5 {
+            c.observe(1, false, ms(2.9, 0.93, 1));
+        }
+        // One-token steps of 3.83 ms, of which 4 parts in 5 are fixed.
+        let b = c.token_seconds(4.0).unwrap();
+        assert!(close(b, 3.83e-3 / 5.0), "{b}");
     }
 
     #[test]
