@@ -15,12 +15,34 @@ Other shapes, by --arch:
   FFN, a 512-token sliding window on five layers of six, rope base 1e6
   (global layers) and 1e4 (local ones). Its norms are stored as 1 + w, as
   llama.cpp's converter writes them, so ones here too.
+- qwen35: Qwen3.5-0.8B's text shape (GGUF arch `qwen35`): hidden 1024, 24
+  layers, every 4th gated full attention (8 query heads of 256, each with
+  its output gate, over 2 KV heads; q/k norms; RoPE on a quarter of each
+  head, base 1e7, interleaved sections 11/11/10), the other 18 gated
+  DeltaNet linear attention (16 key heads of 128 and 16 value heads of
+  128, a 4-tap causal conv, a z-gated RMSNorm), FFN 3584 (SwiGLU), context
+  262144. Not written here but by llama.cpp's own converter: transformers
+  (5.x, with qwen3_5) makes a random Qwen3_5ForCausalLM of that shape,
+  its initialisation as for the tiny test fixture (linear and conv weights
+  N(0, 0.02), the 1 + w norms at 1, dt_bias 1, A_log = log U(0.01, 16)),
+  and `convert_hf_to_gguf.py --no-mtp --outtype f16` from the llama.cpp
+  source given by --llama-cpp converts it, its vocabulary step replaced by
+  a copy of --tokenizer-from's tokenizer keys. llama.cpp checks the
+  hidden size and layer count (24 layers at 1024 is its "0.8B"); the head
+  counts and sizes, FFN width, rope base and sections are Qwen3.5-0.8B's
+  published config.json as recalled, not checked against the file here;
+  the vocabulary is the default model's 49152, not Qwen's 248320, so the
+  embedding is a fifth of the real one's. Needs torch and transformers
+  and about 3 GB of disk in the temporary directory.
 
 The output matrix is always tied to the embeddings.
 
     pip install gguf==0.17.1 numpy
     python3 scripts/make_random_gguf.py --tokenizer-from SmolLM2-135M-Instruct.Q4_1.gguf \
         --out /tmp/llama1b-F16.gguf [--arch ARCH] [--llama-quantize PATH --types Q4_K_M,Q4_0]
+    # qwen35 also needs llama.cpp's source (convert_hf_to_gguf.py and gguf-py):
+    python3 scripts/make_random_gguf.py --arch qwen35 --llama-cpp LLAMA_CPP_SRC \
+        --tokenizer-from SmolLM2-135M-Instruct.Q4_1.gguf --out /tmp/qwen35-F16.gguf ...
 
 The weights are N(0, 0.02) in f16 (norms are 1), so the model says nothing
 useful; only its shape and block types matter. With --llama-quantize each
@@ -31,6 +53,8 @@ it (e.g. /tmp/llama1b-Q4_K_M.gguf).
 import argparse
 import os
 import subprocess
+import sys
+import tempfile
 
 import gguf
 import numpy as np
@@ -51,6 +75,43 @@ ROPE = {
 }
 PHI3_ORIGINAL_CONTEXT = 4096
 GEMMA3_WINDOW = 512
+# Qwen3.5-0.8B's text config, as Qwen3_5TextConfig takes it.
+QWEN35 = dict(
+    hidden_size=1024,
+    num_hidden_layers=24,
+    intermediate_size=3584,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=256,
+    full_attention_interval=4,
+    linear_conv_kernel_dim=4,
+    linear_num_key_heads=16,
+    linear_key_head_dim=128,
+    linear_num_value_heads=16,
+    linear_value_head_dim=128,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=262144,
+    tie_word_embeddings=True,
+    initializer_range=0.02,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+                     "mrope_section": [11, 11, 10], "mrope_interleaved": True},
+)
+# Run in a child python, so that the converter's own gguf-py (which knows
+# qwen35) is the one imported; it calls copy_tokenizer below in place of
+# the converter's vocabulary step.
+CONVERT_QWEN35 = """
+import sys
+llama_cpp, here, hf_dir, out, tokenizer_from = sys.argv[1:6]
+sys.path[:0] = [llama_cpp, llama_cpp + "/gguf-py", here]
+import convert_hf_to_gguf
+from conversion import qwen
+import make_random_gguf
+
+qwen.Qwen3_5TextModel.set_vocab = lambda self: make_random_gguf.copy_tokenizer(self.gguf_writer, tokenizer_from)
+sys.argv = ["convert_hf_to_gguf.py", hf_dir, "--outfile", out, "--outtype", "f16", "--no-mtp",
+            "--model-name", "random-qwen35"]
+convert_hf_to_gguf.main()
+"""
 
 
 def main() -> None:
@@ -60,8 +121,20 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--llama-quantize", help="llama.cpp's llama-quantize, to make --types")
     ap.add_argument("--types", default="Q4_K_M,Q4_0")
-    ap.add_argument("--arch", choices=sorted(SHAPES), default="llama")
+    ap.add_argument("--arch", choices=sorted([*SHAPES, "qwen35"]), default="llama")
+    ap.add_argument("--llama-cpp", help="llama.cpp's source (convert_hf_to_gguf.py, gguf-py); --arch qwen35 only")
     args = ap.parse_args()
+    if args.arch == "qwen35":
+        write_qwen35(args)
+    else:
+        write_direct(args)
+    print(f"wrote {args.out}")
+    if args.llama_quantize:
+        quantize(args)
+
+
+def write_direct(args) -> None:
+    """Writes the GGUF tensor by tensor (every --arch but qwen35)."""
     hidden, layers, heads, kv_heads, head_dim, ffn = SHAPES[args.arch]
     rope_dims, rope_base, eps, context = ROPE[args.arch]
 
@@ -137,16 +210,45 @@ def main() -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file(progress=False)
     w.close()
-    print(f"wrote {args.out}")
 
-    if args.llama_quantize:
-        env = dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(args.llama_quantize))
-        for t in args.types.split(","):
-            out = args.out.replace("F16", t) if "F16" in args.out else f"{args.out}.{t}.gguf"
-            done = subprocess.run([args.llama_quantize, args.out, out, t], env=env, capture_output=True, text=True)
-            if done.returncode != 0:
-                raise SystemExit(f"llama-quantize {t} failed:\n{done.stderr}")
-            print(f"wrote {out}")
+
+def write_qwen35(args) -> None:
+    """A random Qwen3.5 checkpoint by transformers, converted by llama.cpp."""
+    if not args.llama_cpp:
+        raise SystemExit("--arch qwen35 needs --llama-cpp (llama.cpp's source, with convert_hf_to_gguf.py)")
+    import torch
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    vocab = len(gguf.GGUFReader(args.tokenizer_from).fields["tokenizer.ggml.tokens"].data)
+    torch.manual_seed(args.seed)
+    config = Qwen3_5TextConfig(vocab_size=vocab, **QWEN35)
+    model = Qwen3_5ForCausalLM(config)
+    with tempfile.TemporaryDirectory() as hf_dir:
+        model.save_pretrained(hf_dir)
+        del model
+        here = os.path.dirname(os.path.abspath(__file__))
+        done = subprocess.run([sys.executable, "-c", CONVERT_QWEN35, args.llama_cpp, here, hf_dir, args.out,
+                               args.tokenizer_from])
+        if done.returncode != 0:
+            raise SystemExit("convert_hf_to_gguf.py failed")
+
+
+def quantize(args) -> None:
+    """Writes each of --types beside the f16 file with llama-quantize."""
+    env = dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(args.llama_quantize))
+    for t in args.types.split(","):
+        out = args.out.replace("F16", t) if "F16" in args.out else f"{args.out}.{t}.gguf"
+        done = subprocess.run([args.llama_quantize, args.out, out, t], env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"llama-quantize {t} failed:\n{done.stderr}")
+        print(f"wrote {out}")
+
+
+def copy_tokenizer(w: "gguf.GGUFWriter", path: str) -> None:
+    """Copies every tokenizer.* key of the GGUF at path."""
+    for name, field in gguf.GGUFReader(path).fields.items():
+        if name.startswith("tokenizer."):
+            copy_field(w, name, field)
 
 
 def copy_field(w: "gguf.GGUFWriter", name: str, field) -> None:
