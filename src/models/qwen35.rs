@@ -51,6 +51,7 @@ use super::{hidden_states, FlatBatch, Model, ModelInfo, Output, SeqSlice, StepMe
 use crate::attention::{paged_attention, AttnDims};
 use crate::engine::kv_cache::{KvCache, KvDtype};
 use crate::engine::state_slots::StateStore;
+use crate::vec_math::fast_exp;
 
 /// A layer's token mixer, as `layer_types` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -406,9 +407,12 @@ pub struct Qwen35 {
     states: Mutex<StateStore>,
 }
 
-/// `x * sigmoid(x)`.
+/// `x * sigmoid(x)`, branch-free over [`fast_exp`] so that a pass over
+/// a row vectorizes: `e^-|x|` is never above 1, and `x < 0` scales by it.
 fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+    let e = fast_exp(-x.abs());
+    let up = if x >= 0.0 { 1.0 } else { e };
+    x * up / (1.0 + e)
 }
 
 /// torch's softplus (beta 1, linear past 20).
@@ -495,68 +499,90 @@ impl LinearAttention {
 
     /// One sequence's new rows (`rows`, `width` each) through the conv and
     /// the delta rule from `state`, which they leave as the next step's;
-    /// the gated-norm outputs go to `out`.
+    /// the gated-norm outputs go to `out`. The conv runs token by token;
+    /// then each value head runs its own recurrence over the tokens, the
+    /// heads in parallel, since they share nothing but their inputs: one
+    /// sequence (a lone stream, a long prompt) spreads over the cores.
     fn run(&self, rows: &[f32], width: usize, state: &mut [f32], out: &mut [f32], c: &Config) {
         let (k_taps, conv_dim) = (c.conv_kernel, c.conv_dim());
         let (kw, vw) = (c.key_width(), c.value_width());
         let (dk, dv, nv) = (c.linear_k_dim, c.linear_v_dim, c.linear_v_heads);
-        let eps = c.rms_norm_eps as f32;
+        let t = rows.len() / width;
         let (conv_state, s_all) = state.split_at_mut((k_taps - 1) * conv_dim);
-        let mut mixed = vec![0f32; conv_dim];
-        let mut kv_mem = vec![0f32; dv];
-        for (row, out) in rows.chunks_exact(width).zip(out.chunks_exact_mut(vw)) {
-            let (x, rest) = row.split_at(conv_dim);
-            let (z, rest) = rest.split_at(vw);
-            let (b, a) = rest.split_at(nv);
-            // The causal conv over the last kernel - 1 inputs and this one.
-            for (ch, m) in mixed.iter_mut().enumerate() {
+        // Each row's q and k (l2-normed) and v: the causal conv over the
+        // last kernel - 1 inputs and this one.
+        let mut mixed = vec![0f32; t * conv_dim];
+        let q_scale = 1.0 / (dk as f32).sqrt();
+        for (row, m) in rows
+            .chunks_exact(width)
+            .zip(mixed.chunks_exact_mut(conv_dim))
+        {
+            let x = &row[..conv_dim];
+            for (ch, m) in m.iter_mut().enumerate() {
                 let w = &self.conv[ch * k_taps..(ch + 1) * k_taps];
                 let mut acc = w[k_taps - 1] * x[ch];
                 for (j, wj) in w[..k_taps - 1].iter().enumerate() {
                     acc += wj * conv_state[j * conv_dim + ch];
                 }
-                *m = silu(acc);
+                *m = acc;
             }
+            m.iter_mut().for_each(|v| *v = silu(*v));
             if k_taps > 1 {
                 conv_state.copy_within(conv_dim.., 0);
                 conv_state[(k_taps - 2) * conv_dim..].copy_from_slice(x);
             }
-            let (q, kv) = mixed.split_at_mut(kw);
-            let (k, v) = kv.split_at_mut(kw);
-            let q_scale = 1.0 / (dk as f32).sqrt();
+            let (q, k) = m[..2 * kw].split_at_mut(kw);
             for (qh, kh) in q.chunks_exact_mut(dk).zip(k.chunks_exact_mut(dk)) {
                 l2_normalize(qh, q_scale);
                 l2_normalize(kh, 1.0);
             }
-            for h in 0..nv {
+        }
+        let eps = c.rms_norm_eps as f32;
+        let heads: Vec<Vec<f32>> = s_all
+            .par_chunks_mut(dk * dv)
+            .take(nv)
+            .enumerate()
+            .map(|(h, s)| {
                 let g = c.key_head_of(h);
-                let (qh, kh) = (&q[g * dk..(g + 1) * dk], &k[g * dk..(g + 1) * dk]);
-                let vh = &v[h * dv..(h + 1) * dv];
-                let s = &mut s_all[h * dk * dv..(h + 1) * dk * dv];
-                let decay = (self.neg_a[h] * softplus(a[h] + self.dt_bias[h])).exp();
-                let beta = 1.0 / (1.0 + (-b[h]).exp());
-                s.iter_mut().for_each(|e| *e *= decay);
-                kv_mem.fill(0.0);
-                for (srow, &ki) in s.chunks_exact(dv).zip(kh) {
-                    kv_mem.iter_mut().zip(srow).for_each(|(m, &e)| *m += e * ki);
-                }
-                // kv_mem becomes the update: beta (v - S^T k).
-                kv_mem
-                    .iter_mut()
-                    .zip(vh)
-                    .for_each(|(m, &vj)| *m = (vj - *m) * beta);
-                let o = &mut out[h * dv..(h + 1) * dv];
-                for (srow, (&ki, &qi)) in s.chunks_exact_mut(dv).zip(kh.iter().zip(qh)) {
-                    for ((e, &d), o) in srow.iter_mut().zip(&kv_mem).zip(o.iter_mut()) {
-                        *e += ki * d;
-                        *o += *e * qi;
+                let mut outs = vec![0f32; t * dv];
+                let mut kv_mem = vec![0f32; dv];
+                let tokens = rows.chunks_exact(width).zip(mixed.chunks_exact(conv_dim));
+                for ((row, m), o) in tokens.zip(outs.chunks_exact_mut(dv)) {
+                    let qh = &m[g * dk..(g + 1) * dk];
+                    let kh = &m[kw + g * dk..kw + (g + 1) * dk];
+                    let vh = &m[2 * kw + h * dv..2 * kw + (h + 1) * dv];
+                    let z = &row[conv_dim + h * dv..conv_dim + (h + 1) * dv];
+                    let (b, a) = (row[conv_dim + vw + h], row[conv_dim + vw + nv + h]);
+                    let decay = (self.neg_a[h] * softplus(a + self.dt_bias[h])).exp();
+                    let beta = 1.0 / (1.0 + (-b).exp());
+                    s.iter_mut().for_each(|e| *e *= decay);
+                    kv_mem.fill(0.0);
+                    for (srow, &ki) in s.chunks_exact(dv).zip(kh) {
+                        kv_mem.iter_mut().zip(srow).for_each(|(m, &e)| *m += e * ki);
+                    }
+                    // kv_mem becomes the update: beta (v - S^T k).
+                    kv_mem
+                        .iter_mut()
+                        .zip(vh)
+                        .for_each(|(m, &vj)| *m = (vj - *m) * beta);
+                    for (srow, (&ki, &qi)) in s.chunks_exact_mut(dv).zip(kh.iter().zip(qh)) {
+                        for ((e, &d), o) in srow.iter_mut().zip(&kv_mem).zip(o.iter_mut()) {
+                            *e += ki * d;
+                            *o += *e * qi;
+                        }
+                    }
+                    // The RMSNorm gated by silu(z).
+                    let inv = 1.0 / (o.iter().map(|x| x * x).sum::<f32>() / dv as f32 + eps).sqrt();
+                    for ((o, &w), &zj) in o.iter_mut().zip(&self.norm).zip(z) {
+                        *o = *o * inv * w * silu(zj);
                     }
                 }
-                // The RMSNorm gated by silu(z).
-                let inv = 1.0 / (o.iter().map(|x| x * x).sum::<f32>() / dv as f32 + eps).sqrt();
-                for ((o, &w), &zj) in o.iter_mut().zip(&self.norm).zip(&z[h * dv..(h + 1) * dv]) {
-                    *o = *o * inv * w * silu(zj);
-                }
+                outs
+            })
+            .collect();
+        for (h, outs) in heads.iter().enumerate() {
+            for (row, o) in out.chunks_exact_mut(vw).zip(outs.chunks_exact(dv)) {
+                row[h * dv..(h + 1) * dv].copy_from_slice(o);
             }
         }
     }
