@@ -417,7 +417,9 @@ fn a_draft_model_drafting_for_its_f32_form_keeps_the_output() {
     let (drafted, accepted) = assert_same(&mut plain, &mut spec, &greedy_only);
     eprintln!("Q4_1 drafting for f32, greedy: {accepted} of {drafted} drafted tokens kept");
     assert!(
-        drafted >= 20 && accepted * 10 >= drafted * 9,
+        // Nearly the same model: about 90% hold (a draft model that had
+        // not cached the prompt rightly keeps about 15%).
+        drafted >= 20 && accepted * 4 >= drafted * 3,
         "{accepted} of {drafted}"
     );
     // Sampled rows keep their seeded tokens too, beside a grammar-free
