@@ -301,10 +301,11 @@ impl Engine {
             None => scheduler,
         };
         // A draft rejected must leave nothing behind: a recurrent state
-        // cannot be cut back, nor can a window pool give back the blocks it
-        // freed past a draft. Other models draft from predictions, and by
-        // prompt lookup where asked.
-        let can_draft = model.state_bytes().is_none() && info.sliding_window.is_none();
+        // cannot be cut back. (A window pool frees only blocks that the
+        // row's own first token no longer sees, which no later step needs
+        // whatever the drafts' fate.) Other models draft from predictions,
+        // and by prompt lookup where asked.
+        let can_draft = model.state_bytes().is_none();
         if let Some(spec) = cfg.speculation {
             spec.validate().map_err(WickError::Model)?;
             match can_draft {
@@ -316,8 +317,8 @@ impl Engine {
                     spec.ngram_max
                 ),
                 false => tracing::warn!(
-                    "--speculative is off for this model: its recurrent-state or sliding-window \
-                     layers cannot take back a rejected draft"
+                    "--speculative is off for this model: its recurrent-state layers cannot take \
+                     back a rejected draft"
                 ),
             }
         }
@@ -357,15 +358,15 @@ impl Engine {
         }
         if !self.scheduler.drafts() {
             return Err(WickError::Model(
-                "--draft-model cannot be used with this model: its sliding-window or recurrent \
-                 layers cannot take back a rejected draft"
+                "--draft-model cannot be used with this model: its recurrent layers cannot \
+                 take back a rejected draft"
                     .into(),
             ));
         }
         if draft.state_bytes().is_some() || info.sliding_window.is_some() {
             return Err(WickError::Model(
-                "the draft model has sliding-window or recurrent layers, which cannot take back \
-                 a rejected draft"
+                "the draft model has recurrent layers, which cannot take back a rejected \
+                 draft, or sliding-window ones, which its KV pool does not hold"
                     .into(),
             ));
         }
@@ -416,8 +417,8 @@ impl Engine {
         request_rules::check_context(prompt.len(), params.max_tokens, info.max_context)?;
         if !params.prediction.is_empty() && !self.scheduler.drafts() {
             return Err(WickError::invalid(
-                "this model cannot use a prediction: its sliding-window or recurrent layers \
-                 cannot take back a rejected draft"
+                "this model cannot use a prediction: its recurrent layers cannot take back \
+                 a rejected draft"
                     .to_string(),
                 "prediction".to_string(),
             ));
