@@ -418,7 +418,8 @@ impl Scheduler {
             }
         }
         // Drafts for those rows, in what the step has left; a drafted
-        // token costs the step what a decode row does.
+        // token costs the step what a decode row does, and a draft model's
+        // proposal a round of that model besides.
         if self.drafting {
             let cost = self.steps.cost();
             let fixed = cost.fixed_in_tokens().unwrap_or(PRIOR_FIXED_COST_IN_TOKENS);
