@@ -358,14 +358,24 @@ mod tests {
     /// plain causal attention over each whole sequence. The shapes cover the
     /// host kernel's vector paths and its tails (block or head sizes that are
     /// not a multiple of its 16 lanes), and row blocks of more than 16 rows,
-    /// with f16, f32 and int8 pools.
+    /// with f16, f32 and int8 pools. On 2 threads and on 8, where the
+    /// host kernel cuts the few rows of step 2 (and of step 1's shorter
+    /// shapes) into finer work items.
     #[test]
     fn paged_matches_dense_on_both_storages() {
-        for (block_size, head_dim, lens) in
-            [(4, 16, [11, 6]), (16, 16, [41, 30]), (32, 24, [70, 40])]
-        {
-            for dtype in [KvDtype::F16, KvDtype::F32, KvDtype::Int8] {
-                check_paged_against_dense(block_size, head_dim, lens, dtype, None);
+        for threads in [2, 8] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            for (block_size, head_dim, lens) in
+                [(4, 16, [11, 6]), (16, 16, [41, 30]), (32, 24, [70, 40])]
+            {
+                for dtype in [KvDtype::F16, KvDtype::F32, KvDtype::Int8] {
+                    pool.install(|| {
+                        check_paged_against_dense(block_size, head_dim, lens, dtype, None)
+                    });
+                }
             }
         }
     }
