@@ -2,6 +2,8 @@
 //! one at a time gives: greedy and seeded sampling alike, batched with rows
 //! that draft nothing, through preemption, on the default model and on a
 //! random one; and on text that repeats its prompt, most drafts are kept.
+//! Tokens sampled from drafted rows pass a chi-square test against the
+//! model's own probabilities.
 
 mod common;
 
@@ -201,6 +203,89 @@ fn a_pool_too_small_for_drafts_preempts_and_still_agrees() {
         "the pool was meant to run dry"
     );
     assert!(accepted > 0, "{accepted} of {drafted}");
+}
+
+/// Sampled tokens that come from drafted rows follow the model's own
+/// distribution: a chi-square test over many seeded draws, against the
+/// exact probabilities read from the plain engine's logprobs (not from
+/// sampling). Each draw continues a copy already under way with three
+/// tokens at temperature 1.5 and top-k 4; its third token comes from a
+/// drafted row whenever the draft of its second held. A verifier that kept
+/// drafts too readily would over-count the copied token.
+#[test]
+fn tokens_sampled_from_drafted_rows_keep_the_distribution() {
+    const DRAWS: u64 = 1200;
+    const TOP_K: usize = 4;
+    const TEMPERATURE: f32 = 1.5;
+    let (mut plain, mut spec, tok) = default_engines(&EngineConfig::default());
+    let copy = tok.encode(COPY).unwrap();
+    let mut prompt = copy.clone();
+    prompt.extend(
+        run(&mut plain, &[(copy, greedy(4))])[0]
+            .iter()
+            .map(|t| t.id),
+    );
+    let params = |seed| SamplingParams {
+        max_tokens: 3,
+        temperature: TEMPERATURE,
+        top_k: TOP_K,
+        seed: Some(seed),
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let before = spec.stats().drafts;
+    let mut draws = Vec::new();
+    // A few at a time, so that the plan drafts.
+    for group in (0..DRAWS).collect::<Vec<_>>().chunks(4) {
+        let requests: Vec<_> = group.iter().map(|&s| (prompt.clone(), params(s))).collect();
+        draws.extend(run(&mut spec, &requests));
+    }
+    let drafts = spec.stats().drafts;
+    let accepted = drafts.accepted - before.accepted;
+    // The commonest first two tokens; the third's among the draws with them.
+    let mut prefixes: HashMap<(u32, u32), usize> = HashMap::new();
+    for d in &draws {
+        *prefixes.entry((d[0].id, d[1].id)).or_default() += 1;
+    }
+    let (&(a, b), &n) = prefixes.iter().max_by_key(|&(_, n)| *n).unwrap();
+    let mut seen: HashMap<u32, usize> = HashMap::new();
+    for d in draws.iter().filter(|d| (d[0].id, d[1].id) == (a, b)) {
+        *seen.entry(d[2].id).or_default() += 1;
+    }
+    // The exact distribution: the raw logprobs' top k, at the temperature.
+    let mut context = prompt.clone();
+    context.extend([a, b]);
+    let scored = SamplingParams {
+        logprobs: Some(TOP_K),
+        ..greedy(1)
+    };
+    let top = run(&mut plain, &[(context, scored)])[0][0]
+        .top_logprobs
+        .clone();
+    let weights: Vec<f64> = top
+        .iter()
+        .map(|&(_, lp)| (f64::from(lp) / f64::from(TEMPERATURE)).exp())
+        .collect();
+    let total: f64 = weights.iter().sum();
+    let mut chi2 = 0.0;
+    let mut counted = 0;
+    for (&(id, _), w) in top.iter().zip(&weights) {
+        let expected = n as f64 * w / total;
+        let observed = seen.get(&id).copied().unwrap_or(0);
+        counted += observed;
+        chi2 += (observed as f64 - expected).powi(2) / expected;
+        eprintln!("token {id}: {observed} drawn, {expected:.1} expected");
+    }
+    eprintln!(
+        "{n} draws continue ({a}, {b}); {accepted} drafted tokens kept over {DRAWS} draws; \
+         chi-square {chi2:.2}"
+    );
+    assert_eq!(counted, n, "a third token outside the top {TOP_K}");
+    // The third token came from a drafted row in most draws.
+    assert!(accepted * 2 > DRAWS, "{accepted} drafted tokens kept");
+    assert!(n >= 300, "only {n} draws share a prefix");
+    // 3 degrees of freedom: 16.27 is the 0.1% tail.
+    assert!(chi2 < 16.27, "chi-square {chi2:.2} over {n} draws");
 }
 
 fn fixture(name: &str) -> PathBuf {
