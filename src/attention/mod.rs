@@ -357,25 +357,32 @@ mod tests {
     /// chunk, then a mixed chunk + decode step): both storages must match a
     /// plain causal attention over each whole sequence. The shapes cover the
     /// host kernel's vector paths and its tails (block or head sizes that are
-    /// not a multiple of its 16 lanes), and row blocks of more than 16 rows,
-    /// with f16, f32 and int8 pools. On 2 threads and on 8, where the
-    /// host kernel cuts the few rows of step 2 (and of step 1's shorter
-    /// shapes) into finer work items.
+    /// not a multiple of its 16 lanes), row blocks of more than 16 rows and
+    /// contexts of several spans, with f16, f32 and int8 pools. On 2 threads
+    /// and on 8, where the host kernel cuts the rows of step 2 (and of step
+    /// 1's shorter shapes) into finer work items: every row comes out the
+    /// same to the bit.
     #[test]
     fn paged_matches_dense_on_both_storages() {
-        for threads in [2, 8] {
-            let pool = rayon::ThreadPoolBuilder::new()
+        let pools = [2, 8].map(|threads| {
+            rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
                 .build()
-                .unwrap();
-            for (block_size, head_dim, lens) in
-                [(4, 16, [11, 6]), (16, 16, [41, 30]), (32, 24, [70, 40])]
-            {
-                for dtype in [KvDtype::F16, KvDtype::F32, KvDtype::Int8] {
+                .unwrap()
+        });
+        for (block_size, head_dim, lens) in [
+            (4, 16, [11, 6]),
+            (16, 16, [41, 30]),
+            (32, 24, [70, 40]),
+            (16, 16, [600, 300]),
+        ] {
+            for dtype in [KvDtype::F16, KvDtype::F32, KvDtype::Int8] {
+                let [a, b] = &pools.each_ref().map(|pool| {
                     pool.install(|| {
                         check_paged_against_dense(block_size, head_dim, lens, dtype, None)
-                    });
-                }
+                    })
+                });
+                assert!(a == b, "rows differ with the threads' cut of the work");
             }
         }
     }
@@ -392,6 +399,10 @@ mod tests {
                 check_paged_against_dense(32, 24, [70, 40], dtype, Some(window));
             }
         }
+        // Windows within one span and across spans, over contexts of several.
+        for window in [100, 300] {
+            check_paged_against_dense(16, 16, [600, 300], KvDtype::F16, Some(window));
+        }
     }
 
     fn check_paged_against_dense(
@@ -400,7 +411,7 @@ mod tests {
         lens: [usize; 2],
         dtype: KvDtype,
         window: Option<usize>,
-    ) {
+    ) -> Vec<Vec<f32>> {
         let dims = AttnDims {
             num_heads: 6,
             num_kv_heads: 2,
@@ -412,8 +423,13 @@ mod tests {
             dims.num_heads * dims.head_dim,
             dims.num_kv_heads * dims.head_dim,
         );
-        let tables = [vec![5u32, 0, 7, 1, 2, 4, 9, 8], vec![3u32, 6, 10, 11]];
-        assert!(lens[0] <= 8 * block_size && lens[1] <= 4 * block_size);
+        // Scattered block tables: the blocks in a stride-7919 permutation.
+        let need = lens.map(|l| l.div_ceil(block_size));
+        let num_blocks = need[0] + need[1];
+        let order: Vec<u32> = (0..num_blocks)
+            .map(|i| (i * 7919 % num_blocks) as u32)
+            .collect();
+        let tables = [order[..need[0]].to_vec(), order[need[0]..].to_vec()];
         let full: Vec<(Tensor, Tensor, Tensor)> = lens
             .iter()
             .enumerate()
@@ -455,13 +471,15 @@ mod tests {
             .map(|(q, k, v)| reference(q, &stored(k), &stored(v), dims))
             .collect();
 
+        // The host kernel's output for each sequence, for comparing runs.
+        let mut host = Vec::new();
         for force_tensor in [false, true] {
             let layout = KvLayout {
                 num_layers: 1,
                 num_kv_heads: 2,
                 head_dim,
                 block_size,
-                num_blocks: 12,
+                num_blocks,
                 dtype,
             };
             let mut cache = match KvCache::new(layout, &Device::Cpu, force_tensor) {
@@ -498,6 +516,9 @@ mod tests {
             }
             for si in 0..2 {
                 let got = Tensor::cat(&got[si], 0).unwrap();
+                if !force_tensor {
+                    host.push(got.flatten_all().unwrap().to_vec1::<f32>().unwrap());
+                }
                 let diff = (got - &expected[si])
                     .unwrap()
                     .abs()
@@ -512,5 +533,6 @@ mod tests {
                 );
             }
         }
+        host
     }
 }
