@@ -31,6 +31,15 @@ const PLAIN: [&str; 3] = [
     "Once upon a time, in a land far away, there lived a",
 ];
 
+/// Whether a draft pays is decided from measured step costs, so these tests
+/// run one at a time: side by side, their step times turned noisy enough
+/// to stop drafts that some of them assert.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn alone() -> tokio::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.blocking_lock()
+}
+
 fn greedy(max_tokens: usize) -> SamplingParams {
     SamplingParams {
         max_tokens,
@@ -135,6 +144,7 @@ fn default_engines(cfg: &EngineConfig) -> (Engine, Engine, Tokenizer) {
 
 #[test]
 fn greedy_and_seeded_outputs_are_unchanged_and_copies_are_drafted() {
+    let _alone = alone();
     let (mut plain, mut spec, tok) = default_engines(&EngineConfig::default());
     let copy = tok.encode(COPY).unwrap();
     // Alone, greedy: the answer repeats the prompt, so most drafts hold.
@@ -159,6 +169,7 @@ fn greedy_and_seeded_outputs_are_unchanged_and_copies_are_drafted() {
 
 #[test]
 fn a_batch_of_copies_agrees_as_rows_finish() {
+    let _alone = alone();
     let (mut plain, mut spec, tok) = default_engines(&EngineConfig::default());
     let copy = tok.encode(COPY).unwrap();
     // Twelve rows draft little; as the short ones finish, the long ones
@@ -172,6 +183,7 @@ fn a_batch_of_copies_agrees_as_rows_finish() {
 
 #[test]
 fn a_pool_too_small_for_drafts_preempts_and_still_agrees() {
+    let _alone = alone();
     // 12 blocks of 16 tokens: three copies of ~60 prompt + 40 out cannot
     // all fit, so sequences are preempted and recomputed mid-draft.
     let info = common::load_default(WeightFormat::Native)
@@ -206,7 +218,7 @@ fn a_pool_too_small_for_drafts_preempts_and_still_agrees() {
 }
 
 /// Sampled tokens that come from drafted rows follow the model's own
-/// distribution: a chi-square test over many seeded draws, against the
+/// distribution: a chi-square test over 600 seeded draws, against the
 /// exact probabilities read from the plain engine's logprobs (not from
 /// sampling). Each draw continues a copy already under way with three
 /// tokens at temperature 1.5 and top-k 4; its third token comes from a
@@ -214,7 +226,8 @@ fn a_pool_too_small_for_drafts_preempts_and_still_agrees() {
 /// drafts too readily would over-count the copied token.
 #[test]
 fn tokens_sampled_from_drafted_rows_keep_the_distribution() {
-    const DRAWS: u64 = 1200;
+    let _alone = alone();
+    const DRAWS: u64 = 600;
     const TOP_K: usize = 4;
     const TEMPERATURE: f32 = 1.5;
     let (mut plain, mut spec, tok) = default_engines(&EngineConfig::default());
@@ -235,8 +248,9 @@ fn tokens_sampled_from_drafted_rows_keep_the_distribution() {
     };
     let before = spec.stats().drafts;
     let mut draws = Vec::new();
-    // A few at a time, so that the plan drafts.
-    for group in (0..DRAWS).collect::<Vec<_>>().chunks(4) {
+    // Two at a time, so that the plan drafts even when the test threads
+    // beside this one make its step times noisy.
+    for group in (0..DRAWS).collect::<Vec<_>>().chunks(2) {
         let requests: Vec<_> = group.iter().map(|&s| (prompt.clone(), params(s))).collect();
         draws.extend(run(&mut spec, &requests));
     }
@@ -283,7 +297,7 @@ fn tokens_sampled_from_drafted_rows_keep_the_distribution() {
     assert_eq!(counted, n, "a third token outside the top {TOP_K}");
     // The third token came from a drafted row in most draws.
     assert!(accepted * 2 > DRAWS, "{accepted} drafted tokens kept");
-    assert!(n >= 300, "only {n} draws share a prefix");
+    assert!(n >= 250, "only {n} draws share a prefix");
     // 3 degrees of freedom: 16.27 is the 0.1% tail.
     assert!(chi2 < 16.27, "chi-square {chi2:.2} over {n} draws");
 }
@@ -299,6 +313,7 @@ fn fixture(name: &str) -> PathBuf {
 /// storages: drafted rows past the window leave what the next step needs.
 #[test]
 fn random_models_give_the_same_tokens() {
+    let _alone = alone();
     for (name, device_path) in [
         ("llama-tiny", false),
         ("gemma3-tiny", false),
@@ -339,6 +354,7 @@ fn random_models_give_the_same_tokens() {
 /// drafts in `usage` and in `/metrics`.
 #[tokio::test(flavor = "multi_thread")]
 async fn served_answers_match_and_report_their_drafts() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     use common::{chunks, metric, post, sse, Server};
     use serde_json::json;
 
@@ -395,6 +411,7 @@ async fn served_answers_match_and_report_their_drafts() {
 /// neither changes the output.
 #[test]
 fn a_prediction_drafts_without_prompt_lookup_and_changes_nothing() {
+    let _alone = alone();
     let (mut plain, tok) = common::engine(&EngineConfig::default());
     let copy = tok.encode(COPY).unwrap();
     let want = run(&mut plain, &[(copy.clone(), greedy(40))]).remove(0);
@@ -431,6 +448,7 @@ fn a_prediction_drafts_without_prompt_lookup_and_changes_nothing() {
 
 #[test]
 fn a_model_that_cannot_take_drafts_back_refuses_a_prediction() {
+    let _alone = alone();
     // Qwen3.5's recurrent state cannot be cut back to the kept tokens.
     let loaded = load(
         &fixture("qwen35-tiny"),
@@ -456,6 +474,7 @@ fn a_model_that_cannot_take_drafts_back_refuses_a_prediction() {
 /// `--speculative`.
 #[tokio::test(flavor = "multi_thread")]
 async fn served_predictions_report_their_drafts() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     use common::{post, Server};
     use serde_json::json;
 
@@ -483,6 +502,7 @@ async fn served_predictions_report_their_drafts() {
 /// greedy draft.
 #[test]
 fn a_draft_model_drafting_for_its_f32_form_keeps_the_output() {
+    let _alone = alone();
     // The default model in f32 (its Q4_1 weights dequantized), drafted for
     // by its Q4_1 form: nearly the same model, several times cheaper a
     // token, so the plan keeps drafting (a draft model as dear as the
@@ -539,6 +559,7 @@ fn a_draft_model_drafting_for_its_f32_form_keeps_the_output() {
 
 #[test]
 fn a_draft_model_must_share_the_vocabulary() {
+    let _alone = alone();
     let (engine, _) = common::engine(&EngineConfig::default());
     let other = load(
         &fixture("llama-tiny"),
@@ -553,6 +574,7 @@ fn a_draft_model_must_share_the_vocabulary() {
 /// `wick serve --draft-model`: the same answer, its drafts in `usage`.
 #[tokio::test(flavor = "multi_thread")]
 async fn served_with_a_draft_model() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     use common::{post, Server};
     use serde_json::json;
 
