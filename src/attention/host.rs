@@ -249,7 +249,7 @@ pub(super) fn attend<T: KvElem>(
 
 /// Context positions per span. A lone decode row over 3 kv heads was 3
 /// work items however long its context, leaving threads idle (one of two;
-/// 13 of 16); at 512 positions a span, a 3,500-token context gives 21, and
+/// 13 of 16); at 512 positions a span, a 3,000-token context gives 18, and
 /// decoding there measured 25% faster on 2 threads. 256 did as well there
 /// but cost long prefills 5% (a partial and a merge per span), 512 nothing
 /// measurable. Short contexts are one span, computed as before spans.
