@@ -1,9 +1,14 @@
 //! Drafts from a second, smaller model sharing the tokenizer
 //! (`--draft-model`): for each decode row the scheduler gave a draft
 //! length, the draft model catches up on the row's tokens it has not seen
-//! and then proposes that many tokens greedily, one forward over all such
-//! rows per token. Greedy proposals are certain ones, so verification
-//! ([`crate::engine::speculation`]) keeps the target's output exactly.
+//! and then proposes that many tokens, one forward over all such rows per
+//! token. Each proposal is what the row's own sampler picks from the draft
+//! model's logits with the random number its target row will be sampled
+//! with ([`crate::sampling::sampler::Sampler::propose`]); greedy rows take
+//! the argmax. Verification ([`crate::engine::speculation`]) keeps a
+//! drafted token only where the target samples it, so the output is
+//! exactly the target's, and a sampled row's draft holds wherever the two
+//! models' distributions agree.
 //!
 //! The draft model has a paged KV pool of its own, and a block table and
 //! cache cursor per sequence. What it cached past the tokens the target
@@ -14,7 +19,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::engine::block_manager::{BlockId, BlockManager};
 use crate::engine::kv_cache::KvCache;
-use crate::engine::model_runner::ModelRunner;
+use crate::engine::model_runner::{LogitRow, ModelRunner};
 use crate::engine::sequence::{SeqId, Sequence};
 use crate::models::{FlatBatch, LogitRows, Model};
 
@@ -56,7 +61,7 @@ impl Drafter {
 
     /// Replaces each of `rows`' placeholder drafts
     /// ([`MODEL_DRAFT`](crate::engine::speculation::MODEL_DRAFT)) with the
-    /// draft model's greedy proposals, as many as it has placeholders.
+    /// draft model's proposals, as many as it has placeholders.
     /// Rows without a draft are prompt chunks: the draft model caches them
     /// in the first round, alongside the target's prefill, so a prompt
     /// costs the first decode step nothing. A row the draft pool cannot
@@ -83,6 +88,11 @@ impl Drafter {
             }
         }
         let mut proposals: Vec<Vec<u32>> = vec![Vec::new(); rows.len()];
+        // The numbers each drafting row's sampler will draw its rows with.
+        let ahead: Vec<Vec<f32>> = rows
+            .iter()
+            .map(|seq| seq.sampler.next_uniforms(seq.draft.len()))
+            .collect();
         let ran = DraftRun {
             rounds: active
                 .iter()
@@ -118,7 +128,12 @@ impl Drafter {
                     }
                 }
             }
-            let picks = vec![true; batch.logit_rows().len()];
+            let picks: Vec<bool> = run
+                .iter()
+                .map(|&r| &rows[r])
+                .filter(|seq| !seq.draft.is_empty())
+                .map(|seq| seq.sampler.argmax_only(seq.output().len() + j))
+                .collect();
             let logits = match self.runner.run(&batch, &picks) {
                 Ok((logits, _)) => logits,
                 Err(e) => {
@@ -130,9 +145,9 @@ impl Drafter {
                     return DraftRun::default();
                 }
             };
-            let mut logits = logits.iter();
+            let mut logits = logits.into_iter();
             for &r in &run {
-                let seq = &rows[r];
+                let seq = &mut *rows[r];
                 let state = self.seqs.get_mut(&seq.id).expect("drafting sequence");
                 if seq.draft.is_empty() {
                     state.cached = seq.num_cached + seq.chunk;
@@ -140,7 +155,9 @@ impl Drafter {
                 }
                 state.cached = seq.len() + j;
                 if let Some(row) = logits.next() {
-                    proposals[r].push(row.argmax());
+                    let u = ahead[r][proposals[r].len()];
+                    let token = propose(seq, row, &proposals[r], u);
+                    proposals[r].push(token);
                 }
             }
         }
@@ -162,6 +179,19 @@ impl Drafter {
             }
             keep
         });
+    }
+}
+
+/// The token `seq`'s sampler picks from the draft model's `row`, after
+/// its output and the `proposed` tokens, drawing with `u`.
+fn propose(seq: &mut Sequence, row: LogitRow, proposed: &[u32], u: f32) -> u32 {
+    match row {
+        LogitRow::Argmax(id) => id,
+        LogitRow::Logits(mut row) => {
+            let (prompt, output) = seq.tokens.split_at(seq.prompt_len);
+            let output = [output, proposed].concat();
+            seq.sampler.propose(&mut row, prompt, &output, u)
+        }
     }
 }
 

@@ -13,7 +13,8 @@
 //! 5. `min_tokens`: while fewer tokens were generated, the stop token ids and
 //!    the EOS ids (see [`Sampler::set_eos_ids`]) are masked;
 //! 6. temperature 0 → argmax, otherwise temperature, top-k, top-p, min-p and
-//!    one draw from the sampler's own seeded RNG.
+//!    one draw from the sampler's own seeded RNG: one uniform number, taken
+//!    through the survivors' cumulative weights in id order.
 //!
 //! Steps 2–5 modify the caller's logits in place.
 
@@ -151,11 +152,7 @@ impl Sampler {
         });
 
         self.apply_processors(logits, prompt_tokens, output_tokens);
-        let id = if self.params.temperature < GREEDY_TEMPERATURE {
-            argmax(logits)
-        } else {
-            self.draw(logits)
-        };
+        let id = self.pick(logits, None);
         let (logprob, top_logprobs) = match scored {
             Some((lse, top)) => (Some(self.raw[id as usize] - lse), top),
             None => (None, Vec::new()),
@@ -164,6 +161,62 @@ impl Sampler {
             id,
             logprob,
             top_logprobs,
+        }
+    }
+
+    /// The token this sampler would pick from a draft model's `logits`
+    /// (modified in place) after `output_tokens`, drawing with `u` in place
+    /// of its RNG's next number. Called with the numbers the RNG will give
+    /// next ([`Sampler::next_uniforms`]), a draft model's proposals are
+    /// drawn with the very numbers the target's rows will be sampled with:
+    /// where the two models' distributions agree, so do the tokens, and a
+    /// drafted token holds with about the probability the two share,
+    /// rather than with the target's probability of the draft's argmax.
+    pub fn propose(
+        &mut self,
+        logits: &mut [f32],
+        prompt_tokens: &[u32],
+        output_tokens: &[u32],
+        u: f32,
+    ) -> u32 {
+        self.apply_processors(logits, prompt_tokens, output_tokens);
+        self.pick(logits, Some(u))
+    }
+
+    /// The numbers in `[0, 1)` the next `n` draws will take, leaving the
+    /// RNG where it is.
+    pub fn next_uniforms(&self, n: usize) -> Vec<f32> {
+        let mut rng = self.rng.clone();
+        (0..n).map(|_| uniform(&mut rng)).collect()
+    }
+
+    /// Step 6: argmax when greedy, else a draw by `u` or, without it, by
+    /// the RNG's next number.
+    fn pick(&mut self, logits: &[f32], u: Option<f32>) -> u32 {
+        if self.params.temperature < GREEDY_TEMPERATURE {
+            return argmax(logits);
+        }
+        let max = max_of(logits);
+        if !max.is_finite() {
+            // Everything masked, or infinite logits: degenerate but valid.
+            return argmax(logits);
+        }
+        let u = u.unwrap_or_else(|| uniform(&mut self.rng));
+        match self.filter(logits, max) {
+            Survivors::Dense => {
+                let total = sum_of(&self.weights);
+                draw_index(u, &self.weights, total) as u32
+            }
+            Survivors::Sparse => {
+                // By id, as the dense weights are: the same `u` then picks
+                // the same token from two similar distributions, whatever
+                // order their filters left them in.
+                self.cand.sort_unstable_by_key(|c| c.0);
+                self.weights.clear();
+                self.weights.extend(self.cand.iter().map(|c| c.1));
+                let total = sum_of(&self.weights);
+                self.cand[draw_index(u, &self.weights, total)].0
+            }
         }
     }
 
@@ -220,27 +273,6 @@ impl Sampler {
     fn reset_counts(&mut self) {
         for id in self.touched.drain(..) {
             self.counts[id as usize] = 0;
-        }
-    }
-
-    /// Draws a token after temperature, top-k, top-p and min-p.
-    fn draw(&mut self, logits: &[f32]) -> u32 {
-        let max = max_of(logits);
-        if !max.is_finite() {
-            // Everything masked, or infinite logits: degenerate but valid.
-            return argmax(logits);
-        }
-        match self.filter(logits, max) {
-            Survivors::Dense => {
-                let total = sum_of(&self.weights);
-                draw_index(&mut self.rng, &self.weights, total) as u32
-            }
-            Survivors::Sparse => {
-                self.weights.clear();
-                self.weights.extend(self.cand.iter().map(|c| c.1));
-                let total = sum_of(&self.weights);
-                self.cand[draw_index(&mut self.rng, &self.weights, total)].0
-            }
         }
     }
 
@@ -324,10 +356,16 @@ fn truncate_to_mass(cand: &mut Vec<(u32, f32)>, mass: f64) -> bool {
     }
 }
 
-/// An index drawn with probability `weights[i] / total`, `total` being the
-/// sum of the (non-negative) weights. Never returns a zero weight's index.
-fn draw_index(rng: &mut ChaCha8Rng, weights: &[f32], total: f32) -> usize {
-    let mut r = rng.random::<f32>() * total;
+/// One number of a draw, uniform in `[0, 1)`.
+fn uniform(rng: &mut ChaCha8Rng) -> f32 {
+    rng.random::<f32>()
+}
+
+/// The index at `u` (uniform in `[0, 1)`) of the weights' cumulative sum:
+/// each index with probability `weights[i] / total`, `total` being the sum
+/// of the (non-negative) weights. Never returns a zero weight's index.
+fn draw_index(u: f32, weights: &[f32], total: f32) -> usize {
+    let mut r = u * total;
     // Skipping whole chunks by their sum shortens the serial chain of
     // subtractions LANES-fold.
     for (c, chunk) in weights.chunks(LANES).enumerate() {
@@ -751,6 +789,65 @@ mod tests {
                 let id = s.sample(&mut logits.clone(), &[], &[]).id;
                 assert!(allowed.binary_search(&id).is_ok(), "{id} was filtered out");
             }
+        }
+    }
+
+    #[test]
+    fn proposals_with_the_next_uniforms_are_the_tokens_sampling_draws() {
+        let logits = scrambled(49_152);
+        let cases = [
+            params(|p| p.temperature = 1.0),
+            params(|p| (p.top_k, p.top_p, p.temperature) = (50, 0.9, 0.8)),
+            params(|p| (p.top_p, p.frequency_penalty) = (0.5, 0.7)),
+            params(|p| p.temperature = 0.0),
+        ];
+        for p in cases {
+            let mut s = Sampler::new(&p);
+            let mut output = Vec::new();
+            for _ in 0..20 {
+                let ahead = s.next_uniforms(4);
+                // Proposing draws nothing from the RNG: the same numbers again.
+                let mut proposed = output.clone();
+                for &u in &ahead {
+                    let id = s.propose(&mut logits.clone(), &[], &proposed, u);
+                    proposed.push(id);
+                }
+                assert_eq!(s.next_uniforms(4), ahead);
+                for want in &proposed[output.len()..] {
+                    let got = s.sample(&mut logits.clone(), &[], &output).id;
+                    assert_eq!(got, *want, "{p:?}");
+                    output.push(got);
+                }
+            }
+            let distinct: std::collections::HashSet<_> = output.iter().collect();
+            let greedy = p.temperature == 0.0;
+            assert_eq!(distinct.len() == 1, greedy, "{distinct:?}");
+        }
+    }
+
+    #[test]
+    fn the_same_number_picks_the_same_token_from_similar_distributions() {
+        // Two tokens that swap places near the top, as a draft model and
+        // its target often do, and a tail: drawn in id order, the same
+        // number picks the same token unless it falls where the two
+        // cumulative distributions differ (total variation 0.02 here).
+        let target = ln(&[0.05, 0.30, 0.29, 0.20, 0.16]);
+        let draft = ln(&[0.05, 0.29, 0.30, 0.20, 0.16]);
+        for p in [
+            params(|p| p.temperature = 1.0),
+            params(|p| p.top_p = 0.99),
+            params(|p| p.top_k = 4),
+        ] {
+            let (mut a, mut b) = (Sampler::new(&p), Sampler::new(&p));
+            let n = 1000;
+            let same = (0..n)
+                .map(|i| (i as f32 + 0.5) / n as f32)
+                .filter(|&u| {
+                    a.propose(&mut target.clone(), &[], &[], u)
+                        == b.propose(&mut draft.clone(), &[], &[], u)
+                })
+                .count();
+            assert!(same >= 975, "{p:?}: {same} of {n}");
         }
     }
 
