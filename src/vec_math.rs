@@ -23,6 +23,18 @@ pub(crate) fn max_of(values: &[f32]) -> f32 {
         .fold(f32::NEG_INFINITY, |m, &v| larger(m, v))
 }
 
+/// The index of the first value equal to `target`. A chunk at a time, the
+/// compare reduced without an early exit so that it vectorizes: a plain
+/// `position` compares one value per iteration.
+pub(crate) fn position_of(values: &[f32], target: f32) -> Option<usize> {
+    const CHUNK: usize = 4 * LANES;
+    let chunk = values
+        .chunks(CHUNK)
+        .position(|c| c.iter().fold(false, |hit, &v| hit | (v == target)))?;
+    let at = values[chunk * CHUNK..].iter().position(|&v| v == target)?;
+    Some(chunk * CHUNK + at)
+}
+
 /// Writes `exp((v - max) * scale)` of each value to `out` and returns their
 /// sum; `max` must be at least every value.
 pub(crate) fn exp_into(values: &[f32], max: f32, scale: f32, out: &mut [f32]) -> f32 {
@@ -162,6 +174,21 @@ pub(crate) fn exp_rounded(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn position_of_finds_the_first_match_in_any_chunk() {
+        let mut values = vec![0.0f32; 100];
+        assert_eq!(position_of(&values, 1.0), None);
+        for at in [0, 31, 32, 33, 63, 64, 97, 99] {
+            values[at] = 1.0;
+            assert_eq!(position_of(&values, 1.0), Some(at), "{at}");
+            // A later match does not move it.
+            values[99] = 1.0;
+            assert_eq!(position_of(&values, 1.0), Some(at), "{at}");
+            values.fill(0.0);
+        }
+        assert_eq!(position_of(&[f32::NAN, 2.0], f32::NAN), None);
+    }
 
     #[test]
     fn exp_rounded_agrees_with_libm() {

@@ -563,7 +563,7 @@ fn a_draft_model_drafting_for_its_f32_form_keeps_the_output() {
 }
 
 /// A draft model proposes what the request's own sampler draws from it
-/// with the numbers the target's rows will be sampled with, so sampled
+/// with the keys the target's rows will be sampled with, so sampled
 /// drafts hold about as often as greedy ones, where the two models agree,
 /// and the seeded output is still the target's.
 #[test]
@@ -581,10 +581,10 @@ fn sampled_drafts_hold_where_the_draft_model_agrees() {
         .collect();
     let (drafted, accepted) = assert_same(&mut plain, &mut spec, &requests);
     eprintln!("Q4_1 drafting for f32, sampled: {accepted} of {drafted} drafted tokens kept");
-    // About 65% hold; greedy proposals, which hold with the target's
+    // 74-94% hold; greedy proposals, which hold with the target's
     // probability of the draft's argmax, kept 47%.
     assert!(
-        drafted >= 20 && accepted * 20 >= drafted * 11,
+        drafted >= 20 && accepted * 3 >= drafted * 2,
         "{accepted} of {drafted}"
     );
 }

@@ -3,9 +3,9 @@
 //! length, the draft model catches up on the row's tokens it has not seen
 //! and then proposes that many tokens, one forward over all such rows per
 //! token. Each proposal is what the row's own sampler picks from the draft
-//! model's logits with the random number its target row will be sampled
-//! with ([`crate::sampling::sampler::Sampler::propose`]); greedy rows take
-//! the argmax. Verification ([`crate::engine::speculation`]) keeps a
+//! model's logits with the random key its target row will be sampled with
+//! ([`crate::sampling::sampler::Sampler::propose`]); greedy rows take the
+//! argmax. Verification ([`crate::engine::speculation`]) keeps a
 //! drafted token only where the target samples it, so the output is
 //! exactly the target's, and a sampled row's draft holds wherever the two
 //! models' distributions agree.
@@ -88,10 +88,10 @@ impl Drafter {
             }
         }
         let mut proposals: Vec<Vec<u32>> = vec![Vec::new(); rows.len()];
-        // The numbers each drafting row's sampler will draw its rows with.
-        let ahead: Vec<Vec<f32>> = rows
+        // The keys each drafting row's sampler will draw its rows with.
+        let ahead: Vec<Vec<u64>> = rows
             .iter()
-            .map(|seq| seq.sampler.next_uniforms(seq.draft.len()))
+            .map(|seq| seq.sampler.next_keys(seq.draft.len()))
             .collect();
         let ran = DraftRun {
             rounds: active
@@ -155,8 +155,8 @@ impl Drafter {
                 }
                 state.cached = seq.len() + j;
                 if let Some(row) = logits.next() {
-                    let u = ahead[r][proposals[r].len()];
-                    let token = propose(seq, row, &proposals[r], u);
+                    let key = ahead[r][proposals[r].len()];
+                    let token = propose(seq, row, &proposals[r], key);
                     proposals[r].push(token);
                 }
             }
@@ -183,14 +183,14 @@ impl Drafter {
 }
 
 /// The token `seq`'s sampler picks from the draft model's `row`, after
-/// its output and the `proposed` tokens, drawing with `u`.
-fn propose(seq: &mut Sequence, row: LogitRow, proposed: &[u32], u: f32) -> u32 {
+/// its output and the `proposed` tokens, drawing with `key`.
+fn propose(seq: &mut Sequence, row: LogitRow, proposed: &[u32], key: u64) -> u32 {
     match row {
         LogitRow::Argmax(id) => id,
         LogitRow::Logits(mut row) => {
             let (prompt, output) = seq.tokens.split_at(seq.prompt_len);
             let output = [output, proposed].concat();
-            seq.sampler.propose(&mut row, prompt, &output, u)
+            seq.sampler.propose(&mut row, prompt, &output, key)
         }
     }
 }

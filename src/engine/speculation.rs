@@ -10,12 +10,12 @@
 //! RNG, seeing the tokens accepted before it; a drafted token is accepted
 //! only if it is the token sampled, and the first token that differs is
 //! kept in its place and ends the run. Every kept token is thus the one
-//! decoding without drafts samples, from the same random number, whatever
+//! decoding without drafts samples, from the same random key, whatever
 //! was drafted: greedy and seeded output are identical, and sampled output
 //! keeps the model's distribution. For a draft fixed in advance, as a
 //! lookup's is, this is the standard rejection rule (accept with
 //! probability p(d), else draw from p without d); a draft model draws its
-//! proposals with the numbers the rows will be sampled with
+//! proposals with the keys the rows will be sampled with
 //! ([`crate::engine::drafter`]), so they hold wherever the two models'
 //! distributions agree.
 //!
