@@ -2,7 +2,9 @@
 """Copy-heavy chat workload for speculative decoding: each request asks the
 model to repeat or edit a text or code block given in the prompt (with
 --predict, also sent as OpenAI's `prediction`), one
-request at a time (a single stream), greedy, streamed. Reports decode tok/s
+request at a time (a single stream), greedy (or, with --temperature,
+sampled with a seed per request, so that servers draw the same tokens),
+streamed. Reports decode tok/s
 (tokens after the first over the time after the first), TTFT and the
 server's own draft counts where its usage has them, and ends with one JSON
 line (--json-out appends it) so runs against several servers compare.
@@ -65,12 +67,13 @@ TASKS = [
 ]
 
 
-def one(client, base, model, task, max_tokens, prediction=None):
+def one(client, base, model, task, max_tokens, prediction=None, temperature=0.0, seed=0):
     body = {
         "model": model,
         "messages": [{"role": "user", "content": task}],
         "max_tokens": max_tokens,
-        "temperature": 0,
+        "temperature": temperature,
+        "seed": seed,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
@@ -117,6 +120,7 @@ def main():
         action="store_true",
         help="send the text each task works on as the request's prediction",
     )
+    ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--label", default="")
     ap.add_argument("--json-out", default=None)
     a = ap.parse_args()
@@ -124,9 +128,18 @@ def main():
         model = a.model or client.get(f"{a.base_url}/v1/models").json()["data"][0]["id"]
         one(client, a.base_url, model, "Say hi.", 8)  # warm-up
         runs = [
-            one(client, a.base_url, model, t, a.max_tokens, p if a.predict else None)
+            one(
+                client,
+                a.base_url,
+                model,
+                t,
+                a.max_tokens,
+                p if a.predict else None,
+                a.temperature,
+                seed=i,
+            )
             for _ in range(a.rounds)
-            for t, p in TASKS
+            for i, (t, p) in enumerate(TASKS)
         ]
     tokens = sum(r["tokens"] - 1 for r in runs)
     decode_s = sum(r["decode_s"] for r in runs)
