@@ -11,7 +11,7 @@
 //! target's own pick wherever the two distributions agree, whatever order
 //! their filters left the tokens in ([`crate::sampling::sampler::Sampler::propose`]).
 
-use crate::vec_math::{max_of, position_of};
+use crate::sampling::sampler::argmax;
 
 /// Weights screened at a time.
 const CHUNK: usize = 32;
@@ -25,7 +25,7 @@ const CHUNK: usize = 32;
 /// division, vectorizes, and few tokens pass it (about `ln` of the number
 /// that matter), so a draw costs a hash per token, not a logarithm.
 pub fn race(key: u64, weights: &[f32], ids: impl Fn(usize) -> u32) -> usize {
-    let mut best = position_of(weights, max_of(weights)).unwrap_or(0);
+    let mut best = argmax(weights) as usize;
     let mut bound = time(key, ids(best), weights[best]);
     for (c, chunk) in weights.chunks(CHUNK).enumerate() {
         let base = c * CHUNK;
