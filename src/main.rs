@@ -185,7 +185,7 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         min_p: args.min_p,
         repetition_penalty: args.repetition_penalty,
         seed: args.seed,
-        stop: args.stop.clone(),
+        stop: args.stop.clone().into(),
         ignore_eos: args.ignore_eos,
         ..Default::default()
     };

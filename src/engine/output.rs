@@ -12,6 +12,7 @@ use crate::engine::sequence::FinishReason;
 use crate::engine::sequence::StepEvent;
 use crate::engine::speculation::DraftTally;
 use crate::sampling::sampler::SampledToken;
+use crate::text::stop::StopStrings;
 use crate::text::stream::TextStream;
 use crate::text::tokenizer::Tokenizer;
 
@@ -78,7 +79,7 @@ pub fn token_logprob(tok: &Tokenizer, t: &SampledToken) -> TokenLogprob {
 }
 
 impl SequenceOutput {
-    pub fn new(stops: Vec<String>, want_logprobs: bool) -> Self {
+    pub fn new(stops: StopStrings, want_logprobs: bool) -> Self {
         SequenceOutput {
             stream: TextStream::new(stops),
             want_logprobs,
@@ -187,7 +188,7 @@ mod tests {
     fn a_stop_string_finishes_once_and_later_events_are_ignored() {
         let tok = crate::text::tokenizer::test_tokenizer();
         let tokens = ids(&tok, "Hello there. More text. And more.");
-        let mut out = SequenceOutput::new(vec![".".into()], false);
+        let mut out = SequenceOutput::new(vec![".".into()].into(), false);
         let deltas = run(&mut out, &tok, &tokens);
         let finishes: Vec<&Delta> = deltas.iter().filter(|d| d.finish.is_some()).collect();
         assert_eq!(finishes.len(), 1, "{deltas:?}");
@@ -212,7 +213,7 @@ mod tests {
     #[test]
     fn eos_is_counted_not_shown() {
         let tok = crate::text::tokenizer::test_tokenizer();
-        let mut out = SequenceOutput::new(Vec::new(), false);
+        let mut out = SequenceOutput::new(StopStrings::default(), false);
         let mut deltas = run(&mut out, &tok, &ids(&tok, "Hi"));
         let eos = tok.eos_ids()[0];
         deltas.push(
@@ -232,7 +233,7 @@ mod tests {
     fn end_releases_held_back_text() {
         let tok = crate::text::tokenizer::test_tokenizer();
         // "Hel" could begin the stop string "Hello!", so it is held back.
-        let mut out = SequenceOutput::new(vec!["Hello!".into()], false);
+        let mut out = SequenceOutput::new(vec!["Hello!".into()].into(), false);
         let shown: String = run(&mut out, &tok, &ids(&tok, "Hello"))
             .iter()
             .map(|d| d.text.clone())

@@ -263,7 +263,7 @@ impl Sequence {
         // A constrained sequence samples EOS only where its grammar allows
         // the output to end.
         let grammar_end = p.constraint.is_some() && eos_ids.contains(&token);
-        if grammar_end || (may_stop && (is_eos || p.stop_token_ids.contains(&token))) {
+        if grammar_end || (may_stop && (is_eos || p.stop_token_ids.binary_search(&token).is_ok())) {
             Some(FinishReason::Stop)
         } else if self.len() >= self.max_len {
             Some(FinishReason::Length)

@@ -3,10 +3,13 @@
 //! Ranges follow the OpenAI API where it defines the parameter and vLLM
 //! otherwise, so clients written for either are accepted unchanged.
 
-use crate::sampling::constraint::Constraint;
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::error::WickError;
+use crate::sampling::constraint::Constraint;
+use crate::text::stop::{StopStrings, MAX_STOPS};
 
 /// Largest number of alternatives `logprobs` may ask for (OpenAI's limit).
 pub const MAX_LOGPROBS: usize = 20;
@@ -34,14 +37,16 @@ pub struct SamplingParams {
     pub presence_penalty: f32,
     /// OpenAI additive penalty scaled by how often a token was generated.
     pub frequency_penalty: f32,
-    /// Added to the logit of each listed token id before sampling.
-    pub logit_bias: Vec<(u32, f32)>,
+    /// Added to the logit of each listed token id before sampling. The
+    /// lists below are shared by a request's choices, not copied.
+    pub logit_bias: Arc<[(u32, f32)]>,
     /// Makes sampling reproducible; `None` seeds from OS entropy.
     pub seed: Option<u64>,
     /// Generation ends when the text contains any of these.
-    pub stop: Vec<String>,
-    /// Generation ends when any of these token ids is sampled.
-    pub stop_token_ids: Vec<u32>,
+    pub stop: StopStrings,
+    /// Generation ends when any of these token ids is sampled; sorted,
+    /// without repeats.
+    pub stop_token_ids: Arc<[u32]>,
     /// Keep generating past EOS (until `max_tokens` or a stop condition).
     pub ignore_eos: bool,
     /// Report this many top alternatives per token (0..=20); `None` reports none.
@@ -71,10 +76,10 @@ impl Default for SamplingParams {
             repetition_penalty: 1.0,
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
-            logit_bias: Vec::new(),
+            logit_bias: Arc::new([]),
             seed: None,
-            stop: Vec::new(),
-            stop_token_ids: Vec::new(),
+            stop: StopStrings::default(),
+            stop_token_ids: Arc::new([]),
             ignore_eos: false,
             logprobs: None,
             prompt_logprobs: None,
@@ -154,7 +159,7 @@ impl SamplingParams {
                 return Err(invalid(name, "must be in [0, 20]", n));
             }
         }
-        for &(id, bias) in &self.logit_bias {
+        for &(id, bias) in self.logit_bias.iter() {
             if id as usize >= vocab_size {
                 return Err(WickError::invalid(
                     format!("logit_bias token id {id} is out of vocabulary (size {vocab_size})"),
@@ -178,7 +183,16 @@ impl SamplingParams {
                 "stop_token_ids".to_string(),
             ));
         }
-        if self.stop.iter().any(String::is_empty) {
+        if self.stop.len() > MAX_STOPS {
+            return Err(WickError::invalid(
+                format!(
+                    "stop may hold at most {MAX_STOPS} strings, got {}",
+                    self.stop.len()
+                ),
+                "stop".to_string(),
+            ));
+        }
+        if self.stop.iter().any(str::is_empty) {
             return Err(WickError::invalid(
                 "stop must not contain an empty string",
                 "stop".to_string(),
@@ -318,39 +332,48 @@ mod tests {
     #[test]
     fn logit_bias_ids_and_values() {
         assert_eq!(
-            rejected(&with(|p| p.logit_bias = vec![(VOCAB as u32, 1.0)])),
+            rejected(&with(|p| p.logit_bias = vec![(VOCAB as u32, 1.0)].into())),
             "logit_bias"
         );
         for bad in [-100.5, 100.5, f32::NAN] {
             assert_eq!(
-                rejected(&with(|p| p.logit_bias = vec![(3, bad)])),
+                rejected(&with(|p| p.logit_bias = vec![(3, bad)].into())),
                 "logit_bias"
             );
         }
-        let ok = with(|p| p.logit_bias = vec![(0, -100.0), (VOCAB as u32 - 1, 100.0)]);
+        let ok = with(|p| p.logit_bias = vec![(0, -100.0), (VOCAB as u32 - 1, 100.0)].into());
         assert!(ok.validate(VOCAB).is_ok());
     }
 
     #[test]
     fn stop_token_ids_in_vocabulary() {
         assert_eq!(
-            rejected(&with(|p| p.stop_token_ids = vec![1, VOCAB as u32])),
+            rejected(&with(|p| p.stop_token_ids = vec![1, VOCAB as u32].into())),
             "stop_token_ids"
         );
-        assert!(with(|p| p.stop_token_ids = vec![0, VOCAB as u32 - 1])
-            .validate(VOCAB)
-            .is_ok());
+        assert!(
+            with(|p| p.stop_token_ids = vec![0, VOCAB as u32 - 1].into())
+                .validate(VOCAB)
+                .is_ok()
+        );
     }
 
     #[test]
     fn stop_strings_non_empty() {
         assert_eq!(
-            rejected(&with(|p| p.stop = vec!["ok".into(), String::new()])),
+            rejected(&with(|p| p.stop = vec!["ok".into(), String::new()].into())),
             "stop"
         );
-        assert!(with(|p| p.stop = vec!["\n\n".into()])
+        assert!(with(|p| p.stop = vec!["\n\n".into()].into())
             .validate(VOCAB)
             .is_ok());
+    }
+
+    #[test]
+    fn stop_strings_are_bounded_in_number() {
+        let stops = |n: usize| (0..n).map(|i| format!("s{i}")).collect::<Vec<_>>().into();
+        assert_eq!(rejected(&with(|p| p.stop = stops(MAX_STOPS + 1))), "stop");
+        assert!(with(|p| p.stop = stops(MAX_STOPS)).validate(VOCAB).is_ok());
     }
 
     #[test]

@@ -216,7 +216,7 @@ impl Sampler {
 
     /// Steps 2–5 of the module docs, in place.
     fn apply_processors(&mut self, logits: &mut [f32], prompt: &[u32], output: &[u32]) {
-        for &(id, bias) in &self.params.logit_bias {
+        for &(id, bias) in self.params.logit_bias.iter() {
             if let Some(l) = logits.get_mut(id as usize) {
                 *l += bias;
             }
@@ -484,7 +484,10 @@ mod tests {
         let reads_more: [(&str, SamplingParams); 6] = [
             ("temperature", params(|p| p.temperature = 0.7)),
             ("logprobs", greedy(|p| p.logprobs = Some(0))),
-            ("logit_bias", greedy(|p| p.logit_bias = vec![(3, 1.0)])),
+            (
+                "logit_bias",
+                greedy(|p| p.logit_bias = vec![(3, 1.0)].into()),
+            ),
             ("repetition_penalty", greedy(|p| p.repetition_penalty = 1.1)),
             ("presence_penalty", greedy(|p| p.presence_penalty = 0.5)),
             ("frequency_penalty", greedy(|p| p.frequency_penalty = 0.5)),
@@ -629,7 +632,7 @@ mod tests {
 
     #[test]
     fn logit_bias_forces_and_bans_tokens() {
-        let p = params(|p| p.logit_bias = vec![(3, 100.0), (9999, 5.0)]);
+        let p = params(|p| p.logit_bias = vec![(3, 100.0), (9999, 5.0)].into());
         let mut s = Sampler::new(&p);
         for _ in 0..200 {
             let mut logits = vec![0.0; 8];
@@ -637,7 +640,7 @@ mod tests {
         }
         let p = params(|p| {
             p.temperature = 0.0;
-            p.logit_bias = vec![(0, -100.0)];
+            p.logit_bias = vec![(0, -100.0)].into();
         });
         let mut logits = [5.0, 4.0, 1.0];
         assert_eq!(Sampler::new(&p).sample(&mut logits, &[], &[]).id, 1);
@@ -648,7 +651,7 @@ mod tests {
         let p = params(|p| {
             p.temperature = 0.0;
             p.min_tokens = 2;
-            p.stop_token_ids = vec![1];
+            p.stop_token_ids = vec![1].into();
         });
         let mut s = Sampler::new(&p);
         s.set_eos_ids(&[0]);
@@ -820,7 +823,7 @@ mod tests {
             p.logprobs = Some(3);
             p.repetition_penalty = 1.7;
             p.presence_penalty = 1.0;
-            p.logit_bias = vec![(2, 30.0)];
+            p.logit_bias = vec![(2, 30.0)].into();
             p.temperature = 0.3;
         });
         let expected: Vec<f32> = softmax(&raw).iter().map(|p| p.ln() as f32).collect();

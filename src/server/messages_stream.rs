@@ -27,6 +27,7 @@ use super::ModelState;
 use crate::engine::output::Delta;
 use crate::engine::sequence::FinishReason;
 use crate::text::reasoning::{self, Piece, ReasoningParser};
+use crate::text::stop::StopStrings;
 use crate::text::tool_parser::{ToolCallParser, ToolEvent};
 
 /// A content block of the reply; in a `content_block_start` event, as it
@@ -170,7 +171,7 @@ pub struct BlockBuilder {
     calls: usize,
     parallel: bool,
     ids: CallIds,
-    stops: Vec<String>,
+    stops: StopStrings,
     /// A token's text, as it reads mid-reply.
     token_text: Box<dyn Fn(u32) -> String + Send>,
     /// Set by the delta that finishes the reply.
@@ -335,7 +336,7 @@ impl BlockBuilder {
             return None;
         }
         let piece = d.token.map(&self.token_text).unwrap_or_default();
-        let fits = |stop: &&String| {
+        let fits = |stop: &&str| {
             let seen = format!("{}{stop}", d.text);
             piece
                 .char_indices()
@@ -344,9 +345,11 @@ impl BlockBuilder {
         };
         let found = self.stops.iter().filter(fits).min_by_key(|s| s.len());
         match found {
-            Some(stop) => Some(stop.clone()),
+            Some(stop) => Some(stop.to_string()),
             // The engine stops a sequence early only for a stop string.
-            None if d.abort_in_engine && self.stops.len() == 1 => Some(self.stops[0].clone()),
+            None if d.abort_in_engine && self.stops.len() == 1 => {
+                self.stops.iter().next().map(str::to_string)
+            }
             None => None,
         }
     }
@@ -500,7 +503,11 @@ mod tests {
             calls: 0,
             parallel: true,
             ids: CallIds::OpenAi,
-            stops: stops.iter().map(|s| s.to_string()).collect(),
+            stops: stops
+                .iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .into(),
             token_text: Box::new(move |_| piece.clone()),
             stop_reason: None,
             stop_sequence: None,

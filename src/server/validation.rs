@@ -255,8 +255,18 @@ impl Common<'_> {
             logit_bias.push((id, bias));
         }
         // JSON object order is lost in the map; sorted ids keep runs
-        // reproducible.
+        // reproducible. Keys that read as one id (`"5"`, `" 5"`, `"05"`)
+        // would say two things of one token.
         logit_bias.sort_unstable_by_key(|&(id, _)| id);
+        if let Some(w) = logit_bias.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(ApiError::bad_request(
+                format!("logit_bias names token {} more than once", w[0].0),
+                Some("logit_bias"),
+            ));
+        }
+        let mut stop_token_ids = self.stop_token_ids.cloned().unwrap_or_default();
+        stop_token_ids.sort_unstable();
+        stop_token_ids.dedup();
         // OpenAI takes `top_p: 0` as greedy: the nucleus is the most
         // likely token alone, which is top-1.
         let top_1 = self.top_p == Some(0.0);
@@ -282,11 +292,16 @@ impl Common<'_> {
                 .unwrap_or(defaults.repetition_penalty),
             presence_penalty: self.presence_penalty.unwrap_or(defaults.presence_penalty),
             frequency_penalty: self.frequency_penalty.unwrap_or(defaults.frequency_penalty),
-            logit_bias,
+            logit_bias: logit_bias.into(),
             // OpenAI takes any int64; the bit pattern keeps distinct seeds distinct.
             seed: self.seed.map(|s| s as u64),
-            stop: self.stop.cloned().map(Stop::into_vec).unwrap_or_default(),
-            stop_token_ids: self.stop_token_ids.cloned().unwrap_or_default(),
+            stop: self
+                .stop
+                .cloned()
+                .map(Stop::into_vec)
+                .unwrap_or_default()
+                .into(),
+            stop_token_ids: stop_token_ids.into(),
             ignore_eos: self.ignore_eos.unwrap_or(false),
             logprobs,
             prompt_logprobs: None,
@@ -875,10 +890,10 @@ mod tests {
             repetition_penalty: 1.2,
             presence_penalty: 0.5,
             frequency_penalty: -0.5,
-            logit_bias: vec![(7, -100.0), (50, 5.0)],
+            logit_bias: vec![(7, -100.0), (50, 5.0)].into(),
             seed: Some(u64::MAX),
-            stop: vec!["\n".into()],
-            stop_token_ids: vec![2],
+            stop: vec!["\n".into()].into(),
+            stop_token_ids: vec![2].into(),
             ignore_eos: true,
             logprobs: Some(2),
             prompt_logprobs: None,

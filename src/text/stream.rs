@@ -3,7 +3,7 @@
 //! scheduler's hot path.
 
 use crate::text::detokenizer::IncrementalDecoder;
-use crate::text::stop::StopMatcher;
+use crate::text::stop::{StopMatcher, StopStrings};
 use crate::text::tokenizer::Tokenizer;
 
 pub struct TextStream {
@@ -21,7 +21,7 @@ pub struct TextDelta {
 }
 
 impl TextStream {
-    pub fn new(stops: Vec<String>) -> Self {
+    pub fn new(stops: StopStrings) -> Self {
         TextStream {
             decoder: IncrementalDecoder::new(),
             stop: StopMatcher::new(stops),
