@@ -17,7 +17,7 @@
 //! continue, thinking on a model that does not think) is refused, naming
 //! the field.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::extract::{FromRequest, Request, State};
@@ -209,7 +209,7 @@ impl Prompt<'_> {
             return Err(bad("messages must not be empty", "messages"));
         }
         // Each tool_use id by its function's name, for the results.
-        let mut calls: Vec<(String, String)> = Vec::new();
+        let mut calls = Calls::new();
         for (k, m) in self.messages.iter().enumerate() {
             let at = format!("messages[{k}]");
             unsupported::refuse(&m.unknown, &at)?;
@@ -408,7 +408,7 @@ fn text_block(b: &Block, at: &str) -> Result<String, ApiError> {
 fn user_turns(
     content: &Content,
     at: &str,
-    calls: &[(String, String)],
+    calls: &Calls,
 ) -> Result<Vec<(Value, String)>, ApiError> {
     let blocks = match content {
         Content::Text(t) => return Ok(vec![(json!({"role": "user", "content": t}), at.into())]),
@@ -454,12 +454,15 @@ fn user_turns(
     Ok(turns)
 }
 
+/// The tool calls of the assistant messages so far: each id's tool name.
+type Calls = HashMap<String, String>;
+
 /// A tool result as a tool turn. `is_error` is shown to the model as an
 /// `Error: ` before the output, the only way a template can show it.
-fn tool_result(b: &Block, at: &str, calls: &[(String, String)]) -> Result<Value, ApiError> {
+fn tool_result(b: &Block, at: &str, calls: &Calls) -> Result<Value, ApiError> {
     only(b, &["tool_use_id", "content", "is_error"], at)?;
     let id = required(&b.tool_use_id, at, "tool_use_id", "tool_result")?;
-    let Some((_, name)) = calls.iter().find(|(call, _)| call == id) else {
+    let Some(name) = calls.get(id) else {
         return Err(bad(
             format!(
                 "tool_use_id {:?} answers no tool_use block of an earlier assistant message",
@@ -480,11 +483,7 @@ fn tool_result(b: &Block, at: &str, calls: &[(String, String)]) -> Result<Value,
 
 /// An assistant message: its text, its thinking and its tool calls as
 /// one turn; each call's id is recorded for the results that follow.
-fn assistant_turn(
-    content: &Content,
-    at: &str,
-    calls: &mut Vec<(String, String)>,
-) -> Result<Value, ApiError> {
+fn assistant_turn(content: &Content, at: &str, calls: &mut Calls) -> Result<Value, ApiError> {
     let blocks = match content {
         Content::Text(t) => return Ok(json!({"role": "assistant", "content": t})),
         Content::Blocks(b) if b.is_empty() => {
@@ -493,7 +492,6 @@ fn assistant_turn(
         Content::Blocks(b) => b,
     };
     let (mut text, mut thinking, mut tool_calls) = (Vec::new(), Vec::new(), Vec::new());
-    let mut ids = HashSet::new();
     for (j, b) in blocks.iter().enumerate() {
         let at = format!("{at}.content[{j}]");
         match b.kind.as_str() {
@@ -515,13 +513,12 @@ fn assistant_turn(
                         &format!("{at}.input"),
                     ));
                 }
-                if !ids.insert(id.clone()) || calls.iter().any(|(c, _)| c == id) {
+                if calls.insert(id.clone(), name.clone()).is_some() {
                     return Err(bad(
                         format!("tool_use id {:?} is used twice", clip(id, MAX_ECHO_CHARS)),
                         &format!("{at}.id"),
                     ));
                 }
-                calls.push((id.clone(), name.clone()));
                 tool_calls.push(json!({"id": id, "type": "function",
                                        "function": {"name": name, "arguments": input}}));
             }

@@ -3,7 +3,9 @@
 //! in `unknown`, which validation refuses (`unsupported`): a field wick
 //! would ignore is an answer the client did not ask for, so declaring a
 //! field here is what makes wick accept it. Range checks live in
-//! `validation`, not here: serde only enforces types.
+//! `validation`, not here: serde only enforces types, with one exception:
+//! `metadata`'s bounds are checked while it is read, so a body of half a
+//! million keys is refused at the 17th rather than built first.
 //!
 //! Null versus absent follows OpenAI's wire format: `finish_reason` and
 //! `logprobs` are always present (null until known), `usage` appears only
@@ -12,7 +14,10 @@
 use std::collections::{BTreeMap, HashMap};
 
 use indexmap::IndexMap;
-use serde::{Deserialize, Serialize};
+use serde::de::{Error as _, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
+
+use super::error::{clip, MAX_ECHO_CHARS};
 
 // On an untagged enum, `expecting` is the whole error message when no
 // variant matches, hence its "expected ..." wording.
@@ -46,6 +51,59 @@ impl Stop {
             Stop::One(s) => vec![s],
             Stop::Many(v) => v,
         }
+    }
+}
+
+/// OpenAI's `metadata`, for the client's own records: at most
+/// [`MAX_METADATA_KEYS`] keys of at most [`MAX_METADATA_KEY_CHARS`]
+/// characters, each value at most [`MAX_METADATA_VALUE_CHARS`], as OpenAI
+/// bounds it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(transparent)]
+pub struct Metadata(pub IndexMap<String, String>);
+
+pub const MAX_METADATA_KEYS: usize = 16;
+pub const MAX_METADATA_KEY_CHARS: usize = 64;
+pub const MAX_METADATA_VALUE_CHARS: usize = 512;
+
+impl<'de> Deserialize<'de> for Metadata {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Entries;
+        impl<'de> Visitor<'de> for Entries {
+            type Value = Metadata;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object of string values")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Metadata, A::Error> {
+                let mut out = IndexMap::new();
+                while let Some((key, value)) = map.next_entry::<String, String>()? {
+                    if out.len() == MAX_METADATA_KEYS && !out.contains_key(&key) {
+                        return Err(A::Error::custom(format!(
+                            "metadata may hold at most {MAX_METADATA_KEYS} keys"
+                        )));
+                    }
+                    if key.chars().count() > MAX_METADATA_KEY_CHARS {
+                        return Err(A::Error::custom(format!(
+                            "metadata keys may be at most {MAX_METADATA_KEY_CHARS} characters, \
+                             got {:?}",
+                            clip(&key, MAX_ECHO_CHARS)
+                        )));
+                    }
+                    if value.chars().count() > MAX_METADATA_VALUE_CHARS {
+                        return Err(A::Error::custom(format!(
+                            "metadata values may be at most {MAX_METADATA_VALUE_CHARS} \
+                             characters; the value of {key:?} has {}",
+                            value.chars().count()
+                        )));
+                    }
+                    out.insert(key, value);
+                }
+                Ok(Metadata(out))
+            }
+        }
+        d.deserialize_map(Entries)
     }
 }
 
@@ -251,7 +309,7 @@ pub struct ChatCompletionRequest {
     // output, so accepted and left unused.
     pub user: Option<String>,
     pub store: Option<bool>,
-    pub metadata: Option<HashMap<String, String>>,
+    pub metadata: Option<Metadata>,
     pub service_tier: Option<String>,
     // OpenAI's prompt-cache routing key and the end user's id for abuse
     // checks: no effect on output (wick's prefix cache needs no key).
@@ -997,5 +1055,26 @@ mod tests {
             json!({"object": "list", "data": [{"id": "m", "object": "model", "created": 5,
                                                 "owned_by": "wick", "max_model_len": 8192}]})
         );
+    }
+
+    #[test]
+    fn metadata_is_bounded_as_at_openai() {
+        let read = |v: Value| serde_json::from_value::<Metadata>(v).map_err(|e| e.to_string());
+        let keys =
+            |n: usize| Value::Object((0..n).map(|i| (format!("k{i}"), json!("v"))).collect());
+        let m = read(keys(MAX_METADATA_KEYS)).unwrap();
+        assert_eq!(m.0.len(), MAX_METADATA_KEYS);
+        assert_eq!(
+            m.0.get_index(3),
+            Some((&"k3".to_string(), &"v".to_string()))
+        );
+        let e = read(keys(MAX_METADATA_KEYS + 1)).unwrap_err();
+        assert!(e.contains("at most 16 keys"), "{e}");
+        let e = read(json!({"k".repeat(65): "v"})).unwrap_err();
+        assert!(e.contains("at most 64 characters"), "{e}");
+        assert!(read(json!({"é".repeat(64): "é".repeat(512)})).is_ok());
+        let e = read(json!({"k": "v".repeat(513)})).unwrap_err();
+        assert!(e.contains("at most 512") && e.contains("has 513"), "{e}");
+        assert!(read(json!({"k": 1})).is_err());
     }
 }

@@ -14,6 +14,8 @@
 //!   `parallel_tool_calls` is false).
 //! - a named function: decoding is constrained to its arguments.
 
+use std::collections::HashSet;
+
 use serde_json::{json, Value};
 
 use super::error::ApiError;
@@ -22,6 +24,9 @@ use super::unsupported;
 use crate::sampling::constraint::Grammar;
 use crate::text::chat_template::Message;
 use crate::text::tool_parser::{ToolCallParser, ToolFormat};
+
+/// Most tools one request may give, as at OpenAI.
+pub const MAX_TOOLS: usize = 128;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum ToolMode {
@@ -118,7 +123,17 @@ pub fn plan(req: &ChatCompletionRequest, template: &str) -> Result<ToolPlan, Api
             Some("tools"),
         ));
     }
+    if tools.len() > MAX_TOOLS {
+        return Err(ApiError::bad_request(
+            format!(
+                "tools may list at most {MAX_TOOLS} functions, got {}",
+                tools.len()
+            ),
+            Some("tools"),
+        ));
+    }
     let mut names: Vec<&str> = Vec::with_capacity(tools.len());
+    let mut seen = HashSet::with_capacity(tools.len());
     for (i, t) in tools.iter().enumerate() {
         unsupported::refuse(&t.unknown, &format!("tools[{i}]"))?;
         unsupported::refuse(&t.function.unknown, &format!("tools[{i}].function"))?;
@@ -143,7 +158,7 @@ pub fn plan(req: &ChatCompletionRequest, template: &str) -> Result<ToolPlan, Api
                 Some(&format!("tools[{i}].function.name")),
             ));
         }
-        if names.contains(&name) {
+        if !seen.insert(name) {
             return Err(ApiError::bad_request(
                 format!("two tools are named {name:?}"),
                 Some(&format!("tools[{i}].function.name")),
@@ -192,7 +207,7 @@ pub fn plan(req: &ChatCompletionRequest, template: &str) -> Result<ToolPlan, Api
             if tools.is_empty() {
                 return Err(needs_tools());
             }
-            if !names.contains(&named.function.name.as_str()) {
+            if !seen.contains(named.function.name.as_str()) {
                 return Err(ApiError::bad_request(
                     format!(
                         "tool_choice names the function {:?}, which is not among the tools",
@@ -469,6 +484,12 @@ mod tests {
             (
                 json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]}),
                 "tools[0].function.parameters",
+            ),
+            (
+                json!({"tools": (0..=MAX_TOOLS)
+                    .map(|i| json!({"type": "function", "function": {"name": format!("f{i}")}}))
+                    .collect::<Vec<_>>()}),
+                "tools",
             ),
             (
                 json!({"tools": [{"type": "function", "function": {"name": "f"}, "cache": 1}]}),
