@@ -384,7 +384,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             request_timeout: args.request_timeout_secs.map(Duration::from_secs),
             sse_keep_alive: Duration::from_secs(args.sse_keep_alive_secs.max(1)),
         },
-        responses: Default::default(),
+        responses: std::sync::Mutex::new(ResponseStore::for_owners(router_cfg.api_keys.len())),
     });
     let app = router(state.clone(), &router_cfg)?;
     // Tests and scripts read the bound address (the port may be 0) from here.

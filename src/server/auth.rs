@@ -3,6 +3,8 @@
 //! KEY` or as `x-api-key: KEY` (how Anthropic's clients send it); `/health`
 //! and `/metrics` stay open for probes and scrapers, as in vLLM. The
 //! Anthropic endpoints (`/v1/messages…`) refuse in Anthropic's error shape.
+//! A request let through carries which key it gave ([`Owner`]), so what
+//! one key stores is its own.
 
 use std::sync::Arc;
 
@@ -10,9 +12,10 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use subtle::ConstantTimeEq;
+use subtle::{ConditionallySelectable, ConstantTimeEq};
 
 use super::error::ApiError;
+use super::responses_store::Owner;
 
 #[derive(Clone)]
 pub struct ApiKeys(Arc<Vec<Vec<u8>>>);
@@ -22,12 +25,15 @@ impl ApiKeys {
         ApiKeys(Arc::new(keys.into_iter().map(String::into_bytes).collect()))
     }
 
-    /// Whether `given` is one of the keys. Every key is compared, each in
-    /// constant time, so the timing tells nothing about which bytes matched.
-    fn accepts(&self, given: &[u8]) -> bool {
-        self.0.iter().fold(false, |found, key| {
-            found | bool::from(key.as_slice().ct_eq(given))
-        })
+    /// Which of the keys `given` is. Every key is compared, each in
+    /// constant time, so the timing tells nothing about which bytes matched,
+    /// nor which key.
+    fn find(&self, given: &[u8]) -> Option<Owner> {
+        let none = u64::MAX;
+        let found = self.0.iter().enumerate().fold(none, |found, (i, key)| {
+            u64::conditional_select(&found, &(i as u64), key.as_slice().ct_eq(given))
+        });
+        (found != none).then_some(Owner(found as usize))
     }
 }
 
@@ -36,7 +42,11 @@ fn is_protected(path: &str) -> bool {
         || ["/v1", "/tokenize", "/detokenize", "/tokenizer_info"].contains(&path)
 }
 
-pub async fn require_api_key(State(keys): State<ApiKeys>, req: Request, next: Next) -> Response {
+pub async fn require_api_key(
+    State(keys): State<ApiKeys>,
+    mut req: Request,
+    next: Next,
+) -> Response {
     let path = req.uri().path();
     if !is_protected(path) {
         return next.run(req).await;
@@ -50,13 +60,16 @@ pub async fn require_api_key(State(keys): State<ApiKeys>, req: Request, next: Ne
         }
     });
     let x_api_key = req.headers().get("x-api-key").map(|v| v.as_bytes());
-    // Both are checked (`|`, not `||`): the time taken tells nothing.
-    let accepted =
-        bearer.is_some_and(|k| keys.accepts(k)) | x_api_key.is_some_and(|k| keys.accepts(k));
-    if accepted {
+    // Both are checked: the time taken tells nothing.
+    let (by_bearer, by_header) = (
+        bearer.and_then(|k| keys.find(k)),
+        x_api_key.and_then(|k| keys.find(k)),
+    );
+    let provided = bearer.is_some() || x_api_key.is_some();
+    if let Some(owner) = by_bearer.or(by_header) {
+        req.extensions_mut().insert(owner);
         return next.run(req).await;
     }
-    let provided = bearer.is_some() || x_api_key.is_some();
     let mut response = if is_anthropic(path) {
         anthropic_unauthorized(provided)
     } else {
@@ -92,8 +105,8 @@ mod tests {
     #[test]
     fn keys_match_exactly() {
         let keys = ApiKeys::new(vec!["sk-one".into(), "sk-two".into()]);
-        assert!(keys.accepts(b"sk-one"));
-        assert!(keys.accepts(b"sk-two"));
+        assert_eq!(keys.find(b"sk-one"), Some(Owner(0)));
+        assert_eq!(keys.find(b"sk-two"), Some(Owner(1)));
         for wrong in [
             &b""[..],
             b"sk-on",
@@ -102,9 +115,9 @@ mod tests {
             b"SK-ONE",
             b"sk-three",
         ] {
-            assert!(!keys.accepts(wrong), "{wrong:?}");
+            assert_eq!(keys.find(wrong), None, "{wrong:?}");
         }
-        assert!(!ApiKeys::new(Vec::new()).accepts(b""));
+        assert_eq!(ApiKeys::new(Vec::new()).find(b""), None);
     }
 
     #[test]

@@ -21,13 +21,12 @@ use std::convert::Infallible;
 use std::sync::{Arc, MutexGuard, PoisonError};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::{FromRequest, Path, RawQuery, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use indexmap::IndexMap;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -36,8 +35,8 @@ use super::access::AccessRecord;
 use super::error::{clip, ApiError, MAX_ECHO_CHARS};
 use super::generation;
 use super::json_body::JsonBody;
-use super::protocol::{ChatCompletionRequest, Stop, UnknownFields};
-use super::responses_store::{ResponseStore, Stored};
+use super::protocol::{ChatCompletionRequest, Metadata, Stop, UnknownFields};
+use super::responses_store::{Owner, ResponseStore, Stored};
 use super::responses_stream::{new_id, ReplyShape, ResponseBuilder};
 use super::unsupported;
 use super::validation::validate_chat;
@@ -86,7 +85,7 @@ pub struct ResponsesRequest {
     /// Only `"disabled"`: an input that does not fit is refused.
     pub truncation: Option<String>,
     // For the client's own records, echoed back: no effect on output.
-    pub metadata: Option<IndexMap<String, String>>,
+    pub metadata: Option<Metadata>,
     pub user: Option<String>,
     pub safety_identifier: Option<String>,
     pub prompt_cache_key: Option<String>,
@@ -258,8 +257,10 @@ struct Translated {
 pub async fn create_response(
     State(state): State<Arc<AppState>>,
     Extension(access): Extension<AccessRecord>,
+    owner: Option<Extension<Owner>>,
     request: Request,
 ) -> Result<Response, ApiError> {
+    let owner = owner.map(|o| o.0).unwrap_or_default();
     let (mut parts, body) = request.into_parts();
     let JsonBody(req) = JsonBody::<ResponsesRequest>::from_request(
         Request::from_parts(parts.clone(), body),
@@ -268,7 +269,7 @@ pub async fn create_response(
     .await?;
     let history = match &req.previous_response_id {
         Some(id) => {
-            let stored = store(&state).get(id, Instant::now());
+            let stored = store(&state).get(owner, id, Instant::now());
             stored
                 .ok_or_else(|| not_found(id, Some("previous_response_id")))?
                 .conversation
@@ -302,9 +303,10 @@ pub async fn create_response(
     let mut builder = ResponseBuilder::new(new_id("resp"), unix_now(), echo, shape);
     let keep = req.store.unwrap_or(true).then(|| Keep {
         state: state.clone(),
+        owner,
         conversation: history
             .into_iter()
-            .chain(t.input.into_iter().map(Arc::new))
+            .chain(t.input.iter().map(json_bytes))
             .collect(),
     });
 
@@ -331,7 +333,7 @@ pub async fn create_response(
                         // Kept before the client hears it is done, so a
                         // follow-up may name it at once.
                         if let Some(keep) = &keep {
-                            keep.save(&builder, response);
+                            keep.save(&builder, json_bytes(&response));
                         }
                         for event in events {
                             yield sse(event);
@@ -351,30 +353,36 @@ pub async fn create_response(
         builder.push(delta);
     }
     let (_, response) = builder.finish(g.usage());
+    let response = json_bytes(&response);
     if let Some(keep) = &keep {
         keep.save(&builder, response.clone());
     }
-    Ok(Json(response).into_response())
+    Ok(json_response(response))
 }
 
-/// `GET /v1/responses/{id}`: a kept response.
+/// `GET /v1/responses/{id}`: a kept response, sent as the bytes it is
+/// kept as (however large, no work on the async workers).
 pub async fn retrieve(
     State(state): State<Arc<AppState>>,
+    owner: Option<Extension<Owner>>,
     Path(id): Path<String>,
     RawQuery(query): RawQuery,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     refuse_query(query.as_deref())?;
-    let stored = store(&state).get(&id, Instant::now());
+    let owner = owner.map(|o| o.0).unwrap_or_default();
+    let stored = store(&state).get(owner, &id, Instant::now());
     let stored = stored.ok_or_else(|| not_found(&id, None))?;
-    Ok(Json(Value::clone(&stored.response)))
+    Ok(json_response(stored.response))
 }
 
 /// `DELETE /v1/responses/{id}`: forgets a kept response.
 pub async fn delete(
     State(state): State<Arc<AppState>>,
+    owner: Option<Extension<Owner>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    if !store(&state).remove(&id) {
+    let owner = owner.map(|o| o.0).unwrap_or_default();
+    if !store(&state).remove(owner, &id) {
         return Err(not_found(&id, None));
     }
     Ok(Json(
@@ -385,19 +393,20 @@ pub async fn delete(
 /// Where a finished response is kept, with the conversation before its reply.
 struct Keep {
     state: Arc<AppState>,
-    conversation: Vec<Arc<Value>>,
+    owner: Owner,
+    conversation: Vec<Bytes>,
 }
 
 impl Keep {
-    fn save(&self, builder: &ResponseBuilder, response: Value) {
+    fn save(&self, builder: &ResponseBuilder, response: Bytes) {
         let mut conversation = self.conversation.clone();
-        conversation.push(Arc::new(builder.assistant_message()));
+        conversation.push(json_bytes(&builder.assistant_message()));
         let stored = Stored {
-            response: Arc::new(response),
+            response,
             conversation,
         };
         let id = builder.id().to_string();
-        if !store(&self.state).insert(id, stored, Instant::now()) {
+        if !store(&self.state).insert(self.owner, id, stored, Instant::now()) {
             tracing::warn!(
                 "response {} is larger than the response store's byte budget: not kept",
                 builder.id()
@@ -411,6 +420,15 @@ fn store(state: &AppState) -> MutexGuard<'_, ResponseStore> {
         .responses
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
+}
+
+fn json_bytes(v: &Value) -> Bytes {
+    // A `Value` always serialises.
+    Bytes::from(serde_json::to_vec(v).unwrap_or_default())
+}
+
+fn json_response(body: Bytes) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 fn sse(event: Value) -> Event {
@@ -524,7 +542,7 @@ fn number(x: f32) -> Value {
         .map_or(Value::Null, Value::Number)
 }
 
-fn translate(req: &ResponsesRequest, history: &[Arc<Value>]) -> Result<Translated, ApiError> {
+fn translate(req: &ResponsesRequest, history: &[Bytes]) -> Result<Translated, ApiError> {
     unsupported::refuse(&req.unknown, "")?;
     refuse_unservable(req)?;
     let mut chat = Map::new();
@@ -547,7 +565,10 @@ fn translate(req: &ResponsesRequest, history: &[Arc<Value>]) -> Result<Translate
     if let Some(instructions) = &req.instructions {
         messages.push(json!({"role": "system", "content": instructions}));
     }
-    messages.extend(history.iter().map(|m| Value::clone(m)));
+    for m in history {
+        let m = serde_json::from_slice(m).map_err(|e| ApiError::internal(e.to_string()))?;
+        messages.push(m);
+    }
     messages.extend(input.iter().cloned());
     chat.insert("messages".into(), Value::Array(messages));
 
@@ -1161,7 +1182,7 @@ mod tests {
             "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}},
             "seed": 3, "stop": "END",
         }));
-        let history = [Arc::new(json!({"role": "user", "content": "before"}))];
+        let history = [json_bytes(&json!({"role": "user", "content": "before"}))];
         let t = translate(&req, &history).unwrap();
         assert_eq!(
             t.chat,

@@ -1,40 +1,91 @@
 //! The responses `POST /v1/responses` keeps (`store`, on by default as at
 //! OpenAI) for `GET`/`DELETE /v1/responses/{id}` and for a later request's
-//! `previous_response_id`. In memory only, so a restart loses them all, and
-//! bounded three ways: at most [`CAPACITY`] responses, at most
-//! [`MAX_BYTES`] of them (each counted with its whole conversation), each
-//! kept [`TTL`] after it was last stored or read; past a bound the least
-//! recently used go first. The store belongs to the server's `AppState`,
-//! behind its mutex; nothing here awaits.
+//! `previous_response_id`. In memory only, so a restart loses them all.
+//!
+//! Each API key has a shelf of its own ([`Owner`]): a response is found
+//! only with the key that stored it, and one key's traffic evicts only its
+//! own. A shelf holds an equal share of the store, bounded three ways: at
+//! most [`CAPACITY`] responses, at most [`MAX_BYTES`] of them, each kept
+//! [`TTL`] after it was last stored or read; past a bound the least
+//! recently used go first. Responses are held as the JSON bytes they are
+//! sent as, so what is counted is what is held (a message shared by a
+//! conversation's responses is counted once for each). The store belongs
+//! to the server's `AppState`, behind its mutex; nothing here awaits.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use axum::body::Bytes;
 use indexmap::IndexMap;
-use serde_json::Value;
 
-/// Most responses kept.
+/// Most responses kept, over all keys.
 pub const CAPACITY: usize = 1024;
 /// How long a response is kept after it was last stored or read.
 pub const TTL: Duration = Duration::from_secs(60 * 60);
-/// Most bytes kept (each response's JSON plus its conversation's).
+/// Most bytes kept over all keys (each response's JSON plus its
+/// conversation's).
 pub const MAX_BYTES: usize = 256 << 20;
+
+/// Whose a response is: the index of the API key its request carried
+/// (0 on a server without keys).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Owner(pub usize);
 
 /// One kept response.
 #[derive(Debug, Clone)]
 pub struct Stored {
     /// The Response object, as `GET` returns it.
-    pub response: Arc<Value>,
-    /// The conversation a follow-up continues: chat messages (without the
-    /// request's `instructions`, which OpenAI does not carry over), the
-    /// reply included. Messages are shared with the responses that follow.
-    pub conversation: Vec<Arc<Value>>,
+    pub response: Bytes,
+    /// The conversation a follow-up continues, a chat message's JSON each
+    /// (without the request's `instructions`, which OpenAI does not carry
+    /// over), the reply included. Shared with the responses that follow.
+    pub conversation: Vec<Bytes>,
 }
 
 impl Stored {
     fn bytes(&self) -> usize {
-        let json = |v: &Value| serde_json::to_string(v).map_or(0, |s| s.len());
-        json(&self.response) + self.conversation.iter().map(|m| json(m)).sum::<usize>()
+        self.response.len() + self.conversation.iter().map(Bytes::len).sum::<usize>()
+    }
+}
+
+/// Every owner's shelf.
+pub struct ResponseStore {
+    shelves: Vec<Shelf>,
+}
+
+impl ResponseStore {
+    /// A store for `owners` keys (at least one), each with an equal share
+    /// of `capacity` and `max_bytes`.
+    pub fn new(owners: usize, capacity: usize, max_bytes: usize, ttl: Duration) -> Self {
+        let owners = owners.max(1);
+        ResponseStore {
+            shelves: (0..owners)
+                .map(|_| Shelf::new(capacity / owners, max_bytes / owners, ttl))
+                .collect(),
+        }
+    }
+
+    /// The store with the default bounds.
+    pub fn for_owners(owners: usize) -> Self {
+        ResponseStore::new(owners, CAPACITY, MAX_BYTES, TTL)
+    }
+
+    /// Keeps `stored` under `id` on `owner`'s shelf, evicting what its
+    /// bounds require; a response larger than the shelf's byte budget is
+    /// not kept (false).
+    pub fn insert(&mut self, owner: Owner, id: String, stored: Stored, now: Instant) -> bool {
+        self.shelves
+            .get_mut(owner.0)
+            .is_some_and(|s| s.insert(id, stored, now))
+    }
+
+    /// The response `owner` kept under `id`, now the most recently used.
+    pub fn get(&mut self, owner: Owner, id: &str, now: Instant) -> Option<Stored> {
+        self.shelves.get_mut(owner.0)?.get(id, now)
+    }
+
+    /// Forgets `owner`'s `id`; false if it was not kept.
+    pub fn remove(&mut self, owner: Owner, id: &str) -> bool {
+        self.shelves.get_mut(owner.0).is_some_and(|s| s.remove(id))
     }
 }
 
@@ -44,8 +95,8 @@ struct Entry {
     last_used: Instant,
 }
 
-/// Least recently used first.
-pub struct ResponseStore {
+/// One owner's responses, least recently used first.
+struct Shelf {
     entries: IndexMap<String, Entry>,
     bytes: usize,
     capacity: usize,
@@ -53,15 +104,9 @@ pub struct ResponseStore {
     ttl: Duration,
 }
 
-impl Default for ResponseStore {
-    fn default() -> Self {
-        ResponseStore::new(CAPACITY, MAX_BYTES, TTL)
-    }
-}
-
-impl ResponseStore {
-    pub fn new(capacity: usize, max_bytes: usize, ttl: Duration) -> Self {
-        ResponseStore {
+impl Shelf {
+    fn new(capacity: usize, max_bytes: usize, ttl: Duration) -> Self {
+        Shelf {
             entries: IndexMap::new(),
             bytes: 0,
             capacity,
@@ -70,9 +115,7 @@ impl ResponseStore {
         }
     }
 
-    /// Keeps `stored` under `id`, evicting what the bounds require; a
-    /// response larger than the whole byte budget is not kept (false).
-    pub fn insert(&mut self, id: String, stored: Stored, now: Instant) -> bool {
+    fn insert(&mut self, id: String, stored: Stored, now: Instant) -> bool {
         self.expire(now);
         self.remove(&id);
         let bytes = stored.bytes();
@@ -97,8 +140,7 @@ impl ResponseStore {
         true
     }
 
-    /// The response kept under `id`, now the most recently used.
-    pub fn get(&mut self, id: &str, now: Instant) -> Option<Stored> {
+    fn get(&mut self, id: &str, now: Instant) -> Option<Stored> {
         self.expire(now);
         let (_, key, mut entry) = self.entries.shift_remove_full(id)?;
         entry.last_used = now;
@@ -107,8 +149,7 @@ impl ResponseStore {
         Some(stored)
     }
 
-    /// Forgets `id`; false if it was not kept.
-    pub fn remove(&mut self, id: &str) -> bool {
+    fn remove(&mut self, id: &str) -> bool {
         match self.entries.shift_remove(id) {
             Some(old) => {
                 self.bytes -= old.bytes;
@@ -116,14 +157,6 @@ impl ResponseStore {
             }
             None => false,
         }
-    }
-
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
     }
 
     /// Drops what has not been used for the TTL: the least recently used
@@ -142,66 +175,94 @@ impl ResponseStore {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
-
     use super::*;
+
+    const ONE: Owner = Owner(0);
 
     fn stored(text: &str) -> Stored {
         Stored {
-            response: Arc::new(json!({"id": text})),
-            conversation: vec![Arc::new(json!({"role": "user", "content": text}))],
+            response: Bytes::from(format!("{{\"id\": \"{text}\"}}")),
+            conversation: vec![Bytes::from(format!(
+                "{{\"role\": \"user\", \"content\": \"{text}\"}}"
+            ))],
         }
     }
 
     #[test]
     fn least_recently_used_goes_first() {
         let t = Instant::now();
-        let mut s = ResponseStore::new(2, usize::MAX, TTL);
-        assert!(s.insert("a".into(), stored("a"), t));
-        assert!(s.insert("b".into(), stored("b"), t));
+        let mut s = ResponseStore::new(1, 2, usize::MAX, TTL);
+        assert!(s.insert(ONE, "a".into(), stored("a"), t));
+        assert!(s.insert(ONE, "b".into(), stored("b"), t));
         // Reading `a` makes `b` the least recently used.
-        assert!(s.get("a", t).is_some());
-        assert!(s.insert("c".into(), stored("c"), t));
-        assert!(s.get("b", t).is_none());
-        assert!(s.get("a", t).is_some() && s.get("c", t).is_some());
-        assert_eq!(s.len(), 2);
-        assert!(s.remove("a"));
-        assert!(!s.remove("a"));
-        assert_eq!(s.len(), 1);
+        assert!(s.get(ONE, "a", t).is_some());
+        assert!(s.insert(ONE, "c".into(), stored("c"), t));
+        assert!(s.get(ONE, "b", t).is_none());
+        assert!(s.get(ONE, "a", t).is_some() && s.get(ONE, "c", t).is_some());
+        assert_eq!(s.shelves[0].entries.len(), 2);
+        assert!(s.remove(ONE, "a"));
+        assert!(!s.remove(ONE, "a"));
+        assert_eq!(s.shelves[0].entries.len(), 1);
     }
 
     #[test]
     fn unused_responses_expire() {
         let t = Instant::now();
         let ttl = Duration::from_secs(10);
-        let mut s = ResponseStore::new(8, usize::MAX, ttl);
-        s.insert("a".into(), stored("a"), t);
-        s.insert("b".into(), stored("b"), t + Duration::from_secs(5));
+        let mut s = ResponseStore::new(1, 8, usize::MAX, ttl);
+        s.insert(ONE, "a".into(), stored("a"), t);
+        s.insert(ONE, "b".into(), stored("b"), t + Duration::from_secs(5));
         // Read at 9 s, `a` lives until 19 s; `b`, unread, until 15 s.
-        assert!(s.get("a", t + Duration::from_secs(9)).is_some());
-        assert!(s.get("b", t + Duration::from_secs(16)).is_none());
-        assert!(s.get("a", t + Duration::from_secs(18)).is_some());
-        assert!(s.get("a", t + Duration::from_secs(40)).is_none());
-        assert!(s.is_empty());
+        assert!(s.get(ONE, "a", t + Duration::from_secs(9)).is_some());
+        assert!(s.get(ONE, "b", t + Duration::from_secs(16)).is_none());
+        assert!(s.get(ONE, "a", t + Duration::from_secs(18)).is_some());
+        assert!(s.get(ONE, "a", t + Duration::from_secs(40)).is_none());
+        assert!(s.shelves[0].entries.is_empty());
     }
 
     #[test]
     fn the_byte_budget_evicts_and_refuses_what_cannot_fit() {
         let t = Instant::now();
         let one = stored("x").bytes();
-        let mut s = ResponseStore::new(100, 2 * one, TTL);
-        s.insert("a".into(), stored("a"), t);
-        s.insert("b".into(), stored("b"), t);
-        s.insert("c".into(), stored("c"), t);
-        assert_eq!(s.len(), 2);
-        assert!(s.get("a", t).is_none());
-        assert_eq!(s.bytes, 2 * one);
+        let mut s = ResponseStore::new(1, 100, 2 * one, TTL);
+        s.insert(ONE, "a".into(), stored("a"), t);
+        s.insert(ONE, "b".into(), stored("b"), t);
+        s.insert(ONE, "c".into(), stored("c"), t);
+        assert_eq!(s.shelves[0].entries.len(), 2);
+        assert!(s.get(ONE, "a", t).is_none());
+        assert_eq!(s.shelves[0].bytes, 2 * one);
         let huge = stored(&"y".repeat(3 * one));
-        assert!(!s.insert("h".into(), huge, t));
-        assert_eq!(s.len(), 2, "a response too big to keep evicts nothing");
+        assert!(!s.insert(ONE, "h".into(), huge, t));
+        assert_eq!(
+            s.shelves[0].entries.len(),
+            2,
+            "a response too big to keep evicts nothing"
+        );
         // Storing an id again replaces it.
-        s.insert("b".into(), stored("B"), t);
-        assert_eq!(s.len(), 2);
-        assert_eq!(s.get("b", t).unwrap().response["id"], "B");
+        s.insert(ONE, "b".into(), stored("B"), t);
+        assert_eq!(s.shelves[0].entries.len(), 2);
+        assert_eq!(
+            &s.get(ONE, "b", t).unwrap().response[..],
+            b"{\"id\": \"B\"}"
+        );
+    }
+
+    /// A key finds only its own responses, and filling its share evicts
+    /// nothing of another key's.
+    #[test]
+    fn each_key_has_its_own_share() {
+        let t = Instant::now();
+        let (a, b) = (Owner(0), Owner(1));
+        let mut s = ResponseStore::new(2, 4, usize::MAX, TTL);
+        assert!(s.insert(a, "r".into(), stored("a"), t));
+        assert!(s.get(b, "r", t).is_none());
+        assert!(!s.remove(b, "r"));
+        for i in 0..10 {
+            assert!(s.insert(b, format!("b{i}"), stored("b"), t));
+        }
+        assert_eq!(s.shelves[1].entries.len(), 2, "each key holds half");
+        assert!(s.get(a, "r", t).is_some());
+        assert!(s.get(Owner(2), "r", t).is_none());
+        assert!(!s.insert(Owner(2), "r".into(), stored("c"), t));
     }
 }
