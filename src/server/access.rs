@@ -6,9 +6,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::extract::Request;
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderValue};
 use axum::middleware::Next;
 use axum::response::Response;
+
+use tower_http::request_id::{MakeRequestId, MakeRequestUuid};
 
 use super::body_guard::{guard_body, BodyEnd};
 
@@ -32,6 +34,24 @@ pub fn request_id(headers: &HeaderMap) -> String {
         })
         .collect();
     id
+}
+
+/// Middleware, between the layer that gives a request its id and the one
+/// that echoes it: the `X-Request-Id` becomes [`request_id`]'s form, so
+/// the echoed header, the log line and the response's id agree. An id
+/// with nothing left of it gets a fresh one.
+pub async fn sanitize_request_id(mut req: Request, next: Next) -> Response {
+    let id = request_id(req.headers());
+    let value = match HeaderValue::from_str(&id) {
+        Ok(v) if !id.is_empty() => Some(v),
+        _ => MakeRequestUuid
+            .make_request_id(&req)
+            .map(|id| id.header_value().clone()),
+    };
+    if let Some(v) = value {
+        req.headers_mut().insert("x-request-id", v);
+    }
+    next.run(req).await
 }
 
 /// What a handler learns about a request that the access line reports.

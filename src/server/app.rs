@@ -173,6 +173,7 @@ pub fn router(state: Arc<AppState>, cfg: &RouterConfig) -> anyhow::Result<Router
     // page can read them.
     let layers = ServiceBuilder::new()
         .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+        .layer(middleware::from_fn(access::sanitize_request_id))
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(
             TraceLayer::new_for_http()
