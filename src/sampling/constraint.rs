@@ -217,16 +217,55 @@ impl ConstraintFactory {
 }
 
 /// An llguidance error as a client may see it: on one line, without any
-/// parser state, bounded.
+/// parser state or markup, bounded, and the failures a client's grammar can
+/// cause said in words it can act on ([`PLAIN_WORDS`]).
 pub fn terse(e: anyhow::Error) -> anyhow::Error {
     let text = e.to_string();
     let text = text.split("<state>").next().unwrap_or_default();
-    let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let line = text
+        .split_whitespace()
+        .filter(|w| *w != "<non-verbose/>")
+        .collect::<Vec<_>>()
+        .join(" ");
+    let line = match PLAIN_WORDS.iter().find(|(marker, _)| line.contains(marker)) {
+        Some((_, words)) => words.to_string(),
+        None => line,
+    };
     match line.char_indices().nth(MAX_ERROR_CHARS) {
         Some((at, _)) => anyhow::anyhow!("{}…", &line[..at]),
         None => anyhow::anyhow!("{line}"),
     }
 }
+
+/// llguidance's words for what a grammar did wrong (matched in order), and
+/// what a client is told instead.
+const PLAIN_WORDS: &[(&str, &str)] = &[
+    (
+        "too many expressions constructed",
+        "the pattern is too complex: matching it needs more regular expressions than the \
+         limit (nested repetitions such as (.{1,100}){1,100} do this); simplify it",
+    ),
+    (
+        "too many states",
+        "the pattern is too complex: matching it needs more lexer states than the limit; \
+         simplify it",
+    ),
+    (
+        "Unable to determine if regex is empty",
+        "the pattern is too complex: whether any string matches it could not be decided within \
+         the limit; simplify it",
+    ),
+    (
+        "Regex is empty",
+        "no string can satisfy the schema: a string's pattern, format and length bounds \
+         contradict each other",
+    ),
+    (
+        "NoExtension",
+        "no output can satisfy the grammar: it admits no first token (a schema that refers \
+         to itself without end does this)",
+    ),
+];
 
 /// One sequence's position in its grammar.
 #[derive(Clone)]
@@ -380,6 +419,44 @@ mod tests {
         assert!(allowed(&mut c, 727));
         c.commit(727).unwrap();
         assert!(c.is_finished() || allowed(&mut c, 2));
+    }
+
+    /// A client's grammar that cannot work is told so in words, without
+    /// llguidance's markup or its internal expression dumps.
+    #[test]
+    fn grammar_failures_read_as_sentences() {
+        let tok = Tokenizer::from_gguf(&vocab_fixture("llama-spm")).unwrap();
+        let factory = ConstraintFactory::new(&tok).unwrap();
+        let refused = |schema: Value| {
+            factory
+                .compile(&Grammar::JsonSchema(schema))
+                .expect_err("refused")
+                .to_string()
+        };
+        let self_ref = refused(json!({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}));
+        assert!(self_ref.starts_with("no output can satisfy"), "{self_ref}");
+        let empty = refused(json!({"type": "string", "pattern": "^a$", "minLength": 5}));
+        assert!(empty.starts_with("no string can satisfy"), "{empty}");
+        // Nested repetition outgrows the lexer's limit while it is matched,
+        // at the latest a few hundred characters in.
+        let nested =
+            Grammar::JsonSchema(json!({"type": "string", "pattern": "^(.{1,100}){1,100}$"}));
+        let byte = |b: u8| tok.token_to_id(&format!("<0x{b:02X}>")).unwrap();
+        let complex = match factory.compile(&nested) {
+            Err(e) => e,
+            Ok(mut c) => (0..2000)
+                .map(|i| byte(if i == 0 { b'"' } else { b'a' }))
+                .find_map(|t| c.mask().err().or_else(|| c.commit(t).err()))
+                .expect("the nested repetition was matched to the end"),
+        }
+        .to_string();
+        assert!(
+            complex.starts_with("the pattern is too complex"),
+            "{complex}"
+        );
+        for e in [&self_ref, &empty, &complex] {
+            assert!(!e.contains('<') && !e.contains("(And"), "{e}");
+        }
     }
 
     /// Whether `text`, fed byte by byte, is a complete value of `schema`.
