@@ -3,7 +3,8 @@
 //! can send without a CORS preflight), the whole body within the client
 //! timeout or 408 (or 503 at once if the server starts shutting down
 //! meanwhile), at most `--max-body-bytes` or 413, then JSON parsed with
-//! field-named errors.
+//! field-named errors; a large body on the blocking pool, since parsing
+//! megabytes would hold an async worker (and every connection on it).
 
 use std::sync::Arc;
 
@@ -18,7 +19,10 @@ use super::AppState;
 
 pub struct JsonBody<T>(pub T);
 
-impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for JsonBody<T> {
+/// Bodies parsed on the async worker: well under a millisecond of work.
+const INLINE_PARSE_BYTES: usize = 64 << 10;
+
+impl<T: DeserializeOwned + Send + 'static> FromRequest<Arc<AppState>> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
@@ -51,7 +55,12 @@ impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for JsonBody<T> {
                 StatusCode::PAYLOAD_TOO_LARGE => ApiError::payload_too_large(limits.max_body_bytes),
                 _ => ApiError::bad_request(e.body_text(), None),
             })?;
-        parse_json(&body).map(JsonBody)
+        if body.len() <= INLINE_PARSE_BYTES {
+            return parse_json(&body).map(JsonBody);
+        }
+        tokio::task::spawn_blocking(move || parse_json(&body).map(JsonBody))
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?
     }
 }
 

@@ -38,9 +38,9 @@ use super::json_body::JsonBody;
 use super::protocol::{ChatCompletionRequest, Metadata, Stop, UnknownFields};
 use super::responses_store::{Owner, ResponseStore, Stored};
 use super::responses_stream::{new_id, ReplyShape, ResponseBuilder};
-use super::unsupported;
 use super::validation::validate_chat;
 use super::AppState;
+use super::{tools, unsupported};
 
 /// `input`: a user message's text, or a list of items.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -276,11 +276,26 @@ pub async fn create_response(
         }
         None => Vec::new(),
     };
-    let t = translate(&req, &history)?;
-    // The chat request goes through the same body reader as the client's,
-    // under the same limits (so a long history counts against
-    // --max-body-bytes).
-    let chat_body = serde_json::to_vec(&t.chat).map_err(|e| ApiError::internal(e.to_string()))?;
+    let (keeps, stream) = (req.store.unwrap_or(true), req.stream.unwrap_or(false));
+    // Megabytes of JSON work for a large input: off the async workers.
+    let (t, chat_body, conversation) = tokio::task::spawn_blocking(move || {
+        let t = translate(&req, &history)?;
+        // The chat request goes through the same body reader as the
+        // client's, under the same limits (so a long history counts
+        // against --max-body-bytes).
+        let chat_body =
+            serde_json::to_vec(&t.chat).map_err(|e| ApiError::internal(e.to_string()))?;
+        let conversation: Vec<Bytes> = match keeps {
+            true => history
+                .into_iter()
+                .chain(t.input.iter().map(json_bytes))
+                .collect(),
+            false => Vec::new(),
+        };
+        Ok::<_, ApiError>((t, chat_body, conversation))
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))??;
     parts.headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
@@ -301,16 +316,13 @@ pub async fn create_response(
         ids: plan.tools.ids,
     };
     let mut builder = ResponseBuilder::new(new_id("resp"), unix_now(), echo, shape);
-    let keep = req.store.unwrap_or(true).then(|| Keep {
+    let keep = keeps.then(|| Keep {
         state: state.clone(),
         owner,
-        conversation: history
-            .into_iter()
-            .chain(t.input.iter().map(json_bytes))
-            .collect(),
+        conversation,
     });
 
-    if req.stream.unwrap_or(false) {
+    if stream {
         let events = async_stream::stream! {
             for event in builder.start() {
                 yield sse(event);
@@ -574,6 +586,7 @@ fn translate(req: &ResponsesRequest, history: &[Bytes]) -> Result<Translated, Ap
 
     // An empty list, as some clients send with no tools, is none.
     let tools = req.tools.as_deref().unwrap_or_default();
+    tools::check_count(tools.len())?;
     let mut chat_tools = Vec::new();
     let mut echo_tools = Vec::new();
     for (i, t) in tools.iter().enumerate() {

@@ -123,15 +123,7 @@ pub fn plan(req: &ChatCompletionRequest, template: &str) -> Result<ToolPlan, Api
             Some("tools"),
         ));
     }
-    if tools.len() > MAX_TOOLS {
-        return Err(ApiError::bad_request(
-            format!(
-                "tools may list at most {MAX_TOOLS} functions, got {}",
-                tools.len()
-            ),
-            Some("tools"),
-        ));
-    }
+    check_count(tools.len())?;
     let mut names: Vec<&str> = Vec::with_capacity(tools.len());
     let mut seen = HashSet::with_capacity(tools.len());
     for (i, t) in tools.iter().enumerate() {
@@ -267,6 +259,17 @@ pub fn plan(req: &ChatCompletionRequest, template: &str) -> Result<ToolPlan, Api
         ids: CallIds::for_template(template),
         legacy: false,
     })
+}
+
+/// Refuses more than [`MAX_TOOLS`] tools, before any of them is read.
+pub fn check_count(tools: usize) -> Result<(), ApiError> {
+    if tools > MAX_TOOLS {
+        return Err(ApiError::bad_request(
+            format!("tools may list at most {MAX_TOOLS} functions, got {tools}"),
+            Some("tools"),
+        ));
+    }
+    Ok(())
 }
 
 fn needs_tools() -> ApiError {
