@@ -102,6 +102,33 @@ fair
     phase: ttft_s (each probe), max; ok when every probe's TTFT is within
     --fair-max-ttft (2 s).
 
+bulk
+    The largest body the limit allows (--max-body-mib, 8) of each shape a
+    client can repeat items in: tools (chat, Messages, Responses), stop
+    strings, logit_bias keys, stop_token_ids, metadata keys, messages,
+    content parts, tool_use blocks (Messages and count_tokens), Responses
+    input items, and one prompt with n=128 and 64 stop strings of 127 KiB.
+    Each is sent alone with a 4-token completion 50 ms behind it. Numbers
+    per case: status, seconds, the small request's status and seconds,
+    message head; rss_mib_before/after. ok when every case is answered
+    (any status but 5xx) within --bulk-max-s (2 s) and so is its small
+    request.
+
+store
+    What the Responses store holds and who may read it. --store-requests
+    (8) responses are stored, each echoing 128 tools whose parameter
+    schemas hold many small properties (about 6 MB of JSON each), after as
+    many identical requests with store false (so that RSS counts what is
+    kept, not the allocator's first growth); then
+    --store-gets (16) concurrent GETs of one of them while /health is
+    probed. With two --api-key values, the second key tries to read,
+    continue and delete a response of the first. Numbers: stored,
+    response_mib (one response's JSON), rss_mib_before/after and
+    rss_growth_per_response_mib, get_s (slowest GET), health_max_s,
+    cross_key (status of each attempt). ok when every GET returned the
+    stored bytes, /health stayed under 1 s, RSS grew less than 3x the JSON
+    kept, and every cross-key attempt got 404.
+
 grammar
     Latency of --grammar-plain plain 16-token chats, sent at once: alone,
     beside as many unconstrained 64-token chats, and beside as many 64-token
@@ -133,7 +160,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-SCENARIOS = ("soak", "storm", "idle", "slow", "abuse", "fair", "grammar")
+SCENARIOS = ("soak", "storm", "idle", "slow", "abuse", "fair", "grammar", "bulk", "store")
 
 # ----------------------------------------------------------------------------
 # shared helpers
@@ -1117,6 +1144,175 @@ async def scenario_grammar(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+# ----------------------------------------------------------------------------
+# bulk: the body limit's worth of one repeated item
+# ----------------------------------------------------------------------------
+
+def auth(args: argparse.Namespace, which: int = 0) -> dict[str, str]:
+    keys = args.api_key or []
+    return {"authorization": f"Bearer {keys[which]}"} if len(keys) > which else {}
+
+
+def bulk_cases(limit: int) -> dict[str, tuple[str, dict[str, Any]]]:
+    def fill(make: Any) -> list[Any]:
+        each = len(json.dumps(make(999999))) + 2
+        return [make(i) for i in range((limit - 4096) // each)]
+
+    user = [{"role": "user", "content": "hi"}]
+    tool_uses = lambda: fill(lambda i: {"type": "tool_use", "id": f"t{i}", "name": "f", "input": {}})  # noqa: E731
+    tool_results = lambda: fill(lambda i: {"type": "tool_result", "tool_use_id": f"t{i}", "content": "r"})  # noqa: E731
+    calls = fill(lambda i: {"id": f"c{i}", "type": "function",
+                            "function": {"name": "f", "arguments": "{}"}})[: 60000]
+    metadata = {f"k{i}": "v" for i in range(limit // 17)}
+    return {
+        "chat_tools": ("/v1/chat/completions", {"messages": user, "max_tokens": 4, "tools": fill(
+            lambda i: {"type": "function", "function": {"name": f"f{i}"}})}),
+        "chat_stop": ("/v1/chat/completions", {"messages": user, "max_tokens": 4,
+                                               "stop": fill(lambda i: f"s{i}")}),
+        "chat_logit_bias": ("/v1/chat/completions", {"messages": user, "max_tokens": 4, "logit_bias": {
+            "0" * (i // 40000) + str(i % 40000): 1 for i in range(limit // 19)}}),
+        "chat_stop_token_ids": ("/v1/chat/completions", {"messages": user, "max_tokens": 4,
+                                                         "stop_token_ids": [i % 1000 for i in range(limit // 5 - 1000)]}),
+        "chat_metadata": ("/v1/chat/completions", {"messages": user, "max_tokens": 4, "metadata": metadata}),
+        "chat_messages": ("/v1/chat/completions", {"max_tokens": 4, "messages": fill(
+            lambda i: {"role": "user", "content": "x"})}),
+        "chat_parts": ("/v1/chat/completions", {"max_tokens": 4, "messages": [{"role": "user", "content": fill(
+            lambda i: {"type": "text", "text": "x"})}]}),
+        "chat_tool_results": ("/v1/chat/completions", {"max_tokens": 4, "messages": user + [
+            {"role": "assistant", "tool_calls": calls}] + [
+            {"role": "tool", "tool_call_id": f"c{i}", "content": "r"} for i in range(len(calls))]}),
+        "messages_tools": ("/v1/messages", {"messages": user, "max_tokens": 4, "tools": fill(
+            lambda i: {"name": f"f{i}", "input_schema": {"type": "object"}})}),
+        "messages_tool_use": ("/v1/messages", {"max_tokens": 4, "messages": user + [
+            {"role": "assistant", "content": tool_uses()[: 60000]},
+            {"role": "user", "content": tool_results()[: 60000]}]}),
+        "count_tokens_tool_use": ("/v1/messages/count_tokens", {"messages": user + [
+            {"role": "assistant", "content": tool_uses()}, {"role": "user", "content": "ok"}]}),
+        "messages_stop": ("/v1/messages", {"messages": user, "max_tokens": 4,
+                                           "stop_sequences": fill(lambda i: f"s{i}")}),
+        "responses_tools": ("/v1/responses", {"input": "hi", "max_output_tokens": 4, "tools": fill(
+            lambda i: {"type": "function", "name": f"f{i}"})}),
+        "responses_items": ("/v1/responses", {"max_output_tokens": 4, "input": fill(
+            lambda i: {"type": "message", "role": "user", "content": "x"})}),
+        "responses_metadata": ("/v1/responses", {"input": "hi", "max_output_tokens": 4, "store": False,
+                                                 "metadata": metadata}),
+        "completion_n128_long_stops": ("/v1/completions", {
+            "prompt": "hi", "n": 128, "max_tokens": 2,
+            "stop": [f"{i}" + "z" * (127 << 10) for i in range(64)]}),
+    }
+
+
+async def scenario_bulk(args: argparse.Namespace) -> dict[str, Any]:
+    limit = args.max_body_mib << 20
+    rss_before = read_rss_mib(args.server_pid)
+    cases: dict[str, Any] = {}
+    async with httpx.AsyncClient(base_url=args.base_url, timeout=args.request_timeout,
+                                 headers=auth(args)) as c:
+        async def small() -> tuple[int | None, float]:
+            await asyncio.sleep(0.05)
+            t0 = time.monotonic()
+            try:
+                status = (await c.post("/v1/completions", json=SMALL_COMPLETION)).status_code
+            except httpx.HTTPError:
+                status = None
+            return status, round(time.monotonic() - t0, 3)
+
+        for name, (path, body) in bulk_cases(limit).items():
+            data = json.dumps(body).encode()
+            t0 = time.monotonic()
+            beside = asyncio.create_task(small())
+            try:
+                r = await c.post(path, content=data, headers={"content-type": "application/json"})
+                status, head = r.status_code, r.text[:120]
+            except httpx.HTTPError as e:
+                status, head = None, type(e).__name__
+            took = round(time.monotonic() - t0, 3)
+            small_status, small_s = await beside
+            ok = status is not None and status < 500 and took <= args.bulk_max_s \
+                and small_status == 200 and small_s <= args.bulk_max_s
+            cases[name] = {"mib": round(len(data) / 2**20, 2), "status": status, "s": took,
+                           "small_status": small_status, "small_s": small_s, "ok": ok,
+                           "message": head}
+    result = {"scenario": "bulk", "cases": cases, "rss_mib_before": rss_before,
+              "rss_mib_after": read_rss_mib(args.server_pid),
+              "ok": all(c["ok"] for c in cases.values())}
+    emit(result, [f"{k}: {v['status']} in {v['s']} s, small request {v['small_status']} in "
+                  f"{v['small_s']} s {'ok' if v['ok'] else 'FAILED'}" for k, v in cases.items()])
+    return result
+
+
+# ----------------------------------------------------------------------------
+# store: what the Responses store holds, and for whom
+# ----------------------------------------------------------------------------
+
+def heavy_tools() -> list[dict[str, Any]]:
+    """128 tools whose schemas, 58 KiB each, are many small properties."""
+    props = {f"p{i}": {} for i in range(4400)}
+    return [{"type": "function", "name": f"f{t}",
+             "parameters": {"type": "object", "properties": props}} for t in range(128)]
+
+
+async def scenario_store(args: argparse.Namespace) -> dict[str, Any]:
+    body = {"input": "Hi", "max_output_tokens": 1, "tools": heavy_tools(), "tool_choice": "none"}
+    data = json.dumps(body).encode()
+    ids: list[str] = []
+    size = 0
+    async with httpx.AsyncClient(base_url=args.base_url, timeout=args.request_timeout,
+                                 headers=auth(args)) as c:
+        unkept = json.dumps({**body, "store": False}).encode()
+        for _ in range(args.store_requests):
+            await c.post("/v1/responses", content=unkept, headers={"content-type": "application/json"})
+        rss_before = read_rss_mib(args.server_pid)
+        for _ in range(args.store_requests):
+            r = await c.post("/v1/responses", content=data, headers={"content-type": "application/json"})
+            if r.status_code == 200:
+                ids.append(r.json()["id"])
+                size = len(r.content)
+        rss_after = read_rss_mib(args.server_pid)
+        health: list[float] = []
+        get_ok = bool(ids)
+        get_s = 0.0
+        if ids:
+            want = (await c.get(f"/v1/responses/{ids[0]}")).content
+
+            # Bytes compared, not parsed: parsing here would slow this
+            # event loop, and with it the /health probes.
+            async def get() -> tuple[bool, float]:
+                t0 = time.monotonic()
+                r = await c.get(f"/v1/responses/{ids[0]}")
+                return r.status_code == 200 and r.content == want, time.monotonic() - t0
+
+            gets = [asyncio.create_task(get()) for _ in range(args.store_gets)]
+            while not all(g.done() for g in gets):
+                health.append((await probe(args.base_url, "GET", "/health"))["latency_s"])
+            done = [await g for g in gets]
+            get_ok = all(ok for ok, _ in done)
+            get_s = round(max(s for _, s in done), 3)
+        cross: dict[str, Any] = {}
+        if ids and len(args.api_key or []) > 1:
+            b = auth(args, 1)
+            cross["get"] = (await c.get(f"/v1/responses/{ids[0]}", headers=b)).status_code
+            cross["continue"] = (await c.post("/v1/responses", headers=b, json={
+                "input": "more", "max_output_tokens": 1, "previous_response_id": ids[0]})).status_code
+            cross["delete"] = (await c.delete(f"/v1/responses/{ids[0]}", headers=b)).status_code
+    growth = None
+    if rss_before is not None and rss_after is not None and ids:
+        growth = round((rss_after - rss_before) / len(ids), 1)
+    response_mib = round(size / 2**20, 2)
+    ok = len(ids) == args.store_requests and get_ok and max(health, default=0) < 1.0 \
+        and all(s == 404 for s in cross.values()) \
+        and (growth is None or growth < 3 * response_mib)
+    result = {"scenario": "store", "stored": len(ids), "response_mib": response_mib,
+              "rss_mib_before": rss_before, "rss_mib_after": rss_after,
+              "rss_growth_per_response_mib": growth, "get_s": get_s,
+              "health_max_s": max(health, default=None), "cross_key": cross, "ok": ok}
+    emit(result, [f"stored {len(ids)} responses of {response_mib} MiB; RSS {rss_before} -> "
+                  f"{rss_after} MiB ({growth} MiB each)",
+                  f"{args.store_gets} GETs: slowest {get_s} s; /health at most "
+                  f"{result['health_max_s']} s", f"another key: {cross}"])
+    return result
+
+
 RUNNERS = {
     "soak": scenario_soak,
     "storm": scenario_storm,
@@ -1125,6 +1321,8 @@ RUNNERS = {
     "abuse": scenario_abuse,
     "fair": scenario_fair,
     "grammar": scenario_grammar,
+    "bulk": scenario_bulk,
+    "store": scenario_store,
 }
 
 
@@ -1141,6 +1339,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     p.add_argument("--server-pid", type=int, default=None,
                    help="server process id, for RSS from /proc/PID/status")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--api-key", action="append",
+                   help="a key the server takes (bulk and store); a second one for store's "
+                        "cross-key checks")
     p.add_argument("--ready-timeout", type=float, default=30.0,
                    help="seconds to wait for GET /health to be 200 first")
     p.add_argument("--request-timeout", type=float, default=120.0,
@@ -1165,6 +1366,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     g = p.add_argument_group("grammar")
     g.add_argument("--grammar-plain", type=int, default=32)
     g.add_argument("--grammar-max-slowdown", type=float, default=1.35)
+    g = p.add_argument_group("bulk")
+    g.add_argument("--max-body-mib", type=int, default=8)
+    g.add_argument("--bulk-max-s", type=float, default=2.0)
+    g = p.add_argument_group("store")
+    g.add_argument("--store-requests", type=int, default=8)
+    g.add_argument("--store-gets", type=int, default=16)
     args = p.parse_args(argv)
     chosen = list(args.scenarios) + [s for s in args.only.split(",") if s.strip()]
     chosen = [s.strip() for s in chosen]

@@ -332,3 +332,232 @@ async fn expensive_grammars_take_turns_instead_of_slowing_everyone() {
         "a JSON schema's rows waited"
     );
 }
+
+/// The body limit's worth of one kind of item, each made by `item(i)`.
+fn filling(item: impl Fn(usize) -> Value) -> Vec<Value> {
+    let each = serde_json::to_vec(&item(999_999)).unwrap().len() + 1;
+    (0..((8 << 20) - 4096) / each).map(item).collect()
+}
+
+/// The largest request the body limit allows, of each shape a client can
+/// repeat items in, is answered at once (refused where it passes a bound,
+/// served where it may), and a small request sent beside it is not held
+/// up. Pairwise checks took 11-19 s on such bodies.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_largest_bodies_of_each_shape_are_answered_at_once() {
+    let s = Server::start(&[]);
+    let user = json!([{"role": "user", "content": "hi"}]);
+    let tool_uses = || {
+        filling(|i| json!({"type": "tool_use", "id": format!("t{i}"), "name": "f", "input": {}}))
+    };
+    let metadata: serde_json::Map<String, Value> = (0..500_000)
+        .map(|i| (format!("k{i}"), json!("v")))
+        .collect();
+    // 64 stop strings of 127 KiB for 128 choices: shared, not copied.
+    let long_stops: Vec<String> = (0..64)
+        .map(|i| format!("{i}{}", "z".repeat(127 << 10)))
+        .collect();
+    let cases: Vec<(&str, &str, Value, u16, &str)> = vec![
+        (
+            "chat tools",
+            "/v1/chat/completions",
+            json!({"messages": user, "tools": filling(|i| json!({"type": "function", "function": {"name": format!("f{i}")}}))}),
+            400,
+            "tools",
+        ),
+        (
+            "chat stop",
+            "/v1/chat/completions",
+            json!({"messages": user, "stop": filling(|i| json!(format!("s{i}")))}),
+            400,
+            "stop",
+        ),
+        (
+            "chat logit_bias",
+            "/v1/chat/completions",
+            json!({"messages": user, "logit_bias": (0..450_000)
+             .map(|i| (format!("{}{}", "0".repeat(i / 40_000), i % 40_000), json!(1)))
+             .collect::<serde_json::Map<_, _>>()}),
+            400,
+            "logit_bias",
+        ),
+        (
+            "chat stop_token_ids",
+            "/v1/chat/completions",
+            json!({"messages": user, "max_tokens": 2, "stop_token_ids": (0..1_600_000).map(|i| i % 1000).collect::<Vec<u32>>()}),
+            200,
+            "",
+        ),
+        (
+            "chat metadata",
+            "/v1/chat/completions",
+            json!({"messages": user, "metadata": metadata}),
+            400,
+            "metadata",
+        ),
+        (
+            "messages tools",
+            "/v1/messages",
+            json!({"messages": user, "max_tokens": 2,
+                "tools": filling(|i| json!({"name": format!("f{i}"), "input_schema": {"type": "object"}}))}),
+            400,
+            "at most 128",
+        ),
+        (
+            "messages tool_use",
+            "/v1/messages",
+            json!({"max_tokens": 2, "messages": [user[0], {"role": "assistant", "content": tool_uses()},
+                                             {"role": "user", "content": "ok"}]}),
+            200,
+            "",
+        ),
+        (
+            "count_tokens tool_use",
+            "/v1/messages/count_tokens",
+            json!({"messages": [user[0], {"role": "assistant", "content": tool_uses()},
+                             {"role": "user", "content": "ok"}]}),
+            200,
+            "",
+        ),
+        (
+            "responses tools",
+            "/v1/responses",
+            json!({"input": "hi", "tools": filling(|i| json!({"type": "function", "name": format!("f{i}")}))}),
+            400,
+            "tools",
+        ),
+        (
+            "responses items",
+            "/v1/responses",
+            json!({"input": filling(|_| json!({"type": "message", "role": "user", "content": "x"}))}),
+            400,
+            "input",
+        ),
+        (
+            "responses metadata",
+            "/v1/responses",
+            json!({"input": "hi", "metadata": metadata}),
+            400,
+            "metadata",
+        ),
+        (
+            "completion n=128 long stops",
+            "/v1/completions",
+            json!({"prompt": "hi", "n": 128, "max_tokens": 2, "stop": long_stops}),
+            200,
+            "",
+        ),
+    ];
+    for (name, path, body, want, says) in cases {
+        let size = serde_json::to_vec(&body).unwrap().len();
+        assert!(size <= 8 << 20, "{name}: {size} bytes");
+        let start = Instant::now();
+        let small = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let t = Instant::now();
+            let r = post(
+                &s,
+                "/v1/completions",
+                json!({"prompt": "Hi", "max_tokens": 2}),
+            )
+            .await;
+            (r, t.elapsed())
+        };
+        let ((st, r), ((small_st, _), small_took)) = tokio::join!(post(&s, path, body), small);
+        let took = start.elapsed();
+        assert_eq!(st, want, "{name}: {r:.300}");
+        if want != 200 {
+            let e = &r["error"];
+            let said = format!("{} {}", e["message"], e["param"]);
+            assert!(said.contains(says), "{name}: {said}");
+        }
+        assert_eq!(small_st, 200, "{name}");
+        // Linear work takes well under a second; pairwise work took 11-19 s.
+        assert!(took < Duration::from_secs(5), "{name}: {took:?}");
+        assert!(
+            small_took < Duration::from_secs(5),
+            "{name}: the small request took {small_took:?}"
+        );
+    }
+    // 128 copies of the stop strings would have been 2 GiB.
+    let peak = s.peak_rss();
+    assert!(peak < 1536 << 20, "peak RSS {} MiB", peak >> 20);
+}
+
+/// A stored response costs about the JSON it is (parsed, it cost twelve
+/// times that), and GETs of a large one, sixteen at once, neither differ
+/// from it nor hold up a probe.
+#[tokio::test(flavor = "multi_thread")]
+async fn stored_responses_cost_what_they_hold() {
+    // One malloc arena: memory freed by one request is what the next
+    // reuses, whichever thread runs it, so RSS tracks what is held.
+    let s = Server::start_with(
+        &[],
+        &[("RUST_LOG", "warn"), ("MALLOC_ARENA_MAX", "1")],
+        std::process::Stdio::inherit(),
+    );
+    // 128 tools of 4,400 small properties each: about 6 MB echoed.
+    let props: serde_json::Map<String, Value> =
+        (0..4400).map(|i| (format!("p{i}"), json!({}))).collect();
+    let tools: Vec<Value> = (0..128)
+        .map(|t| {
+            json!({"type": "function", "name": format!("f{t}"),
+                        "parameters": {"type": "object", "properties": props}})
+        })
+        .collect();
+    let body = |store: bool| {
+        json!({"input": "Hi", "max_output_tokens": 1, "tools": tools, "tool_choice": "none",
+               "store": store})
+    };
+    let client = reqwest::Client::new();
+    let create = |store: bool| {
+        let r = client
+            .post(s.url("/v1/responses"))
+            .json(&body(store))
+            .send();
+        async move {
+            let r = r.await.unwrap();
+            assert_eq!(r.status(), 200);
+            r.bytes().await.unwrap()
+        }
+    };
+    // The same requests unkept first, so the allocator has grown to them.
+    for _ in 0..8 {
+        create(false).await;
+    }
+    let before = s.rss();
+    let mut kept = Vec::new();
+    for _ in 0..8 {
+        kept.push(create(true).await);
+    }
+    let grown = s.rss().saturating_sub(before) as f64;
+    let json: usize = kept.iter().map(|k| k.len()).sum();
+    assert!(json > 40 << 20, "{json} bytes kept");
+    assert!(
+        grown < 3.0 * json as f64,
+        "{} MiB grown for {} MiB kept",
+        grown / 1048576.0,
+        json >> 20
+    );
+
+    let id = serde_json::from_slice::<Value>(&kept[0]).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let gets: Vec<_> = (0..16)
+        .map(|_| {
+            let r = client.get(s.url(&format!("/v1/responses/{id}"))).send();
+            tokio::spawn(async move { r.await.unwrap().bytes().await.unwrap() })
+        })
+        .collect();
+    let mut slowest = Duration::ZERO;
+    while !gets.iter().all(|g| g.is_finished()) {
+        let t = Instant::now();
+        assert_eq!(reqwest::get(s.url("/health")).await.unwrap().status(), 200);
+        slowest = slowest.max(t.elapsed());
+    }
+    for g in gets {
+        assert_eq!(g.await.unwrap(), kept[0]);
+    }
+    assert!(slowest < Duration::from_secs(1), "/health took {slowest:?}");
+}

@@ -73,6 +73,57 @@ async fn api_keys_guard_the_api_and_not_the_probes() {
     }
 }
 
+/// A stored response belongs to the key that made it: another key can
+/// neither read, continue nor delete it (404, as for one never stored),
+/// and filling another key's share evicts none of it.
+#[tokio::test(flavor = "multi_thread")]
+async fn stored_responses_belong_to_the_key_that_stored_them() {
+    let s = Server::start(&["--api-key", "sk-a", "--api-key", "sk-b"]);
+    let client = reqwest::Client::new();
+    let call = |method: reqwest::Method, key: &str, path: &str, body: Option<Value>| {
+        let mut r = client
+            .request(method, s.url(path))
+            .header("authorization", format!("Bearer {key}"));
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        async move {
+            let r = r.send().await.unwrap();
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let create = |key: &'static str, previous: Option<&str>| {
+        let mut body = json!({"input": "Hi", "max_output_tokens": 2});
+        if let Some(p) = previous {
+            body["previous_response_id"] = json!(p);
+        }
+        call(reqwest::Method::POST, key, "/v1/responses", Some(body))
+    };
+    let (st, made) = create("sk-a", None).await;
+    assert_eq!(st, 200, "{made}");
+    let id = made["id"].as_str().unwrap().to_string();
+    let path = format!("/v1/responses/{id}");
+    let (st, r) = call(reqwest::Method::GET, "sk-b", &path, None).await;
+    assert_error(st, &r, 404, None);
+    let (st, r) = create("sk-b", Some(&id)).await;
+    assert_error(st, &r, 404, Some("previous_response_id"));
+    let (st, r) = call(reqwest::Method::DELETE, "sk-b", &path, None).await;
+    assert_error(st, &r, 404, None);
+    // Key b's traffic, more than its half of the store holds, leaves a's.
+    for _ in 0..520 {
+        let (st, r) = create("sk-b", None).await;
+        assert_eq!(st, 200, "{r}");
+    }
+    let (st, got) = call(reqwest::Method::GET, "sk-a", &path, None).await;
+    assert_eq!(st, 200, "{got}");
+    assert_eq!(got, made);
+    let (st, r) = create("sk-a", Some(&id)).await;
+    assert_eq!(st, 200, "{r}");
+    let (st, r) = call(reqwest::Method::DELETE, "sk-a", &path, None).await;
+    assert_eq!((st, &r["deleted"]), (200, &json!(true)), "{r}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn cors_preflight_and_allowed_origins() {
     let any = Server::start(&["--api-key", "sk-one", "--allowed-origins", "*"]);
@@ -203,6 +254,18 @@ async fn request_ids_are_echoed_or_made_unique() {
         assert_eq!(body["id"], format!("chatcmpl-{header}"));
         assert!(ids.insert(header));
     }
+    // An id with nothing to keep gets a fresh one, not an empty echo.
+    let r = client
+        .post(s.url("/v1/completions"))
+        .header("x-request-id", "")
+        .json(&completion())
+        .send()
+        .await
+        .unwrap();
+    let header = r.headers()["x-request-id"].to_str().unwrap().to_string();
+    assert_eq!(header.len(), 36, "a UUID: {header:?}");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["id"], format!("cmpl-{header}"));
 }
 
 /// A stream queued behind another gets SSE comments while it waits, so a
@@ -265,7 +328,8 @@ async fn json_logs_have_one_access_line_per_request() {
 }
 
 /// A client's request id cannot forge fields of the text access line: it is
-/// logged and echoed with only letters, digits and `-_.:` kept.
+/// logged and echoed (in the body's id and the header) with only letters,
+/// digits and `-_.:` kept.
 #[tokio::test(flavor = "multi_thread")]
 async fn request_ids_cannot_forge_log_fields() {
     let mut s = Server::start_with(&[], &[("RUST_LOG", "warn,wick=info")], Stdio::piped());
@@ -278,8 +342,9 @@ async fn request_ids_cannot_forge_log_fields() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let body: Value = r.json().await.unwrap();
     let id = "abc_status_200_path__admin_secret_method_DELETE";
+    assert_eq!(r.headers()["x-request-id"], id);
+    let body: Value = r.json().await.unwrap();
     assert_eq!(body["id"], format!("cmpl-{id}"));
     s.terminate();
     s.wait_exit(Duration::from_secs(10));

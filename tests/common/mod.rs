@@ -241,12 +241,21 @@ impl Server {
 
     /// The server process's peak resident memory in bytes (`VmHWM`).
     pub fn peak_rss(&self) -> u64 {
+        self.status_bytes("VmHWM:")
+    }
+
+    /// The server's resident memory now, in bytes.
+    pub fn rss(&self) -> u64 {
+        self.status_bytes("VmRSS:")
+    }
+
+    fn status_bytes(&self, field: &str) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
         let kib = status
             .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .find_map(|l| l.strip_prefix(field))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .expect("VmHWM in /proc/PID/status");
+            .unwrap_or_else(|| panic!("{field} in /proc/PID/status"));
         kib << 10
     }
 
