@@ -2,10 +2,12 @@
 //!
 //! A request's path, by layer:
 //! - [`server`]: HTTP, validation into engine types, streaming back;
-//! - [`engine`]: the continuous-batching step loop, its scheduler, the paged
-//!   KV pool and its blocks, and the runner that flattens a step's batch;
+//! - [`engine`]: the continuous-batching step loop, its scheduler, which
+//!   KV blocks each sequence owns, and the runner that flattens a step's
+//!   batch;
 //! - [`models`]: the architectures, over [`quant`]'s weight kernels and
 //!   [`attention`] on the KV pool;
+//! - [`kv`]: the KV pool's memory, below the models and attention;
 //! - [`sampling`]: each row's next token, under its grammar;
 //! - [`text`]: tokens to text and back, chat templates, stops, tool calls.
 //!
@@ -17,6 +19,7 @@ pub mod attention;
 pub mod cli;
 pub mod engine;
 pub mod error;
+pub mod kv;
 pub mod load;
 pub mod models;
 pub mod quant;

@@ -17,7 +17,7 @@ mod common;
 
 use candle_core::{DType, Device, Tensor};
 use wick::attention::{cuda, paged_attention, AttnDims};
-use wick::engine::kv_cache::{KvCache, KvDtype, KvLayout, LayerCache};
+use wick::kv::cache::{KvCache, KvDtype, KvLayout, LayerCache};
 use wick::load::loader::{load, LoadOptions};
 use wick::models::{FlatBatch, LogitRows, StepMeta};
 use wick::sampling::argmax::argmax_rows;

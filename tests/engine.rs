@@ -8,10 +8,10 @@ use std::collections::HashMap;
 
 use candle_core::Device;
 use wick::engine::block_manager::BlockManager;
-use wick::engine::kv_cache::{KvCache, KvDtype, KvLayout};
 use wick::engine::sequence::SeqId;
 use wick::engine::{Engine, EngineConfig};
 use wick::error::WickError;
+use wick::kv::cache::{KvCache, KvDtype, KvLayout};
 use wick::models::linear::WeightFormat;
 use wick::models::{FlatBatch, LogitRows, Model};
 use wick::sampling::params::SamplingParams;

@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::gguf_file::Content;
 use candle_core::Device;
 use common::transformers_ref::{read_reference, worst_logit_diff, Reference};
-use wick::engine::kv_cache::KvDtype;
 use wick::engine::{Engine, EngineConfig};
+use wick::kv::cache::KvDtype;
 use wick::load::loader::{load, LoadOptions, LoadedModel};
 
 fn fixtures() -> PathBuf {

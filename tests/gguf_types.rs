@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::Device;
-use wick::engine::kv_cache::KvDtype;
 use wick::engine::{Engine, EngineConfig};
+use wick::kv::cache::KvDtype;
 use wick::load::loader::{load, LoadOptions, LoadedModel};
 use wick::models::linear::WeightFormat;
 use wick::quant::Kernel;

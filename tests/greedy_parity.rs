@@ -20,7 +20,7 @@
 
 mod common;
 
-use wick::engine::kv_cache::KvDtype;
+use wick::kv::cache::KvDtype;
 use wick::models::linear::WeightFormat;
 
 /// llama.cpp's token may trail wick's best by at most this many nats.

@@ -11,11 +11,11 @@ use common::transformers_ref::{self, read_reference, Reference};
 use std::path::{Path, PathBuf};
 
 use candle_core::Device;
-use wick::engine::kv_cache::KvLayout;
 use wick::engine::pooling::Pooling;
 use wick::engine::sequence::FinishReason;
 use wick::engine::window_blocks::WindowBlocks;
 use wick::engine::{Engine, EngineConfig};
+use wick::kv::cache::KvLayout;
 use wick::load::loader::{load, LoadOptions, LoadedModel, WeightDtype};
 use wick::models::linear::WeightFormat;
 use wick::sampling::params::SamplingParams;

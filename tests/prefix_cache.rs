@@ -7,9 +7,9 @@ mod common;
 
 use std::collections::HashMap;
 
-use wick::engine::kv_cache::{KvDtype, KvLayout};
 use wick::engine::sequence::{FinishReason, SeqId};
 use wick::engine::{Engine, EngineConfig};
+use wick::kv::cache::{KvDtype, KvLayout};
 use wick::sampling::params::SamplingParams;
 
 /// What one request produced.

@@ -11,8 +11,8 @@ use candle_core::Device;
 use serde_json::{json, Value};
 
 use common::{post, Server};
-use wick::engine::kv_cache::KvLayout;
 use wick::engine::state_slots;
+use wick::kv::cache::KvLayout;
 use wick::load::loader::{load, LoadOptions};
 
 fn qwen35_dir() -> PathBuf {

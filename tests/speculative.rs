@@ -11,10 +11,10 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use candle_core::Device;
-use wick::engine::kv_cache::KvLayout;
 use wick::engine::sequence::{FinishReason, SeqId};
 use wick::engine::speculation::Speculation;
 use wick::engine::{Engine, EngineConfig};
+use wick::kv::cache::KvLayout;
 use wick::load::loader::{load, LoadOptions};
 use wick::models::linear::WeightFormat;
 use wick::sampling::params::SamplingParams;

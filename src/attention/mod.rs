@@ -13,7 +13,7 @@
 use candle_core::{DType, Device, Result, Storage, Tensor};
 
 use crate::engine::block_manager::BlockId;
-use crate::engine::kv_cache::{HostPool, KvLayout, LayerCache};
+use crate::kv::cache::{HostPool, KvLayout, LayerCache};
 use crate::models::StepMeta;
 
 #[cfg(feature = "cuda")]
@@ -273,7 +273,7 @@ fn attend_tensor(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::kv_cache::{KvCache, KvDtype, KvLayout};
+    use crate::kv::cache::{KvCache, KvDtype, KvLayout};
     use crate::models::FlatBatch;
 
     fn rand_tensor(rows: usize, cols: usize, seed: u64) -> Tensor {

@@ -8,10 +8,10 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::engine::kv_cache::KvDtype;
 use crate::engine::speculation::Speculation;
 use crate::engine::step_budget::DEFAULT_MAX_STEP_SLOWDOWN;
 use crate::engine::EngineConfig;
+use crate::kv::cache::KvDtype;
 use crate::load::loader::{LoadOptions, WeightDtype};
 use crate::models::linear::WeightFormat;
 use crate::quant::Kernel;

@@ -1,7 +1,7 @@
 //! Allocation of KV-cache blocks: reference counts, and the prefix cache.
 //!
 //! The manager only hands out block numbers; the memory behind them lives in
-//! [`crate::engine::kv_cache::KvCache`]. A block shared by several sequences (a
+//! [`crate::kv::cache::KvCache`]. A block shared by several sequences (a
 //! common prefix) returns to the pool when its last holder releases it.
 //!
 //! Prefix cache (vLLM's automatic prefix caching): a full block can be

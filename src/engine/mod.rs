@@ -4,7 +4,6 @@
 
 pub mod block_manager;
 pub mod drafter;
-pub mod kv_cache;
 pub mod mask_budget;
 pub mod model_runner;
 pub mod output;
@@ -24,7 +23,6 @@ use rayon::prelude::*;
 
 use crate::engine::block_manager::BlockManager;
 use crate::engine::drafter::Drafter;
-use crate::engine::kv_cache::{KvCache, KvDtype, KvLayout};
 use crate::engine::model_runner::{LogitRow, ModelRunner};
 use crate::engine::pooling::{Pool, Pooling};
 use crate::engine::scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
@@ -33,6 +31,7 @@ use crate::engine::speculation::{Speculation, MODEL_DRAFT};
 use crate::engine::state_slots::StateSlots;
 use crate::engine::window_blocks::WindowBlocks;
 use crate::error::{Result, WickError};
+use crate::kv::cache::{KvCache, KvDtype, KvLayout};
 use crate::models::LogitRows;
 use crate::models::Model;
 use crate::models::ModelInfo;

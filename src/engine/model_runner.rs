@@ -4,8 +4,8 @@
 
 use candle_core::Tensor;
 
-use crate::engine::kv_cache::KvCache;
 use crate::engine::sequence::Sequence;
+use crate::kv::cache::KvCache;
 use crate::models::{FlatBatch, Model};
 use crate::sampling::argmax::argmax_rows;
 use crate::sampling::sampler::argmax;

@@ -10,7 +10,7 @@ use super::elementwise;
 use super::linear::{Linear, WeightSpec};
 use super::{hidden_states, FlatBatch, Model, ModelInfo, Output, StepMeta};
 use crate::attention::{paged_attention, AttnDims};
-use crate::engine::kv_cache::{KvCache, KvDtype};
+use crate::kv::cache::{KvCache, KvDtype};
 
 /// The fields of a Hugging Face GPT-2 `config.json` that wick reads.
 #[derive(Debug, Clone, PartialEq, Deserialize)]

@@ -18,7 +18,7 @@ use super::linear::{Linear, WeightSpec};
 use super::rope::Rope;
 use super::{hidden_states, FlatBatch, Model, ModelInfo, Output, StepMeta};
 use crate::attention::{paged_attention, AttnDims};
-use crate::engine::kv_cache::{KvCache, KvDtype};
+use crate::kv::cache::{KvCache, KvDtype};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {

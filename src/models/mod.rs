@@ -14,7 +14,7 @@ pub mod step_meta;
 use candle_core::{Device, Result, Tensor};
 
 pub use crate::attention::{LogitRows, SeqSlice};
-use crate::engine::kv_cache::{KvCache, KvDtype};
+use crate::kv::cache::{KvCache, KvDtype};
 pub use step_meta::StepMeta;
 
 /// What the engine needs to know about a loaded model.

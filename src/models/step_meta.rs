@@ -13,8 +13,8 @@
 use candle_core::{Device, Result, Tensor};
 
 use super::{FlatBatch, SeqSlice};
-use crate::engine::kv_cache::KvCache;
 use crate::engine::window_blocks::FREED;
+use crate::kv::cache::KvCache;
 
 /// What the step's attention reads besides its rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -366,7 +366,7 @@ fn pack_gathers(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::kv_cache::{KvDtype, KvLayout};
+    use crate::kv::cache::{KvDtype, KvLayout};
     use crate::models::LogitRows;
 
     /// An 8-block pool of `block_size`-token blocks, on the host or not.

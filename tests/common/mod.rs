@@ -90,11 +90,11 @@ pub fn greedy_batch(engine: &mut Engine, requests: Vec<(Vec<u32>, usize)>) -> Ve
 pub fn teacher_forced_logits(
     model: &dyn wick::models::Model,
     seqs: &[(usize, Vec<u32>)],
-    kv_dtype: wick::engine::kv_cache::KvDtype,
+    kv_dtype: wick::kv::cache::KvDtype,
     force_tensor_kv: bool,
 ) -> Vec<Vec<Vec<f32>>> {
     use wick::engine::block_manager::BlockManager;
-    use wick::engine::kv_cache::{KvCache, KvLayout};
+    use wick::kv::cache::{KvCache, KvLayout};
     use wick::models::{FlatBatch, LogitRows};
 
     let info = model.info().clone();

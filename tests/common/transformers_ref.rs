@@ -2,7 +2,7 @@
 //! by `scripts/make_fixtures.py` and `scripts/make_gguf_fixtures.py`), and
 //! how wick's logits are compared against them.
 
-use wick::engine::kv_cache::KvDtype;
+use wick::kv::cache::KvDtype;
 use wick::load::loader::LoadedModel;
 
 #[derive(serde::Deserialize)]
