@@ -18,7 +18,7 @@ use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use super::{AttnDims, SeqSlice};
-use crate::engine::block_manager::BlockId;
+use crate::kv::BlockId;
 use crate::vec_math::{fast_exp, max_of, mul_add, sum_of};
 
 /// Width of the fixed-size accumulators the compiler turns into vector registers.

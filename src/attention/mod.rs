@@ -12,8 +12,8 @@
 
 use candle_core::{DType, Device, Result, Storage, Tensor};
 
-use crate::engine::block_manager::BlockId;
 use crate::kv::cache::{HostPool, KvLayout, LayerCache};
+use crate::kv::BlockId;
 use crate::models::StepMeta;
 
 #[cfg(feature = "cuda")]

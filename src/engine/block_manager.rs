@@ -16,8 +16,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 
-/// A block number in the KV pool.
-pub type BlockId = u32;
+use crate::kv::BlockId;
 
 /// A full block's content hash, chained from its parent's.
 pub type BlockHash = u64;

@@ -17,10 +17,11 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::engine::block_manager::{BlockId, BlockManager};
+use crate::engine::block_manager::BlockManager;
 use crate::engine::model_runner::{LogitRow, ModelRunner};
 use crate::engine::sequence::{SeqId, Sequence};
 use crate::kv::cache::KvCache;
+use crate::kv::BlockId;
 use crate::models::{FlatBatch, LogitRows, Model};
 
 /// A sequence's state in the draft model's pool.

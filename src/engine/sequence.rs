@@ -3,10 +3,11 @@
 
 use std::time::Instant;
 
-use crate::engine::block_manager::{BlockHash, BlockId};
+use crate::engine::block_manager::BlockHash;
 use crate::engine::mask_budget::MaskRow;
 use crate::engine::pooling::Pool;
 use crate::engine::speculation::{Acceptance, DraftTally};
+use crate::kv::BlockId;
 use crate::models::LogitRows;
 use crate::sampling::params::SamplingParams;
 use crate::sampling::sampler::{SampledToken, Sampler};

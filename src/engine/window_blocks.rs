@@ -13,10 +13,8 @@
 //! Freed blocks lose their content, so the prefix cache stays off for such
 //! models (a later prompt's window would have to find them).
 
-use crate::engine::block_manager::{BlockId, BlockManager};
-
-/// A table entry whose block has left the window and gone back to the pool.
-pub const FREED: BlockId = BlockId::MAX;
+use crate::engine::block_manager::BlockManager;
+use crate::kv::{BlockId, FREED};
 
 /// How a KV budget of `layer_blocks` blocks of one layer splits between the
 /// global layers (returned first, blocks per layer) and the

@@ -3,3 +3,10 @@
 //! policy (`engine::block_manager`); what the blocks hold lives here.
 
 pub mod cache;
+
+/// A block number in the KV pool.
+pub type BlockId = u32;
+
+/// A sliding-window table's entry whose block has left the window and gone
+/// back to the pool.
+pub const FREED: BlockId = BlockId::MAX;

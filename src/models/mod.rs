@@ -52,7 +52,7 @@ impl FlatBatch {
         &mut self,
         tokens: &[u32],
         positions: std::ops::Range<usize>,
-        block_table: Vec<crate::engine::block_manager::BlockId>,
+        block_table: Vec<crate::kv::BlockId>,
         logits: LogitRows,
     ) {
         let start = positions.start;
@@ -65,7 +65,7 @@ impl FlatBatch {
         &mut self,
         tokens: &[u32],
         first_pos: usize,
-        block_table: Vec<crate::engine::block_manager::BlockId>,
+        block_table: Vec<crate::kv::BlockId>,
         logits: LogitRows,
     ) {
         self.seqs.push(SeqSlice {

@@ -13,8 +13,8 @@
 use candle_core::{Device, Result, Tensor};
 
 use super::{FlatBatch, SeqSlice};
-use crate::engine::window_blocks::FREED;
 use crate::kv::cache::KvCache;
+use crate::kv::FREED;
 
 /// What the step's attention reads besides its rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
