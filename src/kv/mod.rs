@@ -3,6 +3,7 @@
 //! policy (`engine::block_manager`); what the blocks hold lives here.
 
 pub mod cache;
+pub mod state_store;
 
 /// A block number in the KV pool.
 pub type BlockId = u32;

@@ -49,8 +49,8 @@ use super::linear::{Linear, WeightSpec};
 use super::rope::Rope;
 use super::{hidden_states, FlatBatch, Model, ModelInfo, Output, SeqSlice, StepMeta};
 use crate::attention::{paged_attention, AttnDims};
-use crate::engine::state_slots::StateStore;
 use crate::kv::cache::{KvCache, KvDtype};
+use crate::kv::state_store::StateStore;
 use crate::vec_math::fast_exp;
 
 /// A layer's token mixer, as `layer_types` names it.
