@@ -12,8 +12,8 @@
 
 use candle_core::{DType, Device, Result, Storage, Tensor};
 
+use crate::kv::batch::SeqSlice;
 use crate::kv::cache::{HostPool, KvLayout, LayerCache};
-use crate::kv::BlockId;
 use crate::models::StepMeta;
 
 #[cfg(feature = "cuda")]
@@ -30,57 +30,6 @@ pub fn has_kernel(layout: &KvLayout, device: &Device) -> bool {
     }
     let _ = (layout, device);
     false
-}
-
-/// One sequence's slice of a flat batch: rows `start..start + len` are its new
-/// tokens, at positions `first_pos..first_pos + len`.
-#[derive(Debug, Clone)]
-pub struct SeqSlice {
-    pub start: usize,
-    pub len: usize,
-    pub first_pos: usize,
-    pub block_table: Vec<BlockId>,
-    /// Its blocks in the sliding-window layers' pool, where the model has
-    /// such layers ([`crate::engine::window_blocks`]).
-    pub window_table: Vec<BlockId>,
-    /// Its recurrent-state slot, where the model has layers that keep one
-    /// per sequence instead of K/V (Qwen3.5's linear-attention layers;
-    /// [`crate::engine::state_slots`]). A slice at position 0 starts from
-    /// a zero state.
-    pub state_slot: Option<u32>,
-    /// Which of its rows get logits.
-    pub logits: LogitRows,
-    /// Which of its rows hand back their final hidden states (after the
-    /// last norm): an embedding request's, to pool.
-    pub hidden: LogitRows,
-}
-
-/// Which rows of a sequence's slice the model computes logits for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogitRows {
-    /// None: a prefill chunk that does not end the prompt.
-    None,
-    /// The last row, to sample the next token from.
-    Last,
-    /// Every row, to score the prompt tokens (echo with logprobs) too.
-    All,
-}
-
-impl SeqSlice {
-    /// Its block table for a layer: the sliding-window pool's for a
-    /// sliding-window layer where it has one, else the shared one (a pool
-    /// without a separate window part).
-    pub fn table(&self, windowed: bool) -> &[BlockId] {
-        match windowed && !self.window_table.is_empty() {
-            true => &self.window_table,
-            false => &self.block_table,
-        }
-    }
-
-    /// Positions cached once this step's tokens are written.
-    pub fn context_len(&self) -> usize {
-        self.first_pos + self.len
-    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -273,8 +222,8 @@ fn attend_tensor(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv::batch::{FlatBatch, LogitRows};
     use crate::kv::cache::{KvCache, KvDtype, KvLayout};
-    use crate::models::FlatBatch;
 
     fn rand_tensor(rows: usize, cols: usize, seed: u64) -> Tensor {
         // A small LCG keeps the test free of RNG dependencies' version churn.

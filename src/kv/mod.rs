@@ -2,6 +2,7 @@
 //! how a block is named. Which blocks a sequence owns is the engine's
 //! policy (`engine::block_manager`); what the blocks hold lives here.
 
+pub mod batch;
 pub mod cache;
 pub mod state_store;
 

@@ -13,7 +13,7 @@ pub mod step_meta;
 
 use candle_core::{Device, Result, Tensor};
 
-pub use crate::attention::{LogitRows, SeqSlice};
+pub use crate::kv::batch::{FlatBatch, LogitRows, SeqSlice};
 use crate::kv::cache::{KvCache, KvDtype};
 pub use step_meta::StepMeta;
 
@@ -33,90 +33,6 @@ pub struct ModelInfo {
     /// and that window: their K/V live in a pool of their own.
     pub window_layers: Vec<usize>,
     pub sliding_window: Option<usize>,
-}
-
-/// One forward call's input: tokens of many sequences laid end to end, each
-/// token's position, and which rows belong to which sequence. Sequences are
-/// in row order and cover every row exactly once.
-#[derive(Debug, Clone, Default)]
-pub struct FlatBatch {
-    pub tokens: Vec<u32>,
-    pub positions: Vec<u32>,
-    pub seqs: Vec<SeqSlice>,
-}
-
-impl FlatBatch {
-    /// Appends one sequence's new tokens, `positions` of its whole token list
-    /// `tokens`, cached in `block_table`.
-    pub fn push(
-        &mut self,
-        tokens: &[u32],
-        positions: std::ops::Range<usize>,
-        block_table: Vec<crate::kv::BlockId>,
-        logits: LogitRows,
-    ) {
-        let start = positions.start;
-        self.push_at(&tokens[positions], start, block_table, logits);
-    }
-
-    /// Appends one sequence's new `tokens`, the first at position
-    /// `first_pos`, cached in `block_table`.
-    pub fn push_at(
-        &mut self,
-        tokens: &[u32],
-        first_pos: usize,
-        block_table: Vec<crate::kv::BlockId>,
-        logits: LogitRows,
-    ) {
-        self.seqs.push(SeqSlice {
-            start: self.tokens.len(),
-            len: tokens.len(),
-            first_pos,
-            block_table,
-            window_table: Vec::new(),
-            state_slot: None,
-            logits,
-            hidden: LogitRows::None,
-        });
-        self.tokens.extend_from_slice(tokens);
-        let first = first_pos as u32;
-        self.positions.extend(first..first + tokens.len() as u32);
-    }
-
-    /// Appends `tokens` to the last sequence pushed, at the positions after
-    /// its own: a decode row's drafted tokens, run in the same slice.
-    pub fn extend_last(&mut self, tokens: &[u32]) {
-        let Some(s) = self.seqs.last_mut() else {
-            return;
-        };
-        let next = (s.first_pos + s.len) as u32;
-        s.len += tokens.len();
-        self.tokens.extend_from_slice(tokens);
-        self.positions.extend(next..next + tokens.len() as u32);
-    }
-
-    /// Rows whose logits are wanted, in row order.
-    pub fn logit_rows(&self) -> Vec<u32> {
-        self.rows(|s| s.logits)
-    }
-
-    /// Rows whose final hidden states are wanted, in row order.
-    pub fn hidden_rows(&self) -> Vec<u32> {
-        self.rows(|s| s.hidden)
-    }
-
-    fn rows(&self, which: impl Fn(&SeqSlice) -> LogitRows) -> Vec<u32> {
-        let mut rows = Vec::new();
-        for s in &self.seqs {
-            let end = (s.start + s.len) as u32;
-            match which(s) {
-                LogitRows::None => {}
-                LogitRows::Last => rows.push(end - 1),
-                LogitRows::All => rows.extend(s.start as u32..end),
-            }
-        }
-        rows
-    }
 }
 
 /// What a forward hands back.
