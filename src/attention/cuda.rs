@@ -15,8 +15,7 @@ use candle_core::{CudaDevice, CudaStorage, DType, Result, Storage, Tensor, WithD
 use half::{bf16, f16};
 
 use super::AttnDims;
-use crate::models::step_meta::{KernelSections, TABLE_FIELD, WINDOW_TABLE_FIELD};
-use crate::models::StepMeta;
+use crate::kv::step_meta::{KernelSections, StepMeta, TABLE_FIELD, WINDOW_TABLE_FIELD};
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/paged_attention.ptx"));
 const MODULE: &str = "wick_paged_attention";

@@ -14,7 +14,7 @@ use candle_core::{DType, Device, Result, Storage, Tensor};
 
 use crate::kv::batch::SeqSlice;
 use crate::kv::cache::{HostPool, KvLayout, LayerCache};
-use crate::models::StepMeta;
+use crate::kv::step_meta::StepMeta;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;

@@ -5,6 +5,7 @@
 pub mod batch;
 pub mod cache;
 pub mod state_store;
+pub mod step_meta;
 
 /// A block number in the KV pool.
 pub type BlockId = u32;

@@ -9,13 +9,12 @@ pub mod linear;
 pub mod llama;
 pub mod qwen35;
 pub mod rope;
-pub mod step_meta;
 
 use candle_core::{Device, Result, Tensor};
 
 pub use crate::kv::batch::{FlatBatch, LogitRows, SeqSlice};
 use crate::kv::cache::{KvCache, KvDtype};
-pub use step_meta::StepMeta;
+pub use crate::kv::step_meta::StepMeta;
 
 /// What the engine needs to know about a loaded model.
 #[derive(Debug, Clone, PartialEq)]

@@ -12,7 +12,7 @@
 
 use candle_core::{Device, Result, Tensor};
 
-use super::{FlatBatch, SeqSlice};
+use super::batch::{FlatBatch, SeqSlice};
 use crate::kv::cache::KvCache;
 use crate::kv::FREED;
 
@@ -366,8 +366,8 @@ fn pack_gathers(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv::batch::LogitRows;
     use crate::kv::cache::{KvDtype, KvLayout};
-    use crate::models::LogitRows;
 
     /// An 8-block pool of `block_size`-token blocks, on the host or not.
     fn cache(block_size: usize, host: bool) -> KvCache {
