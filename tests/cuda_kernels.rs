@@ -16,10 +16,10 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use wick::attention::{cuda, paged_attention, AttnDims};
+use wick::attention::{cuda, paged_attention, step_meta, AttnDims};
 use wick::kv::cache::{KvCache, KvDtype, KvLayout, LayerCache};
 use wick::load::loader::{load, LoadOptions};
-use wick::models::{FlatBatch, LogitRows, StepMeta};
+use wick::models::{FlatBatch, LogitRows};
 use wick::sampling::argmax::argmax_rows;
 use wick::sampling::sampler::argmax;
 
@@ -187,10 +187,10 @@ fn run_case(dev: &Device, case: Case, seed: u64) {
             .unwrap()
             .to_dtype(DType::F32)
             .unwrap();
-        let host_meta = StepMeta::new(&batch, &host, None, &Device::Cpu).unwrap();
+        let host_meta = step_meta(&batch, &host, None, &Device::Cpu).unwrap();
         let want = paged_attention(&qkv, host.layer_mut(0), &host_meta, dims).unwrap();
 
-        let gpu_meta = StepMeta::new(&batch, &gpu, None, dev).unwrap();
+        let gpu_meta = step_meta(&batch, &gpu, None, dev).unwrap();
         assert!(
             gpu_meta.kernel().is_some(),
             "{case:?}: not packed for the kernel"

@@ -12,8 +12,8 @@
 
 use candle_core::{DType, Device, Result, Storage, Tensor};
 
-use crate::kv::batch::SeqSlice;
-use crate::kv::cache::{HostPool, KvLayout, LayerCache};
+use crate::kv::batch::{FlatBatch, SeqSlice};
+use crate::kv::cache::{HostPool, KvCache, KvLayout, LayerCache};
 use crate::kv::step_meta::StepMeta;
 
 #[cfg(feature = "cuda")]
@@ -21,9 +21,26 @@ pub mod cuda;
 mod host;
 mod split;
 
+/// `batch`'s metadata packed for what reads `cache` on `device`: the host
+/// kernel, the CUDA kernel, or the candle-op fallback.
+pub fn step_meta<'a>(
+    batch: &'a FlatBatch,
+    cache: &KvCache,
+    window: Option<usize>,
+    device: &Device,
+) -> Result<StepMeta<'a>> {
+    StepMeta::new(
+        batch,
+        cache,
+        window,
+        device,
+        has_kernel(cache.layout(), device),
+    )
+}
+
 /// Whether a tensor pool of `layout` on `device` is read by the CUDA kernel
 /// (else by the candle-op fallback).
-pub fn has_kernel(layout: &KvLayout, device: &Device) -> bool {
+fn has_kernel(layout: &KvLayout, device: &Device) -> bool {
     #[cfg(feature = "cuda")]
     if device.is_cuda() {
         return cuda::supports(layout.head_dim);
@@ -457,7 +474,7 @@ mod tests {
                 }
                 let cat = |xs: &[Tensor]| Tensor::cat(xs, 0).unwrap();
                 let qkv = Tensor::cat(&[cat(&qs), cat(&ks), cat(&vs)], 1).unwrap();
-                let meta = StepMeta::new(&batch, &cache, window, &Device::Cpu).unwrap();
+                let meta = step_meta(&batch, &cache, window, &Device::Cpu).unwrap();
                 let out = paged_attention(&qkv, cache.layer_mut(0), &meta, dims).unwrap();
                 for (si, s) in batch.seqs.iter().enumerate() {
                     got[si].push(out.narrow(0, s.start, s.len).unwrap());

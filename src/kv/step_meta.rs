@@ -93,16 +93,19 @@ pub struct StepMeta<'a> {
 impl<'a> StepMeta<'a> {
     /// Packs `batch` for `cache` and uploads it to `device`: one copy, plus
     /// one for the masks if any.
-    /// `window`: the model's sliding window, if some layers have one.
+    /// `window`: the model's sliding window, if some layers have one;
+    /// `kernel`: whether a tensor pool is read by the CUDA kernel (else by
+    /// the candle-op fallback), as attention decides (`attention::step_meta`).
     pub fn new(
         batch: &'a FlatBatch,
         cache: &KvCache,
         window: Option<usize>,
         device: &Device,
+        kernel: bool,
     ) -> Result<Self> {
         let reads = match cache.on_host() {
             true => Reads::Host,
-            false if crate::attention::has_kernel(cache.layout(), device) => Reads::Kernel,
+            false if kernel => Reads::Kernel,
             false => Reads::Gather,
         };
         let block_size = cache.layout().block_size;
@@ -401,7 +404,7 @@ mod tests {
     #[test]
     fn sections_hold_the_batch() {
         let b = batch();
-        let m = StepMeta::new(&b, &cache(4, false), None, &Device::Cpu).unwrap();
+        let m = StepMeta::new(&b, &cache(4, false), None, &Device::Cpu, false).unwrap();
         assert_eq!(m.tokens(), &[109, 204, 205, 206]);
         assert_eq!(m.positions(), &[9, 4, 5, 6]);
         // Position 9 is block 2 (id 7), offset 1; 4..7 are block 1 (id 3).
@@ -414,7 +417,7 @@ mod tests {
     #[test]
     fn each_sequence_gathers_its_whole_context() {
         let b = batch();
-        let m = StepMeta::new(&b, &cache(4, false), None, &Device::Cpu).unwrap();
+        let m = StepMeta::new(&b, &cache(4, false), None, &Device::Cpu, false).unwrap();
         let want0: Vec<u32> = [20, 21, 22, 23, 8, 9, 10, 11, 28, 29].into();
         assert_eq!(to_vec(m.gather_t(0, false).unwrap()), want0);
         assert_eq!(
@@ -426,7 +429,7 @@ mod tests {
     #[test]
     fn only_prompt_chunks_carry_a_causal_mask() {
         let b = batch();
-        let m = StepMeta::new(&b, &cache(4, false), None, &Device::Cpu).unwrap();
+        let m = StepMeta::new(&b, &cache(4, false), None, &Device::Cpu, false).unwrap();
         assert!(m.mask_t(0, false).unwrap().is_none());
         let mask = m.mask_t(1, false).unwrap().unwrap();
         assert_eq!(mask.dims(), &[1, 3, 7]);
@@ -446,7 +449,7 @@ mod tests {
             let toks: Vec<u32> = (0..5).collect();
             b.push(&toks, 4..5, vec![i], LogitRows::Last);
         }
-        let m = StepMeta::new(&b, &cache(8, false), None, &Device::Cpu).unwrap();
+        let m = StepMeta::new(&b, &cache(8, false), None, &Device::Cpu, false).unwrap();
         assert!(m.masks.is_none());
         assert_eq!(to_vec(m.slots_t(false).unwrap()), vec![4, 12, 20]);
         assert_eq!(m.host.len(), 3 * 3 + 3 + 3 * 5);
@@ -461,7 +464,7 @@ mod tests {
         let mut b = batch();
         b.seqs[0].window_table = vec![FREED, 4, 6];
         b.seqs[1].window_table = vec![0, 1];
-        let m = StepMeta::new(&b, &cache(4, false), Some(3), &Device::Cpu).unwrap();
+        let m = StepMeta::new(&b, &cache(4, false), Some(3), &Device::Cpu, false).unwrap();
         assert_eq!(to_vec(m.slots_t(true).unwrap()), vec![25, 4, 5, 6]);
         assert_eq!(to_vec(m.slots_t(false).unwrap()), vec![29, 12, 13, 14]);
         let want0: Vec<u32> = [0, 0, 0, 0, 16, 17, 18, 19, 24, 25].into();
@@ -537,7 +540,7 @@ mod tests {
     #[test]
     fn a_host_pool_gets_no_gather_slots_or_masks() {
         let b = batch();
-        let m = StepMeta::new(&b, &cache(4, true), None, &Device::Cpu).unwrap();
+        let m = StepMeta::new(&b, &cache(4, true), None, &Device::Cpu, false).unwrap();
         assert_eq!(to_vec(m.slots_t(false).unwrap()), vec![29, 12, 13, 14]);
         assert_eq!(m.host.len(), 3 * 4 + 4);
         assert!(m.masks.is_none() && m.gather_t(0, false).is_err());

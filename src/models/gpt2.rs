@@ -8,8 +8,8 @@ use serde::Deserialize;
 
 use super::elementwise;
 use super::linear::{Linear, WeightSpec};
-use super::{hidden_states, FlatBatch, Model, ModelInfo, Output, StepMeta};
-use crate::attention::{paged_attention, AttnDims};
+use super::{hidden_states, FlatBatch, Model, ModelInfo, Output};
+use crate::attention::{self, paged_attention, AttnDims};
 use crate::kv::cache::{KvCache, KvDtype};
 
 /// The fields of a Hugging Face GPT-2 `config.json` that wick reads.
@@ -214,7 +214,7 @@ impl Model for Gpt2 {
             block_size: cache.layout().block_size,
             window: None,
         };
-        let meta = StepMeta::new(batch, cache, None, &self.device)?;
+        let meta = attention::step_meta(batch, cache, None, &self.device)?;
         let mut x = (self.wte.index_select(&meta.tokens_t()?, 0)?
             + self.wpe.index_select(&meta.positions_t()?, 0)?)?;
         for (i, b) in self.blocks.iter().enumerate() {

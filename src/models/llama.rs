@@ -16,8 +16,8 @@ use super::elementwise::{self, Act};
 use super::embedding::Embedding;
 use super::linear::{Linear, WeightSpec};
 use super::rope::Rope;
-use super::{hidden_states, FlatBatch, Model, ModelInfo, Output, StepMeta};
-use crate::attention::{paged_attention, AttnDims};
+use super::{hidden_states, FlatBatch, Model, ModelInfo, Output};
+use crate::attention::{self, paged_attention, AttnDims};
 use crate::kv::cache::{KvCache, KvDtype};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -956,7 +956,7 @@ impl Model for Llama {
             block_size: cache.layout().block_size,
             window: None,
         };
-        let meta = StepMeta::new(batch, cache, c.sliding_window, &self.device)?;
+        let meta = attention::step_meta(batch, cache, c.sliding_window, &self.device)?;
         let positions = meta.positions_t()?;
         let mut x = self.embed.forward(meta.tokens(), &meta.tokens_t()?)?;
         if let Some(scale) = c.embed_scale {

@@ -14,7 +14,6 @@ use candle_core::{Device, Result, Tensor};
 
 pub use crate::kv::batch::{FlatBatch, LogitRows, SeqSlice};
 use crate::kv::cache::{KvCache, KvDtype};
-pub use crate::kv::step_meta::StepMeta;
 
 /// What the engine needs to know about a loaded model.
 #[derive(Debug, Clone, PartialEq)]

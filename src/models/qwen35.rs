@@ -47,10 +47,11 @@ use super::elementwise::{self, Act};
 use super::embedding::Embedding;
 use super::linear::{Linear, WeightSpec};
 use super::rope::Rope;
-use super::{hidden_states, FlatBatch, Model, ModelInfo, Output, SeqSlice, StepMeta};
-use crate::attention::{paged_attention, AttnDims};
+use super::{hidden_states, FlatBatch, Model, ModelInfo, Output, SeqSlice};
+use crate::attention::{self, paged_attention, AttnDims};
 use crate::kv::cache::{KvCache, KvDtype};
 use crate::kv::state_store::StateStore;
+use crate::kv::step_meta::StepMeta;
 use crate::vec_math::fast_exp;
 
 /// A layer's token mixer, as `layer_types` names it.
@@ -990,7 +991,7 @@ impl Model for Qwen35 {
             window: None,
         };
         let eps = c.rms_norm_eps as f32;
-        let meta = StepMeta::new(batch, cache, None, &self.device)?;
+        let meta = attention::step_meta(batch, cache, None, &self.device)?;
         let positions = meta.positions_t()?;
         // Each sequence's recurrent state, out of its slot for the step.
         let mut store = self
