@@ -84,7 +84,8 @@ def main() -> int:
         problems.append("import cycle: " + "; ".join(steps))
     for p in problems:
         print(p)
-    print(f"imports: {len(graph)} modules, {len(problems)} problems")
+    modules = set(graph) | {t for targets in graph.values() for t in targets}
+    print(f"imports: {len(modules)} modules, {len(problems)} problems")
     return 1 if problems else 0
 
 
