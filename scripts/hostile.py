@@ -3,10 +3,12 @@
     pip install httpx
     python3 scripts/hostile.py [SCENARIO ...] [--only a,b] [options]
 
-SCENARIO is any of soak, storm, idle, slow (or `--only soak,storm`); with
-none given, all four run in that order. Common options: `--base-url`
-(default http://127.0.0.1:8000), `--server-pid PID` (RSS is read from
-/proc/PID/status VmRSS; without it RSS is reported as null) and `--seed`.
+SCENARIO is any of soak, storm, idle, slow, abuse, fair, grammar, bulk,
+store (or `--only soak,storm`); with none given, all run in that order.
+Common options: `--base-url` (default http://127.0.0.1:8000), `--server-pid
+PID` (RSS is read from /proc/PID/status VmRSS; without it RSS is reported
+as null), `--seed`, and `--api-key KEY` (repeatable) for a server that
+wants keys (bulk and store send it).
 Each scenario prints a human summary and then ends with exactly one line of
 JSON, `{"scenario": NAME, "ok": BOOL, ...}`, so `grep '^{'` collects results.
 "ok" is whether the scenario saw what a healthy server should give; the exit
