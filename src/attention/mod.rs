@@ -40,7 +40,7 @@ pub fn step_meta<'a>(
 
 /// Whether a tensor pool of `layout` on `device` is read by the CUDA kernel
 /// (else by the candle-op fallback).
-fn has_kernel(layout: &KvLayout, device: &Device) -> bool {
+pub fn has_kernel(layout: &KvLayout, device: &Device) -> bool {
     #[cfg(feature = "cuda")]
     if device.is_cuda() {
         return cuda::supports(layout.head_dim);
