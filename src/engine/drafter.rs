@@ -20,6 +20,8 @@ use std::collections::{HashMap, HashSet};
 use crate::engine::block_manager::BlockManager;
 use crate::engine::model_runner::{LogitRow, ModelRunner};
 use crate::engine::sequence::{SeqId, Sequence};
+use crate::engine::speculation::{DraftRun, MODEL_DRAFT};
+use crate::engine::step_plan::RowPlan;
 use crate::kv::cache::KvCache;
 use crate::kv::BlockId;
 use crate::models::{FlatBatch, LogitRows, Model};
@@ -30,15 +32,6 @@ struct DraftSeq {
     table: Vec<BlockId>,
     /// Leading tokens whose K/V the draft model holds.
     cached: usize,
-}
-
-/// What one [`Drafter::propose`] ran.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct DraftRun {
-    /// Proposal rounds: forwards of one token a drafting row.
-    pub rounds: usize,
-    /// Whether prompt chunks were cached too.
-    pub prefilled: bool,
 }
 
 pub struct Drafter {
@@ -60,7 +53,7 @@ impl Drafter {
         self.runner.model().info().vocab_size
     }
 
-    /// Replaces each of `rows`' placeholder drafts
+    /// Replaces the placeholder drafts of a step's rows
     /// ([`MODEL_DRAFT`](crate::engine::speculation::MODEL_DRAFT)) with the
     /// draft model's proposals, as many as it has placeholders.
     /// Rows without a draft are prompt chunks: the draft model caches them
@@ -69,15 +62,27 @@ impl Drafter {
     /// hold, or a failed forward, leaves its draft empty (and its chunk
     /// one token). Returns what it ran, for the plan to learn a round's
     /// cost.
-    pub fn propose(&mut self, rows: &mut [&mut Sequence]) -> DraftRun {
+    pub fn propose(&mut self, rows: Vec<(&mut RowPlan, &mut Sequence)>) -> DraftRun {
+        // Rows drafting with the model, and the prompt chunks of those that
+        // may draft later, which it caches alongside the target.
+        let mut rows: Vec<_> = rows
+            .into_iter()
+            .filter(|(row, seq)| match row.draft.first() {
+                Some(&t) => t == MODEL_DRAFT,
+                None => seq.may_draft() && (seq.pending() > 1 || seq.output().is_empty()),
+            })
+            .collect();
+        if rows.is_empty() {
+            return DraftRun::default();
+        }
         let mut active: Vec<usize> = Vec::new();
-        for (r, seq) in rows.iter_mut().enumerate() {
+        for (r, (row, seq)) in rows.iter_mut().enumerate() {
             let state = self.seqs.entry(seq.id).or_default();
             state.cached = state.cached.min(seq.num_cached);
             // A prompt chunk's tokens; a drafting row's tokens, then all
             // but its last proposal.
-            let upto = match seq.draft.len() {
-                0 => seq.num_cached + seq.chunk,
+            let upto = match row.draft.len() {
+                0 => row.first + row.chunk,
                 want => seq.len() + want - 1,
             };
             if self.blocks.grow(&mut state.table, upto) {
@@ -85,40 +90,41 @@ impl Drafter {
             } else {
                 let mut state = self.seqs.remove(&seq.id).unwrap_or_default();
                 self.blocks.release(&mut state.table);
-                drop_draft(seq);
+                // Back to its one token.
+                row.draft.clear();
             }
         }
         let mut proposals: Vec<Vec<u32>> = vec![Vec::new(); rows.len()];
         // The keys each drafting row's sampler will draw its rows with.
         let ahead: Vec<Vec<u64>> = rows
             .iter()
-            .map(|seq| seq.sampler.next_keys(seq.draft.len()))
+            .map(|(row, seq)| seq.sampler.next_keys(row.draft.len()))
             .collect();
         let ran = DraftRun {
             rounds: active
                 .iter()
-                .map(|&r| rows[r].draft.len())
+                .map(|&r| rows[r].0.draft.len())
                 .max()
                 .unwrap_or(0),
-            prefilled: active.iter().any(|&r| rows[r].draft.is_empty()),
+            prefilled: active.iter().any(|&r| rows[r].0.draft.is_empty()),
         };
         // Prompt chunks run in the first round.
         for j in 0..ran.rounds.max(usize::from(ran.prefilled)) {
             let run: Vec<usize> = active
                 .iter()
                 .copied()
-                .filter(|&r| rows[r].draft.len() > j || j == 0)
+                .filter(|&r| rows[r].0.draft.len() > j || j == 0)
                 .collect();
             let mut batch = FlatBatch::default();
             for &r in &run {
-                let seq = &rows[r];
+                let (row, seq) = &rows[r];
                 let state = &self.seqs[&seq.id];
                 let table = state.table.clone();
                 // The first round catches up on the sequence's own tokens;
                 // later ones feed the last proposal.
-                match (proposals[r].last(), seq.draft.is_empty()) {
+                match (proposals[r].last(), row.draft.is_empty()) {
                     (None, true) => {
-                        let chunk = state.cached..seq.num_cached + seq.chunk;
+                        let chunk = state.cached..row.first + row.chunk;
                         batch.push(&seq.tokens, chunk, table, LogitRows::None)
                     }
                     (None, false) => {
@@ -132,15 +138,15 @@ impl Drafter {
             let picks: Vec<bool> = run
                 .iter()
                 .map(|&r| &rows[r])
-                .filter(|seq| !seq.draft.is_empty())
-                .map(|seq| seq.sampler.argmax_only(seq.output().len() + j))
+                .filter(|(row, _)| !row.draft.is_empty())
+                .map(|(_, seq)| seq.sampler.argmax_only(seq.output().len() + j))
                 .collect();
             let logits = match self.runner.run(&batch, &picks) {
                 Ok((logits, _)) => logits,
                 Err(e) => {
                     tracing::warn!("draft model step failed, drafting nothing: {e}");
                     for &r in &active {
-                        drop_draft(rows[r]);
+                        rows[r].0.draft.clear();
                     }
                     self.retain(&HashSet::new());
                     return DraftRun::default();
@@ -148,10 +154,10 @@ impl Drafter {
             };
             let mut logits = logits.into_iter();
             for &r in &run {
-                let seq = &mut *rows[r];
+                let (row, seq) = &mut rows[r];
                 let state = self.seqs.get_mut(&seq.id).expect("drafting sequence");
-                if seq.draft.is_empty() {
-                    state.cached = seq.num_cached + seq.chunk;
+                if row.draft.is_empty() {
+                    state.cached = row.first + row.chunk;
                     continue;
                 }
                 state.cached = seq.len() + j;
@@ -163,8 +169,8 @@ impl Drafter {
             }
         }
         for &r in &active {
-            if !rows[r].draft.is_empty() {
-                rows[r].draft = std::mem::take(&mut proposals[r]);
+            if !rows[r].0.draft.is_empty() {
+                rows[r].0.draft = std::mem::take(&mut proposals[r]);
             }
         }
         ran
@@ -194,10 +200,4 @@ fn propose(seq: &mut Sequence, row: LogitRow, proposed: &[u32], key: u64) -> u32
             seq.sampler.propose(&mut row, prompt, &output, key)
         }
     }
-}
-
-/// A row that will not draft after all: back to its one token.
-fn drop_draft(seq: &mut Sequence) {
-    seq.chunk -= seq.draft.len();
-    seq.draft.clear();
 }

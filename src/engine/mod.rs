@@ -9,35 +9,32 @@ pub mod model_runner;
 pub mod output;
 pub mod pooling;
 pub mod request_rules;
+pub mod sample;
 pub mod scheduler;
 pub mod sequence;
 pub mod speculation;
 pub mod state_slots;
 pub mod step_budget;
+pub mod step_plan;
 pub mod window_blocks;
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
-
-use rayon::prelude::*;
 
 use crate::engine::block_manager::BlockManager;
 use crate::engine::drafter::Drafter;
-use crate::engine::model_runner::{LogitRow, ModelRunner};
+use crate::engine::model_runner::ModelRunner;
 use crate::engine::pooling::{Pool, Pooling};
 use crate::engine::scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
-use crate::engine::sequence::{FinishReason, SeqId, Sequence, StepEvent};
-use crate::engine::speculation::{Speculation, MODEL_DRAFT};
+use crate::engine::sequence::{SeqId, Sequence, StepEvent};
+use crate::engine::speculation::Speculation;
 use crate::engine::state_slots::StateSlots;
+use crate::engine::step_plan::StepPlan;
 use crate::engine::window_blocks::WindowBlocks;
 use crate::error::{Result, WickError};
 use crate::kv::cache::{KvCache, KvDtype, KvLayout};
-use crate::models::LogitRows;
 use crate::models::Model;
 use crate::models::ModelInfo;
-use crate::sampling::constraint::TokenMask;
 use crate::sampling::params::SamplingParams;
-use crate::sampling::sampler::{score_token, SampledToken};
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -476,299 +473,45 @@ impl Engine {
         self.scheduler.take_queue_waits()
     }
 
-    /// One continuous-batching step: schedule, run one forward over the flat
-    /// batch, sample, and let the scheduler append, finish and free. Its
-    /// time is what the step budget learns from.
+    /// One continuous-batching step: schedule, draft, run one forward over
+    /// the flat batch (grammar masks computed alongside), sample, and let
+    /// the scheduler apply what came of it. Its time is what the step
+    /// budget learns from.
     pub fn step(&mut self) -> Vec<StepEvent> {
         let start = Instant::now();
-        let events = self.run_step();
+        let mut plan = self.scheduler.schedule();
+        self.draft(&mut plan);
+        let mut events = Vec::new();
+        if !plan.is_empty() {
+            let batch = plan.batch(self.scheduler.running());
+            let mut rows = self.scheduler.rows(&plan.rows);
+            // Inside the rayon pool, the kernels' parallel calls are cheap
+            // forks rather than a cross-thread hand-off each.
+            let runner = &mut self.runner;
+            let (out, masks) = rayon::join(
+                || runner.execute(&plan, &batch),
+                || sample::grammar_masks(&mut rows),
+            );
+            let sample = |(logits, hidden)| sample::sample(rows, logits, hidden, masks);
+            let outputs = out.rows.map(|rows| rayon::scope(|_| sample(rows)));
+            self.scheduler.note_forward(out.took);
+            events = self.scheduler.update(&plan, outputs, &self.eos_ids);
+        }
         self.scheduler.note_step(start.elapsed());
         events
     }
 
-    fn run_step(&mut self) -> Vec<StepEvent> {
-        self.scheduler.schedule();
-        if let Some(drafter) = &mut self.drafter {
-            // Rows drafting with the model, and the prompt chunks of those
-            // that may draft later, which it caches alongside the target.
-            let mut rows: Vec<&mut Sequence> = self
-                .scheduler
-                .scheduled_mut()
-                .filter(|s| match s.draft.first() {
-                    Some(&t) => t == MODEL_DRAFT,
-                    None => s.may_draft() && (s.pending() > 1 || s.output().is_empty()),
-                })
-                .collect();
-            if !rows.is_empty() {
-                let start = Instant::now();
-                let run = drafter.propose(&mut rows);
-                self.scheduler
-                    .note_drafts(run.rounds, run.prefilled, start.elapsed());
-            }
-        }
-        let batch = ModelRunner::build_batch(self.scheduler.scheduled());
-        if batch.tokens.is_empty() {
-            return Vec::new();
-        }
-        let argmax: Vec<bool> = self
-            .scheduler
-            .scheduled()
-            .flat_map(|s| std::iter::repeat_n(s.argmax_suffices(), s.num_logit_rows()))
-            .collect();
-        // Inside the rayon pool, the kernels' parallel calls are cheap forks
-        // rather than a cross-thread hand-off each. Grammar masks for the
-        // rows about to sample are computed alongside the forward.
-        let runner = &mut self.runner;
-        let mut constrained: Vec<&mut Sequence> = self
-            .scheduler
-            .scheduled_mut()
-            .filter(|s| s.params.constraint.is_some() && s.num_cached + s.chunk == s.len())
-            .collect();
-        let ((result, took), masks) = rayon::join(
-            || {
-                let start = Instant::now();
-                let result = catch_unwind(AssertUnwindSafe(|| runner.run(&batch, &argmax)));
-                (result, start.elapsed())
-            },
-            || grammar_masks(&mut constrained),
-        );
-        self.scheduler.note_forward(took);
-        let (logits, hidden) = match result {
-            Ok(Ok(out)) => out,
-            Ok(Err(e)) => return self.fail_scheduled(&e.to_string()),
-            Err(panic) => {
-                let msg = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_else(|| "unknown panic".to_string());
-                return self.fail_scheduled(&format!("model step panicked: {msg}"));
-            }
+    /// Has the draft model propose for the rows the plan gave placeholder
+    /// drafts, after forgetting the sequences no longer running.
+    fn draft(&mut self, plan: &mut StepPlan) {
+        let Some(drafter) = &mut self.drafter else {
+            return;
         };
-        let pooled = self.pool(hidden);
-        let (sampled, failed) = rayon::scope(|_| self.sample(logits, masks));
-        let mut events = self.scheduler.postprocess(sampled, &self.eos_ids);
-        if let Some(drafter) = &mut self.drafter {
-            drafter.retain(&self.scheduler.running_ids());
-        }
-        for (id, msg) in failed {
-            self.scheduler.abort(id);
-            events.push(StepEvent::ended(id, FinishReason::Grammar(msg)));
-        }
-        for (id, vector) in pooled {
-            // Done: it leaves the batch as a finished request does.
-            self.scheduler.abort(id);
-            events.push(StepEvent {
-                embedding: Some(vector),
-                ..StepEvent::ended(id, FinishReason::Stop)
-            });
-        }
-        events
+        drafter.retain(&self.scheduler.running_ids());
+        let start = Instant::now();
+        let run = drafter.propose(self.scheduler.rows(&mut plan.rows));
+        self.scheduler.note_drafts(run, start.elapsed());
     }
-
-    /// Hands each embedding request its chunk's hidden rows (`hidden`, in
-    /// batch order); returns the vectors of those whose prompt this step
-    /// finished.
-    fn pool(&mut self, hidden: Vec<Vec<f32>>) -> Vec<(SeqId, Vec<f32>)> {
-        let mut rows = hidden.into_iter();
-        let mut done = Vec::new();
-        for seq in self.scheduler.scheduled_mut() {
-            let mine: Vec<Vec<f32>> = match seq.hidden_rows() {
-                LogitRows::None => Vec::new(),
-                LogitRows::Last => rows.by_ref().take(1).collect(),
-                LogitRows::All => rows.by_ref().take(seq.chunk).collect(),
-            };
-            let ends = seq.num_cached + seq.chunk == seq.len();
-            if let Some(pool) = &mut seq.pool {
-                pool.add(&mine);
-                // Even a chunk that hands nothing over (cls after the
-                // first) may end the prompt.
-                if ends {
-                    done.push((seq.id, pool.clone().finish()));
-                }
-            }
-        }
-        done
-    }
-
-    /// Advances the cache cursors, scores prompt tokens where asked, and
-    /// samples one token for every sequence whose pending tokens are now all
-    /// cached, in parallel: each sequence draws from its own RNG, so the
-    /// order does not matter. A decode row that ran a draft samples its rows
-    /// in turn while they agree with it ([`verify_draft`]). A constrained
-    /// row samples under its grammar mask and advances its grammar; one
-    /// whose grammar fails (the only way a row fails to sample) is returned
-    /// apart, with the error.
-    fn sample(
-        &mut self,
-        logits: Vec<LogitRow>,
-        mut masks: Vec<(SeqId, anyhow::Result<TokenMask>)>,
-    ) -> (Vec<(SeqId, SampledToken)>, Vec<Failure>) {
-        let mut rows = logits.into_iter();
-        let mut targets: Vec<(&mut Sequence, Vec<LogitRow>)> = Vec::new();
-        for seq in self.scheduler.scheduled_mut() {
-            let wanted = seq.logit_rows();
-            let mut mine: Vec<LogitRow> = rows.by_ref().take(seq.num_logit_rows()).collect();
-            if !seq.draft.is_empty() {
-                targets.push((seq, mine));
-                continue;
-            }
-            let first = seq.num_cached;
-            seq.num_cached += seq.chunk;
-            if wanted == LogitRows::All {
-                score_prompt(seq, first, &mine);
-            }
-            if seq.num_cached == seq.len() {
-                if let Some(row) = mine.pop() {
-                    targets.push((seq, vec![row]));
-                }
-            }
-        }
-        // Each constrained row takes its mask along.
-        let mut targets: Vec<_> = targets
-            .into_iter()
-            .map(|(seq, rows)| {
-                let mask = masks
-                    .iter()
-                    .position(|(id, _)| *id == seq.id)
-                    .map(|at| masks.swap_remove(at).1);
-                (seq, rows, mask)
-            })
-            .collect();
-        let results: Vec<(SeqId, std::result::Result<Vec<SampledToken>, String>)> = targets
-            .par_iter_mut()
-            .map(|(seq, rows, mask)| {
-                let sampled = match &mut rows[..] {
-                    [row] if seq.draft.is_empty() => {
-                        sample_one(seq, row, mask.take()).map(|t| vec![t])
-                    }
-                    rows => Ok(verify_draft(seq, rows)),
-                };
-                (seq.id, sampled)
-            })
-            .collect();
-        let mut sampled = Vec::with_capacity(results.len());
-        let mut failed = Vec::new();
-        for (id, r) in results {
-            match r {
-                Ok(tokens) => sampled.extend(tokens.into_iter().map(|t| (id, t))),
-                Err(msg) => failed.push((id, msg)),
-            }
-        }
-        (sampled, failed)
-    }
-
-    /// A failed forward fails exactly the sequences that were in it.
-    fn fail_scheduled(&mut self, msg: &str) -> Vec<StepEvent> {
-        tracing::error!("engine step failed: {msg}");
-        self.scheduler.fail_scheduled(msg)
-    }
-}
-
-/// A sequence that could not sample, and why.
-type Failure = (SeqId, String);
-
-/// Samples one token for `seq` from `row`, under its grammar's mask when
-/// it has one, and advances the grammar past it.
-fn sample_one(
-    seq: &mut Sequence,
-    row: &mut LogitRow,
-    mask: Option<anyhow::Result<TokenMask>>,
-) -> std::result::Result<SampledToken, String> {
-    let row = match row {
-        LogitRow::Logits(row) => row,
-        // A row picked on the device has no grammar (`argmax_suffices`).
-        LogitRow::Argmax(id) => return Ok(SampledToken::plain(*id)),
-    };
-    let grammar_error = |e: anyhow::Error| format!("the output grammar failed: {e:#}");
-    if let Some(mask) = mask {
-        mask.map_err(grammar_error)?.apply(row);
-    }
-    let Sequence {
-        sampler,
-        tokens,
-        prompt_len,
-        params,
-        ..
-    } = seq;
-    let (prompt, output) = tokens.split_at(*prompt_len);
-    let token = sampler.sample(row, prompt, output);
-    if let Some(c) = &mut params.constraint {
-        if !c.is_finished() {
-            c.commit(token.id).map_err(grammar_error)?;
-        }
-    }
-    Ok(token)
-}
-
-/// Samples a drafted decode row's logit rows in turn, each seeing the
-/// tokens kept before it, while the token sampled is the one drafted: the
-/// drafted tokens kept and the first sampled past them, which is pending
-/// next. The row's own token and the drafts kept are now in the cache.
-/// Drafted rows carry no grammar ([`Sequence::may_draft`]).
-fn verify_draft(seq: &mut Sequence, rows: &mut [LogitRow]) -> Vec<SampledToken> {
-    let Sequence {
-        sampler,
-        tokens,
-        prompt_len,
-        draft,
-        num_cached,
-        ..
-    } = seq;
-    let (prompt, output) = tokens.split_at(*prompt_len);
-    let mut output = output.to_vec();
-    let mut kept = Vec::with_capacity(rows.len());
-    for (i, row) in rows.iter_mut().enumerate() {
-        let token = match row {
-            LogitRow::Logits(row) => sampler.sample(row, prompt, &output),
-            LogitRow::Argmax(id) => SampledToken::plain(*id),
-        };
-        let holds = draft.get(i) == Some(&token.id);
-        output.push(token.id);
-        kept.push(token);
-        if !holds {
-            break;
-        }
-    }
-    *num_cached += kept.len();
-    kept
-}
-
-/// The grammar masks of the constrained rows about to sample; nothing is
-/// allocated when there are none.
-fn grammar_masks(seqs: &mut [&mut Sequence]) -> Vec<(SeqId, anyhow::Result<TokenMask>)> {
-    seqs.par_iter_mut()
-        .filter_map(|s| {
-            let id = s.id;
-            s.params.constraint.as_mut().map(|c| (id, c.mask()))
-        })
-        .collect()
-}
-
-/// Scores the prompt tokens that `rows` (logits at positions `first..`)
-/// predict and `seq` is still owed, in parallel over the rows.
-fn score_prompt(seq: &mut Sequence, first: usize, rows: &[LogitRow]) {
-    let Some(n) = seq.params.prompt_logprobs else {
-        return;
-    };
-    // The row at position p predicts token p + 1, so these rows score
-    // tokens `first + 1..`; chunks are contiguous, so the owed token is never
-    // before them.
-    let from = seq.next_scored_prompt_token();
-    let to = seq.prompt_len.min(first + rows.len() + 1);
-    if from <= first || from >= to {
-        return;
-    }
-    let prompt = &seq.tokens[..seq.prompt_len];
-    let scored: Vec<SampledToken> = (from..to)
-        .into_par_iter()
-        .map(|t| match &rows[t - 1 - first] {
-            LogitRow::Logits(row) => score_token(row, prompt[t], n),
-            // Never: a scoring row comes back whole (`argmax_suffices`).
-            LogitRow::Argmax(_) => SampledToken::plain(prompt[t]),
-        })
-        .collect();
-    seq.prompt_logprobs.extend(scored);
 }
 
 #[cfg(test)]

@@ -1,10 +1,12 @@
-//! Turns the scheduled sequences into one flat batch, runs the model over it
-//! with the KV pool, and hands back one logits row per sequence that
-//! finished its pending tokens this step.
+//! Runs the model over a step's flat batch with the KV pool, and hands back
+//! the logits rows and hidden rows the batch asked for.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
 
-use crate::engine::sequence::Sequence;
+use crate::engine::step_plan::StepPlan;
 use crate::kv::cache::KvCache;
 use crate::models::{FlatBatch, Model};
 use crate::sampling::argmax::argmax_rows;
@@ -30,6 +32,13 @@ impl LogitRow {
             LogitRow::Argmax(id) => *id,
         }
     }
+}
+
+/// What a step's forward came to, and how long it took.
+pub struct RunnerOutput {
+    /// The logits rows, and the hidden rows, in batch order.
+    pub rows: Result<(Vec<LogitRow>, Rows), String>,
+    pub took: Duration,
 }
 
 pub struct ModelRunner {
@@ -58,25 +67,27 @@ impl ModelRunner {
         &self.cache
     }
 
-    /// The flat batch for every sequence with a non-zero `chunk`, in order.
-    pub fn build_batch<'a>(seqs: impl Iterator<Item = &'a Sequence>) -> FlatBatch {
-        let mut batch = FlatBatch::default();
-        for seq in seqs.filter(|s| s.chunk > 0) {
-            let range = seq.num_cached..seq.num_cached + seq.own_chunk();
-            batch.push(
-                &seq.tokens,
-                range,
-                seq.block_table.clone(),
-                seq.logit_rows(),
-            );
-            batch.extend_last(&seq.draft);
-            if let Some(s) = batch.seqs.last_mut() {
-                s.window_table.clone_from(&seq.window_table);
-                s.state_slot = seq.state_slot;
-                s.hidden = seq.hidden_rows();
+    /// Runs a step's batch ([`StepPlan::batch`]) for `plan`, timing it; a
+    /// failed forward, or a panic inside it, is the step's error.
+    pub fn execute(&mut self, plan: &StepPlan, batch: &FlatBatch) -> RunnerOutput {
+        let start = Instant::now();
+        let result = catch_unwind(AssertUnwindSafe(|| self.run(batch, &plan.argmax())));
+        let rows = match result {
+            Ok(Ok(rows)) => Ok(rows),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(panic) => {
+                let msg = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "unknown panic".to_string());
+                Err(format!("model step panicked: {msg}"))
             }
+        };
+        RunnerOutput {
+            rows,
+            took: start.elapsed(),
         }
-        batch
     }
 
     /// Runs the batch; returns the logits of [`FlatBatch::logit_rows`], where

@@ -1,8 +1,9 @@
 //! Continuous-batching policy, and the one owner of every sequence's life:
 //! [`Scheduler::add`] queues it, [`Scheduler::schedule`] decides which
 //! sequences run this step and with how many tokens, and
-//! [`Scheduler::postprocess`] appends what was sampled, finishes sequences
-//! and frees their blocks. Blocks are given back in one place, [`release`].
+//! [`Scheduler::update`] applies what the step came to: it advances cache
+//! cursors, appends what was sampled, finishes sequences and frees their
+//! blocks. Blocks are given back in one place, [`release`].
 //!
 //! Each step decode rows go first (a token for every running sequence past
 //! its prompt), then prompt chunks of running sequences, then waiting ones
@@ -28,6 +29,7 @@
 //! decode rows whose masks would take more than a share of the forward
 //! pass's time sit the step out, in turns.
 
+use std::borrow::Borrow;
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
@@ -35,12 +37,13 @@ use crate::engine::block_manager::BlockManager;
 use crate::engine::mask_budget::MaskBudget;
 use crate::engine::sequence::{FinishReason, SeqId, Sequence, StepEvent};
 use crate::engine::speculation::{
-    self, DraftTally, Offered, Speculation, PRIOR_FIXED_COST_IN_TOKENS, PRIOR_ROUND_COST_IN_TOKENS,
+    self, DraftRun, DraftTally, Offered, Speculation, PRIOR_FIXED_COST_IN_TOKENS,
+    PRIOR_ROUND_COST_IN_TOKENS,
 };
 use crate::engine::state_slots::StateSlots;
 use crate::engine::step_budget::StepBudget;
+use crate::engine::step_plan::{self, RowOutput, RowPlan, StepPlan};
 use crate::engine::window_blocks::WindowBlocks;
-use crate::sampling::sampler::SampledToken;
 
 #[derive(Debug, Clone, Copy)]
 pub struct SchedulerConfig {
@@ -138,9 +141,9 @@ pub struct SchedulerStats {
     pub drafts: DraftTally,
 }
 
-/// What the scheduler gave the step it just scheduled.
+/// What the step just scheduled costs, as the step budget counts it.
 #[derive(Debug, Clone, Copy, Default)]
-struct StepPlan {
+struct StepCost {
     decode_rows: usize,
     prompt_tokens: usize,
     prefill_budget: usize,
@@ -151,10 +154,10 @@ pub struct Scheduler {
     share: FairShare,
     steps: StepBudget,
     /// The step scheduled and not yet timed.
-    plan: Option<StepPlan>,
+    plan: Option<StepCost>,
     num_steps: u64,
     last_step: Duration,
-    last_plan: StepPlan,
+    last_plan: StepCost,
     masks: MaskBudget,
     /// How long the last forward pass took: the measure of the mask budget.
     last_forward: Duration,
@@ -199,7 +202,7 @@ impl Scheduler {
             plan: None,
             num_steps: 0,
             last_step: Duration::ZERO,
-            last_plan: StepPlan::default(),
+            last_plan: StepCost::default(),
             cfg,
             masks: MaskBudget::default(),
             last_forward: Duration::ZERO,
@@ -325,15 +328,15 @@ impl Scheduler {
         }
     }
 
-    /// The draft model ran `rounds` proposal rounds in `took`, this step;
-    /// `prefilled` if it also cached prompt chunks, which says nothing of
-    /// a round's cost.
-    pub fn note_drafts(&mut self, rounds: usize, prefilled: bool, took: Duration) {
+    /// The draft model ran `run`'s proposal rounds in `took`, this step;
+    /// a run that also cached prompt chunks says nothing of a round's
+    /// cost.
+    pub fn note_drafts(&mut self, run: DraftRun, took: Duration) {
         self.draft_time += took;
-        if rounds == 0 || prefilled {
+        if run.rounds == 0 || run.prefilled {
             return;
         }
-        let round = took.as_secs_f64() / rounds as f64;
+        let round = took.as_secs_f64() / run.rounds as f64;
         self.draft_round = Some(match self.draft_round {
             Some(r) => r * DRAFT_ROUND_DECAY + round * (1.0 - DRAFT_ROUND_DECAY),
             None => round,
@@ -378,18 +381,31 @@ impl Scheduler {
             .collect()
     }
 
-    /// The sequences this step runs (a non-zero `chunk`), in batch order.
-    pub fn scheduled(&self) -> impl Iterator<Item = &Sequence> {
+    /// The sequences the step just scheduled runs, in batch order.
+    #[cfg(test)]
+    pub(crate) fn scheduled(&self) -> impl Iterator<Item = &Sequence> {
         self.running.iter().filter(|s| s.chunk > 0)
     }
 
-    pub fn scheduled_mut(&mut self) -> impl Iterator<Item = &mut Sequence> {
-        self.running.iter_mut().filter(|s| s.chunk > 0)
+    /// The running sequences, which a step's [`RowPlan::slot`]s point into.
+    pub fn running(&self) -> &[Sequence] {
+        &self.running
     }
 
-    /// Sets `chunk` on every running sequence for this step (0 = sits out),
-    /// admitting and preempting as needed. Returns the ids preempted.
-    pub fn schedule(&mut self) -> Vec<SeqId> {
+    /// Each row of `plan` with its sequence, for the stages between
+    /// [`Scheduler::schedule`] and [`Scheduler::update`] to draft and
+    /// sample with (its sampler and grammar).
+    pub fn rows<'a, R: Borrow<RowPlan>>(
+        &'a mut self,
+        rows: impl IntoIterator<Item = R>,
+    ) -> Vec<(R, &'a mut Sequence)> {
+        step_plan::pair(rows, &mut self.running)
+    }
+
+    /// Decides this step: which running sequences run and with how many
+    /// tokens (a sequence's `chunk`, 0 = sits out), admitting and
+    /// preempting as needed.
+    pub fn schedule(&mut self) -> StepPlan {
         let cap = self.cfg.max_num_batched_tokens;
         let mut preempted = Vec::new();
         let others_wait = !self.waiting.is_empty();
@@ -472,12 +488,24 @@ impl Scheduler {
         if preempted.is_empty() {
             self.admit(left);
         }
-        self.plan = Some(self.plan_of_step(prefill));
+        self.plan = Some(self.cost_of_step(prefill));
         // Behind everyone already waiting, in arrival order among themselves.
         preempted.sort_by_key(|s| s.id);
         let ids = preempted.iter().map(|s| s.id).collect();
         self.waiting.extend(preempted);
-        ids
+        let rows = (self.running.iter_mut().enumerate())
+            .filter(|(_, s)| s.chunk > 0)
+            .map(|(slot, seq)| {
+                let row = RowPlan::of(seq, slot);
+                // The plan holds the draft from here on.
+                seq.draft.clear();
+                row
+            })
+            .collect();
+        StepPlan {
+            rows,
+            preempted: ids,
+        }
     }
 
     /// Sequences that will decode together once the prompts running and
@@ -491,12 +519,12 @@ impl Scheduler {
     }
 
     /// The decode rows and prompt tokens of the step just scheduled.
-    fn plan_of_step(&self, prefill_budget: usize) -> StepPlan {
-        let mut plan = StepPlan {
+    fn cost_of_step(&self, prefill_budget: usize) -> StepCost {
+        let mut plan = StepCost {
             prefill_budget,
-            ..StepPlan::default()
+            ..StepCost::default()
         };
-        for seq in self.scheduled() {
+        for seq in self.running.iter().filter(|s| s.chunk > 0) {
             // A drafted token costs the step what a decode row does.
             if seq.pending() == 1 {
                 plan.decode_rows += seq.chunk;
@@ -574,41 +602,65 @@ impl Scheduler {
         seq
     }
 
-    /// Appends the tokens sampled for each sequence, and retires the ones
-    /// they finish. `sampled` is in batch order; a sequence whose decode
-    /// row ran a draft has the drafted tokens it kept and the one sampled
-    /// after them, and learns from that how long to draft next.
-    pub fn postprocess(
+    /// Applies what a step came to: advances each row's cache cursor,
+    /// hands an embedding its hidden rows, appends the tokens sampled, and
+    /// retires the sequences they finish, whose grammar failed, or whose
+    /// vector is done. `outputs` are `plan`'s rows' in order; an error is
+    /// the forward's, and fails every row ([`Scheduler::fail`]). A row that
+    /// ran a draft has the drafted tokens it kept and the one sampled after
+    /// them, and learns from that how long to draft next.
+    pub fn update(
         &mut self,
-        sampled: Vec<(SeqId, SampledToken)>,
+        plan: &StepPlan,
+        outputs: Result<Vec<RowOutput>, String>,
         eos_ids: &[u32],
     ) -> Vec<StepEvent> {
-        let mut events = Vec::with_capacity(sampled.len());
-        let mut sampled = sampled.into_iter().peekable();
-        let mut i = 0;
-        while i < self.running.len() {
-            let seq = &mut self.running[i];
-            let mut mine = Vec::new();
-            while let Some((_, token)) = sampled.next_if(|(id, _)| *id == seq.id) {
-                mine.push(token);
+        let outputs = match outputs {
+            Ok(outputs) => outputs,
+            Err(msg) => return self.fail(plan, &msg),
+        };
+        let mut events = Vec::with_capacity(outputs.len());
+        let mut retired = Vec::new();
+        for (row, out) in plan.rows.iter().zip(outputs) {
+            let seq = &mut self.running[row.slot];
+            seq.num_cached += match row.draft.is_empty() {
+                true => row.chunk,
+                // Its pending token and the drafts kept are now cached.
+                false => out.tokens.len(),
+            };
+            seq.prompt_logprobs.extend(out.prompt_logprobs);
+            if let Some(msg) = out.failed {
+                events.push(StepEvent::ended(seq.id, FinishReason::Grammar(msg)));
+                retired.push(row.slot);
+                continue;
             }
-            if mine.is_empty() {
-                i += 1;
+            if let Some(pool) = &mut seq.pool {
+                pool.add(&out.hidden);
+                // Even a chunk that hands nothing over (cls after the
+                // first) may end the prompt.
+                if row.ends {
+                    events.push(StepEvent {
+                        embedding: Some(pool.clone().finish()),
+                        ..StepEvent::ended(seq.id, FinishReason::Stop)
+                    });
+                    retired.push(row.slot);
+                }
+                continue;
+            }
+            if out.tokens.is_empty() {
                 continue;
             }
             let mut tally = None;
-            if !seq.draft.is_empty() {
-                let (drafted, accepted) = (seq.draft.len(), mine.len() - 1);
+            if !row.draft.is_empty() {
+                let (drafted, accepted) = (row.draft.len(), out.tokens.len() - 1);
                 seq.acceptance.update(drafted, accepted);
                 tally = Some(DraftTally::one(drafted, accepted));
                 self.drafts.add(DraftTally::one(drafted, accepted));
-                seq.draft.clear();
             }
-            let mut finish = None;
-            for token in mine {
+            for token in out.tokens {
                 let first = seq.output().is_empty();
                 seq.tokens.push(token.id);
-                finish = seq.finish_reason(token.id, eos_ids);
+                let finish = seq.finish_reason(token.id, eos_ids);
                 events.push(StepEvent {
                     seq: seq.id,
                     token: Some(token),
@@ -624,20 +676,20 @@ impl Scheduler {
                 });
                 // What was kept past a finish is not the sequence's.
                 if finish.is_some() {
+                    retired.push(row.slot);
                     break;
                 }
             }
-            if finish.is_some() {
-                let mut seq = self.running.remove(i);
-                release(
-                    &mut self.blocks,
-                    &mut self.window,
-                    &mut self.states,
-                    &mut seq,
-                );
-            } else {
-                i += 1;
-            }
+        }
+        // From the back, so that the slots still ahead stay put.
+        for slot in retired.into_iter().rev() {
+            let mut seq = self.running.remove(slot);
+            release(
+                &mut self.blocks,
+                &mut self.window,
+                &mut self.states,
+                &mut seq,
+            );
         }
         events
     }
@@ -668,9 +720,10 @@ impl Scheduler {
     /// A failed forward fails exactly the sequences that were in it. What
     /// this step registered in the prefix cache was never computed, so the
     /// cache is dropped.
-    pub fn fail_scheduled(&mut self, msg: &str) -> Vec<StepEvent> {
+    pub fn fail(&mut self, plan: &StepPlan, msg: &str) -> Vec<StepEvent> {
+        tracing::error!("engine step failed: {msg}");
         self.plan = None;
-        let ids: Vec<SeqId> = self.scheduled().map(|s| s.id).collect();
+        let ids: Vec<SeqId> = plan.rows.iter().map(|r| r.seq).collect();
         for &id in &ids {
             self.abort(id);
         }
@@ -880,6 +933,7 @@ fn register_full_blocks(blocks: &mut BlockManager, seq: &mut Sequence) {
 mod tests {
     use super::*;
     use crate::sampling::params::SamplingParams;
+    use crate::sampling::sampler::SampledToken;
 
     fn seq_of(id: SeqId, prompt: Vec<u32>, max_tokens: usize) -> Sequence {
         let params = SamplingParams {
@@ -930,17 +984,22 @@ mod tests {
         }
     }
 
-    /// Pretends the step ran: cached tokens advance, and sequences whose
-    /// pending tokens are all cached get token 7.
-    fn run_step(s: &mut Scheduler) -> Vec<StepEvent> {
-        let mut sampled = Vec::new();
-        for seq in s.scheduled_mut() {
-            seq.num_cached += seq.chunk;
-            if seq.num_cached == seq.len() {
-                sampled.push((seq.id, token(7)));
-            }
+    /// Pretends `plan` ran: every row that ends its pending tokens
+    /// samples token 7.
+    fn run_step(s: &mut Scheduler, plan: &StepPlan) -> Vec<StepEvent> {
+        let outputs = plan.rows.iter().map(|r| match r.ends {
+            true => sampled(&[7]),
+            false => RowOutput::default(),
+        });
+        s.update(plan, Ok(outputs.collect()), &[])
+    }
+
+    /// A row's output that sampled `tokens`.
+    fn sampled(tokens: &[u32]) -> RowOutput {
+        RowOutput {
+            tokens: tokens.iter().map(|&t| token(t)).collect(),
+            ..RowOutput::default()
         }
-        s.postprocess(sampled, &[])
     }
 
     fn chunks(s: &Scheduler) -> Vec<(SeqId, usize)> {
@@ -958,11 +1017,9 @@ mod tests {
         };
         let mut s = scheduler(64, 8, 64).with_drafts(Some(spec));
         s.add(seq_of(1, vec![1, 2, 3, 4, 5, 6, 1], max_tokens));
-        s.schedule();
+        let plan = s.schedule();
         assert_eq!(chunks(&s), [(1, 7)], "the prompt drafts nothing");
-        let seq = &mut s.running[0];
-        seq.num_cached += seq.chunk;
-        s.postprocess(vec![(1, token(2))], &[]);
+        s.update(&plan, Ok(vec![sampled(&[2])]), &[]);
         s
     }
 
@@ -971,8 +1028,8 @@ mod tests {
         // Blocks of 4: "1 2 3 4 5 6 1 2" looks up "3 4 5 6"; a first draft
         // at the hopeful prior runs three of them.
         let mut s = drafting(4, 20);
-        s.schedule();
-        assert_eq!(s.running[0].draft, [3, 4, 5]);
+        let plan = s.schedule();
+        assert_eq!(plan.rows[0].draft, [3, 4, 5]);
         assert_eq!(chunks(&s), [(1, 4)]);
         assert_eq!(s.running[0].block_table.len(), 3, "blocks for the draft");
         assert_eq!(
@@ -981,12 +1038,9 @@ mod tests {
             "only the block of kept tokens is registered"
         );
         // Two drafted tokens held; the third row sampled 9: three tokens.
-        let seq = &mut s.running[0];
-        seq.num_cached += 3;
-        let events = s.postprocess(vec![(1, token(3)), (1, token(4)), (1, token(9))], &[]);
+        let events = s.update(&plan, Ok(vec![sampled(&[3, 4, 9])]), &[]);
         assert_eq!(s.running[0].tokens[7..], [2, 3, 4, 9]);
         assert_eq!(s.running[0].pending(), 1);
-        assert!(s.running[0].draft.is_empty());
         assert_eq!(events.len(), 3);
         assert_eq!(events[0].draft, Some(DraftTally::one(3, 2)));
         assert!(events[1].draft.is_none() && events[2].draft.is_none());
@@ -997,12 +1051,10 @@ mod tests {
     fn drafts_stop_at_max_len_and_tokens_past_a_finish_are_dropped() {
         // Room for 3 more tokens: a draft of at most 2, then the one after.
         let mut s = drafting(8, 4);
-        s.schedule();
-        assert_eq!(s.running[0].draft, [3, 4]);
-        let seq = &mut s.running[0];
-        seq.num_cached += 3;
+        let plan = s.schedule();
+        assert_eq!(plan.rows[0].draft, [3, 4]);
         // EOS (5) sampled for the second drafted token ends it there.
-        let events = s.postprocess(vec![(1, token(3)), (1, token(5)), (1, token(6))], &[5]);
+        let events = s.update(&plan, Ok(vec![sampled(&[3, 5, 6])]), &[5]);
         assert_eq!(events.len(), 2);
         assert_eq!(events[1].finish, Some(FinishReason::Stop));
         assert!(s.running.is_empty());
@@ -1014,22 +1066,22 @@ mod tests {
         let mut s = scheduler(64, 8, 10);
         s.add(seq(1, 25, 4));
         s.add(seq(2, 3, 4));
-        s.schedule();
+        let plan = s.schedule();
         assert_eq!(chunks(&s), [(1, 10)]);
-        run_step(&mut s);
-        s.schedule();
+        run_step(&mut s, &plan);
+        let plan = s.schedule();
         // Seq 2 waits, so seq 1 leaves it the reserve (three quarters, 8):
         // seq 2 starts at once instead of after seq 1's whole prompt.
         assert_eq!(chunks(&s), [(1, 2), (2, 3)]);
-        run_step(&mut s);
-        s.schedule();
+        run_step(&mut s, &plan);
+        let plan = s.schedule();
         // No one waits: seq 2 decodes first, the running prompt takes the
         // rest of the budget.
         assert_eq!(chunks(&s), [(1, 9), (2, 1)]);
-        run_step(&mut s);
-        s.schedule();
+        run_step(&mut s, &plan);
+        let plan = s.schedule();
         assert_eq!(chunks(&s), [(1, 4), (2, 1)]);
-        run_step(&mut s);
+        run_step(&mut s, &plan);
         s.schedule();
         assert_eq!(chunks(&s), [(1, 1), (2, 1)], "both decode");
     }
@@ -1054,10 +1106,10 @@ mod tests {
         let mut steps = Vec::new();
         let mut seen: HashMap<SeqId, (Duration, Duration, Duration)> = HashMap::new();
         while s.has_work() {
-            s.schedule();
+            let plan = s.schedule();
             let decode = s.scheduled().filter(|q| q.pending() == 1).count();
             let tokens: usize = s.scheduled().map(|q| q.chunk).sum();
-            let events = run_step(s);
+            let events = run_step(s, &plan);
             now += cost(tokens);
             s.note_step(cost(tokens));
             steps.push((decode, tokens, cost(tokens)));
@@ -1135,15 +1187,15 @@ mod tests {
             s.add(seq(id, 4, 1000));
         }
         for _ in 0..4 {
-            s.schedule();
+            let plan = s.schedule();
             let tokens: usize = s.scheduled().map(|q| q.chunk).sum();
-            run_step(&mut s);
+            run_step(&mut s, &plan);
             s.note_step(cost(tokens));
         }
         s.add(seq(1000, 2000, 1));
         let mut steps = 0;
         let first = loop {
-            s.schedule();
+            let plan = s.schedule();
             steps += 1;
             assert_eq!(
                 s.scheduled()
@@ -1154,7 +1206,7 @@ mod tests {
             let long = s.running.iter().find(|q| q.id == 1000);
             let (chunk, pending) = long.map(|q| (q.chunk, q.pending())).unwrap();
             assert!(chunk >= 32.min(pending), "step {steps}: {chunk}");
-            let events = run_step(&mut s);
+            let events = run_step(&mut s, &plan);
             s.note_step(cost(100 + chunk));
             if events.iter().any(|e| e.seq == 1000) {
                 break steps;
@@ -1172,10 +1224,10 @@ mod tests {
         for id in 0..130 {
             s.add(seq(id, 1, 100));
         }
-        s.schedule();
-        run_step(&mut s);
-        s.schedule();
-        run_step(&mut s);
+        let plan = s.schedule();
+        run_step(&mut s, &plan);
+        let plan = s.schedule();
+        run_step(&mut s, &plan);
         s.add(seq(500, 40, 1));
         s.schedule();
         let decoding = s.scheduled().filter(|q| q.id < 500).count();
@@ -1194,8 +1246,8 @@ mod tests {
         s.note_step(cost(0));
         assert_eq!(s.stats().steps, 0, "nothing ran");
         s.add(seq(1, 5, 4));
-        s.schedule();
-        s.fail_scheduled("boom");
+        let plan = s.schedule();
+        s.fail(&plan, "boom");
         s.note_step(cost(5));
         assert_eq!(s.stats().steps, 0, "failed");
         assert_eq!(s.steps.cost().line(), None);
@@ -1233,13 +1285,14 @@ mod tests {
         for id in 1..=4 {
             s.add(seq(id, 4, 8));
         }
-        s.schedule();
+        let plan = s.schedule();
         assert_eq!(s.running.len(), 3);
-        run_step(&mut s);
+        run_step(&mut s, &plan);
         // Each now needs a second block for its 5th token: only seq 1 gets one
         // after seqs 3 and 2 are preempted, newest first. They queue behind
         // seq 4, which waited longer, in their own arrival order.
-        assert_eq!(s.schedule(), [2, 3]);
+        let plan = s.schedule();
+        assert_eq!(plan.preempted, [2, 3]);
         assert_eq!(chunks(&s), [(1, 1)]);
         assert_eq!(
             s.waiting.iter().map(|q| q.id).collect::<Vec<_>>(),
@@ -1261,15 +1314,15 @@ mod tests {
         let mut s = scheduler(32, 64, 100);
         group(0..12, 4, 8).into_iter().for_each(|q| s.add(q));
         s.add(seq(100, 4, 8));
-        s.schedule();
+        let mut plan = s.schedule();
         let running: Vec<SeqId> = s.running.iter().map(|q| q.id).collect();
         // The sixth of the group stays queued; the later request passes it.
         assert_eq!(running, [0, 1, 2, 3, 4, 100]);
         assert_eq!(s.waiting.len(), 7);
         // As the group's sequences finish, the next ones run.
         for _ in 0..9 {
-            run_step(&mut s);
-            s.schedule();
+            run_step(&mut s, &plan);
+            plan = s.schedule();
         }
         assert!(s.running.iter().any(|q| q.id == 5), "{:?}", chunks(&s));
         assert_eq!(s.take_queue_waits().len(), 11);
@@ -1307,8 +1360,9 @@ mod tests {
         assert!(s.fits(&q));
         s.add(q);
         for _ in 0..5 {
-            assert!(s.schedule().is_empty());
-            run_step(&mut s);
+            let plan = s.schedule();
+            assert!(plan.preempted.is_empty());
+            run_step(&mut s, &plan);
         }
         assert!(!s.fits(&seq(2, 8, 1)), "9 tokens need 3 blocks of 4");
     }
@@ -1318,9 +1372,9 @@ mod tests {
         let mut s = scheduler(8, 1, 100);
         s.add(seq(1, 5, 1));
         s.add(seq(2, 5, 4));
-        s.schedule();
+        let plan = s.schedule();
         assert_eq!(s.stats().blocks_used, 2);
-        let events = run_step(&mut s);
+        let events = run_step(&mut s, &plan);
         assert_eq!(events[0].finish, Some(FinishReason::Length));
         assert_eq!(s.stats().blocks_used, 0, "max_tokens 1: done and freed");
         s.schedule();
@@ -1338,23 +1392,23 @@ mod tests {
         // Same step: the second sequence takes the first's two full blocks.
         s.add(seq_of(1, with(&[1, 2]), 1));
         s.add(seq_of(2, with(&[3]), 1));
-        s.schedule();
+        let plan = s.schedule();
         assert_eq!(chunks(&s), [(1, 12), (2, 3)]);
         assert_eq!(s.running[1].block_table[..2], s.running[0].block_table[..2]);
-        let events = run_step(&mut s);
+        let events = run_step(&mut s, &plan);
         assert_eq!(events[0].cached_prompt_tokens, Some(0));
         assert_eq!(events[1].cached_prompt_tokens, Some(8));
         assert_eq!(s.stats().blocks_used, 0);
         // Later, after both finished: found again in the freed blocks.
         s.add(seq_of(3, with(&[4, 5, 6]), 1));
-        s.schedule();
+        let plan = s.schedule();
         assert_eq!(chunks(&s), [(3, 5)]);
-        run_step(&mut s);
+        run_step(&mut s, &plan);
         // A prompt that is whole blocks still computes its last token.
         s.add(seq_of(4, prefix[..8].to_vec(), 1));
-        s.schedule();
+        let plan = s.schedule();
         assert_eq!(chunks(&s), [(4, 4)]);
-        run_step(&mut s);
+        run_step(&mut s, &plan);
         let st = s.stats();
         assert_eq!(
             (st.prefix_queries, st.prefix_hits),
@@ -1369,18 +1423,19 @@ mod tests {
         let mut s = scheduler(4, 8, 100);
         s.add(seq(1, 8, 4));
         s.add(seq(2, 8, 8));
-        s.schedule();
-        run_step(&mut s);
+        let plan = s.schedule();
+        run_step(&mut s, &plan);
         // Seq 1's third block preempts seq 2, and evicts its tail block.
-        assert_eq!(s.schedule(), [2]);
-        run_step(&mut s);
+        let plan = s.schedule();
+        assert_eq!(plan.preempted, [2]);
+        run_step(&mut s, &plan);
         // Seq 2 comes back once seq 1 is done, with its head block.
         let readmitted = loop {
-            s.schedule();
+            let plan = s.schedule();
             if let Some(q) = s.scheduled().find(|q| q.id == 2) {
                 break (q.num_cached, q.chunk);
             }
-            run_step(&mut s);
+            run_step(&mut s, &plan);
         };
         assert_eq!(readmitted, (4, 5));
         assert!(s.stats().prefix_hits >= 4);
@@ -1399,8 +1454,8 @@ mod tests {
                 BlockManager::new(16, 4).with_caching(caching),
             );
             s.add(seq_of(1, prompt.clone(), 1));
-            s.schedule();
-            run_step(&mut s);
+            let plan = s.schedule();
+            run_step(&mut s, &plan);
             let mut scored = seq_of(2, prompt.clone(), 1);
             scored.params.prompt_logprobs = scoring.then_some(0);
             s.add(scored);
@@ -1426,7 +1481,7 @@ mod tests {
         s.add(seq_of(2, (50..59).collect(), 1));
         s.add(seq_of(3, [0, 1, 2, 3, 60, 61, 62, 63, 64].to_vec(), 1));
         s.add(seq_of(4, (0..9).collect(), 1));
-        s.schedule();
+        let plan = s.schedule();
         let cached: Vec<_> = s.running.iter().map(|q| (q.id, q.num_cached)).collect();
         assert_eq!(cached, [(1, 0), (2, 0), (3, 4), (4, 8)]);
         let table = |i: usize| s.running[i].block_table.clone();
@@ -1437,7 +1492,7 @@ mod tests {
             table(0)[1],
             "same hash and parent, other tokens"
         );
-        run_step(&mut s);
+        run_step(&mut s, &plan);
         assert_eq!(s.stats().blocks_used, 0);
     }
 
@@ -1445,8 +1500,8 @@ mod tests {
     fn a_failed_step_forgets_the_cache_it_never_computed() {
         let mut s = scheduler(16, 8, 100);
         s.add(seq_of(1, (0..9).collect(), 4));
-        s.schedule();
-        let events = s.fail_scheduled("boom");
+        let plan = s.schedule();
+        let events = s.fail(&plan, "boom");
         assert_eq!(events.len(), 1);
         assert!(matches!(&events[0].finish, Some(FinishReason::Error(m)) if m == "boom"));
         s.add(seq_of(2, (0..9).collect(), 4));

@@ -62,7 +62,9 @@ pub struct Sequence {
     pub state_slot: Option<u32>,
     /// Leading tokens whose K/V are in the cache.
     pub num_cached: usize,
-    /// Tokens the scheduler gave this sequence in the current step (0 = none).
+    /// Tokens the scheduler is giving this sequence in the step it is
+    /// scheduling, drafts included (0 = none): its working state, which
+    /// the step's [`RowPlan`](crate::engine::step_plan::RowPlan) records.
     pub chunk: usize,
     /// Upper bound on `tokens.len()`: prompt + max_tokens, capped by the context.
     pub max_len: usize,
@@ -80,8 +82,8 @@ pub struct Sequence {
     pub sat_out: u32,
     /// An embedding request's vector in the making: it samples nothing.
     pub pool: Option<Pool>,
-    /// Tokens drafted for this step's decode row, run after its pending
-    /// token and kept where sampling agrees ([`crate::engine::speculation`]).
+    /// Tokens drafted for the decode row being scheduled
+    /// ([`crate::engine::speculation`]), until the step's plan takes them.
     /// Not part of `tokens`: nothing of them is the sequence's until kept.
     pub draft: Vec<u32>,
     /// How likely its drafted tokens have been to hold.
@@ -196,31 +198,6 @@ impl Sequence {
     /// Tokens not yet in the cache (the rest of the prompt, or the last sampled token).
     pub fn pending(&self) -> usize {
         self.len() - self.num_cached
-    }
-
-    /// The rows of this step's chunk that need logits. Prompt scoring stops
-    /// with the first sampled token, so a sequence preempted later does not
-    /// score its prompt again when it is recomputed.
-    pub fn logit_rows(&self) -> LogitRows {
-        if !self.draft.is_empty() {
-            return LogitRows::All;
-        }
-        let scoring = self.params.prompt_logprobs.is_some() && self.output().is_empty();
-        match (scoring, self.num_cached + self.chunk == self.len()) {
-            _ if self.pool.is_some() => LogitRows::None,
-            (true, _) => LogitRows::All,
-            (false, true) => LogitRows::Last,
-            (false, false) => LogitRows::None,
-        }
-    }
-
-    /// How many logits rows this step's chunk has ([`Sequence::logit_rows`]).
-    pub fn num_logit_rows(&self) -> usize {
-        match (self.chunk, self.logit_rows()) {
-            (0, _) | (_, LogitRows::None) => 0,
-            (_, LogitRows::Last) => 1,
-            (chunk, LogitRows::All) => chunk,
-        }
     }
 
     /// Whether sampling this step's rows reads nothing of the logits but

@@ -260,6 +260,16 @@ impl DraftTally {
     }
 }
 
+/// What one round of the draft model's proposals
+/// ([`crate::engine::drafter::Drafter::propose`]) ran.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct DraftRun {
+    /// Proposal rounds: forwards of one token a drafting row.
+    pub rounds: usize,
+    /// Whether prompt chunks were cached too.
+    pub prefilled: bool,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -119,6 +119,7 @@ mod tests {
     use crate::engine::block_manager::BlockManager;
     use crate::engine::scheduler::{Scheduler, SchedulerConfig};
     use crate::engine::sequence::Sequence;
+    use crate::engine::step_plan::{RowOutput, StepPlan};
     use crate::sampling::params::SamplingParams;
     use crate::sampling::sampler::SampledToken;
 
@@ -223,17 +224,14 @@ mod tests {
         }
     }
 
-    /// Runs one step as the engine would: every sequence that finished its
-    /// pending tokens samples token 1.
-    fn step(s: &mut Scheduler) -> Vec<u64> {
-        let sampled: Vec<_> = s
-            .scheduled_mut()
-            .filter_map(|q| {
-                q.num_cached += q.chunk;
-                (q.num_cached == q.len()).then(|| (q.id, token(1)))
-            })
-            .collect();
-        s.postprocess(sampled, &[])
+    /// Runs `plan` as the engine would: every row that ends its pending
+    /// tokens samples token 1.
+    fn step(s: &mut Scheduler, plan: &StepPlan) -> Vec<u64> {
+        let sampled = plan.rows.iter().map(|r| RowOutput {
+            tokens: if r.ends { vec![token(1)] } else { Vec::new() },
+            ..RowOutput::default()
+        });
+        s.update(plan, Ok(sampled.collect()), &[])
             .into_iter()
             .filter(|e| e.finish.is_some())
             .map(|e| e.seq)
@@ -256,21 +254,21 @@ mod tests {
         s.add(seq(2, 5, 3));
         s.add(seq(3, 5, 3));
         s.add(seq(4, 5, 3));
-        s.schedule();
+        let plan = s.schedule();
         let slots: Vec<_> = s.scheduled().map(|q| (q.id, q.state_slot)).collect();
         assert_eq!(slots.len(), 2);
         assert!(slots.iter().all(|(_, slot)| slot.is_some()));
         assert_ne!(slots[0].1, slots[1].1);
         assert_eq!(s.stats().waiting, 2);
         let freed = s.scheduled().find(|q| q.id == 1).unwrap().state_slot;
-        assert_eq!(step(&mut s), [1], "max_tokens 1");
+        assert_eq!(step(&mut s, &plan), [1], "max_tokens 1");
         s.schedule();
         let third = s.scheduled().find(|q| q.id == 3).map(|q| q.state_slot);
         assert_eq!(third, Some(freed), "seq 3 takes seq 1's slot");
         assert_eq!(s.stats().waiting, 1);
         while s.has_work() {
-            s.schedule();
-            step(&mut s);
+            let plan = s.schedule();
+            step(&mut s, &plan);
         }
         assert_eq!(s.state_slots().map(StateSlots::num_used), Some(0));
     }
@@ -290,10 +288,11 @@ mod tests {
             .with_states(StateSlots::new(4));
         s.add(seq(1, 4, 8));
         s.add(seq(2, 4, 8));
-        s.schedule();
-        step(&mut s);
+        let plan = s.schedule();
+        step(&mut s, &plan);
         assert_eq!(s.state_slots().unwrap().num_used(), 2);
-        assert_eq!(s.schedule(), [2]);
+        let plan = s.schedule();
+        assert_eq!(plan.preempted, [2]);
         assert_eq!(s.state_slots().unwrap().num_used(), 1);
         assert!(s.abort(1));
         assert_eq!(s.state_slots().unwrap().num_used(), 0);

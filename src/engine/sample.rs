@@ -1,0 +1,175 @@
+//! The step's sampling stage: each planned row's logits and hidden rows
+//! become its [`RowOutput`]. Sampling touches only each sequence's sampler
+//! and grammar; what the tokens do to the sequence (its cache cursor, its
+//! text, its end) is [`Scheduler::update`](crate::engine::scheduler::Scheduler::update)'s.
+
+use rayon::prelude::*;
+
+use crate::engine::model_runner::{LogitRow, Rows};
+use crate::engine::sequence::{SeqId, Sequence};
+use crate::engine::step_plan::{RowOutput, RowPlan};
+use crate::models::LogitRows;
+use crate::sampling::constraint::TokenMask;
+use crate::sampling::sampler::{score_token, SampledToken};
+
+/// A constrained row's mask for the token it is about to sample.
+pub type Mask = (SeqId, anyhow::Result<TokenMask>);
+
+/// The grammar masks of the rows about to sample under one; nothing is
+/// allocated when there are none.
+pub fn grammar_masks(rows: &mut [(&RowPlan, &mut Sequence)]) -> Vec<Mask> {
+    rows.par_iter_mut()
+        .filter(|(row, _)| row.needs_mask())
+        .filter_map(|(_, s)| {
+            let id = s.id;
+            s.params.constraint.as_mut().map(|c| (id, c.mask()))
+        })
+        .collect()
+}
+
+/// Splits the step's `logits` and `hidden` rows (in batch order) among
+/// `rows`, scores prompt tokens where asked, and samples every row that
+/// ends its pending tokens, in parallel: each sequence draws from its own
+/// RNG, so the order does not matter. A decode row that ran a draft samples
+/// its rows in turn while they agree with it ([`verify_draft`]). A
+/// constrained row samples under its mask and advances its grammar; one
+/// whose grammar fails (the only way a row fails to sample) says so in its
+/// output.
+pub fn sample(
+    rows: Vec<(&RowPlan, &mut Sequence)>,
+    logits: Vec<LogitRow>,
+    hidden: Rows,
+    mut masks: Vec<Mask>,
+) -> Vec<RowOutput> {
+    let mut logits = logits.into_iter();
+    let mut hidden = hidden.into_iter();
+    let mut outputs: Vec<RowOutput> = Vec::with_capacity(rows.len());
+    let mut targets = Vec::new();
+    for (at, (row, seq)) in rows.into_iter().enumerate() {
+        let mut mine: Vec<LogitRow> = logits.by_ref().take(row.num_logit_rows()).collect();
+        let mut out = RowOutput {
+            hidden: hidden.by_ref().take(row.num_hidden_rows()).collect(),
+            ..RowOutput::default()
+        };
+        if row.draft.is_empty() && row.logit_rows() == LogitRows::All {
+            out.prompt_logprobs = score_prompt(seq, row.first, &mine);
+        }
+        outputs.push(out);
+        if !row.draft.is_empty() {
+            targets.push((at, row, seq, mine, None));
+        } else if row.ends {
+            if let Some(last) = mine.pop() {
+                // Each constrained row takes its mask along.
+                let mask = masks
+                    .iter()
+                    .position(|(id, _)| *id == seq.id)
+                    .map(|i| masks.swap_remove(i).1);
+                targets.push((at, row, seq, vec![last], mask));
+            }
+        }
+    }
+    let results: Vec<(usize, Result<Vec<SampledToken>, String>)> = targets
+        .par_iter_mut()
+        .map(|(at, row, seq, rows, mask)| {
+            let sampled = match &mut rows[..] {
+                [one] if row.draft.is_empty() => sample_one(seq, one, mask.take()).map(|t| vec![t]),
+                rows => Ok(verify_draft(seq, &row.draft, rows)),
+            };
+            (*at, sampled)
+        })
+        .collect();
+    for (at, result) in results {
+        match result {
+            Ok(tokens) => outputs[at].tokens = tokens,
+            Err(msg) => outputs[at].failed = Some(msg),
+        }
+    }
+    outputs
+}
+
+/// Samples one token for `seq` from `row`, under its grammar's mask when
+/// it has one, and advances the grammar past it.
+fn sample_one(
+    seq: &mut Sequence,
+    row: &mut LogitRow,
+    mask: Option<anyhow::Result<TokenMask>>,
+) -> Result<SampledToken, String> {
+    let row = match row {
+        LogitRow::Logits(row) => row,
+        // A row picked on the device has no grammar (`argmax_suffices`).
+        LogitRow::Argmax(id) => return Ok(SampledToken::plain(*id)),
+    };
+    let grammar_error = |e: anyhow::Error| format!("the output grammar failed: {e:#}");
+    if let Some(mask) = mask {
+        mask.map_err(grammar_error)?.apply(row);
+    }
+    let Sequence {
+        sampler,
+        tokens,
+        prompt_len,
+        params,
+        ..
+    } = seq;
+    let (prompt, output) = tokens.split_at(*prompt_len);
+    let token = sampler.sample(row, prompt, output);
+    if let Some(c) = &mut params.constraint {
+        if !c.is_finished() {
+            c.commit(token.id).map_err(grammar_error)?;
+        }
+    }
+    Ok(token)
+}
+
+/// Samples a drafted decode row's logit rows in turn, each seeing the
+/// tokens kept before it, while the token sampled is the one `draft`ed:
+/// the drafted tokens kept and the first sampled past them, which is
+/// pending next. Drafted rows carry no grammar ([`Sequence::may_draft`]).
+fn verify_draft(seq: &mut Sequence, draft: &[u32], rows: &mut [LogitRow]) -> Vec<SampledToken> {
+    let Sequence {
+        sampler,
+        tokens,
+        prompt_len,
+        ..
+    } = seq;
+    let (prompt, output) = tokens.split_at(*prompt_len);
+    let mut output = output.to_vec();
+    let mut kept = Vec::with_capacity(rows.len());
+    for (i, row) in rows.iter_mut().enumerate() {
+        let token = match row {
+            LogitRow::Logits(row) => sampler.sample(row, prompt, &output),
+            LogitRow::Argmax(id) => SampledToken::plain(*id),
+        };
+        let holds = draft.get(i) == Some(&token.id);
+        output.push(token.id);
+        kept.push(token);
+        if !holds {
+            break;
+        }
+    }
+    kept
+}
+
+/// Scores the prompt tokens that `rows` (logits at positions `first..`)
+/// predict and `seq` is still owed, in parallel over the rows.
+fn score_prompt(seq: &Sequence, first: usize, rows: &[LogitRow]) -> Vec<SampledToken> {
+    let Some(n) = seq.params.prompt_logprobs else {
+        return Vec::new();
+    };
+    // The row at position p predicts token p + 1, so these rows score
+    // tokens `first + 1..`; chunks are contiguous, so the owed token is never
+    // before them.
+    let from = seq.next_scored_prompt_token();
+    let to = seq.prompt_len.min(first + rows.len() + 1);
+    if from <= first || from >= to {
+        return Vec::new();
+    }
+    let prompt = &seq.tokens[..seq.prompt_len];
+    (from..to)
+        .into_par_iter()
+        .map(|t| match &rows[t - 1 - first] {
+            LogitRow::Logits(row) => score_token(row, prompt[t], n),
+            // Never: a scoring row comes back whole (`argmax_suffices`).
+            LogitRow::Argmax(_) => SampledToken::plain(prompt[t]),
+        })
+        .collect()
+}
