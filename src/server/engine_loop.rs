@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::metrics::Metrics;
 use crate::engine::pooling::Pooling;
 use crate::engine::sequence::{FinishReason, SeqId, StepEvent};
 use crate::engine::Engine;
 use crate::error::WickError;
 use crate::sampling::params::SamplingParams;
+use crate::server::metrics::Metrics;
 
 pub enum Command {
     /// A request's sequences (one per choice, or per embedding input),

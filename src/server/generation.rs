@@ -12,16 +12,18 @@ use axum::extract::{FromRequest, Request};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
-use super::access::AccessRecord;
-use super::error::ApiError;
-use super::json_body::JsonBody;
-use super::metrics::Metrics;
-use super::protocol::{CompletionTokensDetails, PromptTokensDetails, Usage};
-use super::validation::{GenerationPlan, ModelContext};
-use super::{handlers, AppState, ModelState};
 use crate::engine::output::{Delta, SequenceOutput};
 use crate::engine::sequence::{FinishReason, SeqId, StepEvent};
 use crate::engine::speculation::DraftTally;
+use crate::server::error::ApiError;
+use crate::server::handlers;
+use crate::server::http::access::AccessRecord;
+use crate::server::http::json_body::JsonBody;
+use crate::server::metrics::Metrics;
+use crate::server::openai::protocol::{CompletionTokensDetails, PromptTokensDetails, Usage};
+use crate::server::validation::{GenerationPlan, ModelContext};
+use crate::server::AppState;
+use crate::server::ModelState;
 
 pub struct Generation {
     model: Arc<ModelState>,

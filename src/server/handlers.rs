@@ -10,12 +10,13 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use super::error::ApiError;
-use super::json_body::JsonBody;
-use super::protocol::*;
-use super::unsupported;
-use super::validation::{check_model, GenerationPlan, ModelContext};
-use super::{AppState, ModelState};
+use crate::server::error::ApiError;
+use crate::server::http::json_body::JsonBody;
+use crate::server::openai::protocol::*;
+use crate::server::unsupported;
+use crate::server::validation::{check_model, GenerationPlan, ModelContext};
+use crate::server::AppState;
+use crate::server::ModelState;
 
 pub fn ready(state: &AppState) -> Result<Arc<ModelState>, ApiError> {
     if state.is_shutting_down() {

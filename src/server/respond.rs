@@ -11,10 +11,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 
-use super::error::ApiError;
-use super::generation::Generation;
-use super::protocol::{self, Usage};
 use crate::engine::output::Delta;
+use crate::server::error::ApiError;
+use crate::server::generation::Generation;
+use crate::server::openai::protocol::{self, Usage};
 
 pub trait OutputBuilder: Send + 'static {
     /// A choice as one stream chunk carries it.

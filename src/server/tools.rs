@@ -18,10 +18,10 @@ use std::collections::HashSet;
 
 use serde_json::{json, Value};
 
-use super::error::ApiError;
-use super::protocol::{ChatCompletionRequest, ToolChoice};
-use super::unsupported;
 use crate::sampling::constraint::Grammar;
+use crate::server::error::ApiError;
+use crate::server::openai::protocol::{ChatCompletionRequest, ToolChoice};
+use crate::server::unsupported;
 use crate::text::chat_template::Message;
 use crate::text::tool_parser::{ToolCallParser, ToolFormat};
 

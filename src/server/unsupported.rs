@@ -7,8 +7,8 @@
 //! null counts as not sent, as it does for declared fields. Fields wick
 //! implements for some values only are checked here too.
 
-use super::error::{clip, ApiError, MAX_ECHO_CHARS};
-use super::protocol::UnknownFields;
+use crate::server::error::{clip, ApiError, MAX_ECHO_CHARS};
+use crate::server::openai::protocol::UnknownFields;
 
 /// Refuses the first field of `unknown` that is set, by its path under
 /// `at` (`""` for the body, or `messages[0]`, `stream_options`...).

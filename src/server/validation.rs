@@ -9,18 +9,18 @@ use std::collections::HashMap;
 use serde::de::DeserializeOwned;
 use serde_path_to_error::Segment;
 
-use super::chat_messages;
-use super::error::{clip, ApiError, MAX_ECHO_CHARS};
-use super::legacy_functions;
-use super::protocol::{
-    ChatCompletionRequest, CompletionRequest, Prediction, Prompt, ResponseFormat, Stop,
-    StreamOptions, UnknownFields,
-};
-use super::tools::{self, ToolMode, ToolPlan};
-use super::unsupported;
 use crate::engine::request_rules;
 use crate::sampling::constraint::{Constraint, ConstraintFactory, Grammar};
 use crate::sampling::params::{SamplingParams, MAX_LOGPROBS};
+use crate::server::error::{clip, ApiError, MAX_ECHO_CHARS};
+use crate::server::openai::chat_messages;
+use crate::server::openai::legacy_functions;
+use crate::server::openai::protocol::{
+    ChatCompletionRequest, CompletionRequest, Prediction, Prompt, ResponseFormat, Stop,
+    StreamOptions, UnknownFields,
+};
+use crate::server::tools::{self, ToolMode, ToolPlan};
+use crate::server::unsupported;
 use crate::text::chat_template::ChatTemplate;
 use crate::text::reasoning::ReasoningParser;
 use crate::text::tokenizer::Tokenizer;

@@ -9,20 +9,20 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::Extension;
 
-use super::access::{request_id, AccessRecord};
-use super::error::ApiError;
-use super::generation;
-use super::protocol::{
+use crate::engine::output::{Delta, TokenLogprob};
+use crate::engine::sequence::FinishReason;
+use crate::server::error::ApiError;
+use crate::server::generation;
+use crate::server::http::access::{request_id, AccessRecord};
+use crate::server::openai::protocol::{
     ChatChoice, ChatCompletionRequest, ChatDelta, ChatLogprobs, ChatTokenLogprob, ChunkChoice,
     FunctionCallDelta, ResponseFunctionCall, ResponseMessage, ResponseToolCall, ToolCallDelta,
     TopLogprob,
 };
-use super::respond::{respond, Envelope, OutputBuilder};
-use super::tools::{CallIds, ToolMode};
-use super::validation::validate_chat;
-use super::AppState;
-use crate::engine::output::{Delta, TokenLogprob};
-use crate::engine::sequence::FinishReason;
+use crate::server::respond::{respond, Envelope, OutputBuilder};
+use crate::server::tools::{CallIds, ToolMode};
+use crate::server::validation::validate_chat;
+use crate::server::AppState;
 use crate::text::reasoning::{self, Piece, ReasoningParser};
 use crate::text::tool_parser::{ToolCallParser, ToolEvent};
 

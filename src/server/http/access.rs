@@ -12,7 +12,7 @@ use axum::response::Response;
 
 use tower_http::request_id::{MakeRequestId, MakeRequestUuid};
 
-use super::body_guard::{guard_body, BodyEnd};
+use crate::server::http::body_guard::{guard_body, BodyEnd};
 
 /// Longest request id wick repeats back in a response body or a log line.
 const MAX_REQUEST_ID_CHARS: usize = 128;
@@ -97,7 +97,7 @@ pub async fn log_access(mut req: Request, next: Next) -> Response {
         start: Instant::now(),
         request_id: request_id(req.headers()),
         method: req.method().to_string(),
-        path: super::error::clip(req.uri().path(), MAX_REQUEST_ID_CHARS),
+        path: crate::server::error::clip(req.uri().path(), MAX_REQUEST_ID_CHARS),
         status: None,
         record: AccessRecord::default(),
         complete: false,

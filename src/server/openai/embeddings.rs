@@ -10,14 +10,14 @@ use axum::Json;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
-use super::error::ApiError;
-use super::handlers::{ready, tokenizing};
-use super::json_body::JsonBody;
-use super::protocol::UnknownFields;
-use super::unsupported;
-use super::validation::{check_model, encode};
-use super::AppState;
 use crate::engine::sequence::SeqId;
+use crate::server::error::ApiError;
+use crate::server::handlers::{ready, tokenizing};
+use crate::server::http::json_body::JsonBody;
+use crate::server::openai::protocol::UnknownFields;
+use crate::server::unsupported;
+use crate::server::validation::{check_model, encode};
+use crate::server::AppState;
 
 #[derive(Debug, Deserialize)]
 pub struct EmbeddingRequest {
@@ -183,7 +183,7 @@ fn position(ids: &[SeqId], seq: SeqId) -> Result<usize, ApiError> {
 /// (the client went away), so they stop using the batch.
 struct Unfinished {
     ids: Vec<SeqId>,
-    engine: super::engine_loop::EngineHandle,
+    engine: crate::server::engine_loop::EngineHandle,
 }
 
 impl Unfinished {

@@ -12,7 +12,7 @@ use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::error::ApiError;
+use crate::server::error::ApiError;
 
 /// Which `Host` values requests may carry.
 #[derive(Clone, Debug)]

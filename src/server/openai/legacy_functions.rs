@@ -8,8 +8,8 @@
 
 use std::borrow::Cow;
 
-use super::error::ApiError;
-use super::protocol::{
+use crate::server::error::ApiError;
+use crate::server::openai::protocol::{
     ChatCompletionRequest, LegacyFunctionCall, NamedToolChoice, RequestToolCall, ToolChoice,
     ToolDefinition, UnknownFields,
 };

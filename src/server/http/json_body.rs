@@ -13,9 +13,9 @@ use axum::extract::{FromRequest, Request};
 use axum::http::{header, StatusCode};
 use serde::de::DeserializeOwned;
 
-use super::error::ApiError;
-use super::validation::parse_json;
-use super::AppState;
+use crate::server::error::ApiError;
+use crate::server::validation::parse_json;
+use crate::server::AppState;
 
 pub struct JsonBody<T>(pub T);
 

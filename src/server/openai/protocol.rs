@@ -17,7 +17,7 @@ use indexmap::IndexMap;
 use serde::de::{Error as _, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
-use super::error::{clip, MAX_ECHO_CHARS};
+use crate::server::error::{clip, MAX_ECHO_CHARS};
 
 // On an untagged enum, `expecting` is the whole error message when no
 // variant matches, hence its "expected ..." wording.
@@ -234,7 +234,7 @@ pub struct ChatRequestMessage {
     pub reasoning_content: Option<String>,
     /// The calls an assistant turn made.
     pub tool_calls: Option<Vec<RequestToolCall>>,
-    /// The deprecated form of one call ([`super::legacy_functions`]).
+    /// The deprecated form of one call ([`crate::server::openai::legacy_functions`]).
     pub function_call: Option<RequestFunctionCall>,
     /// On a `tool` turn: the call it answers.
     pub tool_call_id: Option<String>,
@@ -325,7 +325,7 @@ pub struct ChatCompletionRequest {
     /// "function": {…}}`), shown to it through the chat template.
     pub tools: Option<Vec<ToolDefinition>>,
     pub tool_choice: Option<ToolChoice>,
-    /// OpenAI's deprecated form of `tools` ([`super::legacy_functions`]).
+    /// OpenAI's deprecated form of `tools` ([`crate::server::openai::legacy_functions`]).
     pub functions: Option<Vec<FunctionDefinition>>,
     /// OpenAI's deprecated form of `tool_choice`.
     pub function_call: Option<LegacyFunctionCall>,

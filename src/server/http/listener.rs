@@ -37,8 +37,8 @@ use tokio::sync::watch;
 use tokio_io_timeout::TimeoutStream;
 use tower::{Service, ServiceExt};
 
-use super::body_guard::{guard_body, BodyEnd};
-use super::error::ApiError;
+use crate::server::error::ApiError;
+use crate::server::http::body_guard::{guard_body, BodyEnd};
 
 /// Most headers a request may carry; past it a 431 with a JSON body. hyper
 /// parses up to four times as many (a few bytes of index each), and past

@@ -8,9 +8,11 @@
 //! neither content nor tool calls, a tool result answering no call) is
 //! refused here too, naming the field.
 
-use super::error::ApiError;
-use super::protocol::{ChatRequestMessage, FunctionArguments, MessageContent, RequestToolCall};
-use super::unsupported;
+use crate::server::error::ApiError;
+use crate::server::openai::protocol::{
+    ChatRequestMessage, FunctionArguments, MessageContent, RequestToolCall,
+};
+use crate::server::unsupported;
 use crate::text::chat_template::{FunctionCall, Message, ToolCall};
 
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];

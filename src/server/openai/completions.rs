@@ -9,14 +9,14 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::Extension;
 
-use super::access::{request_id, AccessRecord};
-use super::error::ApiError;
-use super::generation;
-use super::protocol::{CompletionChoice, CompletionLogprobs, CompletionRequest};
-use super::respond::{respond, Envelope, OutputBuilder};
-use super::validation::{validate_completion, GenerationPlan};
-use super::AppState;
 use crate::engine::output::{Delta, TokenLogprob};
+use crate::server::error::ApiError;
+use crate::server::generation;
+use crate::server::http::access::{request_id, AccessRecord};
+use crate::server::openai::protocol::{CompletionChoice, CompletionLogprobs, CompletionRequest};
+use crate::server::respond::{respond, Envelope, OutputBuilder};
+use crate::server::validation::{validate_completion, GenerationPlan};
+use crate::server::AppState;
 use crate::text::tokenizer::Tokenizer;
 
 pub async fn completions(

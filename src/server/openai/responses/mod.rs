@@ -17,6 +17,9 @@
 //! `safety_identifier`, `prompt_cache_key`, `store`, …) are accepted and
 //! echoed. Kept responses live in `responses_store`, in memory.
 
+pub mod store;
+pub mod stream;
+
 use std::convert::Infallible;
 use std::sync::{Arc, MutexGuard, PoisonError};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -31,16 +34,17 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::access::AccessRecord;
-use super::error::{clip, ApiError, MAX_ECHO_CHARS};
-use super::generation;
-use super::json_body::JsonBody;
-use super::protocol::{ChatCompletionRequest, Metadata, Stop, UnknownFields};
-use super::responses_store::{Owner, ResponseStore, Stored};
-use super::responses_stream::{new_id, ReplyShape, ResponseBuilder};
-use super::validation::validate_chat;
-use super::AppState;
-use super::{tools, unsupported};
+use crate::server::error::{clip, ApiError, MAX_ECHO_CHARS};
+use crate::server::generation;
+use crate::server::http::access::AccessRecord;
+use crate::server::http::json_body::JsonBody;
+use crate::server::openai::protocol::{ChatCompletionRequest, Metadata, Stop, UnknownFields};
+use crate::server::openai::responses::store::{Owner, ResponseStore, Stored};
+use crate::server::openai::responses::stream::{new_id, ReplyShape, ResponseBuilder};
+use crate::server::tools;
+use crate::server::unsupported;
+use crate::server::validation::validate_chat;
+use crate::server::AppState;
 
 /// `input`: a user message's text, or a list of items.
 #[derive(Debug, Clone, PartialEq, Deserialize)]

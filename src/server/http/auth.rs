@@ -14,8 +14,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use subtle::{ConditionallySelectable, ConstantTimeEq};
 
-use super::error::ApiError;
-use super::responses_store::Owner;
+use crate::server::error::ApiError;
+use crate::server::openai::responses::store::Owner;
 
 #[derive(Clone)]
 pub struct ApiKeys(Arc<Vec<Vec<u8>>>);

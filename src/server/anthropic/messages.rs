@@ -27,12 +27,16 @@ use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::access::{request_id, AccessRecord};
-use super::error::{clip, ApiError, MAX_ECHO_CHARS};
-use super::json_body::JsonBody;
-use super::protocol::{ChatCompletionRequest, UnknownFields};
-use super::validation::{validate_chat, GenerationPlan, ModelContext};
-use super::{generation, handlers, messages_stream, unsupported, AppState};
+use crate::server::anthropic::messages_stream;
+use crate::server::error::{clip, ApiError, MAX_ECHO_CHARS};
+use crate::server::generation;
+use crate::server::handlers;
+use crate::server::http::access::{request_id, AccessRecord};
+use crate::server::http::json_body::JsonBody;
+use crate::server::openai::protocol::{ChatCompletionRequest, UnknownFields};
+use crate::server::unsupported;
+use crate::server::validation::{validate_chat, GenerationPlan, ModelContext};
+use crate::server::AppState;
 use crate::text::reasoning::ReasoningParser;
 
 /// `POST /v1/messages`.
@@ -898,9 +902,9 @@ mod tests {
             ]
         );
         // The parsed chat request is what validate_chat reads.
-        let turns: Vec<crate::server::protocol::ChatRequestMessage> =
+        let turns: Vec<crate::server::openai::protocol::ChatRequestMessage> =
             serde_json::from_value(messages).unwrap();
-        crate::server::chat_messages::conversation(&turns).unwrap();
+        crate::server::openai::chat_messages::conversation(&turns).unwrap();
     }
 
     #[test]

@@ -1,0 +1,4 @@
+//! Anthropic's Messages API.
+
+pub mod messages;
+pub mod messages_stream;
