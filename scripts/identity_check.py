@@ -48,6 +48,15 @@ def post(port: int, path: str, body: dict) -> str | list[str]:
         ]
 
 
+def without_ids(v):
+    """`v` with every `id` left out: each answer's are its own."""
+    if isinstance(v, dict):
+        return {k: without_ids(x) for k, x in v.items() if k != "id"}
+    if isinstance(v, list):
+        return [without_ids(x) for x in v]
+    return v
+
+
 def text_of(api: str, answer) -> str:
     """What an answer says, and why it ended: ids and clocks left out."""
     if isinstance(answer, str):
@@ -58,7 +67,7 @@ def text_of(api: str, answer) -> str:
             return json.dumps([(c["text"], c["finish_reason"]) for c in o["choices"]])
         if api == "messages":
             return json.dumps([o["content"], o["stop_reason"], o["usage"]])
-        return json.dumps([o["output_text"] if "output_text" in o else o["output"], o["status"]])
+        return json.dumps([without_ids(o["output"]), o["status"]])
     events = [json.loads(d) for d in answer]
     if api == "chat":
         return json.dumps([(c.get("delta"), c.get("finish_reason")) for e in events for c in e["choices"]])
