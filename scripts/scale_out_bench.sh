@@ -3,10 +3,10 @@
 # loopback ports) against one replica direct, under the same load:
 #
 #   scripts/scale_out_bench.sh LOADGEN [loadgen options...]
-#   scripts/scale_out_bench.sh ../shared/bench/loadgen.py -n 64 -c 16 --max-tokens 64
+#   scripts/scale_out_bench.sh scripts/loadgen.py -n 64 -c 16 --max-tokens 64
 #
 # Runs one setup at a time and prints loadgen's summary for each. Needs
-# nginx, httpx (for loadgen) and a release build (target/release/wick).
+# nginx and a release build (target/release/wick).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 loadgen=$1

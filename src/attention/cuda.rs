@@ -43,7 +43,16 @@ pub fn write_and_attend(
         candle_core::bail!("the CUDA attention kernel needs its input on a CUDA device");
     };
     let n = meta.num_tokens() * dims.num_heads * dims.head_dim;
-    // Every element is written by the kernel (its test poisons the output).
+    // SAFETY: `alloc` leaves the memory unset; nothing reads `out` before
+    // `write_and_attend_into` has written all `n` elements. The attend
+    // launch has a block for every (row, KV head, subgroup), each writing
+    // all `head_dim` values of its query heads, which cover heads
+    // `0..num_heads` when `num_heads` is a multiple of `num_kv_heads` (as
+    // every model's config has it; `AttnDims::group` assumes the same, and
+    // nothing checks it). With one part the attend launch writes the
+    // output, else `paged_combine` writes every (row, head, value) of it.
+    // The kernel's test poisons the output to catch a missed element. On
+    // an error `out` is dropped unread.
     let out = match qkv.dtype() {
         DType::F32 => wrap(unsafe { dev.alloc::<f32>(n)? }, dev),
         DType::F16 => wrap(unsafe { dev.alloc::<f16>(n)? }, dev),
@@ -192,6 +201,9 @@ impl Step<'_> {
             false => self.at.slots,
         });
 
+        // Cache write: one block per new row, of min(kv_dim, 256) threads
+        // striding over the row's `kv_dim` K and V values (the kernel
+        // strides by blockDim, so any width works). No shared memory.
         let write = func(format!("paged_write_{q_name}_{p_name}"))?;
         let mut b = write.builder();
         let (k_at, v_at) = (i(k_at), i(v_at));
@@ -202,6 +214,33 @@ impl Step<'_> {
             block_dim: ((d.num_kv_heads * d.head_dim).min(256) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
+        // SAFETY: the arguments match `paged_write`'s parameters in order
+        // and type (`q_name` and `p_name` pick the instantiation for `Q` and
+        // `P`; the ints are `i32`). The kernel writes `k_pool` and `v_pool`
+        // through shared references: the scheduler thread owns the pools,
+        // and the one stream orders this write before the attend launch
+        // (and any later step) reads them. Its accesses stay in bounds:
+        // - row `r < rows` reads `qkv[r * stride + k_at|v_at ..][..kv_dim]`:
+        //   `qkv` is `[rows, qkv_width]` (its width checked by
+        //   `paged_attention`, its rows the step's tokens by construction:
+        //   the model projects `meta.tokens_t()`), and
+        //   `v_at + kv_dim == qkv_width`.
+        // - `meta[slots + r]` lies in the slots section `StepMeta::new` packed
+        //   with one entry per row (the window pool's section for a window
+        //   layer, which falls back to the global one only when no sequence
+        //   has a window table, i.e. the layer's pool is not split).
+        // - each slot is `block * block_size + offset` (`step_meta::slot`),
+        //   `offset < block_size`, from a table the scheduler grew to hold
+        //   the sequence's whole `context_len` before scheduling it
+        //   (`scheduler::grow`, the drafter likewise), its ids handed out by
+        //   a `BlockManager` of exactly this pool's `num_blocks`
+        //   (`Engine::new` builds both from one `KvLayout`; the window pool
+        //   and the draft pool the same way). Freed window entries are never
+        //   a new row's and are packed as block 0 regardless.
+        // - so `slot < num_blocks * block_size`, the pool's rows, each
+        //   `kv_dim` wide: `KvCache` sizes it by `KvLayout::kv_dim` from the
+        //   same model info `AttnDims` comes from (`block_size` too, read
+        //   from the cache's layout by the model).
         unsafe { b.launch(cfg) }.w()?;
 
         let subgroups = d.group().div_ceil(MAX_GROUP);
@@ -219,6 +258,14 @@ impl Step<'_> {
                 1
             }
         };
+        // SAFETY: `alloc` leaves the memory unset. With one part they are
+        // one-element placeholders the kernels never touch. With several,
+        // every block of the attend launch (all `parts` of every row and
+        // head, a part past its row's range included: it writes an empty
+        // state, max -inf) writes its `(max, sum)` and its `hd` values
+        // before `paged_combine` reads them, the stream ordering the two.
+        // Dropped at the end of this function, they are freed on the same
+        // stream (cudarc frees asynchronously, or syncs first).
         let part_ml = unsafe { self.dev.alloc::<f32>(split_len(2))? };
         let part_acc = unsafe { self.dev.alloc::<f32>(split_len(hd))? };
         let attend = func(format!("paged_attend_{q_name}_{p_name}_{hd}"))?;
@@ -240,6 +287,12 @@ impl Step<'_> {
             .arg(&scale)
             .arg(&part_len);
         b.arg(out).arg(&part_ml).arg(&part_acc);
+        // Attention: a block per (row, KV head and subgroup of at most
+        // MAX_GROUP query heads, part of the row's keys), WARPS warps each
+        // (exactly: the kernel strides keys and sizes its shared arrays by
+        // WARPS and is compiled with `__launch_bounds__(WARPS * 32)`). Its
+        // shared memory is static (the warps' states, about 4 KiB at head
+        // size 256), so no dynamic bytes.
         let cfg = LaunchConfig {
             grid_dim: (
                 self.rows as u32,
@@ -249,11 +302,49 @@ impl Step<'_> {
             block_dim: (WARPS * 32, 1, 1),
             shared_mem_bytes: 0,
         };
+        // SAFETY: the arguments match `paged_attend`'s parameters in order
+        // and type (`hd`, which `write_and_attend_into` checked is one of
+        // `supports`' sizes, picks the instantiation whose `EPL * 32` is the
+        // head size the kernel indexes by). It writes `out`, `part_ml` and
+        // `part_acc` through shared references: `out` was just allocated
+        // (or is the caller's to give, as in the kernel test) and the part
+        // buffers are this function's. What it trusts, all from
+        // `StepMeta::new` (`pack_kernel`) for this very batch:
+        // - `meta[row_seq + r]` is row `r`'s sequence `i < seqs.len()`, and
+        //   `meta[seqs + SEQ_FIELDS * i ..]` its descriptor: the sequences
+        //   cover the rows in order (`FlatBatch`), so `start <= r < start +
+        //   len` and the row's position `first_pos + r - start` is below
+        //   `context_len`.
+        // - the descriptor's `table` field (`TABLE_FIELD`, or
+        //   `WINDOW_TABLE_FIELD` for a window layer) is the absolute offset of
+        //   a table packed after the descriptors, holding an entry for every
+        //   block of positions `0..context_len` (the scheduler grew it so);
+        //   the kernel reads entries `j / block_size` for `j` in the row's
+        //   range `lo..=pos` only, within the row's part. A sequence without
+        //   a window table has its block table in both fields; that happens
+        //   only where the layer's pool is not split (whenever `Engine::new`
+        //   splits it, the scheduler gives every sequence a window table).
+        // - the entries are block ids below this pool's `num_blocks`, as for
+        //   the write above; a window table's freed entries lie before every
+        //   row's window (`WindowBlocks::advance` frees only those) and are
+        //   packed as block 0 anyway.
+        // - the pools are `[num_blocks * block_size, num_kv_heads * hd]` and
+        //   `qkv` rows `stride` wide, as for the write; `num_heads` is a
+        //   multiple of `num_kv_heads` (see `write_and_attend`), so the
+        //   grid's KV heads and subgroups address heads below `num_heads`.
+        // - `out` holds `rows * num_heads * hd` values (checked in
+        //   `write_and_attend_into`); with `parts > 1` the part buffers hold
+        //   `rows * num_heads * parts` states (`split_len`).
+        // - the offsets fit `i32`: the packed buffer holds a step's rows and
+        //   tables, far below 2^31 entries.
         unsafe { b.launch(cfg) }.w()?;
         if parts == 1 {
             return Ok(());
         }
 
+        // Merge: a block per (row, query head), a thread per value of the
+        // head (`hd <= 256`), each reading its column of every part. No
+        // shared memory.
         let combine = func(format!("paged_combine_{q_name}"))?;
         let mut b = combine.builder();
         let (parts_arg, hd_arg) = (i(parts), i(hd));
@@ -267,6 +358,16 @@ impl Step<'_> {
             block_dim: (hd as u32, 1, 1),
             shared_mem_bytes: 0,
         };
+        // SAFETY: the arguments match `paged_combine`'s parameters in order
+        // and type. The grid's `y` is `num_heads`, which the kernel reads as
+        // the row stride (`gridDim.y`), and `block_dim.x == hd`, the head
+        // size it is passed: row `r`, head `h`, value `d` reads
+        // `part_ml[((r * num_heads + h) * parts + p) * 2 ..]` and
+        // `part_acc[((r * num_heads + h) * parts + p) * hd + d]` for
+        // `p < parts`, inside the `rows * num_heads * parts` states the
+        // attend launch just wrote (the stream orders the two), and writes
+        // `out[(r * num_heads + h) * hd + d]`, inside `out`'s
+        // `rows * num_heads * hd` values.
         unsafe { b.launch(cfg) }.w().map(|_| ())
     }
 

@@ -46,17 +46,31 @@ mod cuda {
         };
         let dev = s.device().clone();
         let input = s.as_cuda_slice::<f32>()?.slice(from..to);
-        // Every element is written by the kernel.
+        // SAFETY: `alloc` leaves the memory unset; the launch below has one
+        // block per row, and each block's lane 0 of warp 0 writes its row's
+        // id, so all `rows` elements are written before `to_vec1` reads them
+        // (the same stream orders the copy after the launch).
         let out = unsafe { dev.alloc::<u32>(rows)? };
         let func = dev.get_or_load_custom_func("argmax_rows_f32", MODULE, PTX)?;
         let mut b = func.builder();
         let vocab = vocab as u32;
         b.arg(&input).arg(&vocab).arg(&out);
+        // One block of exactly THREADS threads per row (the kernel strides
+        // by THREADS and sizes its static shared arrays, THREADS / 32 pairs,
+        // by it, not by blockDim); no dynamic shared memory.
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
+        // SAFETY: the arguments match `argmax_rows_f32(const float*, uint32_t,
+        // uint32_t*)` in order and type. Block `r < rows` reads
+        // `input[r * vocab..][..vocab]`: `input` is the contiguous
+        // `[rows, vocab]` f32 slice of `logits` (its dims, dtype and
+        // contiguity checked above), and `vocab` fits the kernel's u32 (a
+        // vocabulary is far below 2^32). It writes only `out[r]`, through a
+        // shared reference to the slice allocated above, which nothing else
+        // holds.
         unsafe { b.launch(cfg) }.w()?;
         let out = Storage::Cuda(CudaStorage::wrap_cuda_slice(out, dev));
         Tensor::from_storage(out, rows, BackpropOp::none(), false).to_vec1::<u32>()
