@@ -20,7 +20,7 @@ use crate::server::handlers;
 use crate::server::http::access::AccessRecord;
 use crate::server::http::json_body::JsonBody;
 use crate::server::metrics::Metrics;
-use crate::server::openai::protocol::{CompletionTokensDetails, PromptTokensDetails, Usage};
+use crate::server::protocol::{CompletionTokensDetails, PromptTokensDetails, Usage};
 use crate::server::validation::{GenerationPlan, ModelContext};
 use crate::server::AppState;
 use crate::server::ModelState;

@@ -12,7 +12,7 @@ use axum::Json;
 
 use crate::server::error::ApiError;
 use crate::server::http::json_body::JsonBody;
-use crate::server::openai::protocol::*;
+use crate::server::protocol::*;
 use crate::server::unsupported;
 use crate::server::validation::{check_model, GenerationPlan, ModelContext};
 use crate::server::AppState;

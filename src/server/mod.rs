@@ -2,14 +2,17 @@
 
 pub mod anthropic;
 pub mod app;
+pub mod chat_messages;
 pub mod config;
 pub mod engine_loop;
 pub mod error;
 pub mod generation;
 pub mod handlers;
 pub mod http;
+pub mod legacy_functions;
 pub mod metrics;
 pub mod openai;
+pub mod protocol;
 pub mod respond;
 pub mod tools;
 pub mod unsupported;

@@ -14,7 +14,7 @@ use serde::Serialize;
 use crate::engine::output::Delta;
 use crate::server::error::ApiError;
 use crate::server::generation::Generation;
-use crate::server::openai::protocol::{self, Usage};
+use crate::server::protocol::{self, Usage};
 
 pub trait OutputBuilder: Send + 'static {
     /// A choice as one stream chunk carries it.

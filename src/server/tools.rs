@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 
 use crate::sampling::constraint::Grammar;
 use crate::server::error::ApiError;
-use crate::server::openai::protocol::{ChatCompletionRequest, ToolChoice};
+use crate::server::protocol::{ChatCompletionRequest, ToolChoice};
 use crate::server::unsupported;
 use crate::text::chat_template::Message;
 use crate::text::tool_parser::{ToolCallParser, ToolFormat};

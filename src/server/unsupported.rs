@@ -8,7 +8,7 @@
 //! implements for some values only are checked here too.
 
 use crate::server::error::{clip, ApiError, MAX_ECHO_CHARS};
-use crate::server::openai::protocol::UnknownFields;
+use crate::server::protocol::UnknownFields;
 
 /// Refuses the first field of `unknown` that is set, by its path under
 /// `at` (`""` for the body, or `messages[0]`, `stream_options`...).

@@ -12,10 +12,10 @@ use serde_path_to_error::Segment;
 use crate::engine::request_rules;
 use crate::sampling::constraint::{Constraint, ConstraintFactory, Grammar};
 use crate::sampling::params::{SamplingParams, MAX_LOGPROBS};
+use crate::server::chat_messages;
 use crate::server::error::{clip, ApiError, MAX_ECHO_CHARS};
-use crate::server::openai::chat_messages;
-use crate::server::openai::legacy_functions;
-use crate::server::openai::protocol::{
+use crate::server::legacy_functions;
+use crate::server::protocol::{
     ChatCompletionRequest, CompletionRequest, Prediction, Prompt, ResponseFormat, Stop,
     StreamOptions, UnknownFields,
 };

@@ -33,7 +33,7 @@ use crate::server::generation;
 use crate::server::handlers;
 use crate::server::http::access::{request_id, AccessRecord};
 use crate::server::http::json_body::JsonBody;
-use crate::server::openai::protocol::{ChatCompletionRequest, UnknownFields};
+use crate::server::protocol::{ChatCompletionRequest, UnknownFields};
 use crate::server::unsupported;
 use crate::server::validation::{validate_chat, GenerationPlan, ModelContext};
 use crate::server::AppState;
@@ -902,9 +902,9 @@ mod tests {
             ]
         );
         // The parsed chat request is what validate_chat reads.
-        let turns: Vec<crate::server::openai::protocol::ChatRequestMessage> =
+        let turns: Vec<crate::server::protocol::ChatRequestMessage> =
             serde_json::from_value(messages).unwrap();
-        crate::server::openai::chat_messages::conversation(&turns).unwrap();
+        crate::server::chat_messages::conversation(&turns).unwrap();
     }
 
     #[test]

@@ -14,7 +14,7 @@ use crate::engine::sequence::FinishReason;
 use crate::server::error::ApiError;
 use crate::server::generation;
 use crate::server::http::access::{request_id, AccessRecord};
-use crate::server::openai::protocol::{
+use crate::server::protocol::{
     ChatChoice, ChatCompletionRequest, ChatDelta, ChatLogprobs, ChatTokenLogprob, ChunkChoice,
     FunctionCallDelta, ResponseFunctionCall, ResponseMessage, ResponseToolCall, ToolCallDelta,
     TopLogprob,

@@ -13,7 +13,7 @@ use crate::engine::output::{Delta, TokenLogprob};
 use crate::server::error::ApiError;
 use crate::server::generation;
 use crate::server::http::access::{request_id, AccessRecord};
-use crate::server::openai::protocol::{CompletionChoice, CompletionLogprobs, CompletionRequest};
+use crate::server::protocol::{CompletionChoice, CompletionLogprobs, CompletionRequest};
 use crate::server::respond::{respond, Envelope, OutputBuilder};
 use crate::server::validation::{validate_completion, GenerationPlan};
 use crate::server::AppState;

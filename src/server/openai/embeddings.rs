@@ -14,7 +14,7 @@ use crate::engine::sequence::SeqId;
 use crate::server::error::ApiError;
 use crate::server::handlers::{ready, tokenizing};
 use crate::server::http::json_body::JsonBody;
-use crate::server::openai::protocol::UnknownFields;
+use crate::server::protocol::UnknownFields;
 use crate::server::unsupported;
 use crate::server::validation::{check_model, encode};
 use crate::server::AppState;

@@ -1,10 +1,8 @@
-//! OpenAI's API: chat completions, completions, embeddings and
-//! Responses, with its wire schema.
+//! OpenAI's API: chat completions, completions, embeddings and Responses.
+//! Its wire schema (`server::protocol`) stays with validation, whose input
+//! it is for every API.
 
 pub mod chat;
-pub mod chat_messages;
 pub mod completions;
 pub mod embeddings;
-pub mod legacy_functions;
-pub mod protocol;
 pub mod responses;

@@ -15,7 +15,7 @@ use serde_json::{json, Map, Value};
 use crate::engine::output::Delta;
 use crate::engine::sequence::FinishReason;
 use crate::server::error::ApiError;
-use crate::server::openai::protocol::Usage;
+use crate::server::protocol::Usage;
 use crate::server::tools::CallIds;
 use crate::text::reasoning::{self, Piece, ReasoningParser};
 use crate::text::tool_parser::{ToolCallParser, ToolEvent};
@@ -522,7 +522,7 @@ fn unix_now() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::openai::protocol::PromptTokensDetails;
+    use crate::server::protocol::PromptTokensDetails;
     use crate::text::tool_parser::ToolFormat;
 
     fn builder(

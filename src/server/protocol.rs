@@ -234,7 +234,7 @@ pub struct ChatRequestMessage {
     pub reasoning_content: Option<String>,
     /// The calls an assistant turn made.
     pub tool_calls: Option<Vec<RequestToolCall>>,
-    /// The deprecated form of one call ([`crate::server::openai::legacy_functions`]).
+    /// The deprecated form of one call ([`crate::server::legacy_functions`]).
     pub function_call: Option<RequestFunctionCall>,
     /// On a `tool` turn: the call it answers.
     pub tool_call_id: Option<String>,
@@ -325,7 +325,7 @@ pub struct ChatCompletionRequest {
     /// "function": {…}}`), shown to it through the chat template.
     pub tools: Option<Vec<ToolDefinition>>,
     pub tool_choice: Option<ToolChoice>,
-    /// OpenAI's deprecated form of `tools` ([`crate::server::openai::legacy_functions`]).
+    /// OpenAI's deprecated form of `tools` ([`crate::server::legacy_functions`]).
     pub functions: Option<Vec<FunctionDefinition>>,
     /// OpenAI's deprecated form of `tool_choice`.
     pub function_call: Option<LegacyFunctionCall>,

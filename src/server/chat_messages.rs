@@ -9,7 +9,7 @@
 //! refused here too, naming the field.
 
 use crate::server::error::ApiError;
-use crate::server::openai::protocol::{
+use crate::server::protocol::{
     ChatRequestMessage, FunctionArguments, MessageContent, RequestToolCall,
 };
 use crate::server::unsupported;

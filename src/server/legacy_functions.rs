@@ -9,7 +9,7 @@
 use std::borrow::Cow;
 
 use crate::server::error::ApiError;
-use crate::server::openai::protocol::{
+use crate::server::protocol::{
     ChatCompletionRequest, LegacyFunctionCall, NamedToolChoice, RequestToolCall, ToolChoice,
     ToolDefinition, UnknownFields,
 };
