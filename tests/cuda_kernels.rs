@@ -20,8 +20,8 @@ use wick::attention::{cuda, paged_attention, step_meta, AttnDims};
 use wick::kv::cache::{KvCache, KvDtype, KvLayout, LayerCache};
 use wick::load::loader::{load, LoadOptions};
 use wick::models::{FlatBatch, LogitRows};
+use wick::sampling::argmax::argmax;
 use wick::sampling::argmax::argmax_rows;
-use wick::sampling::sampler::argmax;
 
 fn gpu() -> Option<Device> {
     match Device::new_cuda(0) {

@@ -9,8 +9,8 @@ use candle_core::Tensor;
 use crate::engine::step_plan::StepPlan;
 use crate::kv::cache::KvCache;
 use crate::models::{FlatBatch, Model};
+use crate::sampling::argmax::argmax;
 use crate::sampling::argmax::argmax_rows;
-use crate::sampling::sampler::argmax;
 
 /// One `Vec<f32>` per row.
 pub type Rows = Vec<Vec<f32>>;

@@ -1,12 +1,19 @@
 //! Each row's argmax, picked where the logits are. On a CUDA device
 //! `argmax.cu` reduces every row in one launch and only the ids cross to
-//! the host; elsewhere the rows come back and the host's
-//! [`argmax`](crate::sampling::sampler::argmax) picks. Both follow one
+//! the host; elsewhere the rows come back and the host's [`argmax`]
+//! picks. Both follow one
 //! rule: the lowest id among the largest values, NaN never picked.
 
 use candle_core::{DType, Result, Tensor};
 
-use crate::sampling::sampler::argmax;
+use crate::vec_math::{max_of, position_of};
+
+/// The lowest id among the largest logits; NaN is never picked (a row of
+/// NaN gives 0). [`argmax_rows`]' kernel is its
+/// twin on a CUDA device.
+pub fn argmax(logits: &[f32]) -> u32 {
+    position_of(logits, max_of(logits)).unwrap_or(0) as u32
+}
 
 /// The argmax of each row of `logits`, `[rows, vocab]`.
 pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {

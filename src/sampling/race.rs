@@ -11,7 +11,7 @@
 //! target's own pick wherever the two distributions agree, whatever order
 //! their filters left the tokens in ([`crate::sampling::sampler::Sampler::propose`]).
 
-use crate::sampling::sampler::argmax;
+use crate::sampling::argmax::argmax;
 
 /// Weights screened at a time.
 const CHUNK: usize = 32;

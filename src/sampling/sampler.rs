@@ -23,9 +23,10 @@ use std::cmp::Ordering;
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::sampling::argmax::argmax;
 use crate::sampling::params::SamplingParams;
 use crate::sampling::race::race;
-use crate::vec_math::{exp_into, fast_exp, max_of, position_of};
+use crate::vec_math::{exp_into, fast_exp, max_of};
 
 /// Temperatures below this are greedy, as in vLLM: dividing by a near-zero
 /// temperature would only approximate argmax while still consuming randomness.
@@ -412,12 +413,6 @@ pub fn score_token(logits: &[f32], token: u32, n: usize) -> SampledToken {
         logprob: Some(logits[token as usize] - lse),
         top_logprobs: top_logprobs(logits, n, lse, &mut cand, &mut scratch),
     }
-}
-
-/// The lowest id among the largest logits; NaN is never picked (a row of
-/// NaN gives 0). `argmax.cu` is its twin on a CUDA device.
-pub fn argmax(logits: &[f32]) -> u32 {
-    position_of(logits, max_of(logits)).unwrap_or(0) as u32
 }
 
 /// `ln(sum(exp(logits)))`; `scratch` receives the exponentials.

@@ -27,7 +27,7 @@ use crate::engine::Engine;
 use crate::sampling::constraint::ConstraintFactory;
 use crate::server::anthropic::messages;
 use crate::server::config::ServeArgs;
-use crate::server::engine_loop::{self, EngineHandle};
+use crate::server::engine_loop;
 use crate::server::error::ApiError;
 use crate::server::handlers;
 use crate::server::http::access;
@@ -39,96 +39,7 @@ use crate::server::openai::chat;
 use crate::server::openai::completions;
 use crate::server::openai::embeddings;
 use crate::server::openai::responses;
-use crate::server::openai::responses::store::ResponseStore;
-use crate::server::respond::StreamShape;
-use crate::server::validation::{GenerationPlan, ModelContext};
-use crate::text::chat_template::ChatTemplate;
-use crate::text::tokenizer::Tokenizer;
-
-/// Everything a handler needs once the model is loaded.
-pub struct ModelState {
-    /// What responses and metrics call the model: the first
-    /// `--served-model-name`, else the loader's name for it.
-    pub name: String,
-    /// The other `--served-model-name`s, which requests may use too.
-    pub aliases: Vec<String>,
-    pub tokenizer: Tokenizer,
-    pub chat_template: Option<ChatTemplate>,
-    pub vocab_size: usize,
-    /// The model's context, or `--max-model-len` below it.
-    pub max_context: usize,
-    /// Most tokens the KV pool holds for one sequence.
-    pub max_seq_tokens: usize,
-    /// Most sequences (prompts times n) one request may ask for: what the
-    /// batch and the queue hold together.
-    pub max_choices: usize,
-    pub engine: EngineHandle,
-    pub metrics: Arc<Metrics>,
-    /// Compiles output grammars; `None` if this vocabulary could not be
-    /// mapped to bytes (then constrained output is refused).
-    pub constraints: Option<ConstraintFactory>,
-    /// Validation and `/tokenize` (the work that tokenizes text and
-    /// compiles grammars) run at most this many at once, one per core:
-    /// more would only queue on the CPU while holding their memory.
-    pub tokenizing: Arc<tokio::sync::Semaphore>,
-    /// How `/v1/embeddings` pools hidden states (`--pooling`).
-    pub pooling: crate::engine::pooling::Pooling,
-}
-
-impl ModelState {
-    pub fn context(&self) -> ModelContext<'_> {
-        ModelContext {
-            name: &self.name,
-            aliases: &self.aliases,
-            vocab_size: self.vocab_size,
-            max_context: self.max_context,
-            max_seq_tokens: self.max_seq_tokens,
-            max_choices: self.max_choices,
-            tokenizer: &self.tokenizer,
-            chat_template: self.chat_template.as_ref(),
-            constraints: self.constraints.as_ref(),
-        }
-    }
-}
-
-pub struct AppState {
-    /// Set once the model has loaded.
-    pub model: OnceLock<Arc<ModelState>>,
-    pub metrics: Arc<Metrics>,
-    pub created: u64,
-    /// Becomes true on SIGINT/SIGTERM.
-    pub shutting_down: watch::Sender<bool>,
-    pub limits: RequestLimits,
-    /// The responses `/v1/responses` keeps (bounded, in memory only).
-    pub responses: std::sync::Mutex<ResponseStore>,
-}
-
-impl AppState {
-    pub fn is_shutting_down(&self) -> bool {
-        *self.shutting_down.borrow()
-    }
-}
-
-/// The per-request limits handlers enforce.
-#[derive(Debug, Clone)]
-pub struct RequestLimits {
-    pub max_body_bytes: usize,
-    /// Longest wait for a whole request body.
-    pub client_timeout: Duration,
-    /// Longest a generation may run.
-    pub request_timeout: Option<Duration>,
-    pub sse_keep_alive: Duration,
-}
-
-impl RequestLimits {
-    pub fn stream_shape(&self, plan: &GenerationPlan) -> StreamShape {
-        StreamShape {
-            stream: plan.stream,
-            include_usage: plan.include_usage,
-            keep_alive: self.sse_keep_alive,
-        }
-    }
-}
+use crate::server::state::{AppState, ModelState, RequestLimits};
 
 /// Everything between a connection and the handlers.
 pub struct RouterConfig {
@@ -139,6 +50,7 @@ pub struct RouterConfig {
 }
 
 pub fn router(state: Arc<AppState>, cfg: &RouterConfig) -> anyhow::Result<Router> {
+    let kept = responses::Kept::for_owners(cfg.api_keys.len());
     let mut api = Router::new()
         .route("/v1/completions", post(completions::completions))
         .route("/v1/chat/completions", post(chat::chat_completions))
@@ -168,6 +80,7 @@ pub fn router(state: Arc<AppState>, cfg: &RouterConfig) -> anyhow::Result<Router
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)
         .layer(DefaultBodyLimit::max(state.limits.max_body_bytes))
+        .layer(axum::Extension(kept))
         .with_state(state);
     if !cfg.api_keys.is_empty() {
         let keys = ApiKeys::new(cfg.api_keys.clone());
@@ -390,7 +303,6 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             request_timeout: args.request_timeout_secs.map(Duration::from_secs),
             sse_keep_alive: Duration::from_secs(args.sse_keep_alive_secs.max(1)),
         },
-        responses: std::sync::Mutex::new(ResponseStore::for_owners(router_cfg.api_keys.len())),
     });
     let app = router(state.clone(), &router_cfg)?;
     // Tests and scripts read the bound address (the port may be 0) from here.

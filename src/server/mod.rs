@@ -14,8 +14,10 @@ pub mod metrics;
 pub mod openai;
 pub mod protocol;
 pub mod respond;
+pub mod state;
 pub mod tools;
 pub mod unsupported;
 pub mod validation;
 
-pub use app::{serve, AppState, ModelState};
+pub use app::serve;
+pub use state::{AppState, ModelState};

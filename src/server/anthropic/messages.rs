@@ -21,12 +21,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::extract::{FromRequest, Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
+use crate::server::anthropic::error::error_body;
 use crate::server::anthropic::messages_stream;
 use crate::server::error::{clip, ApiError, MAX_ECHO_CHARS};
 use crate::server::generation;
@@ -783,30 +784,6 @@ impl IntoResponse for AnthropicError {
         }
         response
     }
-}
-
-/// Anthropic's error type for a status.
-fn error_type(status: StatusCode) -> &'static str {
-    match status.as_u16() {
-        401 => "authentication_error",
-        403 => "permission_error",
-        404 => "not_found_error",
-        413 => "request_too_large",
-        429 => "rate_limit_error",
-        503 | 529 => "overloaded_error",
-        s if s >= 500 => "api_error",
-        _ => "invalid_request_error",
-    }
-}
-
-/// `{"type": "error", "error": {"type", "message"}}`; the message starts
-/// with the field at fault when it does not name it already.
-pub fn error_body(e: &ApiError) -> Value {
-    let message = match &e.param {
-        Some(p) if !e.message.contains(p.as_str()) => format!("{p}: {}", e.message),
-        _ => e.message.clone(),
-    };
-    json!({"type": "error", "error": {"type": error_type(e.status), "message": message}})
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use serde_json::Value;
 
 use crate::engine::output::Delta;
 use crate::engine::sequence::FinishReason;
-use crate::server::anthropic::messages::error_body;
+use crate::server::anthropic::error::error_body;
 use crate::server::error::ApiError;
 use crate::server::generation::Generation;
 use crate::server::tools::CallIds;

@@ -1,4 +1,5 @@
 //! Anthropic's Messages API.
 
+pub mod error;
 pub mod messages;
 pub mod messages_stream;

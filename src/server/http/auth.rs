@@ -15,7 +15,11 @@ use axum::response::{IntoResponse, Response};
 use subtle::{ConditionallySelectable, ConstantTimeEq};
 
 use crate::server::error::ApiError;
-use crate::server::openai::responses::store::Owner;
+
+/// Which API key a request carried: its index of the API key its request carried
+/// (0 on a server without keys).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Owner(pub usize);
 
 #[derive(Clone)]
 pub struct ApiKeys(Arc<Vec<Vec<u8>>>);
@@ -86,7 +90,7 @@ fn is_anthropic(path: &str) -> bool {
     path == "/v1/messages" || path.starts_with("/v1/messages/")
 }
 
-/// The 401 as Anthropic answers it (`messages::error_body`'s shape).
+/// The 401 as Anthropic answers it (`anthropic::error::error_body`'s shape).
 fn anthropic_unauthorized(provided: bool) -> Response {
     let message = if provided {
         "invalid x-api-key"

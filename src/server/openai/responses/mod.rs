@@ -21,7 +21,7 @@ pub mod store;
 pub mod stream;
 
 use std::convert::Infallible;
-use std::sync::{Arc, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
@@ -37,8 +37,9 @@ use serde_json::{json, Map, Value};
 use crate::server::error::{clip, ApiError, MAX_ECHO_CHARS};
 use crate::server::generation;
 use crate::server::http::access::AccessRecord;
+use crate::server::http::auth::Owner;
 use crate::server::http::json_body::JsonBody;
-use crate::server::openai::responses::store::{Owner, ResponseStore, Stored};
+use crate::server::openai::responses::store::{ResponseStore, Stored};
 use crate::server::openai::responses::stream::{new_id, ReplyShape, ResponseBuilder};
 use crate::server::protocol::{ChatCompletionRequest, Metadata, Stop, UnknownFields};
 use crate::server::tools;
@@ -260,6 +261,7 @@ struct Translated {
 
 pub async fn create_response(
     State(state): State<Arc<AppState>>,
+    Extension(kept): Extension<Kept>,
     Extension(access): Extension<AccessRecord>,
     owner: Option<Extension<Owner>>,
     request: Request,
@@ -273,7 +275,7 @@ pub async fn create_response(
     .await?;
     let history = match &req.previous_response_id {
         Some(id) => {
-            let stored = store(&state).get(owner, id, Instant::now());
+            let stored = kept.lock().get(owner, id, Instant::now());
             stored
                 .ok_or_else(|| not_found(id, Some("previous_response_id")))?
                 .conversation
@@ -321,7 +323,7 @@ pub async fn create_response(
     };
     let mut builder = ResponseBuilder::new(new_id("resp"), unix_now(), echo, shape);
     let keep = keeps.then(|| Keep {
-        state: state.clone(),
+        kept,
         owner,
         conversation,
     });
@@ -379,26 +381,26 @@ pub async fn create_response(
 /// `GET /v1/responses/{id}`: a kept response, sent as the bytes it is
 /// kept as (however large, no work on the async workers).
 pub async fn retrieve(
-    State(state): State<Arc<AppState>>,
+    Extension(kept): Extension<Kept>,
     owner: Option<Extension<Owner>>,
     Path(id): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     refuse_query(query.as_deref())?;
     let owner = owner.map(|o| o.0).unwrap_or_default();
-    let stored = store(&state).get(owner, &id, Instant::now());
+    let stored = kept.lock().get(owner, &id, Instant::now());
     let stored = stored.ok_or_else(|| not_found(&id, None))?;
     Ok(json_response(stored.response))
 }
 
 /// `DELETE /v1/responses/{id}`: forgets a kept response.
 pub async fn delete(
-    State(state): State<Arc<AppState>>,
+    Extension(kept): Extension<Kept>,
     owner: Option<Extension<Owner>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let owner = owner.map(|o| o.0).unwrap_or_default();
-    if !store(&state).remove(owner, &id) {
+    if !kept.lock().remove(owner, &id) {
         return Err(not_found(&id, None));
     }
     Ok(Json(
@@ -408,7 +410,7 @@ pub async fn delete(
 
 /// Where a finished response is kept, with the conversation before its reply.
 struct Keep {
-    state: Arc<AppState>,
+    kept: Kept,
     owner: Owner,
     conversation: Vec<Bytes>,
 }
@@ -422,7 +424,11 @@ impl Keep {
             conversation,
         };
         let id = builder.id().to_string();
-        if !store(&self.state).insert(self.owner, id, stored, Instant::now()) {
+        if !self
+            .kept
+            .lock()
+            .insert(self.owner, id, stored, Instant::now())
+        {
             tracing::warn!(
                 "response {} is larger than the response store's byte budget: not kept",
                 builder.id()
@@ -431,11 +437,20 @@ impl Keep {
     }
 }
 
-fn store(state: &AppState) -> MutexGuard<'_, ResponseStore> {
-    state
-        .responses
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
+/// The responses kept, shared by this API's handlers: the router hands it
+/// to them, as it is no other API's business.
+#[derive(Clone)]
+pub struct Kept(Arc<Mutex<ResponseStore>>);
+
+impl Kept {
+    /// A store with a shelf for each of `owners` API keys.
+    pub fn for_owners(owners: usize) -> Self {
+        Kept(Arc::new(Mutex::new(ResponseStore::for_owners(owners))))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ResponseStore> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 fn json_bytes(v: &Value) -> Bytes {

@@ -2,7 +2,7 @@
 //! OpenAI) for `GET`/`DELETE /v1/responses/{id}` and for a later request's
 //! `previous_response_id`. In memory only, so a restart loses them all.
 //!
-//! Each API key has a shelf of its own ([`Owner`]): a response is found
+//! Each API key has a shelf of its own ([`Owner`](crate::server::http::auth::Owner)): a response is found
 //! only with the key that stored it, and one key's traffic evicts only its
 //! own. A shelf holds an equal share of the store, bounded three ways: at
 //! most [`CAPACITY`] responses, at most [`MAX_BYTES`] of them, each kept
@@ -12,6 +12,7 @@
 //! conversation's responses is counted once for each). The store belongs
 //! to the server's `AppState`, behind its mutex; nothing here awaits.
 
+use crate::server::http::auth::Owner;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
@@ -24,11 +25,6 @@ pub const TTL: Duration = Duration::from_secs(60 * 60);
 /// Most bytes kept over all keys (each response's JSON plus its
 /// conversation's).
 pub const MAX_BYTES: usize = 256 << 20;
-
-/// Whose a response is: the index of the API key its request carried
-/// (0 on a server without keys).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Owner(pub usize);
 
 /// One kept response.
 #[derive(Debug, Clone)]
