@@ -15,6 +15,7 @@ use serde::Deserialize;
 use super::elementwise::{self, Act};
 use super::embedding::Embedding;
 use super::linear::{Linear, WeightSpec};
+use super::mlp::{Activation, Mlp};
 use super::rope::Rope;
 use super::{hidden_states, FlatBatch, Model, ModelInfo, Output};
 use crate::attention::{self, paged_attention, AttnDims};
@@ -569,9 +570,7 @@ struct Block {
     /// Gemma's norms on the attention's and the MLP's outputs.
     post_attn_norm: Option<Tensor>,
     ffn_norm: Tensor,
-    /// gate and up stacked, gate first, as `elementwise::glu` expects.
-    gate_up: Linear,
-    down: Linear,
+    mlp: Mlp,
     post_ffn_norm: Option<Tensor>,
 }
 
@@ -692,7 +691,7 @@ impl Llama {
                 false => linear(&["ffn_up"])?,
             };
             let o = linear(&["attn_output"])?;
-            let down = linear(&["ffn_down"])?;
+            let mlp = Mlp::new(gate_up, linear(&["ffn_down"])?, Activation::Glu(config.act));
             let q_norm = format!("{p}.attn_q_norm.weight");
             let qk_norm = match content.tensor_infos.contains_key(&q_norm) {
                 true => Some((
@@ -717,8 +716,7 @@ impl Llama {
                 o,
                 post_attn_norm,
                 ffn_norm: qt(&format!("{p}.ffn_norm.weight"))?.dequantize(device)?,
-                gate_up,
-                down,
+                mlp,
                 post_ffn_norm,
             });
         }
@@ -807,7 +805,7 @@ impl Llama {
             };
             // Phi-3 fuses q/k/v and gate/up (gate first) in the checkpoint.
             let fused = |name: &str| vb.contains_tensor(&format!("{p}.{name}.weight"));
-            let (attn, mlp) = (format!("{p}.self_attn"), format!("{p}.mlp"));
+            let (attn, ffn) = (format!("{p}.self_attn"), format!("{p}.mlp"));
             blocks.push(Block {
                 attn_norm: norm(&format!("{p}.input_layernorm.weight"))?,
                 qkv: match fused("self_attn.qkv_proj") {
@@ -818,11 +816,14 @@ impl Llama {
                 o: linear(&attn, &["o_proj"])?,
                 post_attn_norm,
                 ffn_norm,
-                gate_up: match fused("mlp.gate_up_proj") {
-                    true => linear(&mlp, &["gate_up_proj"])?,
-                    false => linear(&mlp, &["gate_proj", "up_proj"])?,
-                },
-                down: linear(&mlp, &["down_proj"])?,
+                mlp: Mlp::new(
+                    match fused("mlp.gate_up_proj") {
+                        true => linear(&ffn, &["gate_up_proj"])?,
+                        false => linear(&ffn, &["gate_proj", "up_proj"])?,
+                    },
+                    linear(&ffn, &["down_proj"])?,
+                    Activation::Glu(config.act),
+                ),
                 post_ffn_norm: optional_norm(&format!("{p}.post_feedforward_layernorm.weight"))?,
             });
         }
@@ -852,7 +853,10 @@ impl Llama {
         crate::quant::share_pages(
             blocks
                 .iter_mut()
-                .flat_map(|b| [&mut b.qkv, &mut b.o, &mut b.gate_up, &mut b.down])
+                .flat_map(|b| {
+                    let [up, down] = b.mlp.linears_mut();
+                    [&mut b.qkv, &mut b.o, up, down]
+                })
                 .chain([&mut lm_head])
                 .flat_map(Linear::own_matrices),
         );
@@ -990,10 +994,7 @@ impl Model for Llama {
             let attn = paged_attention(&qkv, cache.layer_mut(i), &meta, dims)?;
             x = elementwise::add(&x, &post_norm(b.o.forward(&attn)?, &b.post_attn_norm)?)?;
             let h = candle_nn::ops::rms_norm(&x, &b.ffn_norm, eps)?;
-            let mlp = b
-                .down
-                .forward(&elementwise::glu(&b.gate_up.forward(&h)?, c.act)?)?;
-            x = elementwise::add(&x, &post_norm(mlp, &b.post_ffn_norm)?)?;
+            x = elementwise::add(&x, &post_norm(b.mlp.forward(&h)?, &b.post_ffn_norm)?)?;
         }
         let hidden = hidden_states(&x, batch, &self.device, |h| {
             candle_nn::ops::rms_norm(h, &self.norm, eps)

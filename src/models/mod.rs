@@ -7,6 +7,7 @@ pub mod embedding;
 pub mod gpt2;
 pub mod linear;
 pub mod llama;
+pub mod mlp;
 pub mod qwen35;
 pub mod rope;
 
