@@ -17,7 +17,7 @@ use super::embedding::Embedding;
 use super::linear::{Linear, WeightSpec};
 use super::mlp::{Activation, Mlp};
 use super::rope::Rope;
-use super::{hidden_states, FlatBatch, Model, ModelInfo, Output};
+use super::{gguf_architecture, hidden_states, FlatBatch, Model, ModelInfo, Output};
 use crate::attention::{self, paged_attention, AttnDims};
 use crate::kv::cache::{KvCache, KvDtype};
 
@@ -152,10 +152,11 @@ fn default_rope_theta() -> f32 {
     10_000.0
 }
 
-/// The GGUF architectures this forward runs (`general.architecture`).
-/// Mistral and TinyLlama files say `llama`.
+/// The GGUF architectures (`general.architecture`) that
+/// [`super::registry`] gives this forward, each read with its own
+/// settings. Mistral and TinyLlama files say `llama`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GgufArch {
+enum GgufArch {
     Llama,
     /// Qwen2 and Qwen2.5: q/k/v biases, RoPE on the halves of each head.
     Qwen2,
@@ -170,37 +171,29 @@ pub enum GgufArch {
     /// Gemma 3: scaled embeddings, q/k norms, norms after attention and
     /// MLP too, GeGLU, and local sliding-window layers between global ones.
     Gemma3,
-    /// Qwen3.5: gated attention and gated-DeltaNet layers, which
-    /// `crate::models::qwen35::Qwen35` runs (not this forward).
-    Qwen35,
 }
 
 impl GgufArch {
-    /// The file's architecture, or an error naming it and what wick runs.
-    pub fn of(content: &gguf_file::Content) -> anyhow::Result<Self> {
-        let arch = content
-            .metadata
-            .get("general.architecture")
-            .and_then(|v| v.to_string().ok())
-            .map_or("", String::as_str);
-        match arch {
-            "llama" => Ok(GgufArch::Llama),
-            "qwen2" => Ok(GgufArch::Qwen2),
-            "qwen3" => Ok(GgufArch::Qwen3),
-            "smollm3" => Ok(GgufArch::SmolLm3),
-            "phi3" => Ok(GgufArch::Phi3),
-            "gemma3" => Ok(GgufArch::Gemma3),
-            "qwen35" => Ok(GgufArch::Qwen35),
-            other => anyhow::bail!(
-                "GGUF architecture {other:?} is not supported; wick runs \"llama\" (Llama 2 and \
-                 3.x, Mistral, TinyLlama), \"qwen2\" (Qwen2, Qwen2.5), \"qwen3\", \
-                 \"smollm3\", \"phi3\" (Phi-3.x, Phi-4-mini), \"gemma3\" and \"qwen35\" \
-                 (Qwen3.5) files"
-            ),
-        }
+    const ALL: [GgufArch; 6] = [
+        GgufArch::Llama,
+        GgufArch::Qwen2,
+        GgufArch::Qwen3,
+        GgufArch::SmolLm3,
+        GgufArch::Phi3,
+        GgufArch::Gemma3,
+    ];
+
+    /// The file's architecture, or an error for one this forward does not
+    /// run.
+    fn of(content: &gguf_file::Content) -> anyhow::Result<Self> {
+        let arch = gguf_architecture(content);
+        Self::ALL
+            .into_iter()
+            .find(|a| a.key_prefix() == arch)
+            .ok_or_else(|| anyhow::anyhow!("GGUF architecture {arch:?} is not a Llama-family one"))
     }
 
-    /// The prefix of its metadata keys.
+    /// Its `general.architecture`, which prefixes its metadata keys.
     fn key_prefix(self) -> &'static str {
         match self {
             GgufArch::Llama => "llama",
@@ -209,7 +202,6 @@ impl GgufArch {
             GgufArch::SmolLm3 => "smollm3",
             GgufArch::Phi3 => "phi3",
             GgufArch::Gemma3 => "gemma3",
-            GgufArch::Qwen35 => "qwen35",
         }
     }
 }
@@ -217,10 +209,6 @@ impl GgufArch {
 impl Config {
     pub fn from_gguf(content: &gguf_file::Content) -> anyhow::Result<Self> {
         let arch = GgufArch::of(content)?;
-        anyhow::ensure!(
-            arch != GgufArch::Qwen35,
-            "a qwen35 file is not a Llama-family model (it loads as Qwen35)"
-        );
         let prefix = arch.key_prefix();
         let md = |key: &str| {
             content
