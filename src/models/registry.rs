@@ -1,8 +1,9 @@
 //! Every architecture wick runs, in one table: the names a family's GGUF
 //! files (`general.architecture`) and Hugging Face checkpoints
 //! (`config.json`'s `model_type`) give it, and the constructor that builds
-//! it from each. The loader dispatches from the table and its refusals list
-//! it. A new family is a row here and its model file.
+//! it from each. The loader dispatches from the table, its refusals list
+//! it, and the docs' table is checked against it (the tests below). A new
+//! family is a row here and its model file.
 //!
 //! The table sits in `models`, not `load`: its constructors take what
 //! `load` has already read (a GGUF's metadata and reader, a checkpoint's
@@ -260,6 +261,78 @@ fn and_list(mut items: Vec<String>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A format's names as the docs write them: quoted as code, or
+    /// `(none)`.
+    fn cell<F>(format: &Option<Format<F>>) -> String {
+        match format {
+            Some(f) => f
+                .names
+                .iter()
+                .map(|n| format!("`{n}`"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            None => "(none)".into(),
+        }
+    }
+
+    /// The cells of each row of the first table after `heading`.
+    fn table_after(text: &str, heading: &str) -> Vec<Vec<String>> {
+        let (_, rest) = text.split_once(heading).expect("heading");
+        rest.lines()
+            .skip_while(|l| !l.starts_with('|'))
+            .take_while(|l| l.starts_with('|'))
+            .skip(2)
+            .map(|l| {
+                let l = l.trim().trim_start_matches('|').trim_end_matches('|');
+                l.split('|').map(|c| c.trim().to_string()).collect()
+            })
+            .collect()
+    }
+
+    /// docs/deploy.md's table of architectures has exactly the registry's
+    /// rows, in its order, and its names.
+    #[test]
+    fn the_docs_table_is_the_registry() {
+        let docs = include_str!("../../docs/deploy.md");
+        let got: Vec<Vec<String>> = table_after(docs, "### Architectures")
+            .into_iter()
+            .map(|row| row[..3].to_vec())
+            .collect();
+        let want: Vec<Vec<String>> = FAMILIES
+            .iter()
+            .map(|f| vec![f.models.to_string(), cell(&f.gguf), cell(&f.hf)])
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    /// The README's table of sources names exactly the registry's GGUF
+    /// architectures and checkpoint `model_type`s.
+    #[test]
+    fn the_readme_names_the_registry() {
+        let readme = include_str!("../../README.md");
+        let rows = table_after(readme, "## Models and formats");
+        let named = |source: &str| -> Vec<String> {
+            let row = rows.iter().find(|r| r[0] == source).expect(source);
+            row[2]
+                .split('`')
+                .skip(1)
+                .step_by(2)
+                .map(String::from)
+                .collect()
+        };
+        let names = |format: fn(&Family) -> Vec<&str>| -> Vec<String> {
+            FAMILIES.iter().flat_map(format).map(String::from).collect()
+        };
+        assert_eq!(
+            named("GGUF file"),
+            names(|f| f.gguf.as_ref().map_or(vec![], |g| g.names.to_vec()))
+        );
+        assert_eq!(
+            named("Hugging Face checkpoint"),
+            names(|f| f.hf.as_ref().map_or(vec![], |h| h.names.to_vec()))
+        );
+    }
 
     #[test]
     fn refusals_list_what_the_table_runs() {
