@@ -12,7 +12,8 @@ use serde_json::json;
 use tokenizers::processors::PostProcessorWrapper;
 
 use crate::load::loader::open_model_gguf;
-use crate::models::llama::{Config, GgufArch};
+use crate::models::gguf_architecture;
+use crate::models::llama::Config;
 use crate::text::tokenizer::Tokenizer;
 
 /// The HF name of a GGUF Llama tensor.
@@ -64,8 +65,9 @@ pub fn export(gguf: &Path, out: &Path) -> Result<()> {
             gguf.display()
         );
     }
-    let (content, mut reader, arch) = open_model_gguf(gguf)?;
-    if arch != GgufArch::Llama {
+    let (content, mut reader, _) = open_model_gguf(gguf)?;
+    let arch = gguf_architecture(&content);
+    if arch != "llama" {
         bail!("export-hf writes Llama checkpoints; this file's architecture is {arch:?}");
     }
     let config = Config::from_gguf(&content)?;

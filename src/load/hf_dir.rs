@@ -13,16 +13,11 @@ use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
 use serde_json::Value;
 
-use crate::models::gpt2::Gpt2;
 use crate::models::linear::WeightSpec;
-use crate::models::llama::Llama;
-use crate::models::qwen35::Qwen35;
+use crate::models::registry;
 use crate::models::Model;
 use crate::text::chat_template::ChatTemplate;
 use crate::text::tokenizer::Tokenizer;
-
-const SUPPORTED: &str =
-    "gemma3_text, gpt2, llama, mistral, phi3, qwen3, qwen3_5, qwen3_5_text and smollm3";
 
 fn read_json(path: &Path) -> Result<Value> {
     let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -84,23 +79,13 @@ pub fn load_model(
         .as_str()
         .unwrap_or_default()
         .to_string();
-    if !matches!(
-        model_type.as_str(),
-        "gemma3_text"
-            | "gpt2"
-            | "llama"
-            | "mistral"
-            | "phi3"
-            | "qwen3"
-            | "qwen3_5"
-            | "qwen3_5_text"
-            | "smollm3"
-    ) {
+    let Some(build) = registry::hf(&model_type) else {
         bail!(
-            "model_type {model_type:?} in {} is not supported; wick runs {SUPPORTED}",
-            config_path.display()
+            "model_type {model_type:?} in {} is not supported; wick runs {}",
+            config_path.display(),
+            registry::hf_supported()
         );
-    }
+    };
     let mut tensors = HashMap::new();
     for file in safetensors_files(dir)? {
         tensors.extend(
@@ -115,13 +100,7 @@ pub fn load_model(
             dir.display()
         ))
     };
-    Ok(match model_type.as_str() {
-        "gpt2" => Box::new(Gpt2::from_safetensors(&config, vb, spec).map_err(with_config)?),
-        "qwen3_5" | "qwen3_5_text" => {
-            Box::new(Qwen35::from_safetensors(&config, vb, spec, context).map_err(with_config)?)
-        }
-        _ => Box::new(Llama::from_safetensors(&config, vb, spec, context).map_err(with_config)?),
-    })
+    build(&config, vb, spec, context).map_err(with_config)
 }
 
 /// A special token as `tokenizer_config.json` writes it: a string or an

@@ -12,9 +12,8 @@ use candle_core::{DType, Device};
 
 use crate::load::hf_dir;
 use crate::models::linear::{WeightFormat, WeightSpec};
-use crate::models::llama::{GgufArch, Llama};
-use crate::models::qwen35::Qwen35;
-use crate::models::Model;
+use crate::models::registry::{self, FromGguf};
+use crate::models::{gguf_architecture, Model};
 use crate::quant::Kernel;
 use crate::text::chat_template::ChatTemplate;
 use crate::text::tokenizer::Tokenizer;
@@ -151,13 +150,19 @@ fn open_gguf(path: &Path) -> anyhow::Result<(gguf_file::Content, BufReader<File>
     }
 }
 
-/// A GGUF file whose architecture wick runs.
+/// A GGUF file whose architecture wick runs, and the constructor for it.
 pub(crate) fn open_model_gguf(
     path: &Path,
-) -> anyhow::Result<(gguf_file::Content, BufReader<File>, GgufArch)> {
+) -> anyhow::Result<(gguf_file::Content, BufReader<File>, FromGguf)> {
     let (content, reader) = open_gguf(path)?;
-    let arch = GgufArch::of(&content)?;
-    Ok((content, reader, arch))
+    let arch = gguf_architecture(&content);
+    let Some(build) = registry::gguf(arch) else {
+        bail!(
+            "GGUF architecture {arch:?} is not supported; wick runs {} files",
+            registry::gguf_supported()
+        );
+    };
+    Ok((content, reader, build))
 }
 
 /// Just the tokenizer, without loading any weights.
@@ -218,7 +223,7 @@ fn load_gguf(path: &Path, options: &LoadOptions, device: &Device) -> anyhow::Res
         .and_then(|s| s.to_str())
         .unwrap_or("model")
         .to_string();
-    let (content, mut reader, arch) = open_model_gguf(path)?;
+    let (content, mut reader, build) = open_model_gguf(path)?;
     let tokenizer =
         Tokenizer::from_gguf(&content).context("building the tokenizer from the GGUF metadata")?;
     let chat_template = match content.metadata.get("tokenizer.chat_template") {
@@ -239,14 +244,14 @@ fn load_gguf(path: &Path, options: &LoadOptions, device: &Device) -> anyhow::Res
         }
         None => None,
     };
-    let (spec, context) = (options.spec(), options.context);
-    let model: anyhow::Result<Box<dyn Model>> = match arch {
-        GgufArch::Qwen35 => Qwen35::from_gguf(&content, &mut reader, spec, context, device)
-            .map(|m| Box::new(m) as Box<dyn Model>),
-        _ => Llama::from_gguf(&content, &mut reader, spec, context, device)
-            .map(|m| Box::new(m) as Box<dyn Model>),
-    };
-    let model = model.context("loading the model weights")?;
+    let model = build(
+        &content,
+        &mut reader,
+        options.spec(),
+        options.context,
+        device,
+    )
+    .context("loading the model weights")?;
     Ok(LoadedModel {
         model,
         tokenizer,

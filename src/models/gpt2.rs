@@ -8,6 +8,7 @@ use serde::Deserialize;
 
 use super::elementwise;
 use super::linear::{Linear, WeightSpec};
+use super::mlp::{Activation, Mlp};
 use super::{hidden_states, FlatBatch, Model, ModelInfo, Output};
 use crate::attention::{self, paged_attention, AttnDims};
 use crate::kv::cache::{KvCache, KvDtype};
@@ -41,14 +42,6 @@ fn default_activation() -> String {
 
 fn yes() -> bool {
     true
-}
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Activation {
-    /// The tanh approximation (`gelu_new`, `gelu_pytorch_tanh`).
-    GeluTanh,
-    /// The exact erf form (`gelu`).
-    GeluErf,
 }
 
 impl Config {
@@ -105,15 +98,13 @@ struct Block {
     qkv: Linear,
     attn_proj: Linear,
     ln_2: LayerNorm,
-    fc: Linear,
-    mlp_proj: Linear,
+    mlp: Mlp,
 }
 
 pub struct Gpt2 {
     config: Config,
     info: ModelInfo,
     device: Device,
-    activation: Activation,
     wte: Tensor,
     wpe: Tensor,
     blocks: Vec<Block>,
@@ -162,8 +153,11 @@ impl Gpt2 {
                     qkv: conv1d(&format!("{p}.attn.c_attn"))?,
                     attn_proj: conv1d(&format!("{p}.attn.c_proj"))?,
                     ln_2: norm(&format!("{p}.ln_2"))?,
-                    fc: conv1d(&format!("{p}.mlp.c_fc"))?,
-                    mlp_proj: conv1d(&format!("{p}.mlp.c_proj"))?,
+                    mlp: Mlp::new(
+                        conv1d(&format!("{p}.mlp.c_fc"))?,
+                        conv1d(&format!("{p}.mlp.c_proj"))?,
+                        activation,
+                    ),
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -182,7 +176,6 @@ impl Gpt2 {
         Ok(Gpt2 {
             info,
             device: vb.device().clone(),
-            activation,
             wte: f32_tensor("wte.weight")?,
             wpe: f32_tensor("wpe.weight")?,
             blocks,
@@ -221,12 +214,7 @@ impl Model for Gpt2 {
             let qkv = b.qkv.forward(&b.ln_1.forward(&x)?)?;
             let attn = paged_attention(&qkv, cache.layer_mut(i), &meta, dims)?;
             x = elementwise::add(&x, &b.attn_proj.forward(&attn)?)?;
-            let h = b.fc.forward(&b.ln_2.forward(&x)?)?;
-            let h = match self.activation {
-                Activation::GeluTanh => h.gelu()?,
-                Activation::GeluErf => h.gelu_erf()?,
-            };
-            x = elementwise::add(&x, &b.mlp_proj.forward(&h)?)?;
+            x = elementwise::add(&x, &b.mlp.forward(&b.ln_2.forward(&x)?)?)?;
         }
         let hidden = hidden_states(&x, batch, &self.device, |h| self.ln_f.forward(h))?;
         if meta.num_logit_rows() == 0 {

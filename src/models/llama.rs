@@ -15,8 +15,9 @@ use serde::Deserialize;
 use super::elementwise::{self, Act};
 use super::embedding::Embedding;
 use super::linear::{Linear, WeightSpec};
+use super::mlp::{Activation, Mlp};
 use super::rope::Rope;
-use super::{hidden_states, FlatBatch, Model, ModelInfo, Output};
+use super::{gguf_architecture, hidden_states, FlatBatch, Model, ModelInfo, Output};
 use crate::attention::{self, paged_attention, AttnDims};
 use crate::kv::cache::{KvCache, KvDtype};
 
@@ -151,10 +152,11 @@ fn default_rope_theta() -> f32 {
     10_000.0
 }
 
-/// The GGUF architectures this forward runs (`general.architecture`).
-/// Mistral and TinyLlama files say `llama`.
+/// The GGUF architectures (`general.architecture`) that
+/// [`super::registry`] gives this forward, each read with its own
+/// settings. Mistral and TinyLlama files say `llama`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GgufArch {
+enum GgufArch {
     Llama,
     /// Qwen2 and Qwen2.5: q/k/v biases, RoPE on the halves of each head.
     Qwen2,
@@ -169,37 +171,29 @@ pub enum GgufArch {
     /// Gemma 3: scaled embeddings, q/k norms, norms after attention and
     /// MLP too, GeGLU, and local sliding-window layers between global ones.
     Gemma3,
-    /// Qwen3.5: gated attention and gated-DeltaNet layers, which
-    /// `crate::models::qwen35::Qwen35` runs (not this forward).
-    Qwen35,
 }
 
 impl GgufArch {
-    /// The file's architecture, or an error naming it and what wick runs.
-    pub fn of(content: &gguf_file::Content) -> anyhow::Result<Self> {
-        let arch = content
-            .metadata
-            .get("general.architecture")
-            .and_then(|v| v.to_string().ok())
-            .map_or("", String::as_str);
-        match arch {
-            "llama" => Ok(GgufArch::Llama),
-            "qwen2" => Ok(GgufArch::Qwen2),
-            "qwen3" => Ok(GgufArch::Qwen3),
-            "smollm3" => Ok(GgufArch::SmolLm3),
-            "phi3" => Ok(GgufArch::Phi3),
-            "gemma3" => Ok(GgufArch::Gemma3),
-            "qwen35" => Ok(GgufArch::Qwen35),
-            other => anyhow::bail!(
-                "GGUF architecture {other:?} is not supported; wick runs \"llama\" (Llama 2 and \
-                 3.x, Mistral, TinyLlama), \"qwen2\" (Qwen2, Qwen2.5), \"qwen3\", \
-                 \"smollm3\", \"phi3\" (Phi-3.x, Phi-4-mini), \"gemma3\" and \"qwen35\" \
-                 (Qwen3.5) files"
-            ),
-        }
+    const ALL: [GgufArch; 6] = [
+        GgufArch::Llama,
+        GgufArch::Qwen2,
+        GgufArch::Qwen3,
+        GgufArch::SmolLm3,
+        GgufArch::Phi3,
+        GgufArch::Gemma3,
+    ];
+
+    /// The file's architecture, or an error for one this forward does not
+    /// run.
+    fn of(content: &gguf_file::Content) -> anyhow::Result<Self> {
+        let arch = gguf_architecture(content);
+        Self::ALL
+            .into_iter()
+            .find(|a| a.key_prefix() == arch)
+            .ok_or_else(|| anyhow::anyhow!("GGUF architecture {arch:?} is not a Llama-family one"))
     }
 
-    /// The prefix of its metadata keys.
+    /// Its `general.architecture`, which prefixes its metadata keys.
     fn key_prefix(self) -> &'static str {
         match self {
             GgufArch::Llama => "llama",
@@ -208,7 +202,6 @@ impl GgufArch {
             GgufArch::SmolLm3 => "smollm3",
             GgufArch::Phi3 => "phi3",
             GgufArch::Gemma3 => "gemma3",
-            GgufArch::Qwen35 => "qwen35",
         }
     }
 }
@@ -216,10 +209,6 @@ impl GgufArch {
 impl Config {
     pub fn from_gguf(content: &gguf_file::Content) -> anyhow::Result<Self> {
         let arch = GgufArch::of(content)?;
-        anyhow::ensure!(
-            arch != GgufArch::Qwen35,
-            "a qwen35 file is not a Llama-family model (it loads as Qwen35)"
-        );
         let prefix = arch.key_prefix();
         let md = |key: &str| {
             content
@@ -569,9 +558,7 @@ struct Block {
     /// Gemma's norms on the attention's and the MLP's outputs.
     post_attn_norm: Option<Tensor>,
     ffn_norm: Tensor,
-    /// gate and up stacked, gate first, as `elementwise::glu` expects.
-    gate_up: Linear,
-    down: Linear,
+    mlp: Mlp,
     post_ffn_norm: Option<Tensor>,
 }
 
@@ -692,7 +679,7 @@ impl Llama {
                 false => linear(&["ffn_up"])?,
             };
             let o = linear(&["attn_output"])?;
-            let down = linear(&["ffn_down"])?;
+            let mlp = Mlp::new(gate_up, linear(&["ffn_down"])?, Activation::Glu(config.act));
             let q_norm = format!("{p}.attn_q_norm.weight");
             let qk_norm = match content.tensor_infos.contains_key(&q_norm) {
                 true => Some((
@@ -717,8 +704,7 @@ impl Llama {
                 o,
                 post_attn_norm,
                 ffn_norm: qt(&format!("{p}.ffn_norm.weight"))?.dequantize(device)?,
-                gate_up,
-                down,
+                mlp,
                 post_ffn_norm,
             });
         }
@@ -807,7 +793,7 @@ impl Llama {
             };
             // Phi-3 fuses q/k/v and gate/up (gate first) in the checkpoint.
             let fused = |name: &str| vb.contains_tensor(&format!("{p}.{name}.weight"));
-            let (attn, mlp) = (format!("{p}.self_attn"), format!("{p}.mlp"));
+            let (attn, ffn) = (format!("{p}.self_attn"), format!("{p}.mlp"));
             blocks.push(Block {
                 attn_norm: norm(&format!("{p}.input_layernorm.weight"))?,
                 qkv: match fused("self_attn.qkv_proj") {
@@ -818,11 +804,14 @@ impl Llama {
                 o: linear(&attn, &["o_proj"])?,
                 post_attn_norm,
                 ffn_norm,
-                gate_up: match fused("mlp.gate_up_proj") {
-                    true => linear(&mlp, &["gate_up_proj"])?,
-                    false => linear(&mlp, &["gate_proj", "up_proj"])?,
-                },
-                down: linear(&mlp, &["down_proj"])?,
+                mlp: Mlp::new(
+                    match fused("mlp.gate_up_proj") {
+                        true => linear(&ffn, &["gate_up_proj"])?,
+                        false => linear(&ffn, &["gate_proj", "up_proj"])?,
+                    },
+                    linear(&ffn, &["down_proj"])?,
+                    Activation::Glu(config.act),
+                ),
                 post_ffn_norm: optional_norm(&format!("{p}.post_feedforward_layernorm.weight"))?,
             });
         }
@@ -852,7 +841,10 @@ impl Llama {
         crate::quant::share_pages(
             blocks
                 .iter_mut()
-                .flat_map(|b| [&mut b.qkv, &mut b.o, &mut b.gate_up, &mut b.down])
+                .flat_map(|b| {
+                    let [up, down] = b.mlp.linears_mut();
+                    [&mut b.qkv, &mut b.o, up, down]
+                })
                 .chain([&mut lm_head])
                 .flat_map(Linear::own_matrices),
         );
@@ -990,10 +982,7 @@ impl Model for Llama {
             let attn = paged_attention(&qkv, cache.layer_mut(i), &meta, dims)?;
             x = elementwise::add(&x, &post_norm(b.o.forward(&attn)?, &b.post_attn_norm)?)?;
             let h = candle_nn::ops::rms_norm(&x, &b.ffn_norm, eps)?;
-            let mlp = b
-                .down
-                .forward(&elementwise::glu(&b.gate_up.forward(&h)?, c.act)?)?;
-            x = elementwise::add(&x, &post_norm(mlp, &b.post_ffn_norm)?)?;
+            x = elementwise::add(&x, &post_norm(b.mlp.forward(&h)?, &b.post_ffn_norm)?)?;
         }
         let hidden = hidden_states(&x, batch, &self.device, |h| {
             candle_nn::ops::rms_norm(h, &self.norm, eps)

@@ -7,9 +7,12 @@ pub mod embedding;
 pub mod gpt2;
 pub mod linear;
 pub mod llama;
+pub mod mlp;
 pub mod qwen35;
+pub mod registry;
 pub mod rope;
 
+use candle_core::quantized::gguf_file;
 use candle_core::{Device, Result, Tensor};
 
 pub use crate::kv::batch::{FlatBatch, LogitRows, SeqSlice};
@@ -50,6 +53,16 @@ impl KvDtype {
             _ => KvDtype::F16,
         }
     }
+}
+
+/// A GGUF file's `general.architecture`, which [`registry`] keys its
+/// families by; empty when the file has none.
+pub fn gguf_architecture(content: &gguf_file::Content) -> &str {
+    content
+        .metadata
+        .get("general.architecture")
+        .and_then(|v| v.to_string().ok())
+        .map_or("", String::as_str)
 }
 
 /// The final norm `norm` of the hidden rows `x` (the residual stream after

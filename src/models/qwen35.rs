@@ -46,6 +46,7 @@ use serde::Deserialize;
 use super::elementwise::{self, Act};
 use super::embedding::Embedding;
 use super::linear::{Linear, WeightSpec};
+use super::mlp::{Activation, Mlp};
 use super::rope::Rope;
 use super::{hidden_states, FlatBatch, Model, ModelInfo, Output, SeqSlice};
 use crate::attention::{self, paged_attention, AttnDims};
@@ -391,8 +392,7 @@ struct Layer {
     input_norm: Tensor,
     mixer: Mixer,
     post_norm: Tensor,
-    gate_up: Linear,
-    down: Linear,
+    mlp: Mlp,
 }
 
 pub struct Qwen35 {
@@ -728,11 +728,14 @@ impl Qwen35 {
                 input_norm: norm(&format!("{p}.input_layernorm.weight"))?,
                 mixer,
                 post_norm: norm(&format!("{p}.post_attention_layernorm.weight"))?,
-                gate_up: dense(&[
-                    format!("{m}.gate_proj.weight"),
-                    format!("{m}.up_proj.weight"),
-                ])?,
-                down: dense(&[format!("{m}.down_proj.weight")])?,
+                mlp: Mlp::new(
+                    dense(&[
+                        format!("{m}.gate_proj.weight"),
+                        format!("{m}.up_proj.weight"),
+                    ])?,
+                    dense(&[format!("{m}.down_proj.weight")])?,
+                    Activation::Glu(Act::Silu),
+                ),
             });
         }
         let embed_name = format!("{root}.embed_tokens.weight");
@@ -870,8 +873,11 @@ impl Qwen35 {
                 input_norm: norm("attn_norm", h)?,
                 post_norm: norm("post_attention_norm", h)?,
                 mixer,
-                gate_up: linear(&["ffn_gate", "ffn_up"])?,
-                down: linear(&["ffn_down"])?,
+                mlp: Mlp::new(
+                    linear(&["ffn_gate", "ffn_up"])?,
+                    linear(&["ffn_down"])?,
+                    Activation::Glu(Act::Silu),
+                ),
             });
         }
         let norm = Tensor::from_vec(
@@ -933,7 +939,7 @@ impl Qwen35 {
                         Mixer::Full(a) => vec![&mut a.qkvg, &mut a.o],
                         Mixer::Linear(a) => vec![&mut a.in_proj, &mut a.out_proj],
                     };
-                    mixer.into_iter().chain([&mut l.gate_up, &mut l.down])
+                    mixer.into_iter().chain(l.mlp.linears_mut())
                 })
                 .chain([&mut lm_head])
                 .flat_map(Linear::own_matrices),
@@ -1039,10 +1045,7 @@ impl Model for Qwen35 {
             };
             x = elementwise::add(&x, &mixed)?;
             let h = candle_nn::ops::rms_norm(&x, &l.post_norm, eps)?;
-            let mlp = l
-                .down
-                .forward(&elementwise::glu(&l.gate_up.forward(&h)?, Act::Silu)?)?;
-            x = elementwise::add(&x, &mlp)?;
+            x = elementwise::add(&x, &l.mlp.forward(&h)?)?;
         }
         for (&slot, state) in slots.iter().zip(states) {
             store.put(slot, state);
