@@ -789,6 +789,7 @@ impl IntoResponse for AnthropicError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::StatusCode;
 
     fn prompt_of(req: &MessagesRequest) -> Prompt<'_> {
         Prompt {
