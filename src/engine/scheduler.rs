@@ -395,10 +395,10 @@ impl Scheduler {
     /// Each row of `plan` with its sequence, for the stages between
     /// [`Scheduler::schedule`] and [`Scheduler::update`] to draft and
     /// sample with (its sampler and grammar).
-    pub fn rows<'a, R: Borrow<RowPlan>>(
-        &'a mut self,
+    pub fn rows<R: Borrow<RowPlan>>(
+        &mut self,
         rows: impl IntoIterator<Item = R>,
-    ) -> Vec<(R, &'a mut Sequence)> {
+    ) -> Vec<(R, &mut Sequence)> {
         step_plan::pair(rows, &mut self.running)
     }
 

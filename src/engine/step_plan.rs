@@ -146,10 +146,10 @@ impl StepPlan {
 
 /// Pairs each of `rows` with its sequence among `running`; rows are in
 /// slot order, as the scheduler plans them.
-pub fn pair<'a, R: Borrow<RowPlan>>(
+pub fn pair<R: Borrow<RowPlan>>(
     rows: impl IntoIterator<Item = R>,
-    running: &'a mut [Sequence],
-) -> Vec<(R, &'a mut Sequence)> {
+    running: &mut [Sequence],
+) -> Vec<(R, &mut Sequence)> {
     let mut seqs = running.iter_mut().enumerate();
     rows.into_iter()
         .filter_map(|row| {
