@@ -3,6 +3,16 @@
 
 use thiserror::Error;
 
+/// What a caught panic says: its message, for the log or the error it
+/// becomes.
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("unknown panic")
+}
+
 #[derive(Debug, Error)]
 pub enum WickError {
     /// The request itself is wrong (bad parameter, token out of vocabulary...).

@@ -492,8 +492,9 @@ impl Engine {
                 || runner.execute(&plan, &batch),
                 || sample::grammar_masks(&mut rows),
             );
-            let sample = |(logits, hidden)| sample::sample(rows, logits, hidden, masks);
-            let outputs = out.rows.map(|rows| rayon::scope(|_| sample(rows)));
+            let outputs = (out.rows).map(|(logits, hidden)| {
+                rayon::scope(|_| sample::sample(rows, logits, hidden, masks))
+            });
             self.scheduler.note_forward(out.took);
             events = self.scheduler.update(&plan, outputs, &self.eos_ids);
         }

@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 use candle_core::Tensor;
 
 use crate::engine::step_plan::StepPlan;
+use crate::error::panic_message;
 use crate::kv::cache::KvCache;
 use crate::models::{FlatBatch, Model};
-use crate::sampling::argmax::argmax;
-use crate::sampling::argmax::argmax_rows;
+use crate::sampling::argmax::{argmax, argmax_rows};
 
 /// One `Vec<f32>` per row.
 pub type Rows = Vec<Vec<f32>>;
@@ -75,14 +75,10 @@ impl ModelRunner {
         let rows = match result {
             Ok(Ok(rows)) => Ok(rows),
             Ok(Err(e)) => Err(e.to_string()),
-            Err(panic) => {
-                let msg = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_else(|| "unknown panic".to_string());
-                Err(format!("model step panicked: {msg}"))
-            }
+            Err(panic) => Err(format!(
+                "model step panicked: {}",
+                panic_message(panic.as_ref())
+            )),
         };
         RunnerOutput {
             rows,

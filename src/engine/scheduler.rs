@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 
 use crate::engine::block_manager::BlockManager;
 use crate::engine::mask_budget::MaskBudget;
+use crate::engine::pooling::Pool;
 use crate::engine::sequence::{FinishReason, SeqId, Sequence, StepEvent};
 use crate::engine::speculation::{
     self, DraftRun, DraftTally, Offered, Speculation, PRIOR_FIXED_COST_IN_TOKENS,
@@ -640,7 +641,7 @@ impl Scheduler {
                 // first) may end the prompt.
                 if row.ends {
                     events.push(StepEvent {
-                        embedding: Some(pool.clone().finish()),
+                        embedding: seq.pool.take().map(Pool::finish),
                         ..StepEvent::ended(seq.id, FinishReason::Stop)
                     });
                     retired.push(row.slot);

@@ -151,11 +151,7 @@ fn log_failure(class: ServerErrorsFailureClass, latency: Duration, _span: &traci
 
 /// A panicking handler fails its own request with a 500, never the server.
 fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> axum::response::Response {
-    let detail = panic
-        .downcast_ref::<String>()
-        .map(String::as_str)
-        .or_else(|| panic.downcast_ref::<&str>().copied())
-        .unwrap_or("unknown panic");
+    let detail = crate::error::panic_message(panic.as_ref());
     tracing::error!("handler panicked: {detail}");
     ApiError::internal("internal error while handling the request").into_response()
 }

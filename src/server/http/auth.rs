@@ -8,7 +8,8 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
+use axum::extract::{FromRequestParts, Request, State};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -16,10 +17,18 @@ use subtle::{ConditionallySelectable, ConstantTimeEq};
 
 use crate::server::error::ApiError;
 
-/// Which API key a request carried: its index of the API key its request carried
-/// (0 on a server without keys).
+/// Which API key a request carried: its index among the keys (0 on a
+/// server without keys). A handler takes it as an extractor.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Owner(pub usize);
+
+impl<S: Send + Sync> FromRequestParts<S> for Owner {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(parts.extensions.get::<Owner>().copied().unwrap_or_default())
+    }
+}
 
 #[derive(Clone)]
 pub struct ApiKeys(Arc<Vec<Vec<u8>>>);

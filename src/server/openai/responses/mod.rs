@@ -263,10 +263,9 @@ pub async fn create_response(
     State(state): State<Arc<AppState>>,
     Extension(kept): Extension<Kept>,
     Extension(access): Extension<AccessRecord>,
-    owner: Option<Extension<Owner>>,
+    owner: Owner,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let owner = owner.map(|o| o.0).unwrap_or_default();
     let (mut parts, body) = request.into_parts();
     let JsonBody(req) = JsonBody::<ResponsesRequest>::from_request(
         Request::from_parts(parts.clone(), body),
@@ -382,12 +381,11 @@ pub async fn create_response(
 /// kept as (however large, no work on the async workers).
 pub async fn retrieve(
     Extension(kept): Extension<Kept>,
-    owner: Option<Extension<Owner>>,
+    owner: Owner,
     Path(id): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     refuse_query(query.as_deref())?;
-    let owner = owner.map(|o| o.0).unwrap_or_default();
     let stored = kept.lock().get(owner, &id, Instant::now());
     let stored = stored.ok_or_else(|| not_found(&id, None))?;
     Ok(json_response(stored.response))
@@ -396,10 +394,9 @@ pub async fn retrieve(
 /// `DELETE /v1/responses/{id}`: forgets a kept response.
 pub async fn delete(
     Extension(kept): Extension<Kept>,
-    owner: Option<Extension<Owner>>,
+    owner: Owner,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let owner = owner.map(|o| o.0).unwrap_or_default();
     if !kept.lock().remove(owner, &id) {
         return Err(not_found(&id, None));
     }
