@@ -47,9 +47,9 @@ pub fn write_and_attend(
     // `write_and_attend_into` has written all `n` elements. The attend
     // launch has a block for every (row, KV head, subgroup), each writing
     // all `head_dim` values of its query heads, which cover heads
-    // `0..num_heads` when `num_heads` is a multiple of `num_kv_heads` (as
-    // every model's config has it; `AttnDims::group` assumes the same, and
-    // nothing checks it). With one part the attend launch writes the
+    // `0..num_heads` as `num_heads` is a multiple of `num_kv_heads`
+    // (`ModelInfo::check_heads`, which `Engine::new` runs on every model
+    // it serves; `AttnDims::group` relies on it too). With one part the attend launch writes the
     // output, else `paged_combine` writes every (row, head, value) of it.
     // The kernel's test poisons the output to catch a missed element. On
     // an error `out` is dropped unread.

@@ -174,6 +174,7 @@ pub struct Engine {
 impl Engine {
     pub fn new(model: Box<dyn Model>, eos_ids: Vec<u32>, cfg: &EngineConfig) -> Result<Self> {
         let info = model.info().clone();
+        info.check_heads().map_err(WickError::Model)?;
         let kv_dtype = cfg.kv_dtype.unwrap_or(info.kv_dtype);
         let budget = kv_budget(model.as_ref(), cfg)?;
         // A hybrid model's recurrent-state slots come out of the same
@@ -345,6 +346,7 @@ impl Engine {
         kv_cache_bytes: usize,
     ) -> Result<Self> {
         let (target, info) = (self.runner.model().info(), draft.info().clone());
+        info.check_heads().map_err(WickError::Model)?;
         if info.vocab_size != target.vocab_size {
             return Err(WickError::Model(format!(
                 "the draft model's vocabulary ({} tokens) is not the model's ({}): it must share \

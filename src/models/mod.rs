@@ -36,6 +36,22 @@ pub struct ModelInfo {
     pub sliding_window: Option<usize>,
 }
 
+impl ModelInfo {
+    /// Refuses heads the attention kernels cannot group: each K/V head
+    /// serves `num_heads / num_kv_heads` query heads, so the one must be a
+    /// multiple of the other (a malformed file is the only way it is not).
+    pub fn check_heads(&self) -> std::result::Result<(), String> {
+        if self.num_kv_heads == 0 || self.num_heads % self.num_kv_heads != 0 {
+            return Err(format!(
+                "the model has {} attention heads and {} K/V heads: the first must be a \
+                 multiple of the second",
+                self.num_heads, self.num_kv_heads
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// What a forward hands back.
 pub struct Output {
     /// `[n, vocab]` f32 logits of [`FlatBatch::logit_rows`], in that order.
@@ -97,5 +113,33 @@ pub trait Model: Send {
     /// [`Model::forward_all`]'s logits alone.
     fn forward(&self, batch: &FlatBatch, cache: &mut KvCache) -> Result<Tensor> {
         Ok(self.forward_all(batch, cache)?.logits)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(num_heads: usize, num_kv_heads: usize) -> ModelInfo {
+        ModelInfo {
+            num_layers: 2,
+            num_heads,
+            num_kv_heads,
+            head_dim: 64,
+            vocab_size: 100,
+            max_context: 128,
+            kv_dtype: KvDtype::F32,
+            window_layers: Vec::new(),
+            sliding_window: None,
+        }
+    }
+
+    #[test]
+    fn query_heads_must_group_evenly_over_kv_heads() {
+        assert!(info(32, 8).check_heads().is_ok());
+        assert!(info(9, 9).check_heads().is_ok());
+        let e = info(10, 4).check_heads().unwrap_err();
+        assert!(e.contains("10 attention heads and 4 K/V heads"), "{e}");
+        assert!(info(8, 0).check_heads().is_err());
     }
 }
