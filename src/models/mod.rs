@@ -41,7 +41,7 @@ impl ModelInfo {
     /// serves `num_heads / num_kv_heads` query heads, so the one must be a
     /// multiple of the other (a malformed file is the only way it is not).
     pub fn check_heads(&self) -> std::result::Result<(), String> {
-        if self.num_kv_heads == 0 || self.num_heads % self.num_kv_heads != 0 {
+        if self.num_kv_heads == 0 || !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return Err(format!(
                 "the model has {} attention heads and {} K/V heads: the first must be a \
                  multiple of the second",
