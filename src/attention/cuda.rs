@@ -225,7 +225,7 @@ impl Step<'_> {
         //   `paged_attention`, its rows the step's tokens by construction:
         //   the model projects `meta.tokens_t()`), and
         //   `v_at + kv_dim == qkv_width`.
-        // - `meta[slots + r]` lies in the slots section `StepMeta::new` packed
+        // - `meta[slots + r]` lies in the slots section `MetaBuffers::pack` packed
         //   with one entry per row (the window pool's section for a window
         //   layer, which falls back to the global one only when no sequence
         //   has a window table, i.e. the layer's pool is not split).
@@ -309,7 +309,7 @@ impl Step<'_> {
         // `part_acc` through shared references: `out` was just allocated
         // (or is the caller's to give, as in the kernel test) and the part
         // buffers are this function's. What it trusts, all from
-        // `StepMeta::new` (`pack_kernel`) for this very batch:
+        // `MetaBuffers::pack` (`pack_kernel`) for this very batch:
         // - `meta[row_seq + r]` is row `r`'s sequence `i < seqs.len()`, and
         //   `meta[seqs + SEQ_FIELDS * i ..]` its descriptor: the sequences
         //   cover the rows in order (`FlatBatch`), so `start <= r < start +

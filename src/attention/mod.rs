@@ -14,28 +14,24 @@ use candle_core::{DType, Device, Result, Storage, Tensor};
 
 use crate::kv::batch::{FlatBatch, SeqSlice};
 use crate::kv::cache::{HostPool, KvCache, KvLayout, LayerCache};
-use crate::kv::step_meta::StepMeta;
+use crate::kv::step_meta::{MetaBuffers, StepMeta};
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod host;
 mod split;
 
-/// `batch`'s metadata packed for what reads `cache` on `device`: the host
-/// kernel, the CUDA kernel, or the candle-op fallback.
+/// `batch`'s metadata packed into `bufs` for what reads `cache` on
+/// `device`: the host kernel, the CUDA kernel, or the candle-op fallback.
 pub fn step_meta<'a>(
+    bufs: &'a mut MetaBuffers,
     batch: &'a FlatBatch,
     cache: &KvCache,
     window: Option<usize>,
     device: &Device,
 ) -> Result<StepMeta<'a>> {
-    StepMeta::new(
-        batch,
-        cache,
-        window,
-        device,
-        has_kernel(cache.layout(), device),
-    )
+    let kernel = has_kernel(cache.layout(), device);
+    bufs.pack(batch, cache, window, device, kernel)
 }
 
 /// Whether a tensor pool of `layout` on `device` is read by the CUDA kernel
@@ -461,6 +457,7 @@ mod tests {
             // Step 2: the rest (a 4-row chunk and a decode row).
             let (c0, c1) = (lens[0] - 4, lens[1] - 1);
             let mut got = [Vec::new(), Vec::new()];
+            let mut bufs = MetaBuffers::default();
             for split in [[(0, c0), (0, c1)], [(c0, lens[0]), (c1, lens[1])]] {
                 let mut batch = FlatBatch::default();
                 let (mut qs, mut ks, mut vs) = (Vec::new(), Vec::new(), Vec::new());
@@ -474,7 +471,7 @@ mod tests {
                 }
                 let cat = |xs: &[Tensor]| Tensor::cat(xs, 0).unwrap();
                 let qkv = Tensor::cat(&[cat(&qs), cat(&ks), cat(&vs)], 1).unwrap();
-                let meta = step_meta(&batch, &cache, window, &Device::Cpu).unwrap();
+                let meta = step_meta(&mut bufs, &batch, &cache, window, &Device::Cpu).unwrap();
                 let out = paged_attention(&qkv, cache.layer_mut(0), &meta, dims).unwrap();
                 for (si, s) in batch.seqs.iter().enumerate() {
                     got[si].push(out.narrow(0, s.start, s.len).unwrap());

@@ -6,9 +6,11 @@ use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
 
+use crate::attention;
 use crate::engine::step_plan::StepPlan;
 use crate::error::panic_message;
 use crate::kv::cache::KvCache;
+use crate::kv::step_meta::MetaBuffers;
 use crate::models::{FlatBatch, Model};
 use crate::sampling::argmax::{argmax, argmax_rows};
 
@@ -44,6 +46,8 @@ pub struct RunnerOutput {
 pub struct ModelRunner {
     model: Box<dyn Model>,
     cache: KvCache,
+    /// Each step's metadata, packed into the same buffers step after step.
+    meta: MetaBuffers,
     /// Pick argmax rows where the logits are (any device but the CPU, or
     /// the CPU taking the devices' path), rather than bringing them back.
     pick_on_device: bool,
@@ -55,6 +59,7 @@ impl ModelRunner {
         ModelRunner {
             model,
             cache,
+            meta: MetaBuffers::default(),
             pick_on_device,
         }
     }
@@ -94,7 +99,10 @@ impl ModelRunner {
         batch: &FlatBatch,
         argmax: &[bool],
     ) -> candle_core::Result<(Vec<LogitRow>, Rows)> {
-        let out = self.model.forward_all(batch, &mut self.cache)?;
+        let (model, cache) = (self.model.as_ref(), &mut self.cache);
+        let window = model.info().sliding_window;
+        let meta = attention::step_meta(&mut self.meta, batch, cache, window, model.device())?;
+        let out = model.forward_all(&meta, cache)?;
         let hidden = match out.hidden {
             Some(h) => h.to_vec2::<f32>()?,
             None => Vec::new(),

@@ -80,49 +80,70 @@ struct SeqViews {
     window_mask: Option<usize>,
 }
 
-pub struct StepMeta<'a> {
-    batch: &'a FlatBatch,
+/// The step's packed metadata on the host, kept by the runner from step to
+/// step: each step refills the same vectors, so a steady load allocates
+/// none of them again (the upload itself still lands in a fresh device
+/// buffer; fixed device addresses are CUDA graphs' business).
+#[derive(Debug, Default)]
+pub struct MetaBuffers {
     host: Vec<u32>,
-    at: Sections,
     views: Vec<SeqViews>,
-    /// `host` on the model's device.
-    packed: Tensor,
-    masks: Option<Tensor>,
+    masks: Vec<f32>,
 }
 
-impl<'a> StepMeta<'a> {
+impl MetaBuffers {
     /// Packs `batch` for `cache` and uploads it to `device`: one copy, plus
     /// one for the masks if any.
     /// `window`: the model's sliding window, if some layers have one;
     /// `kernel`: whether a tensor pool is read by the CUDA kernel (else by
     /// the candle-op fallback), as attention decides (`attention::step_meta`).
-    pub fn new(
+    pub fn pack<'a>(
+        &'a mut self,
         batch: &'a FlatBatch,
         cache: &KvCache,
         window: Option<usize>,
         device: &Device,
         kernel: bool,
-    ) -> Result<Self> {
+    ) -> Result<StepMeta<'a>> {
         let reads = match cache.on_host() {
             true => Reads::Host,
             false if kernel => Reads::Kernel,
             false => Reads::Gather,
         };
         let block_size = cache.layout().block_size;
-        let (host, at, views, masks) = pack(batch, block_size, reads, window);
-        let packed = Tensor::new(host.as_slice(), device)?;
-        let masks = match masks.len() {
+        let at = pack(batch, block_size, reads, window, self);
+        let packed = Tensor::new(self.host.as_slice(), device)?;
+        let masks = match self.masks.len() {
             0 => None,
-            n => Some(Tensor::from_vec(masks, n, device)?),
+            n => Some(Tensor::from_slice(&self.masks, n, device)?),
         };
         Ok(StepMeta {
             batch,
-            host,
+            host: &self.host,
             at,
-            views,
+            views: &self.views,
             packed,
             masks,
         })
+    }
+}
+
+/// One step's metadata: views into the packed buffer, on the host and on
+/// the model's device.
+pub struct StepMeta<'a> {
+    batch: &'a FlatBatch,
+    host: &'a [u32],
+    at: Sections,
+    views: &'a [SeqViews],
+    /// `host` on the model's device.
+    packed: Tensor,
+    masks: Option<Tensor>,
+}
+
+impl<'a> StepMeta<'a> {
+    /// The batch it was packed from.
+    pub fn batch(&self) -> &'a FlatBatch {
+        self.batch
     }
 
     pub fn seqs(&self) -> &[SeqSlice] {
@@ -229,17 +250,22 @@ fn window_slot(s: &SeqSlice, block_size: usize, p: usize) -> u32 {
     }
 }
 
-/// The packed `u32` buffer, its sections, and for [`Reads::Gather`] each
-/// sequence's gather slots and the masks of its prompt chunks.
+/// Refills `bufs` with the packed `u32` buffer and, for [`Reads::Gather`],
+/// each sequence's gather slots and the masks of its prompt chunks;
+/// returns the buffer's sections.
 fn pack(
     batch: &FlatBatch,
     block_size: usize,
     reads: Reads,
     window: Option<usize>,
-) -> (Vec<u32>, Sections, Vec<SeqViews>, Vec<f32>) {
+    bufs: &mut MetaBuffers,
+) -> Sections {
     let t = batch.tokens.len();
     let windowed = reads != Reads::Host && batch.seqs.iter().any(|s| !s.window_table.is_empty());
-    let mut host = Vec::new();
+    let MetaBuffers { host, views, masks } = bufs;
+    host.clear();
+    views.clear();
+    masks.clear();
     host.extend_from_slice(&batch.tokens);
     host.extend_from_slice(&batch.positions);
     for s in &batch.seqs {
@@ -264,17 +290,13 @@ fn pack(
         kernel: None,
         end: 0,
     };
-    let mut views = Vec::new();
-    let mut masks = Vec::new();
     match reads {
         Reads::Host => {}
-        Reads::Kernel => at.kernel = Some(pack_kernel(batch, &mut host, &at)),
-        Reads::Gather => {
-            views = pack_gathers(batch, block_size, window, &mut host, &mut masks, at.reads);
-        }
+        Reads::Kernel => at.kernel = Some(pack_kernel(batch, host, &at)),
+        Reads::Gather => pack_gathers(batch, block_size, window, host, views, masks, at.reads),
     }
     at.end = host.len();
-    (host, at, views, masks)
+    at
 }
 
 /// The CUDA kernel's sections: descriptors, each row's sequence, then the
@@ -326,11 +348,11 @@ fn pack_gathers(
     block_size: usize,
     window: Option<usize>,
     host: &mut Vec<u32>,
+    views: &mut Vec<SeqViews>,
     masks: &mut Vec<f32>,
     reads: usize,
-) -> Vec<SeqViews> {
+) {
     let windowed = batch.seqs.iter().any(|s| !s.window_table.is_empty());
-    let mut views = Vec::with_capacity(batch.seqs.len());
     for s in &batch.seqs {
         let gather = host.len() - reads;
         host.extend((0..s.context_len()).map(|p| slot(&s.block_table, block_size, p)));
@@ -363,7 +385,6 @@ fn pack_gathers(
             window_mask,
         });
     }
-    views
 }
 
 #[cfg(test)]
@@ -404,7 +425,10 @@ mod tests {
     #[test]
     fn sections_hold_the_batch() {
         let b = batch();
-        let m = StepMeta::new(&b, &cache(4, false), None, &Device::Cpu, false).unwrap();
+        let mut bufs = MetaBuffers::default();
+        let m = bufs
+            .pack(&b, &cache(4, false), None, &Device::Cpu, false)
+            .unwrap();
         assert_eq!(m.tokens(), &[109, 204, 205, 206]);
         assert_eq!(m.positions(), &[9, 4, 5, 6]);
         // Position 9 is block 2 (id 7), offset 1; 4..7 are block 1 (id 3).
@@ -417,7 +441,10 @@ mod tests {
     #[test]
     fn each_sequence_gathers_its_whole_context() {
         let b = batch();
-        let m = StepMeta::new(&b, &cache(4, false), None, &Device::Cpu, false).unwrap();
+        let mut bufs = MetaBuffers::default();
+        let m = bufs
+            .pack(&b, &cache(4, false), None, &Device::Cpu, false)
+            .unwrap();
         let want0: Vec<u32> = [20, 21, 22, 23, 8, 9, 10, 11, 28, 29].into();
         assert_eq!(to_vec(m.gather_t(0, false).unwrap()), want0);
         assert_eq!(
@@ -429,7 +456,10 @@ mod tests {
     #[test]
     fn only_prompt_chunks_carry_a_causal_mask() {
         let b = batch();
-        let m = StepMeta::new(&b, &cache(4, false), None, &Device::Cpu, false).unwrap();
+        let mut bufs = MetaBuffers::default();
+        let m = bufs
+            .pack(&b, &cache(4, false), None, &Device::Cpu, false)
+            .unwrap();
         assert!(m.mask_t(0, false).unwrap().is_none());
         let mask = m.mask_t(1, false).unwrap().unwrap();
         assert_eq!(mask.dims(), &[1, 3, 7]);
@@ -449,10 +479,35 @@ mod tests {
             let toks: Vec<u32> = (0..5).collect();
             b.push(&toks, 4..5, vec![i], LogitRows::Last);
         }
-        let m = StepMeta::new(&b, &cache(8, false), None, &Device::Cpu, false).unwrap();
+        let mut bufs = MetaBuffers::default();
+        let m = bufs
+            .pack(&b, &cache(8, false), None, &Device::Cpu, false)
+            .unwrap();
         assert!(m.masks.is_none());
         assert_eq!(to_vec(m.slots_t(false).unwrap()), vec![4, 12, 20]);
         assert_eq!(m.host.len(), 3 * 3 + 3 + 3 * 5);
+    }
+
+    /// The runner's buffers serve step after step: a decode step packed
+    /// after a prompt chunk keeps none of the chunk's gathers or masks.
+    #[test]
+    fn reused_buffers_hold_only_the_latest_step() {
+        let mut bufs = MetaBuffers::default();
+        let chunk = batch();
+        let pool = cache(4, false);
+        let m = bufs.pack(&chunk, &pool, None, &Device::Cpu, false).unwrap();
+        assert!(m.mask_t(1, false).unwrap().is_some());
+        let mut decode = FlatBatch::default();
+        let toks: Vec<u32> = (0..3).collect();
+        decode.push(&toks, 2..3, vec![6], LogitRows::Last);
+        let m = bufs
+            .pack(&decode, &pool, None, &Device::Cpu, false)
+            .unwrap();
+        assert!(m.masks.is_none() && m.views.len() == 1);
+        assert_eq!(m.tokens(), &[2]);
+        assert_eq!(to_vec(m.slots_t(false).unwrap()), vec![26]);
+        assert_eq!(to_vec(m.gather_t(0, false).unwrap()), vec![24, 25, 26]);
+        assert_eq!(m.host.len(), 3 + 1 + 3);
     }
 
     /// Sliding-window layers: their own slots and gathers from the window
@@ -464,7 +519,10 @@ mod tests {
         let mut b = batch();
         b.seqs[0].window_table = vec![FREED, 4, 6];
         b.seqs[1].window_table = vec![0, 1];
-        let m = StepMeta::new(&b, &cache(4, false), Some(3), &Device::Cpu, false).unwrap();
+        let mut bufs = MetaBuffers::default();
+        let m = bufs
+            .pack(&b, &cache(4, false), Some(3), &Device::Cpu, false)
+            .unwrap();
         assert_eq!(to_vec(m.slots_t(true).unwrap()), vec![25, 4, 5, 6]);
         assert_eq!(to_vec(m.slots_t(false).unwrap()), vec![29, 12, 13, 14]);
         let want0: Vec<u32> = [0, 0, 0, 0, 16, 17, 18, 19, 24, 25].into();
@@ -496,8 +554,10 @@ mod tests {
         let mut b = batch();
         b.seqs[0].window_table = vec![FREED, 4, 6];
         b.seqs[1].window_table = vec![0, 1];
-        let (host, at, views, masks) = pack(&b, 4, Reads::Kernel, Some(3));
-        assert!(views.is_empty() && masks.is_empty());
+        let mut bufs = MetaBuffers::default();
+        let at = pack(&b, 4, Reads::Kernel, Some(3), &mut bufs);
+        assert!(bufs.views.is_empty() && bufs.masks.is_empty());
+        let host = &bufs.host;
         let k = at.kernel.unwrap();
         assert_eq!(at.end, host.len());
         // Sections as the accessors see them.
@@ -528,7 +588,8 @@ mod tests {
         assert_eq!(keys(1, WINDOW_TABLE_FIELD, 3), vec![2, 3, 4]);
         // A sequence without a window table reads its block table there.
         let b = batch();
-        let (host, at, _, _) = pack(&b, 4, Reads::Kernel, None);
+        let at = pack(&b, 4, Reads::Kernel, None, &mut bufs);
+        let host = &bufs.host;
         let k = at.kernel.unwrap();
         for s in 0..2 {
             let seq = &host[k.seqs + SEQ_FIELDS * s..];
@@ -540,7 +601,10 @@ mod tests {
     #[test]
     fn a_host_pool_gets_no_gather_slots_or_masks() {
         let b = batch();
-        let m = StepMeta::new(&b, &cache(4, true), None, &Device::Cpu, false).unwrap();
+        let mut bufs = MetaBuffers::default();
+        let m = bufs
+            .pack(&b, &cache(4, true), None, &Device::Cpu, false)
+            .unwrap();
         assert_eq!(to_vec(m.slots_t(false).unwrap()), vec![29, 12, 13, 14]);
         assert_eq!(m.host.len(), 3 * 4 + 4);
         assert!(m.masks.is_none() && m.gather_t(0, false).is_err());

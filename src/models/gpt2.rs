@@ -9,9 +9,10 @@ use serde::Deserialize;
 use super::elementwise;
 use super::linear::{Linear, WeightSpec};
 use super::mlp::{Activation, Mlp};
-use super::{hidden_states, FlatBatch, Model, ModelInfo, Output};
-use crate::attention::{self, paged_attention, AttnDims};
+use super::{hidden_states, Model, ModelInfo, Output};
+use crate::attention::{paged_attention, AttnDims};
 use crate::kv::cache::{KvCache, KvDtype};
+use crate::kv::step_meta::StepMeta;
 
 /// The fields of a Hugging Face GPT-2 `config.json` that wick reads.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -199,7 +200,8 @@ impl Model for Gpt2 {
         &self.device
     }
 
-    fn forward_all(&self, batch: &FlatBatch, cache: &mut KvCache) -> Result<Output> {
+    fn forward_all(&self, meta: &StepMeta, cache: &mut KvCache) -> Result<Output> {
+        let batch = meta.batch();
         let dims = AttnDims {
             num_heads: self.config.n_head,
             num_kv_heads: self.config.n_head,
@@ -207,12 +209,11 @@ impl Model for Gpt2 {
             block_size: cache.layout().block_size,
             window: None,
         };
-        let meta = attention::step_meta(batch, cache, None, &self.device)?;
         let mut x = (self.wte.index_select(&meta.tokens_t()?, 0)?
             + self.wpe.index_select(&meta.positions_t()?, 0)?)?;
         for (i, b) in self.blocks.iter().enumerate() {
             let qkv = b.qkv.forward(&b.ln_1.forward(&x)?)?;
-            let attn = paged_attention(&qkv, cache.layer_mut(i), &meta, dims)?;
+            let attn = paged_attention(&qkv, cache.layer_mut(i), meta, dims)?;
             x = elementwise::add(&x, &b.attn_proj.forward(&attn)?)?;
             x = elementwise::add(&x, &b.mlp.forward(&b.ln_2.forward(&x)?)?)?;
         }

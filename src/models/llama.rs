@@ -17,9 +17,10 @@ use super::embedding::Embedding;
 use super::linear::{Linear, WeightSpec};
 use super::mlp::{Activation, Mlp};
 use super::rope::Rope;
-use super::{gguf_architecture, hidden_states, FlatBatch, Model, ModelInfo, Output};
-use crate::attention::{self, paged_attention, AttnDims};
+use super::{gguf_architecture, hidden_states, Model, ModelInfo, Output};
+use crate::attention::{paged_attention, AttnDims};
 use crate::kv::cache::{KvCache, KvDtype};
+use crate::kv::step_meta::StepMeta;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -938,7 +939,8 @@ impl Model for Llama {
         &self.device
     }
 
-    fn forward_all(&self, batch: &FlatBatch, cache: &mut KvCache) -> Result<Output> {
+    fn forward_all(&self, meta: &StepMeta, cache: &mut KvCache) -> Result<Output> {
+        let batch = meta.batch();
         let c = &self.config;
         let (hd, nh, nkv) = (c.head_dim, c.num_heads, c.num_kv_heads);
         let dims = AttnDims {
@@ -948,7 +950,6 @@ impl Model for Llama {
             block_size: cache.layout().block_size,
             window: None,
         };
-        let meta = attention::step_meta(batch, cache, c.sliding_window, &self.device)?;
         let positions = meta.positions_t()?;
         let mut x = self.embed.forward(meta.tokens(), &meta.tokens_t()?)?;
         if let Some(scale) = c.embed_scale {
@@ -979,7 +980,7 @@ impl Model for Llama {
                 window: c.sliding_window.filter(|_| local),
                 ..dims
             };
-            let attn = paged_attention(&qkv, cache.layer_mut(i), &meta, dims)?;
+            let attn = paged_attention(&qkv, cache.layer_mut(i), meta, dims)?;
             x = elementwise::add(&x, &post_norm(b.o.forward(&attn)?, &b.post_attn_norm)?)?;
             let h = candle_nn::ops::rms_norm(&x, &b.ffn_norm, eps)?;
             x = elementwise::add(&x, &post_norm(b.mlp.forward(&h)?, &b.post_ffn_norm)?)?;

@@ -15,8 +15,10 @@ pub mod rope;
 use candle_core::quantized::gguf_file;
 use candle_core::{Device, Result, Tensor};
 
+use crate::attention;
 pub use crate::kv::batch::{FlatBatch, LogitRows, SeqSlice};
 use crate::kv::cache::{KvCache, KvDtype};
+use crate::kv::step_meta::{MetaBuffers, StepMeta};
 
 /// What the engine needs to know about a loaded model.
 #[derive(Debug, Clone, PartialEq)]
@@ -99,9 +101,10 @@ pub fn hidden_states(
 pub trait Model: Send {
     fn info(&self) -> &ModelInfo;
     fn device(&self) -> &Device;
-    /// Writes the batch's K/V into `cache` and returns the logits and hidden
-    /// states the batch's rows asked for.
-    fn forward_all(&self, batch: &FlatBatch, cache: &mut KvCache) -> Result<Output>;
+    /// Writes the step's K/V into `cache` and returns the logits and hidden
+    /// states its rows asked for. The runner packs the step's metadata
+    /// ([`StepMeta`], the batch with it) once, in buffers it keeps.
+    fn forward_all(&self, meta: &StepMeta, cache: &mut KvCache) -> Result<Output>;
 
     /// Bytes of the recurrent state one sequence holds (in a
     /// [`SeqSlice::state_slot`]), for a model with layers that keep one
@@ -110,9 +113,13 @@ pub trait Model: Send {
         None
     }
 
-    /// [`Model::forward_all`]'s logits alone.
+    /// [`Model::forward_all`]'s logits for `batch` alone, its metadata
+    /// packed afresh (for callers without a runner: tests, tools).
     fn forward(&self, batch: &FlatBatch, cache: &mut KvCache) -> Result<Tensor> {
-        Ok(self.forward_all(batch, cache)?.logits)
+        let mut bufs = MetaBuffers::default();
+        let window = self.info().sliding_window;
+        let meta = attention::step_meta(&mut bufs, batch, cache, window, self.device())?;
+        Ok(self.forward_all(&meta, cache)?.logits)
     }
 }
 

@@ -48,8 +48,8 @@ use super::embedding::Embedding;
 use super::linear::{Linear, WeightSpec};
 use super::mlp::{Activation, Mlp};
 use super::rope::Rope;
-use super::{hidden_states, FlatBatch, Model, ModelInfo, Output, SeqSlice};
-use crate::attention::{self, paged_attention, AttnDims};
+use super::{hidden_states, Model, ModelInfo, Output, SeqSlice};
+use crate::attention::{paged_attention, AttnDims};
 use crate::kv::cache::{KvCache, KvDtype};
 use crate::kv::state_store::StateStore;
 use crate::kv::step_meta::StepMeta;
@@ -987,7 +987,8 @@ impl Model for Qwen35 {
             .then(|| self.config.num_linear_layers() * self.config.linear_state_len() * 4)
     }
 
-    fn forward_all(&self, batch: &FlatBatch, cache: &mut KvCache) -> Result<Output> {
+    fn forward_all(&self, meta: &StepMeta, cache: &mut KvCache) -> Result<Output> {
+        let batch = meta.batch();
         let c = &self.config;
         let dims = AttnDims {
             num_heads: c.num_heads,
@@ -997,7 +998,6 @@ impl Model for Qwen35 {
             window: None,
         };
         let eps = c.rms_norm_eps as f32;
-        let meta = attention::step_meta(batch, cache, None, &self.device)?;
         let positions = meta.positions_t()?;
         // Each sequence's recurrent state, out of its slot for the step.
         let mut store = self
@@ -1031,7 +1031,7 @@ impl Model for Qwen35 {
         }
         let mut x = self.embed.forward(meta.tokens(), &meta.tokens_t()?)?;
         let step = AttnStep {
-            meta: &meta,
+            meta,
             positions: &positions,
             rope: &self.rope,
             dims,
