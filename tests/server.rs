@@ -620,3 +620,47 @@ async fn later_turns_report_cached_prompt_tokens() {
         (p1 + p2 + 3 * p3) as f64
     );
 }
+
+/// vLLM's `cache_salt`: a prompt finds cached blocks only under the salt it
+/// was cached with (none is a salt of its own), on both endpoints; an
+/// empty salt is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cache_salt_shares_the_prefix_cache_only_within_it() {
+    let s = Server::start(&[]);
+    let prompt = "A field guide to the birds of the northern coast, with notes on each \
+                  species' calls, nests, winter range and the best season to watch it."
+        .repeat(2);
+    let cached = |salt: Option<&'static str>, path: &'static str| {
+        let mut body = match path {
+            "/v1/completions" => json!({"prompt": prompt}),
+            _ => json!({"messages": [{"role": "user", "content": prompt}]}),
+        };
+        body["max_tokens"] = json!(2);
+        if let Some(salt) = salt {
+            body["cache_salt"] = json!(salt);
+        }
+        let s = &s;
+        async move {
+            let (st, v) = post(s, path, body).await;
+            assert_eq!(st, 200, "{v}");
+            v["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap()
+        }
+    };
+    for path in ["/v1/completions", "/v1/chat/completions"] {
+        assert_eq!(cached(Some("alice"), path).await, 0, "{path}");
+        assert!(cached(Some("alice"), path).await > 0, "{path}");
+        assert_eq!(cached(Some("bob"), path).await, 0, "{path}");
+        assert_eq!(cached(None, path).await, 0, "{path}");
+        assert!(cached(None, path).await > 0, "{path}");
+    }
+    let (st, v) = post(
+        &s,
+        "/v1/completions",
+        json!({"prompt": "Hi", "max_tokens": 1, "cache_salt": ""}),
+    )
+    .await;
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(v["error"]["param"], "cache_salt");
+}

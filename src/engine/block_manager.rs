@@ -8,10 +8,11 @@
 //! registered under a hash of its tokens chained from its parent block's.
 //! Freed, it keeps its content and stays findable until the pool needs it
 //! back; blocks without content are reused first, then cached ones, least
-//! recently freed first. A lookup shares a block only if its tokens equal
-//! the asker's and its parent is the very block the asker matched before
-//! it, in the same incarnation: the hash only finds candidates, so a hash
-//! collision can never hand out another prefix's K/V.
+//! recently freed first. A lookup shares a block only if its tokens and
+//! extra keys (a prompt's cache salt and media, [`crate::engine::prompt`])
+//! equal the asker's and its parent is the very block the asker matched
+//! before it, in the same incarnation: the hash only finds candidates, so a
+//! hash collision can never hand out another prefix's K/V.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
@@ -21,14 +22,18 @@ use crate::kv::BlockId;
 /// A full block's content hash, chained from its parent's.
 pub type BlockHash = u64;
 
-/// Hashes a block's tokens after its parent's hash.
-pub type HashFn = fn(Option<BlockHash>, &[u32]) -> BlockHash;
+/// Hashes a block's tokens and extra keys after its parent's hash.
+pub type HashFn = fn(Option<BlockHash>, &[u32], &[u64]) -> BlockHash;
 
 /// The hash wick uses: SipHash with fixed keys, the same in every process.
-pub fn block_hash(parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
+/// A block without extra keys hashes its tokens alone.
+pub fn block_hash(parent: Option<BlockHash>, tokens: &[u32], keys: &[u64]) -> BlockHash {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     parent.hash(&mut h);
     tokens.hash(&mut h);
+    if !keys.is_empty() {
+        keys.hash(&mut h);
+    }
     h.finish()
 }
 
@@ -38,6 +43,7 @@ struct Cached {
     /// The parent block and its incarnation when this one was computed.
     parent: Option<(BlockId, u64)>,
     tokens: Box<[u32]>,
+    keys: Box<[u64]>,
 }
 
 pub struct BlockManager {
@@ -203,19 +209,21 @@ impl BlockManager {
         }
     }
 
-    /// The hash of a full block of `tokens` after a block hashed `parent`.
-    pub fn hash(&self, parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
-        (self.hash_fn)(parent, tokens)
+    /// The hash of a full block of `tokens` with extra `keys` after a block
+    /// hashed `parent`.
+    pub fn hash(&self, parent: Option<BlockHash>, tokens: &[u32], keys: &[u64]) -> BlockHash {
+        (self.hash_fn)(parent, tokens, keys)
     }
 
-    /// The cached block holding `tokens` right after block `parent` (the
-    /// first block when `None`), if any: same hash, same tokens, and
-    /// computed after that very parent.
+    /// The cached block holding `tokens` with `keys` right after block
+    /// `parent` (the first block when `None`), if any: same hash, same
+    /// tokens and keys, and computed after that very parent.
     pub fn lookup(
         &self,
         hash: BlockHash,
         parent: Option<BlockId>,
         tokens: &[u32],
+        keys: &[u64],
     ) -> Option<BlockId> {
         if !self.caching {
             return None;
@@ -224,18 +232,19 @@ impl BlockManager {
         self.by_hash.get(&hash)?.iter().copied().find(|&b| {
             self.cached[b as usize]
                 .as_ref()
-                .is_some_and(|c| c.parent == parent_now && *c.tokens == *tokens)
+                .is_some_and(|c| c.parent == parent_now && *c.tokens == *tokens && *c.keys == *keys)
         })
     }
 
     /// Records that `block`, held by the caller, holds the full block of
-    /// `tokens` after `parent`.
+    /// `tokens` with `keys` after `parent`.
     pub fn register(
         &mut self,
         block: BlockId,
         hash: BlockHash,
         parent: Option<BlockId>,
         tokens: &[u32],
+        keys: &[u64],
     ) {
         if !self.caching || self.cached[block as usize].is_some() {
             return;
@@ -246,6 +255,7 @@ impl BlockManager {
             hash,
             parent: parent.map(|p| (p, self.incarnation[p as usize])),
             tokens: tokens.into(),
+            keys: keys.into(),
         });
     }
 
@@ -336,10 +346,10 @@ mod tests {
     fn cache_two_blocks(bm: &mut BlockManager, tokens: &[u32]) -> (Vec<BlockId>, [BlockHash; 2]) {
         let mut table = Vec::new();
         assert!(bm.grow(&mut table, 8));
-        let h0 = bm.hash(None, &tokens[..4]);
-        bm.register(table[0], h0, None, &tokens[..4]);
-        let h1 = bm.hash(Some(h0), &tokens[4..8]);
-        bm.register(table[1], h1, Some(table[0]), &tokens[4..8]);
+        let h0 = bm.hash(None, &tokens[..4], &[]);
+        bm.register(table[0], h0, None, &tokens[..4], &[]);
+        let h1 = bm.hash(Some(h0), &tokens[4..8], &[]);
+        bm.register(table[1], h1, Some(table[0]), &tokens[4..8], &[]);
         (table, [h0, h1])
     }
 
@@ -352,9 +362,9 @@ mod tests {
         bm.release(&mut table);
         assert_eq!((bm.num_free(), bm.num_cached_free()), (4, 2));
         // Found again after the holder left, and shared out of the free pool.
-        assert_eq!(bm.lookup(h0, None, &tokens[..4]), Some(blocks[0]));
+        assert_eq!(bm.lookup(h0, None, &tokens[..4], &[]), Some(blocks[0]));
         assert_eq!(
-            bm.lookup(h1, Some(blocks[0]), &tokens[4..]),
+            bm.lookup(h1, Some(blocks[0]), &tokens[4..], &[]),
             Some(blocks[1])
         );
         bm.share(blocks[0]);
@@ -364,14 +374,14 @@ mod tests {
         let mut other = Vec::new();
         assert!(bm.grow(&mut other, 8));
         assert_eq!(
-            bm.lookup(h1, Some(blocks[0]), &tokens[4..]),
+            bm.lookup(h1, Some(blocks[0]), &tokens[4..], &[]),
             Some(blocks[1])
         );
         assert!(bm.grow(&mut other, 12));
         assert_eq!(other[2], blocks[1], "the least recently freed cached block");
-        assert_eq!(bm.lookup(h1, Some(blocks[0]), &tokens[4..]), None);
+        assert_eq!(bm.lookup(h1, Some(blocks[0]), &tokens[4..], &[]), None);
         assert_eq!(
-            bm.lookup(h0, None, &tokens[..4]),
+            bm.lookup(h0, None, &tokens[..4], &[]),
             Some(blocks[0]),
             "still held"
         );
@@ -380,15 +390,42 @@ mod tests {
     #[test]
     fn a_hash_collision_is_not_shared() {
         // Every block hashes alike: only the tokens and the parent decide.
-        let mut bm = BlockManager::new(8, 4).with_hash_fn(|_, _| 7);
+        let mut bm = BlockManager::new(8, 4).with_hash_fn(|_, _, _| 7);
         let (table, [h0, h1]) = cache_two_blocks(&mut bm, &[1, 2, 3, 4, 5, 6, 7, 8]);
         assert_eq!((h0, h1), (7, 7));
-        assert_eq!(bm.lookup(7, None, &[1, 2, 3, 4]), Some(table[0]));
-        assert_eq!(bm.lookup(7, None, &[1, 2, 3, 9]), None, "other tokens");
+        assert_eq!(bm.lookup(7, None, &[1, 2, 3, 4], &[]), Some(table[0]));
+        assert_eq!(bm.lookup(7, None, &[1, 2, 3, 9], &[]), None, "other tokens");
         // Same tokens as the second block, but after another parent.
         let mut elsewhere = Vec::new();
         assert!(bm.grow(&mut elsewhere, 4));
-        assert_eq!(bm.lookup(7, Some(elsewhere[0]), &[5, 6, 7, 8]), None);
+        assert_eq!(bm.lookup(7, Some(elsewhere[0]), &[5, 6, 7, 8], &[]), None);
+    }
+
+    /// Extra keys (a salt, an image) set equal tokens apart: in the hash,
+    /// and in the lookup even when the hashes collide. A block without
+    /// keys hashes as its tokens alone.
+    #[test]
+    fn extra_keys_set_equal_tokens_apart() {
+        let tokens = [1, 2, 3, 4];
+        let plain = block_hash(None, &tokens, &[]);
+        let keyed = block_hash(None, &tokens, &[5]);
+        assert_ne!(plain, keyed);
+        assert_ne!(keyed, block_hash(None, &tokens, &[6]));
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        None::<BlockHash>.hash(&mut h);
+        tokens.hash(&mut h);
+        assert_eq!(plain, h.finish());
+        // The chain carries a first block's key into every later hash.
+        let after = |parent| block_hash(Some(parent), &[9, 9, 9, 9], &[]);
+        assert_ne!(after(plain), after(keyed));
+
+        let mut bm = BlockManager::new(4, 4).with_hash_fn(|_, _, _| 7);
+        let mut table = Vec::new();
+        assert!(bm.grow(&mut table, 4));
+        bm.register(table[0], 7, None, &tokens, &[5]);
+        assert_eq!(bm.lookup(7, None, &tokens, &[5]), Some(table[0]));
+        assert_eq!(bm.lookup(7, None, &tokens, &[]), None);
+        assert_eq!(bm.lookup(7, None, &tokens, &[6]), None);
     }
 
     #[test]
@@ -405,16 +442,16 @@ mod tests {
         let mut again = Vec::new();
         assert!(bm.grow(&mut again, 4));
         assert_eq!(again[0], parent);
-        bm.register(parent, h0, None, &tokens[..4]);
-        assert_eq!(bm.lookup(h0, None, &tokens[..4]), Some(parent));
-        assert_eq!(bm.lookup(h1, Some(parent), &tokens[4..]), None);
+        bm.register(parent, h0, None, &tokens[..4], &[]);
+        assert_eq!(bm.lookup(h0, None, &tokens[..4], &[]), Some(parent));
+        assert_eq!(bm.lookup(h1, Some(parent), &tokens[4..], &[]), None);
     }
 
     #[test]
     fn caching_off_and_forget_all() {
         let mut off = BlockManager::new(4, 4).with_caching(false);
         let (mut table, [h0, _]) = cache_two_blocks(&mut off, &[1, 2, 3, 4, 5, 6, 7, 8]);
-        assert_eq!(off.lookup(h0, None, &[1, 2, 3, 4]), None);
+        assert_eq!(off.lookup(h0, None, &[1, 2, 3, 4], &[]), None);
         off.release(&mut table);
         assert_eq!(off.num_cached_free(), 0);
 
@@ -423,6 +460,6 @@ mod tests {
         on.release(&mut table);
         on.forget_all();
         assert_eq!((on.num_free(), on.num_cached_free()), (4, 0));
-        assert_eq!(on.lookup(h0, None, &[1, 2, 3, 4]), None);
+        assert_eq!(on.lookup(h0, None, &[1, 2, 3, 4], &[]), None);
     }
 }

@@ -8,6 +8,7 @@ pub mod mask_budget;
 pub mod model_runner;
 pub mod output;
 pub mod pooling;
+pub mod prompt;
 pub mod request_rules;
 pub mod sample;
 pub mod scheduler;
@@ -24,6 +25,7 @@ use crate::engine::block_manager::BlockManager;
 use crate::engine::drafter::Drafter;
 use crate::engine::model_runner::ModelRunner;
 use crate::engine::pooling::{Pool, Pooling};
+use crate::engine::prompt::Prompt;
 use crate::engine::scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
 use crate::engine::sequence::{SeqId, Sequence, StepEvent};
 use crate::engine::speculation::Speculation;
@@ -396,7 +398,11 @@ impl Engine {
     }
 
     /// Queues a request after checking it can run at all.
-    pub fn add_request(&mut self, prompt: Vec<u32>, params: SamplingParams) -> Result<SeqId> {
+    pub fn add_request(
+        &mut self,
+        prompt: impl Into<Prompt>,
+        params: SamplingParams,
+    ) -> Result<SeqId> {
         self.add_to_group(prompt, params, None)
     }
 
@@ -405,14 +411,15 @@ impl Engine {
     /// of the KV pool.
     pub fn add_to_group(
         &mut self,
-        prompt: Vec<u32>,
+        prompt: impl Into<Prompt>,
         params: SamplingParams,
         group: Option<SeqId>,
     ) -> Result<SeqId> {
+        let prompt = prompt.into();
         let info = self.runner.model().info();
-        request_rules::check_prompt(&prompt, info.vocab_size)?;
+        request_rules::check_prompt(&prompt.tokens, info.vocab_size)?;
         params.validate(info.vocab_size)?;
-        request_rules::check_context(prompt.len(), params.max_tokens, info.max_context)?;
+        request_rules::check_context(prompt.tokens.len(), params.max_tokens, info.max_context)?;
         if !params.prediction.is_empty() && !self.scheduler.drafts() {
             return Err(WickError::invalid(
                 "this model cannot use a prediction: its recurrent layers cannot take back \

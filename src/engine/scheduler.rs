@@ -898,8 +898,9 @@ fn match_prefix(blocks: &mut BlockManager, seq: &mut Sequence) -> PrefixHit {
     let mut parent = None;
     for i in 0..usable {
         let tokens = &seq.tokens[i * bs..(i + 1) * bs];
-        let hash = blocks.hash(seq.block_hashes.last().copied(), tokens);
-        let Some(block) = blocks.lookup(hash, parent, tokens) else {
+        let keys = seq.block_keys.of_block(i, bs);
+        let hash = blocks.hash(seq.block_hashes.last().copied(), tokens, &keys);
+        let Some(block) = blocks.lookup(hash, parent, tokens, &keys) else {
             break;
         };
         blocks.share(block);
@@ -923,9 +924,10 @@ fn register_full_blocks(blocks: &mut BlockManager, seq: &mut Sequence) {
     let full = (seq.num_cached + seq.own_chunk()) / bs;
     for i in seq.block_hashes.len()..full {
         let tokens = &seq.tokens[i * bs..(i + 1) * bs];
-        let hash = blocks.hash(seq.block_hashes.last().copied(), tokens);
+        let keys = seq.block_keys.of_block(i, bs);
+        let hash = blocks.hash(seq.block_hashes.last().copied(), tokens, &keys);
         let parent = i.checked_sub(1).map(|p| seq.block_table[p]);
-        blocks.register(seq.block_table[i], hash, parent, tokens);
+        blocks.register(seq.block_table[i], hash, parent, tokens, &keys);
         seq.block_hashes.push(hash);
     }
 }
@@ -942,7 +944,7 @@ mod tests {
             temperature: 0.0,
             ..Default::default()
         };
-        Sequence::new(id, prompt, params, 1 << 20, &[])
+        Sequence::new(id, prompt.into(), params, 1 << 20, &[])
     }
 
     /// Sequences `ids` of one request (group `ids.start`).
@@ -1469,7 +1471,7 @@ mod tests {
     fn a_forced_hash_collision_is_not_shared() {
         // Every block hashes alike: only equal tokens after the same parent
         // may be shared.
-        let blocks = BlockManager::new(16, 4).with_hash_fn(|_, _| 42);
+        let blocks = BlockManager::new(16, 4).with_hash_fn(|_, _, _| 42);
         let mut s = Scheduler::new(
             SchedulerConfig {
                 max_num_seqs: 8,

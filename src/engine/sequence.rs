@@ -6,6 +6,7 @@ use std::time::Instant;
 use crate::engine::block_manager::BlockHash;
 use crate::engine::mask_budget::MaskRow;
 use crate::engine::pooling::Pool;
+use crate::engine::prompt::{BlockKeys, Prompt};
 use crate::engine::speculation::{Acceptance, DraftTally};
 use crate::kv::BlockId;
 use crate::models::LogitRows;
@@ -74,6 +75,8 @@ pub struct Sequence {
     /// Hashes of the full blocks at the start of `block_table`, each
     /// chained from the one before (the prefix cache's keys).
     pub block_hashes: Vec<BlockHash>,
+    /// What its prompt adds to those hashes besides the tokens.
+    pub block_keys: BlockKeys,
     /// Prompt tokens the prefix cache supplied when the sequence was first
     /// admitted (reported as `cached_tokens`); `None` until then.
     pub cached_prompt_tokens: Option<usize>,
@@ -128,12 +131,17 @@ impl StepEvent {
 impl Sequence {
     pub fn new(
         id: SeqId,
-        prompt: Vec<u32>,
+        prompt: Prompt,
         params: SamplingParams,
         max_context: usize,
         eos_ids: &[u32],
     ) -> Self {
-        let prompt_len = prompt.len();
+        let Prompt {
+            tokens,
+            media,
+            cache_salt,
+        } = prompt;
+        let prompt_len = tokens.len();
         let mut sampler = Sampler::new(&params);
         sampler.set_eos_ids(eos_ids);
         Sequence {
@@ -142,7 +150,7 @@ impl Sequence {
             queued_at: Instant::now(),
             sampler,
             max_len: (prompt_len + params.max_tokens).min(max_context),
-            tokens: prompt,
+            tokens,
             prompt_len,
             params,
             block_table: Vec::new(),
@@ -152,6 +160,7 @@ impl Sequence {
             chunk: 0,
             prompt_logprobs: Vec::new(),
             block_hashes: Vec::new(),
+            block_keys: BlockKeys::new(media, cache_salt.as_deref()),
             cached_prompt_tokens: None,
             sat_out: 0,
             pool: None,
@@ -163,7 +172,7 @@ impl Sequence {
     /// An embedding request: its prompt, pooled as `pool` says.
     pub fn embedding(id: SeqId, prompt: Vec<u32>, pool: Pool) -> Self {
         let len = prompt.len();
-        let mut seq = Sequence::new(id, prompt, SamplingParams::default(), len, &[]);
+        let mut seq = Sequence::new(id, prompt.into(), SamplingParams::default(), len, &[]);
         seq.max_len = len;
         seq.pool = Some(pool);
         seq

@@ -213,7 +213,13 @@ mod tests {
             temperature: 0.0,
             ..Default::default()
         };
-        Sequence::new(id, (0..prompt_len as u32).collect(), params, 1 << 20, &[])
+        Sequence::new(
+            id,
+            (0..prompt_len as u32).collect::<Vec<u32>>().into(),
+            params,
+            1 << 20,
+            &[],
+        )
     }
 
     fn token(id: u32) -> SampledToken {

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::engine::pooling::Pooling;
+use crate::engine::prompt::Prompt;
 use crate::engine::sequence::{FinishReason, SeqId, StepEvent};
 use crate::engine::Engine;
 use crate::error::WickError;
@@ -42,7 +43,7 @@ pub struct EngineHandle {
 impl EngineHandle {
     /// Submits a request's sequences; their events all arrive on the one
     /// receiver returned, tagged with their ids.
-    pub async fn add(&self, seqs: Vec<(Vec<u32>, SamplingParams)>) -> Submitted {
+    pub async fn add(&self, seqs: Vec<(Prompt, SamplingParams)>) -> Submitted {
         let jobs = seqs.into_iter().map(|(p, s)| Job::Generate(p, Box::new(s)));
         self.submit(jobs.collect()).await
     }
@@ -80,14 +81,15 @@ impl EngineHandle {
 
 /// One sequence of a request.
 pub enum Job {
-    Generate(Vec<u32>, Box<SamplingParams>),
+    Generate(Prompt, Box<SamplingParams>),
     Embed(Vec<u32>, Pooling),
 }
 
 impl Job {
     fn prompt_len(&self) -> usize {
         match self {
-            Job::Generate(p, _) | Job::Embed(p, _) => p.len(),
+            Job::Generate(p, _) => p.tokens.len(),
+            Job::Embed(p, _) => p.len(),
         }
     }
 }

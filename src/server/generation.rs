@@ -135,7 +135,7 @@ impl Generation {
                 seqs.push((prompt.clone(), params));
             }
         }
-        let prompt_tokens = plan.prompts.iter().map(Vec::len).sum();
+        let prompt_tokens = plan.prompts.iter().map(|p| p.tokens.len()).sum();
         access.set_tokens(prompt_tokens, 0);
         let (ids, events) = match model.engine.add(seqs).await {
             Ok(added) => added,

@@ -158,6 +158,9 @@ pub struct CompletionRequest {
     pub ignore_eos: Option<bool>,
     pub min_tokens: Option<u32>,
     pub stop_token_ids: Option<Vec<u32>>,
+    /// vLLM's: the prompt shares prefix-cache blocks only with prompts of
+    /// the same salt, so one tenant cannot time another's cached prompts.
+    pub cache_salt: Option<String>,
     pub response_format: Option<ResponseFormat>,
     /// Fields this type does not declare, refused by validation.
     #[serde(flatten)]
@@ -321,6 +324,9 @@ pub struct ChatCompletionRequest {
     pub ignore_eos: Option<bool>,
     pub min_tokens: Option<u32>,
     pub stop_token_ids: Option<Vec<u32>>,
+    /// vLLM's: the prompt shares prefix-cache blocks only with prompts of
+    /// the same salt, so one tenant cannot time another's cached prompts.
+    pub cache_salt: Option<String>,
     /// Functions the model may call (OpenAI's `{"type": "function",
     /// "function": {…}}`), shown to it through the chat template.
     pub tools: Option<Vec<ToolDefinition>>,

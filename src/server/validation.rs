@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use serde::de::DeserializeOwned;
 use serde_path_to_error::Segment;
 
-use crate::engine::request_rules;
+use crate::engine::{prompt, request_rules};
 use crate::sampling::constraint::{Constraint, ConstraintFactory, Grammar};
 use crate::sampling::params::{SamplingParams, MAX_LOGPROBS};
 use crate::server::chat_messages;
@@ -54,8 +54,8 @@ pub struct ModelContext<'a> {
 /// `params`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenerationPlan {
-    /// One token list per prompt (chat: exactly one).
-    pub prompts: Vec<Vec<u32>>,
+    /// One per prompt (chat: exactly one).
+    pub prompts: Vec<prompt::Prompt>,
     pub params: SamplingParams,
     pub n: usize,
     pub stream: bool,
@@ -148,6 +148,7 @@ struct Common<'r> {
     min_tokens: Option<u32>,
     stop_token_ids: Option<&'r Vec<u32>>,
     response_format: Option<&'r ResponseFormat>,
+    cache_salt: Option<&'r str>,
 }
 
 /// `n`, `stream` and `include_usage` once checked.
@@ -183,6 +184,7 @@ macro_rules! common_from {
                     min_tokens: r.min_tokens,
                     stop_token_ids: r.stop_token_ids.as_ref(),
                     response_format: r.response_format.as_ref(),
+                    cache_salt: r.cache_salt.as_deref(),
                 }
             }
         }
@@ -200,6 +202,12 @@ impl Common<'_> {
             unsupported::refuse(&options.unknown, "stream_options")?;
         }
         check_model(self.model, ctx.name, ctx.aliases)?;
+        if self.cache_salt == Some("") {
+            return Err(ApiError::bad_request(
+                "cache_salt must not be empty",
+                Some("cache_salt"),
+            ));
+        }
         let n = self.n.unwrap_or(1);
         if !(1..=MAX_N).contains(&n) {
             return Err(ApiError::bad_request(
@@ -234,6 +242,19 @@ impl Common<'_> {
             include_usage,
             continuous_usage,
         })
+    }
+
+    /// The engine's prompts of these token lists, under the request's salt.
+    fn prompts(&self, tokens: Vec<Vec<u32>>) -> Vec<prompt::Prompt> {
+        let salt = self.cache_salt.map(str::to_string);
+        tokens
+            .into_iter()
+            .map(|tokens| prompt::Prompt {
+                tokens,
+                media: Vec::new(),
+                cache_salt: salt.clone(),
+            })
+            .collect()
     }
 
     /// The engine's parameters, checked by [`SamplingParams::validate`].
@@ -518,7 +539,7 @@ pub fn validate_completion(
         Vec::new()
     };
     Ok(GenerationPlan {
-        prompts,
+        prompts: common.prompts(prompts),
         params,
         n: shape.n,
         stream: shape.stream,
@@ -646,7 +667,7 @@ pub fn validate_chat(
         params.prediction = prediction(p, &params, ctx)?;
     }
     Ok(GenerationPlan {
-        prompts: vec![ids],
+        prompts: common.prompts(vec![ids]),
         params,
         n: shape.n,
         stream: shape.stream,
@@ -749,6 +770,11 @@ mod tests {
 
     use super::*;
 
+    /// A plan's prompts as their tokens.
+    fn token_lists(plan: &GenerationPlan) -> Vec<Vec<u32>> {
+        plan.prompts.iter().map(|p| p.tokens.clone()).collect()
+    }
+
     /// The default model's tokenizer and chat template, built as the loader
     /// builds them; read once for all tests.
     fn model() -> &'static (Tokenizer, ChatTemplate) {
@@ -827,7 +853,7 @@ mod tests {
     #[test]
     fn string_prompt() {
         let plan = completion(json!({"prompt": "Hello there", "model": NAME})).unwrap();
-        assert_eq!(plan.prompts, vec![encode("Hello there")]);
+        assert_eq!(token_lists(&plan), vec![encode("Hello there")]);
         assert_eq!(plan.params.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS);
         assert_eq!(plan.params.temperature, 1.0);
         assert_eq!(
@@ -841,7 +867,7 @@ mod tests {
     #[test]
     fn list_of_strings() {
         let plan = completion(json!({"prompt": ["a b", "c"], "echo": true})).unwrap();
-        assert_eq!(plan.prompts, vec![encode("a b"), encode("c")]);
+        assert_eq!(token_lists(&plan), vec![encode("a b"), encode("c")]);
         assert_eq!(plan.prompt_texts, ["a b", "c"]);
     }
 
@@ -859,14 +885,14 @@ mod tests {
     fn token_ids() {
         let ids = encode("The capital of France is");
         let plan = completion(json!({"prompt": ids, "echo": true})).unwrap();
-        assert_eq!(plan.prompts, vec![ids]);
+        assert_eq!(token_lists(&plan), vec![ids]);
         assert_eq!(plan.prompt_texts, ["The capital of France is"]);
     }
 
     #[test]
     fn list_of_token_lists() {
         let plan = completion(json!({"prompt": [[1, 2, 3], [4]]})).unwrap();
-        assert_eq!(plan.prompts, vec![vec![1, 2, 3], vec![4]]);
+        assert_eq!(token_lists(&plan), vec![vec![1, 2, 3], vec![4]]);
     }
 
     #[test]
@@ -930,8 +956,8 @@ mod tests {
         }))
         .unwrap();
         let expected = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi\nthere<|im_end|>\n<|im_start|>assistant\n";
-        assert_eq!(plan.prompts, vec![encode(expected)]);
-        let len = plan.prompts[0].len();
+        assert_eq!(token_lists(&plan), vec![encode(expected)]);
+        let len = plan.prompts[0].tokens.len();
         assert_eq!(
             plan.params.max_tokens,
             8192 - len,
@@ -1050,7 +1076,7 @@ mod tests {
         let expected = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nTime?<|im_end|>\n\
                         <|im_start|>assistant\nChecking.<|im_end|>\n<|im_start|>tool\n09:07<|im_end|>\n\
                         <|im_start|>assistant\n";
-        assert_eq!(plan.prompts, vec![encode(expected)]);
+        assert_eq!(token_lists(&plan), vec![encode(expected)]);
         // A turn that only calls tools has no content for this template to
         // write (transformers fails on it): it is rendered with "" there, as
         // vLLM sends it.
@@ -1093,8 +1119,8 @@ mod tests {
         let req: ChatCompletionRequest = serde_json::from_value(user("Hi")).unwrap();
         let with_bos = validate_chat(&req, &c).unwrap();
         assert_eq!(with_bos.prompts, chat(user("Hi")).unwrap().prompts);
-        assert_eq!(with_bos.prompts[0][0], 1);
-        assert_ne!(with_bos.prompts[0][1], 1);
+        assert_eq!(with_bos.prompts[0].tokens[0], 1);
+        assert_ne!(with_bos.prompts[0].tokens[1], 1);
     }
 
     #[test]
@@ -1275,7 +1301,7 @@ mod tests {
 
         let req: ChatCompletionRequest =
             serde_json::from_value(with(user("Hi"), json!({"max_tokens": 100}))).unwrap();
-        let p = chat(user("Hi")).unwrap().prompts[0].len();
+        let p = chat(user("Hi")).unwrap().prompts[0].tokens.len();
         let e = validate_chat(&req, &small(p + 99)).unwrap_err();
         assert_eq!(e.code.as_deref(), Some("context_length_exceeded"));
         assert_eq!(e.param.as_deref(), Some("messages"));

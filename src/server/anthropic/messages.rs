@@ -753,7 +753,7 @@ pub async fn count_tokens(
     let JsonBody(req) = JsonBody::<CountTokensRequest>::from_request(body, &state).await?;
     let model = handlers::ready(&state)?;
     let plan = handlers::plan(&model, req, validate_count).await?;
-    let tokens = plan.prompts.first().map_or(0, Vec::len);
+    let tokens = plan.prompts.first().map_or(0, |p| p.tokens.len());
     Ok(Json(json!({"input_tokens": tokens})).into_response())
 }
 

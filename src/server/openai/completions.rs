@@ -55,7 +55,7 @@ impl CompletionBuilder {
             .collect();
         let echo_first = (0..num_choices)
             .map(|i| {
-                let first = *plan.prompts[prompt_of(i)].first()?;
+                let first = *plan.prompts[prompt_of(i)].tokens.first()?;
                 (plan.echo && plan.logprobs.is_some())
                     .then(|| tok.decode(&[first]).unwrap_or_default())
             })

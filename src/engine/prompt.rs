@@ -1,0 +1,110 @@
+//! What a sequence is asked to continue: its tokens, and what else decides
+//! whether another sequence's cached K/V may stand in for them.
+//!
+//! Two prompts with equal tokens can still differ: an image behind the same
+//! placeholder tokens, or a client who must not share cache with others (a
+//! cache salt, as vLLM's `cache_salt`). Both reach the prefix cache as
+//! extra keys of the blocks they cover, so equal tokens alone never match.
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+/// A run of prompt positions `[start, start + len)` that stands for
+/// content the tokens do not name (an image's embeddings), known by the
+/// hash of that content. Nothing makes one yet: image input will.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MediaSpan {
+    pub start: usize,
+    pub len: usize,
+    pub hash: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Prompt {
+    pub tokens: Vec<u32>,
+    pub media: Vec<MediaSpan>,
+    /// Sequences share cached blocks only with sequences of the same salt.
+    pub cache_salt: Option<String>,
+}
+
+impl From<Vec<u32>> for Prompt {
+    fn from(tokens: Vec<u32>) -> Self {
+        Prompt {
+            tokens,
+            ..Prompt::default()
+        }
+    }
+}
+
+/// What a prompt adds to its blocks' hashes, kept by its sequence.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BlockKeys {
+    media: Vec<MediaSpan>,
+    /// The salt's hash, keyed into the first block: every later block's
+    /// hash chains from it.
+    salt: Option<u64>,
+}
+
+impl BlockKeys {
+    pub fn new(media: Vec<MediaSpan>, cache_salt: Option<&str>) -> Self {
+        let salt = cache_salt.map(|s| {
+            let mut h = DefaultHasher::new();
+            s.hash(&mut h);
+            h.finish()
+        });
+        BlockKeys { media, salt }
+    }
+
+    /// The extra keys of block `i` of `block_size` positions: the salt for
+    /// the first, and the content hash of each media span it overlaps.
+    /// Empty for a plain prompt, whose hashes are then its tokens' alone.
+    pub fn of_block(&self, i: usize, block_size: usize) -> Vec<u64> {
+        let (from, to) = (i * block_size, (i + 1) * block_size);
+        let salt = self.salt.filter(|_| i == 0);
+        let media = self
+            .media
+            .iter()
+            .filter(|m| m.start < to && from < m.start + m.len)
+            .map(|m| m.hash);
+        salt.into_iter().chain(media).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plain_prompt_adds_no_keys() {
+        let keys = BlockKeys::default();
+        assert!((0..4).all(|i| keys.of_block(i, 16).is_empty()));
+    }
+
+    #[test]
+    fn the_salt_keys_the_first_block_only() {
+        let a = BlockKeys::new(Vec::new(), Some("tenant-a"));
+        let b = BlockKeys::new(Vec::new(), Some("tenant-b"));
+        assert_eq!(a.of_block(0, 16).len(), 1);
+        assert_ne!(a.of_block(0, 16), b.of_block(0, 16));
+        assert_eq!(
+            a.of_block(0, 16),
+            BlockKeys::new(Vec::new(), Some("tenant-a")).of_block(0, 16)
+        );
+        assert!(a.of_block(1, 16).is_empty());
+    }
+
+    #[test]
+    fn a_span_keys_every_block_it_overlaps() {
+        let span = MediaSpan {
+            start: 10,
+            len: 20,
+            hash: 99,
+        };
+        let keys = BlockKeys::new(vec![span], None);
+        // Blocks of 8: positions 10..30 touch blocks 1, 2 and 3.
+        let keyed: Vec<usize> = (0..5)
+            .filter(|&i| !keys.of_block(i, 8).is_empty())
+            .collect();
+        assert_eq!(keyed, vec![1, 2, 3]);
+        assert_eq!(keys.of_block(2, 8), vec![99]);
+    }
+}
