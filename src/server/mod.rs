@@ -13,6 +13,7 @@ pub mod legacy_functions;
 pub mod metrics;
 pub mod openai;
 pub mod protocol;
+pub mod reply;
 pub mod respond;
 pub mod state;
 pub mod tools;
