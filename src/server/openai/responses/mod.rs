@@ -17,6 +17,7 @@
 //! `safety_identifier`, `prompt_cache_key`, `store`, …) are accepted and
 //! echoed. Kept responses live in `responses_store`, in memory.
 
+pub mod events;
 pub mod store;
 pub mod stream;
 

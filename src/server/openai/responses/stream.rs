@@ -10,18 +10,19 @@
 //! `message` with one `output_text` part, each tool call a `function_call`
 //! item. An item is closed (its `.done` events) when the next one opens or
 //! the reply ends.
-//!
-//! Fields are declared in the order they go on the wire.
 
 use axum::body::Bytes;
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 use crate::engine::sequence::FinishReason;
 use crate::server::error::ApiError;
+use crate::server::openai::responses::events::{
+    EventKind, Failure, Incomplete, InputDetails, OutputDetails, OutputItem, Part, ResponseObject,
+    ResponseUsage, StreamEvent,
+};
 use crate::server::protocol::Usage;
 use crate::server::reply::{ReplyEvent, ReplyStep};
 use crate::server::respond::Render;
@@ -30,236 +31,6 @@ use crate::server::tools::CallIds;
 /// A fresh id: `prefix`, an underscore and 32 hex digits.
 pub fn new_id(prefix: &str) -> String {
     format!("{prefix}_{:032x}", rand::random::<u128>())
-}
-
-/// A list wick always leaves empty (annotations, logprobs, summaries).
-type Empty = [(); 0];
-
-/// The Response object.
-#[derive(Debug, Clone, Serialize)]
-pub struct ResponseObject {
-    id: String,
-    object: &'static str,
-    created_at: u64,
-    status: &'static str,
-    completed_at: Option<u64>,
-    error: Option<Failure>,
-    incomplete_details: Option<Incomplete>,
-    output: Vec<OutputItem>,
-    /// The fields that echo the request (`model`, `instructions`, …).
-    #[serde(flatten)]
-    echo: Map<String, Value>,
-    usage: Option<ResponseUsage>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-struct Failure {
-    code: String,
-    message: String,
-}
-
-#[derive(Debug, Clone, Serialize)]
-struct Incomplete {
-    reason: &'static str,
-}
-
-#[derive(Debug, Clone, Serialize)]
-struct ResponseUsage {
-    input_tokens: usize,
-    input_tokens_details: InputDetails,
-    output_tokens: usize,
-    output_tokens_details: OutputDetails,
-    total_tokens: usize,
-}
-
-#[derive(Debug, Clone, Serialize)]
-struct InputDetails {
-    cached_tokens: usize,
-    cache_write_tokens: usize,
-}
-
-#[derive(Debug, Clone, Serialize)]
-struct OutputDetails {
-    reasoning_tokens: usize,
-}
-
-/// An output item as the Response object and the item events show it.
-/// Each names its `type` after its `id`, so the tag is a field of its own.
-#[derive(Debug, Clone, Serialize)]
-#[serde(untagged)]
-enum OutputItem {
-    Reasoning {
-        id: String,
-        #[serde(rename = "type")]
-        kind: &'static str,
-        summary: Empty,
-        content: Vec<Part>,
-        encrypted_content: Option<String>,
-        status: &'static str,
-    },
-    Message {
-        id: String,
-        #[serde(rename = "type")]
-        kind: &'static str,
-        status: &'static str,
-        role: &'static str,
-        content: Vec<Part>,
-    },
-    FunctionCall {
-        id: String,
-        #[serde(rename = "type")]
-        kind: &'static str,
-        status: &'static str,
-        call_id: String,
-        name: String,
-        arguments: String,
-    },
-}
-
-/// A content part of an item.
-#[derive(Debug, Clone, Serialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-enum Part {
-    ReasoningText {
-        text: String,
-    },
-    OutputText {
-        text: String,
-        annotations: Empty,
-        logprobs: Empty,
-    },
-}
-
-impl Part {
-    fn output_text(text: String) -> Self {
-        Part::OutputText {
-            text,
-            annotations: [],
-            logprobs: [],
-        }
-    }
-}
-
-/// An event of the stream, numbered.
-#[derive(Debug, Clone, Serialize)]
-pub struct StreamEvent {
-    #[serde(flatten)]
-    event: EventKind,
-    sequence_number: u64,
-}
-
-#[derive(Debug, Clone, Serialize)]
-#[serde(tag = "type")]
-enum EventKind {
-    #[serde(rename = "response.created")]
-    Created { response: ResponseObject },
-    #[serde(rename = "response.in_progress")]
-    InProgress { response: ResponseObject },
-    #[serde(rename = "response.completed")]
-    Completed { response: ResponseObject },
-    #[serde(rename = "response.incomplete")]
-    Incomplete { response: ResponseObject },
-    #[serde(rename = "response.failed")]
-    Failed { response: ResponseObject },
-    #[serde(rename = "error")]
-    Error {
-        code: String,
-        message: String,
-        param: Option<String>,
-    },
-    #[serde(rename = "response.output_item.added")]
-    OutputItemAdded {
-        output_index: usize,
-        item: OutputItem,
-    },
-    #[serde(rename = "response.output_item.done")]
-    OutputItemDone {
-        output_index: usize,
-        item: OutputItem,
-    },
-    #[serde(rename = "response.content_part.added")]
-    ContentPartAdded {
-        item_id: String,
-        output_index: usize,
-        content_index: usize,
-        part: Part,
-    },
-    #[serde(rename = "response.content_part.done")]
-    ContentPartDone {
-        item_id: String,
-        output_index: usize,
-        content_index: usize,
-        part: Part,
-    },
-    #[serde(rename = "response.reasoning_text.delta")]
-    ReasoningTextDelta {
-        item_id: String,
-        output_index: usize,
-        content_index: usize,
-        delta: String,
-    },
-    #[serde(rename = "response.reasoning_text.done")]
-    ReasoningTextDone {
-        item_id: String,
-        output_index: usize,
-        content_index: usize,
-        text: String,
-    },
-    #[serde(rename = "response.output_text.delta")]
-    OutputTextDelta {
-        item_id: String,
-        output_index: usize,
-        content_index: usize,
-        delta: String,
-        logprobs: Empty,
-    },
-    #[serde(rename = "response.output_text.done")]
-    OutputTextDone {
-        item_id: String,
-        output_index: usize,
-        content_index: usize,
-        text: String,
-        logprobs: Empty,
-    },
-    #[serde(rename = "response.function_call_arguments.delta")]
-    FunctionCallArgumentsDelta {
-        item_id: String,
-        output_index: usize,
-        delta: String,
-    },
-    #[serde(rename = "response.function_call_arguments.done")]
-    FunctionCallArgumentsDone {
-        item_id: String,
-        output_index: usize,
-        name: String,
-        arguments: String,
-    },
-}
-
-impl EventKind {
-    /// The SSE `event:` name, the same as `type`.
-    fn name(&self) -> &'static str {
-        match self {
-            EventKind::Created { .. } => "response.created",
-            EventKind::InProgress { .. } => "response.in_progress",
-            EventKind::Completed { .. } => "response.completed",
-            EventKind::Incomplete { .. } => "response.incomplete",
-            EventKind::Failed { .. } => "response.failed",
-            EventKind::Error { .. } => "error",
-            EventKind::OutputItemAdded { .. } => "response.output_item.added",
-            EventKind::OutputItemDone { .. } => "response.output_item.done",
-            EventKind::ContentPartAdded { .. } => "response.content_part.added",
-            EventKind::ContentPartDone { .. } => "response.content_part.done",
-            EventKind::ReasoningTextDelta { .. } => "response.reasoning_text.delta",
-            EventKind::ReasoningTextDone { .. } => "response.reasoning_text.done",
-            EventKind::OutputTextDelta { .. } => "response.output_text.delta",
-            EventKind::OutputTextDone { .. } => "response.output_text.done",
-            EventKind::FunctionCallArgumentsDelta { .. } => {
-                "response.function_call_arguments.delta"
-            }
-            EventKind::FunctionCallArgumentsDone { .. } => "response.function_call_arguments.done",
-        }
-    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
