@@ -13,6 +13,9 @@ pub mod legacy_functions;
 pub mod metrics;
 pub mod openai;
 pub mod protocol;
+#[cfg(test)]
+mod render_parity;
+pub mod reply;
 pub mod respond;
 pub mod state;
 pub mod tools;

@@ -1,137 +1,115 @@
-//! Turns a running generation into an endpoint's answer. Each endpoint has
-//! one [`OutputBuilder`] that shapes deltas into stream chunks; a stream
-//! sends those chunks as they come, and a whole response is the very same
-//! chunks merged into its choices, so the two cannot drift apart.
+//! Turns a running generation into an endpoint's answer, for every API
+//! alike. Each choice's deltas are read by its [`ReplyParser`]; the API's
+//! [`Render`] only shapes the parser's events into its own. A stream sends
+//! those events as SSE as they come; a whole response is the very same
+//! events folded together, so the two cannot drift apart.
 
 use std::convert::Infallible;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
-use serde::Serialize;
 
-use crate::engine::output::Delta;
 use crate::server::error::ApiError;
 use crate::server::generation::Generation;
-use crate::server::protocol::{self, Usage};
+use crate::server::protocol::Usage;
+use crate::server::reply::{token_text, ReplyParser, ReplyStep};
+use crate::server::validation::GenerationPlan;
 
-pub trait OutputBuilder: Send + 'static {
-    /// A choice as one stream chunk carries it.
-    type Chunk: Serialize + Send + 'static;
-    /// A choice of the whole response.
-    type Choice: Serialize;
-    /// `object` of a stream chunk.
-    const CHUNK_OBJECT: &'static str;
-    /// `object` of the whole response.
-    const OBJECT: &'static str;
+/// One API's shape of a reply.
+pub trait Render: Send + 'static {
+    /// One event of the reply as the API streams it.
+    type Event: Send + 'static;
+    /// A whole response in the making.
+    type Whole: Send;
+    /// A stream ends with `data: [DONE]` (OpenAI's chunk streams).
+    const DONE: bool;
 
-    /// The chunks one delta of choice `choice` streams as.
-    fn chunks(&mut self, choice: usize, delta: Delta) -> Vec<Self::Chunk>;
-    /// Choice `index` of the whole response before any chunk is merged in.
-    fn empty_choice(&self, index: usize) -> Self::Choice;
-    fn chunk_index(chunk: &Self::Chunk) -> usize;
-    fn merge(choice: &mut Self::Choice, chunk: Self::Chunk);
-}
-
-/// The fields every chunk and response of one request shares.
-pub struct Envelope {
-    pub id: String,
-    pub created: u64,
-    pub model: String,
-    /// vLLM's `continuous_usage_stats`: every chunk carries the usage so far.
-    pub continuous_usage: bool,
-}
-
-impl Envelope {
-    pub fn new(id: String, model: &str) -> Self {
-        Envelope {
-            id,
-            created: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
-            model: model.to_string(),
-            continuous_usage: false,
-        }
+    /// The events that open the reply, before any delta.
+    fn open(&mut self) -> Vec<Self::Event> {
+        Vec::new()
     }
-
-    fn wrap<C>(
-        &self,
-        object: &str,
-        choices: Vec<C>,
-        usage: Option<Usage>,
-    ) -> protocol::Response<C> {
-        protocol::Response {
-            id: self.id.clone(),
-            object: object.to_string(),
-            created: self.created,
-            model: self.model.clone(),
-            choices,
-            usage,
-        }
-    }
+    /// The events of one step of choice `choice`; `usage` tells the usage
+    /// so far, for the APIs that show it mid-reply.
+    fn step(
+        &mut self,
+        choice: usize,
+        step: ReplyStep,
+        usage: &dyn Fn() -> Usage,
+    ) -> Vec<Self::Event>;
+    /// The events that end a reply that went well. What must happen before
+    /// the client hears the reply is over happens here.
+    fn finish(&mut self, usage: Usage) -> Vec<Self::Event>;
+    /// What a stream sends when the request fails once started.
+    fn fail(&mut self, e: &ApiError) -> Vec<Event>;
+    fn sse(&self, event: &Self::Event) -> Event;
+    /// A whole response of `choices` choices before any event is folded in.
+    fn whole(&self, choices: usize) -> Self::Whole;
+    fn fold(&self, whole: &mut Self::Whole, event: Self::Event);
+    fn answer(&self, whole: Self::Whole) -> Response;
 }
 
-pub struct StreamShape {
-    pub stream: bool,
-    pub include_usage: bool,
-    /// How often an idle stream sends an SSE comment, so proxies keep it open.
-    pub keep_alive: Duration,
-}
-
-fn sse_json<T: Serialize>(value: &T) -> Event {
-    Event::default().data(serde_json::to_string(value).unwrap_or_default())
-}
-
-/// Streams over SSE or answers whole. A stream ends with `[DONE]`, after an
-/// error event if the request failed once started; a client that goes away
-/// drops the stream, and with it the generation, which aborts its sequences.
-pub async fn respond<B: OutputBuilder>(
+/// Streams over SSE or answers whole, as `plan` asks. A client that goes
+/// away drops the stream, and with it the generation, which aborts its
+/// sequences.
+pub async fn respond<R: Render>(
     mut g: Generation,
-    mut builder: B,
-    env: Envelope,
-    shape: StreamShape,
+    plan: &GenerationPlan,
+    mut r: R,
+    keep_alive: Duration,
 ) -> Result<Response, ApiError> {
-    if shape.stream {
+    let text = token_text(g.model().clone());
+    let mut parsers: Vec<ReplyParser> = (0..g.num_choices())
+        .map(|_| ReplyParser::new(plan, text.clone()))
+        .collect();
+    if plan.stream {
         let events = async_stream::stream! {
+            for ev in r.open() {
+                yield r.sse(&ev);
+            }
             loop {
                 match g.next().await {
                     Some(Ok((i, delta))) => {
-                        let usage = env.continuous_usage.then(|| g.usage());
-                        for chunk in builder.chunks(i, delta) {
-                            yield sse_json(&env.wrap(B::CHUNK_OBJECT, vec![chunk], usage));
+                        let step = parsers[i].push(delta);
+                        for ev in r.step(i, step, &|| g.usage()) {
+                            yield r.sse(&ev);
                         }
                     }
                     Some(Err(e)) => {
-                        yield Event::default().data(e.sse_data());
+                        for ev in r.fail(&e) {
+                            yield ev;
+                        }
                         break;
                     }
                     None => {
-                        if shape.include_usage {
-                            let usage = Some(g.usage());
-                            yield sse_json(&env.wrap::<B::Chunk>(B::CHUNK_OBJECT, vec![], usage));
+                        for ev in r.finish(g.usage()) {
+                            yield r.sse(&ev);
                         }
                         break;
                     }
                 }
             }
-            yield Event::default().data("[DONE]");
+            if R::DONE {
+                yield Event::default().data("[DONE]");
+            }
         };
         let events = futures::StreamExt::map(events, Ok::<_, Infallible>);
-        let keep_alive = KeepAlive::new().interval(shape.keep_alive);
+        let keep_alive = KeepAlive::new().interval(keep_alive);
         return Ok(Sse::new(events).keep_alive(keep_alive).into_response());
     }
-    let mut choices: Vec<B::Choice> = (0..g.num_choices())
-        .map(|i| builder.empty_choice(i))
-        .collect();
+    let mut whole = r.whole(g.num_choices());
+    for ev in r.open() {
+        r.fold(&mut whole, ev);
+    }
     while let Some(next) = g.next().await {
         let (i, delta) = next?;
-        for chunk in builder.chunks(i, delta) {
-            let at = B::chunk_index(&chunk);
-            B::merge(&mut choices[at], chunk);
+        let step = parsers[i].push(delta);
+        for ev in r.step(i, step, &|| g.usage()) {
+            r.fold(&mut whole, ev);
         }
     }
-    let usage = Some(g.usage());
-    Ok(Json(env.wrap(B::OBJECT, choices, usage)).into_response())
+    for ev in r.finish(g.usage()) {
+        r.fold(&mut whole, ev);
+    }
+    Ok(r.answer(whole))
 }

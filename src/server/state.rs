@@ -9,8 +9,7 @@ use tokio::sync::watch;
 use crate::sampling::constraint::ConstraintFactory;
 use crate::server::engine_loop::EngineHandle;
 use crate::server::metrics::Metrics;
-use crate::server::respond::StreamShape;
-use crate::server::validation::{GenerationPlan, ModelContext};
+use crate::server::validation::ModelContext;
 use crate::text::chat_template::ChatTemplate;
 use crate::text::tokenizer::Tokenizer;
 
@@ -85,14 +84,4 @@ pub struct RequestLimits {
     /// Longest a generation may run.
     pub request_timeout: Option<Duration>,
     pub sse_keep_alive: Duration,
-}
-
-impl RequestLimits {
-    pub fn stream_shape(&self, plan: &GenerationPlan) -> StreamShape {
-        StreamShape {
-            stream: plan.stream,
-            include_usage: plan.include_usage,
-            keep_alive: self.sse_keep_alive,
-        }
-    }
 }

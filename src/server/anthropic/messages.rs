@@ -28,13 +28,14 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use crate::server::anthropic::error::error_body;
-use crate::server::anthropic::messages_stream;
+use crate::server::anthropic::messages_stream::Blocks;
 use crate::server::error::{clip, ApiError, MAX_ECHO_CHARS};
 use crate::server::generation;
 use crate::server::handlers;
 use crate::server::http::access::{request_id, AccessRecord};
 use crate::server::http::json_body::JsonBody;
 use crate::server::protocol::{ChatCompletionRequest, UnknownFields};
+use crate::server::respond::respond;
 use crate::server::unsupported;
 use crate::server::validation::{validate_chat, GenerationPlan, ModelContext};
 use crate::server::AppState;
@@ -742,7 +743,8 @@ pub async fn messages(
 ) -> Result<Response, AnthropicError> {
     let (g, plan) = generation::begin::<MessagesRequest>(&state, body, validate, access).await?;
     let id = format!("msg_{}", request_id(&headers).replace('-', ""));
-    Ok(messages_stream::respond(g, &plan, id, state.limits.sse_keep_alive).await?)
+    let blocks = Blocks::new(&plan, id, g.model().name.clone());
+    Ok(respond(g, &plan, blocks, state.limits.sse_keep_alive).await?)
 }
 
 /// `{"input_tokens": N}`: the prompt the same request would run, in tokens.

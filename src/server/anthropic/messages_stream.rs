@@ -1,34 +1,26 @@
 //! The reply of `POST /v1/messages` as Anthropic's content blocks: text,
-//! thinking (a template that thinks) and `tool_use`, read from the
-//! generation as chat reads it (the reasoning parser, then the tool-call
-//! parser of the request's tool plan). [`BlockBuilder`] turns each delta
-//! into stream events (`content_block_start`, `content_block_delta`,
+//! thinking (a template that thinks) and `tool_use`, from the reply
+//! events every API reads (`server::reply`). [`Blocks`] turns them into
+//! stream events (`content_block_start`, `content_block_delta`,
 //! `content_block_stop`); a stream sends them as SSE with `event:` names
 //! between `message_start` and `message_delta` + `message_stop`, and a
 //! whole reply is those same events applied to its content, so the two
 //! cannot drift apart.
 
-use std::convert::Infallible;
-use std::sync::Arc;
-use std::time::Duration;
-
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::engine::output::Delta;
 use crate::engine::sequence::FinishReason;
 use crate::server::anthropic::error::error_body;
 use crate::server::error::ApiError;
-use crate::server::generation::Generation;
+use crate::server::protocol;
+use crate::server::reply::{ReplyEvent, ReplyStep};
+use crate::server::respond::Render;
 use crate::server::tools::CallIds;
 use crate::server::validation::GenerationPlan;
-use crate::server::ModelState;
-use crate::text::reasoning::{self, Piece, ReasoningParser};
-use crate::text::stop::StopStrings;
-use crate::text::tool_parser::{ToolCallParser, ToolEvent};
 
 /// A content block of the reply; in a `content_block_start` event, as it
 /// opens (empty).
@@ -96,12 +88,6 @@ impl StreamEvent {
             StreamEvent::Ping => "ping",
         }
     }
-
-    fn sse(&self) -> Event {
-        Event::default()
-            .event(self.name())
-            .data(serde_json::to_string(self).unwrap_or_default())
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -129,7 +115,7 @@ pub struct MessageBody {
 /// this request, `cache_read_input_tokens` those wick's prefix cache
 /// supplied (their sum is the prompt); wick writes no cache on request, so
 /// `cache_creation_input_tokens` is 0.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Usage {
     pub input_tokens: usize,
     pub cache_creation_input_tokens: usize,
@@ -137,14 +123,15 @@ pub struct Usage {
     pub output_tokens: usize,
 }
 
-fn usage(g: &Generation) -> Usage {
-    let u = g.usage();
-    let cached = u.prompt_tokens_details.cached_tokens;
-    Usage {
-        input_tokens: u.prompt_tokens.saturating_sub(cached),
-        cache_creation_input_tokens: 0,
-        cache_read_input_tokens: cached,
-        output_tokens: u.completion_tokens,
+impl Usage {
+    fn of(u: protocol::Usage) -> Self {
+        let cached = u.prompt_tokens_details.cached_tokens;
+        Usage {
+            input_tokens: u.prompt_tokens.saturating_sub(cached),
+            cache_creation_input_tokens: 0,
+            cache_read_input_tokens: cached,
+            output_tokens: u.completion_tokens,
+        }
     }
 }
 
@@ -155,10 +142,12 @@ enum Kind {
     ToolUse,
 }
 
-/// One reply's deltas as content-block events.
-pub struct BlockBuilder {
-    thinking: Option<ReasoningParser>,
-    parser: Option<ToolCallParser>,
+/// The reply as content blocks: the [`Render`] of the Messages API.
+pub struct Blocks {
+    id: String,
+    model: String,
+    /// `message_start` went out.
+    started: bool,
     /// The block now open.
     open: Option<(usize, Kind)>,
     /// Blocks opened so far.
@@ -167,108 +156,88 @@ pub struct BlockBuilder {
     /// follows it (then sent) or a call or the end does (then dropped),
     /// so calls are not separated by blocks of blank text.
     blank: String,
-    /// Calls started.
-    calls: usize,
-    parallel: bool,
     ids: CallIds,
-    stops: StopStrings,
-    /// A token's text, as it reads mid-reply.
-    token_text: Box<dyn Fn(u32) -> String + Send>,
-    /// Set by the delta that finishes the reply.
+    /// Set by the step that finishes the reply.
     pub stop_reason: Option<&'static str>,
     pub stop_sequence: Option<String>,
 }
 
-impl BlockBuilder {
-    pub fn new(plan: &GenerationPlan, model: Arc<ModelState>) -> Self {
-        let token_text = move |t: u32| {
-            model
-                .tokenizer
-                .decode_continuation(&[t])
-                .unwrap_or_default()
-        };
-        BlockBuilder {
-            thinking: plan.reasoning.map(ReasoningParser::new),
-            parser: plan.tools.parser(),
+impl Blocks {
+    pub fn new(plan: &GenerationPlan, id: String, model: String) -> Self {
+        Blocks {
+            id,
+            model,
+            started: false,
             open: None,
             blocks: 0,
             blank: String::new(),
-            calls: 0,
-            parallel: plan.tools.parallel,
             ids: plan.tools.ids,
-            stops: plan.params.stop.clone(),
-            token_text: Box::new(token_text),
             stop_reason: None,
             stop_sequence: None,
         }
     }
 
-    /// The events of one delta; the last delta closes the open block and
-    /// sets the stop reason.
-    pub fn push(&mut self, d: Delta) -> Vec<StreamEvent> {
-        let mut out = Vec::new();
-        let pieces = reasoning::split(self.thinking.as_mut(), d.text.clone(), d.finish.is_some());
-        for piece in pieces {
-            match piece {
-                Piece::Reasoning(text) => self.append(Kind::Thinking, text, &mut out),
-                Piece::Content(text) => match &mut self.parser {
-                    None => self.append(Kind::Text, text, &mut out),
-                    Some(parser) => {
-                        let events = parser.push(&text);
-                        self.tool_events(events, &mut out);
-                    }
-                },
-            }
+    /// The message before any content, with the usage known so far.
+    fn message(&self, usage: Usage) -> MessageBody {
+        MessageBody {
+            id: self.id.clone(),
+            kind: "message",
+            role: "assistant",
+            model: self.model.clone(),
+            content: Vec::new(),
+            stop_reason: None,
+            stop_sequence: None,
+            usage,
         }
-        let Some(finish) = d.finish.clone() else {
-            return out;
-        };
-        if let Some(parser) = &mut self.parser {
-            let events = parser.finish();
-            self.tool_events(events, &mut out);
-        }
-        self.close(&mut out);
-        (self.stop_reason, self.stop_sequence) = match finish {
-            FinishReason::Length => (Some("max_tokens"), None),
-            _ if self.calls > 0 => (Some("tool_use"), None),
-            _ => match self.matched_stop(&d) {
-                Some(stop) => (Some("stop_sequence"), Some(stop)),
-                None => (Some("end_turn"), None),
-            },
-        };
-        out
     }
 
-    fn tool_events(&mut self, events: Vec<ToolEvent>, out: &mut Vec<StreamEvent>) {
-        for ev in events {
-            match ev {
-                ToolEvent::Content(text) => self.append(Kind::Text, text, out),
-                // Without parallel calls, only the first is kept.
-                ToolEvent::Start { index, .. } | ToolEvent::Arguments { index, .. }
-                    if index > 0 && !self.parallel => {}
-                ToolEvent::Start { index, name } => {
-                    self.calls = index + 1;
-                    self.blank.clear();
-                    let id = match self.ids {
-                        CallIds::OpenAi => tool_use_id(),
-                        // Mistral's templates take back no other ids.
-                        CallIds::Mistral => self.ids.issue(),
-                    };
-                    let block = ContentBlock::ToolUse {
-                        id,
-                        name,
-                        input: Value::Object(Default::default()),
-                    };
-                    self.start(Kind::ToolUse, block, out);
+    /// `message_start` and `ping`, once: sent with the first delta (or at
+    /// the end), when the prompt's cached part is known.
+    fn start(&mut self, usage: impl FnOnce() -> Usage, out: &mut Vec<StreamEvent>) {
+        if std::mem::replace(&mut self.started, true) {
+            return;
+        }
+        let message = self.message(usage());
+        out.push(StreamEvent::MessageStart { message });
+        out.push(StreamEvent::Ping);
+    }
+
+    fn event(&mut self, ev: ReplyEvent, out: &mut Vec<StreamEvent>) {
+        match ev {
+            ReplyEvent::Text(text) => self.append(Kind::Text, text, out),
+            ReplyEvent::Reasoning(text) => self.append(Kind::Thinking, text, out),
+            ReplyEvent::ToolCallStart { name, .. } => {
+                self.blank.clear();
+                let id = match self.ids {
+                    CallIds::OpenAi => tool_use_id(),
+                    // Mistral's templates take back no other ids.
+                    CallIds::Mistral => self.ids.issue(),
+                };
+                let block = ContentBlock::ToolUse {
+                    id,
+                    name,
+                    input: Value::Object(Default::default()),
+                };
+                self.start_block(Kind::ToolUse, block, out);
+            }
+            ReplyEvent::ToolCallArgs { text, .. } => {
+                if let (Some((index, Kind::ToolUse)), false) = (self.open, text.is_empty()) {
+                    out.push(StreamEvent::ContentBlockDelta {
+                        index,
+                        delta: BlockDelta::InputJsonDelta { partial_json: text },
+                    });
                 }
-                ToolEvent::Arguments { text, .. } => {
-                    if let (Some((index, Kind::ToolUse)), false) = (self.open, text.is_empty()) {
-                        out.push(StreamEvent::ContentBlockDelta {
-                            index,
-                            delta: BlockDelta::InputJsonDelta { partial_json: text },
-                        });
-                    }
-                }
+            }
+            ReplyEvent::Finish(f) => {
+                self.close(out);
+                (self.stop_reason, self.stop_sequence) = match f.reason {
+                    FinishReason::Length => (Some("max_tokens"), None),
+                    _ if f.calls > 0 => (Some("tool_use"), None),
+                    _ => match f.stop_sequence {
+                        Some(stop) => (Some("stop_sequence"), Some(stop)),
+                        None => (Some("end_turn"), None),
+                    },
+                };
             }
         }
     }
@@ -297,7 +266,7 @@ impl BlockBuilder {
                         }
                     }
                 };
-                self.start(kind, block, out)
+                self.start_block(kind, block, out)
             }
         };
         let delta = match kind {
@@ -307,7 +276,12 @@ impl BlockBuilder {
         out.push(StreamEvent::ContentBlockDelta { index, delta });
     }
 
-    fn start(&mut self, kind: Kind, block: ContentBlock, out: &mut Vec<StreamEvent>) -> usize {
+    fn start_block(
+        &mut self,
+        kind: Kind,
+        block: ContentBlock,
+        out: &mut Vec<StreamEvent>,
+    ) -> usize {
         self.close(out);
         let index = self.blocks;
         self.blocks += 1;
@@ -324,35 +298,6 @@ impl BlockBuilder {
             out.push(StreamEvent::ContentBlockStop { index });
         }
     }
-
-    /// Which stop sequence ended the reply, if one did. The engine shows
-    /// the text before the match (`d.text`, the rest of what it held back)
-    /// and the token that completed it: the match starts where `d.text`
-    /// ends and ends inside that token's text, so a stop sequence fits
-    /// when `d.text` + it ends with a start of the token's text (the
-    /// shortest that fits matched first).
-    fn matched_stop(&self, d: &Delta) -> Option<String> {
-        if d.finish != Some(FinishReason::Stop) || self.stops.is_empty() {
-            return None;
-        }
-        let piece = d.token.map(&self.token_text).unwrap_or_default();
-        let fits = |stop: &&str| {
-            let seen = format!("{}{stop}", d.text);
-            piece
-                .char_indices()
-                .map(|(i, c)| i + c.len_utf8())
-                .any(|end| seen.ends_with(&piece[..end]))
-        };
-        let found = self.stops.iter().filter(fits).min_by_key(|s| s.len());
-        match found {
-            Some(stop) => Some(stop.to_string()),
-            // The engine stops a sequence early only for a stop string.
-            None if d.abort_in_engine && self.stops.len() == 1 => {
-                self.stops.iter().next().map(str::to_string)
-            }
-            None => None,
-        }
-    }
 }
 
 /// An id as Anthropic's look: `toolu_` and 24 letters and digits.
@@ -361,181 +306,151 @@ fn tool_use_id() -> String {
     format!("toolu_{}", Alphanumeric.sample_string(&mut rand::rng(), 24))
 }
 
-/// Applies `ev` to a whole reply's content; `json` holds each tool_use
-/// block's arguments text until its block stops.
-fn apply(content: &mut Vec<ContentBlock>, json: &mut Vec<String>, ev: StreamEvent) {
-    match ev {
-        StreamEvent::ContentBlockStart { content_block, .. } => {
-            content.push(content_block);
-            json.push(String::new());
+/// A whole reply in the making: the message, and each tool_use block's
+/// arguments text until its block stops.
+pub struct Whole {
+    message: MessageBody,
+    json: Vec<String>,
+}
+
+impl Render for Blocks {
+    type Event = StreamEvent;
+    type Whole = Whole;
+    const DONE: bool = false;
+
+    fn step(
+        &mut self,
+        _choice: usize,
+        step: ReplyStep,
+        usage: &dyn Fn() -> protocol::Usage,
+    ) -> Vec<StreamEvent> {
+        let mut out = Vec::new();
+        self.start(|| Usage::of(usage()), &mut out);
+        for ev in step.events {
+            self.event(ev, &mut out);
         }
-        StreamEvent::ContentBlockDelta { index, delta } => match (&mut content[index], delta) {
-            (ContentBlock::Text { text }, BlockDelta::TextDelta { text: more }) => {
-                text.push_str(&more)
+        out
+    }
+
+    fn finish(&mut self, usage: protocol::Usage) -> Vec<StreamEvent> {
+        let usage = Usage::of(usage);
+        let mut out = Vec::new();
+        self.start(|| usage, &mut out);
+        let delta = MessageDelta {
+            stop_reason: self.stop_reason,
+            stop_sequence: self.stop_sequence.clone(),
+        };
+        out.push(StreamEvent::MessageDelta { delta, usage });
+        out.push(StreamEvent::MessageStop);
+        out
+    }
+
+    fn fail(&mut self, e: &ApiError) -> Vec<Event> {
+        vec![Event::default()
+            .event("error")
+            .data(error_body(e).to_string())]
+    }
+
+    fn sse(&self, event: &StreamEvent) -> Event {
+        Event::default()
+            .event(event.name())
+            .data(serde_json::to_string(event).unwrap_or_default())
+    }
+
+    fn whole(&self, _choices: usize) -> Whole {
+        Whole {
+            message: self.message(Usage::default()),
+            json: Vec::new(),
+        }
+    }
+
+    /// Applies `ev` to the whole reply.
+    fn fold(&self, whole: &mut Whole, ev: StreamEvent) {
+        let (content, json) = (&mut whole.message.content, &mut whole.json);
+        match ev {
+            StreamEvent::ContentBlockStart { content_block, .. } => {
+                content.push(content_block);
+                json.push(String::new());
             }
-            (
-                ContentBlock::Thinking { thinking, .. },
-                BlockDelta::ThinkingDelta { thinking: more },
-            ) => thinking.push_str(&more),
-            (ContentBlock::ToolUse { .. }, BlockDelta::InputJsonDelta { partial_json }) => {
-                json[index].push_str(&partial_json)
+            StreamEvent::ContentBlockDelta { index, delta } => match (&mut content[index], delta) {
+                (ContentBlock::Text { text }, BlockDelta::TextDelta { text: more }) => {
+                    text.push_str(&more)
+                }
+                (
+                    ContentBlock::Thinking { thinking, .. },
+                    BlockDelta::ThinkingDelta { thinking: more },
+                ) => thinking.push_str(&more),
+                (ContentBlock::ToolUse { .. }, BlockDelta::InputJsonDelta { partial_json }) => {
+                    json[index].push_str(&partial_json)
+                }
+                _ => {}
+            },
+            StreamEvent::ContentBlockStop { index } => {
+                if let ContentBlock::ToolUse { input, .. } = &mut content[index] {
+                    let text = std::mem::take(&mut json[index]);
+                    // Arguments cut off by max_tokens stay as the model wrote them.
+                    if !text.trim().is_empty() {
+                        *input = serde_json::from_str(&text).unwrap_or(Value::String(text));
+                    }
+                }
+            }
+            StreamEvent::MessageDelta { delta, usage } => {
+                whole.message.stop_reason = delta.stop_reason;
+                whole.message.stop_sequence = delta.stop_sequence;
+                whole.message.usage = usage;
             }
             _ => {}
-        },
-        StreamEvent::ContentBlockStop { index } => {
-            if let ContentBlock::ToolUse { input, .. } = &mut content[index] {
-                let text = std::mem::take(&mut json[index]);
-                // Arguments cut off by max_tokens stay as the model wrote them.
-                if !text.trim().is_empty() {
-                    *input = serde_json::from_str(&text).unwrap_or(Value::String(text));
-                }
-            }
-        }
-        _ => {}
-    }
-}
-
-fn error_event(e: &ApiError) -> Event {
-    Event::default()
-        .event("error")
-        .data(error_body(e).to_string())
-}
-
-/// Streams the reply over SSE, or answers it whole.
-pub async fn respond(
-    mut g: Generation,
-    plan: &GenerationPlan,
-    id: String,
-    keep_alive: Duration,
-) -> Result<Response, ApiError> {
-    let model = g.model().clone();
-    let mut builder = BlockBuilder::new(plan, model.clone());
-    let message = |content, builder: &BlockBuilder, usage| MessageBody {
-        id: id.clone(),
-        kind: "message",
-        role: "assistant",
-        model: model.name.clone(),
-        content,
-        stop_reason: builder.stop_reason,
-        stop_sequence: builder.stop_sequence.clone(),
-        usage,
-    };
-    if plan.stream {
-        // Sent with the first token, once the prompt's cached part is known.
-        let start = StreamEvent::MessageStart {
-            message: message(
-                Vec::new(),
-                &builder,
-                Usage {
-                    input_tokens: 0,
-                    cache_creation_input_tokens: 0,
-                    cache_read_input_tokens: 0,
-                    output_tokens: 0,
-                },
-            ),
-        };
-        let events = async_stream::stream! {
-            let mut start = Some(start);
-            loop {
-                let next = g.next().await;
-                if let (Some(StreamEvent::MessageStart { mut message }), Some(Ok(_)) | None) =
-                    (start.take(), &next)
-                {
-                    message.usage = usage(&g);
-                    yield StreamEvent::MessageStart { message }.sse();
-                    yield StreamEvent::Ping.sse();
-                }
-                match next {
-                    Some(Ok((_, delta))) => {
-                        for ev in builder.push(delta) {
-                            yield ev.sse();
-                        }
-                    }
-                    Some(Err(e)) => {
-                        yield error_event(&e);
-                        break;
-                    }
-                    None => {
-                        let delta = MessageDelta {
-                            stop_reason: builder.stop_reason,
-                            stop_sequence: builder.stop_sequence.clone(),
-                        };
-                        yield StreamEvent::MessageDelta { delta, usage: usage(&g) }.sse();
-                        yield StreamEvent::MessageStop.sse();
-                        break;
-                    }
-                }
-            }
-        };
-        let events = futures::StreamExt::map(events, Ok::<_, Infallible>);
-        let keep_alive = KeepAlive::new().interval(keep_alive);
-        return Ok(Sse::new(events).keep_alive(keep_alive).into_response());
-    }
-    let (mut content, mut json) = (Vec::new(), Vec::new());
-    while let Some(next) = g.next().await {
-        let (_, delta) = next?;
-        for ev in builder.push(delta) {
-            apply(&mut content, &mut json, ev);
         }
     }
-    Ok(Json(message(content, &builder, usage(&g))).into_response())
+
+    fn answer(&self, whole: Whole) -> Response {
+        Json(whole.message).into_response()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::text::tool_parser::ToolFormat;
+    use crate::engine::output::Delta;
+    use crate::server::reply::testing::{deltas, hermes, parser, plan};
+    use crate::server::tools::ToolMode;
 
-    /// A builder whose tokens all read as `piece`.
-    fn builder(
-        parser: Option<ToolCallParser>,
-        thinks: bool,
-        stops: &[&str],
-        piece: &str,
-    ) -> BlockBuilder {
-        let piece = piece.to_string();
-        BlockBuilder {
-            thinking: thinks.then(|| ReasoningParser::new(false)),
-            parser,
-            open: None,
-            blocks: 0,
-            blank: String::new(),
-            calls: 0,
-            parallel: true,
-            ids: CallIds::OpenAi,
-            stops: stops
-                .iter()
-                .map(|s| s.to_string())
-                .collect::<Vec<_>>()
-                .into(),
-            token_text: Box::new(move |_| piece.clone()),
-            stop_reason: None,
-            stop_sequence: None,
-        }
-    }
-
-    /// `pieces` as deltas, the last ending with `finish`: the events, and
-    /// the whole content they make.
+    /// `pieces` as the deltas of a reply (the last ending with `finish`)
+    /// through `plan`'s parser (tokens reading as `piece`): the renderer,
+    /// its content-block events, and the whole content they make.
     fn run(
-        b: &mut BlockBuilder,
+        plan: &GenerationPlan,
         pieces: &[&str],
         finish: FinishReason,
-    ) -> (Vec<StreamEvent>, Vec<ContentBlock>) {
+        piece: &str,
+    ) -> (Blocks, Vec<StreamEvent>, Vec<ContentBlock>) {
+        run_deltas(plan, deltas(pieces, finish), piece)
+    }
+
+    fn run_deltas(
+        plan: &GenerationPlan,
+        deltas: Vec<Delta>,
+        piece: &str,
+    ) -> (Blocks, Vec<StreamEvent>, Vec<ContentBlock>) {
+        let mut p = parser(plan, piece);
+        let mut b = Blocks::new(plan, "msg_1".into(), "m".into());
+        let usage = || protocol::Usage {
+            prompt_tokens: 0,
+            completion_tokens: 0,
+            total_tokens: 0,
+            prompt_tokens_details: protocol::PromptTokensDetails { cached_tokens: 0 },
+            completion_tokens_details: None,
+        };
         let mut events = Vec::new();
-        for (k, text) in pieces.iter().enumerate() {
-            let last = k + 1 == pieces.len();
-            events.extend(b.push(Delta {
-                text: text.to_string(),
-                token: Some(7),
-                finish: last.then(|| finish.clone()),
-                ..Default::default()
-            }));
+        for d in deltas {
+            events.extend(b.step(0, p.push(d), &usage));
         }
-        let (mut content, mut json) = (Vec::new(), Vec::new());
+        events.retain(|e| !matches!(e, StreamEvent::MessageStart { .. } | StreamEvent::Ping));
+        let mut whole = b.whole(1);
         for ev in events.clone() {
-            apply(&mut content, &mut json, ev);
+            b.fold(&mut whole, ev);
         }
-        (events, content)
+        (b, events, whole.message.content)
     }
 
     fn text(t: &str) -> ContentBlock {
@@ -544,8 +459,9 @@ mod tests {
 
     #[test]
     fn text_streams_as_one_block_and_ends_the_turn() {
-        let mut b = builder(None, false, &[], "");
-        let (events, content) = run(&mut b, &["Hello", " world", ""], FinishReason::Stop);
+        let text_only = plan(None, ToolMode::Off, true);
+        let (b, events, content) =
+            run(&text_only, &["Hello", " world", ""], FinishReason::Stop, "");
         assert_eq!(content, [text("Hello world")]);
         assert_eq!(
             events[0],
@@ -558,12 +474,10 @@ mod tests {
         assert_eq!(events[3], StreamEvent::ContentBlockStop { index: 0 });
         assert_eq!((b.stop_reason, b.stop_sequence), (Some("end_turn"), None));
 
-        let mut b = builder(None, false, &[], "");
-        let (_, content) = run(&mut b, &["Hel", "lo"], FinishReason::Length);
+        let (b, _, content) = run(&text_only, &["Hel", "lo"], FinishReason::Length, "");
         assert_eq!(content, [text("Hello")]);
         assert_eq!(b.stop_reason, Some("max_tokens"));
-        let mut b = builder(None, false, &[], "");
-        let (events, content) = run(&mut b, &[""], FinishReason::Stop);
+        let (_, events, content) = run(&text_only, &[""], FinishReason::Stop, "");
         assert!(events.is_empty() && content.is_empty());
     }
 
@@ -577,13 +491,7 @@ mod tests {
 
     #[test]
     fn calls_are_tool_use_blocks_without_blank_text_between() {
-        let mut b = builder(
-            Some(ToolCallParser::new(ToolFormat::Hermes)),
-            false,
-            &[],
-            "",
-        );
-        let (events, content) = run(&mut b, &CALLS, FinishReason::Stop);
+        let (b, events, content) = run(&plan(None, hermes(), true), &CALLS, FinishReason::Stop, "");
         assert_eq!(content.len(), 3, "{content:?}");
         assert_eq!(content[0], text("Checking."));
         let (ContentBlock::ToolUse { id: a, name, input }, ContentBlock::ToolUse { id: b2, .. }) =
@@ -617,25 +525,19 @@ mod tests {
             }
         )));
 
-        let mut b = builder(
-            Some(ToolCallParser::new(ToolFormat::Hermes)),
-            false,
-            &[],
-            "",
-        );
-        b.parallel = false;
-        let (_, content) = run(&mut b, &CALLS[1..], FinishReason::Stop);
+        let one_call = plan(None, hermes(), false);
+        let (b, _, content) = run(&one_call, &CALLS[1..], FinishReason::Stop, "");
         assert_eq!(content.len(), 1, "{content:?}");
         assert_eq!(b.stop_reason, Some("tool_use"));
     }
 
     #[test]
     fn thinking_is_a_block_before_the_answer() {
-        let mut b = builder(None, true, &[], "");
-        let (_, content) = run(
-            &mut b,
+        let (_, _, content) = run(
+            &plan(Some(false), ToolMode::Off, true),
             &["<think>I should", " say hi.</", "think>\n\nHi", "!"],
             FinishReason::Stop,
+            "",
         );
         assert_eq!(
             content,
@@ -655,14 +557,20 @@ mod tests {
         piece: &str,
         early: bool,
     ) -> (Option<&'static str>, Option<String>) {
-        let mut b = builder(None, false, stops, piece);
-        b.push(Delta {
+        let mut plan = plan(None, ToolMode::Off, true);
+        plan.params.stop = stops
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+            .into();
+        let delta = Delta {
             text: seen.into(),
             token: Some(1),
             finish: Some(FinishReason::Stop),
             abort_in_engine: early,
             ..Default::default()
-        });
+        };
+        let (b, _, _) = run_deltas(&plan, vec![delta], piece);
         (b.stop_reason, b.stop_sequence)
     }
 

@@ -9,22 +9,22 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::Extension;
 
-use crate::engine::output::{Delta, TokenLogprob};
+use crate::engine::output::TokenLogprob;
 use crate::engine::sequence::FinishReason;
 use crate::server::error::ApiError;
 use crate::server::generation;
 use crate::server::http::access::{request_id, AccessRecord};
+use crate::server::openai::chunks::{Chunks, Envelope, OutputBuilder};
 use crate::server::protocol::{
     ChatChoice, ChatCompletionRequest, ChatDelta, ChatLogprobs, ChatTokenLogprob, ChunkChoice,
     FunctionCallDelta, ResponseFunctionCall, ResponseMessage, ResponseToolCall, ToolCallDelta,
     TopLogprob,
 };
-use crate::server::respond::{respond, Envelope, OutputBuilder};
+use crate::server::reply::{ReplyEvent, ReplyStep};
+use crate::server::respond::respond;
 use crate::server::tools::{CallIds, ToolMode};
-use crate::server::validation::validate_chat;
+use crate::server::validation::{validate_chat, GenerationPlan};
 use crate::server::AppState;
-use crate::text::reasoning::{self, Piece, ReasoningParser};
-use crate::text::tool_parser::{ToolCallParser, ToolEvent};
 
 pub async fn chat_completions(
     State(state): State<Arc<AppState>>,
@@ -34,38 +34,19 @@ pub async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let (g, plan) =
         generation::begin::<ChatCompletionRequest>(&state, body, validate_chat, access).await?;
-    let model = g.model().clone();
-    let builder = ChatBuilder {
-        want_logprobs: plan.logprobs.is_some(),
-        started: vec![false; g.num_choices()],
-        parsers: (0..g.num_choices()).map(|_| plan.tools.parser()).collect(),
-        thinking: (0..g.num_choices())
-            .map(|_| plan.reasoning.map(ReasoningParser::new))
-            .collect(),
-        calls: vec![0; g.num_choices()],
-        parallel: plan.tools.parallel,
-        tool_only: matches!(plan.tools.mode, ToolMode::Required | ToolMode::Named(_)),
-        named: matches!(plan.tools.mode, ToolMode::Named(_)),
-        ids: plan.tools.ids,
-        legacy: plan.tools.legacy,
-    };
-    let mut env = Envelope::new(format!("chatcmpl-{}", request_id(&headers)), &model.name);
-    env.continuous_usage = plan.continuous_usage;
-    respond(g, builder, env, state.limits.stream_shape(&plan)).await
+    let builder = ChatBuilder::new(&plan, g.num_choices());
+    let env = Envelope::new(
+        format!("chatcmpl-{}", request_id(&headers)),
+        &g.model().name,
+    );
+    let chunks = Chunks::new(builder, env, &plan);
+    respond(g, &plan, chunks, state.limits.sse_keep_alive).await
 }
 
 pub struct ChatBuilder {
     want_logprobs: bool,
     /// Per choice: its role chunk went out.
     started: Vec<bool>,
-    /// Per choice: the reader of its tool calls, when it may make some.
-    parsers: Vec<Option<ToolCallParser>>,
-    /// Per choice: what tells its thinking from its answer, when the
-    /// template thinks.
-    thinking: Vec<Option<ReasoningParser>>,
-    /// Per choice: tool calls sent so far.
-    calls: Vec<usize>,
-    parallel: bool,
     /// The reply is calls alone (`tool_choice` required or named).
     tool_only: bool,
     /// The request named the function to call.
@@ -85,40 +66,47 @@ fn chunk(index: usize, delta: ChatDelta) -> ChunkChoice {
     }
 }
 
+impl ChatBuilder {
+    pub fn new(plan: &GenerationPlan, choices: usize) -> Self {
+        ChatBuilder {
+            want_logprobs: plan.logprobs.is_some(),
+            started: vec![false; choices],
+            tool_only: matches!(plan.tools.mode, ToolMode::Required | ToolMode::Named(_)),
+            named: matches!(plan.tools.mode, ToolMode::Named(_)),
+            ids: plan.tools.ids,
+            legacy: plan.tools.legacy,
+        }
+    }
+}
+
 impl OutputBuilder for ChatBuilder {
     type Chunk = ChunkChoice;
     type Choice = ChatChoice;
     const CHUNK_OBJECT: &'static str = "chat.completion.chunk";
     const OBJECT: &'static str = "chat.completion";
 
-    fn chunks(&mut self, i: usize, d: Delta) -> Vec<ChunkChoice> {
+    fn chunks(&mut self, i: usize, step: ReplyStep) -> Vec<ChunkChoice> {
         let mut out = Vec::new();
-        let mut logprobs = self.want_logprobs.then(|| chat_logprobs(&d.logprobs));
-        // Thinking goes out as it comes; the answer through the tool parser.
-        let pieces = reasoning::split(self.thinking[i].as_mut(), d.text, d.finish.is_some());
+        let mut logprobs = self.want_logprobs.then(|| chat_logprobs(&step.logprobs));
         let mut deltas = Vec::new();
-        for piece in pieces {
-            let text = match piece {
-                Piece::Reasoning(text) => {
-                    deltas.push(ChatDelta {
-                        reasoning_content: Some(text),
-                        ..ChatDelta::default()
-                    });
+        let mut finish = None;
+        for ev in step.events {
+            deltas.push(match ev {
+                ReplyEvent::Reasoning(text) => ChatDelta {
+                    reasoning_content: Some(text),
+                    ..ChatDelta::default()
+                },
+                ReplyEvent::Text(text) => content(text),
+                ReplyEvent::ToolCallStart { index, name } => {
+                    let id = Some(self.ids.issue());
+                    self.call(index, id, Some(name), String::new())
+                }
+                ReplyEvent::ToolCallArgs { index, text } => self.call(index, None, None, text),
+                ReplyEvent::Finish(f) => {
+                    finish = Some(f);
                     continue;
                 }
-                Piece::Content(text) => text,
-            };
-            match &mut self.parsers[i] {
-                None => deltas.push(content(text)),
-                Some(parser) => {
-                    let events = parser.push(&text);
-                    deltas.extend(self.tool_deltas(i, events));
-                }
-            }
-        }
-        if let (Some(parser), Some(_)) = (&mut self.parsers[i], &d.finish) {
-            let events = parser.finish();
-            deltas.extend(self.tool_deltas(i, events));
+            });
         }
         for delta in deltas {
             let empty = delta.content == Some(Some(String::new()))
@@ -140,14 +128,14 @@ impl OutputBuilder for ChatBuilder {
                 ..chunk(i, content(String::new()))
             });
         }
-        if let Some(f) = d.finish {
+        if let Some(f) = finish {
             // A call the request named ends as `stop`, as at OpenAI.
-            let reason = match f {
-                FinishReason::Stop if self.calls[i] > 0 && !self.named => match self.legacy {
+            let reason = match f.reason {
+                FinishReason::Stop if f.calls > 0 && !self.named => match self.legacy {
                     true => "function_call",
                     false => "tool_calls",
                 },
-                f => f.as_str(),
+                r => r.as_str(),
             };
             out.push(ChunkChoice {
                 finish_reason: Some(reason.to_string()),
@@ -157,7 +145,6 @@ impl OutputBuilder for ChatBuilder {
         self.open(i, &mut out);
         out
     }
-
     fn empty_choice(&self, index: usize) -> ChatChoice {
         ChatChoice {
             index,
@@ -264,49 +251,33 @@ impl ChatBuilder {
         );
     }
 
-    /// Tool-parser events as deltas; with `parallel_tool_calls` false, calls
-    /// after the first are dropped.
-    fn tool_deltas(&mut self, i: usize, events: Vec<ToolEvent>) -> Vec<ChatDelta> {
-        let mut out = Vec::new();
-        for ev in events {
-            let (index, id, name, arguments) = match ev {
-                ToolEvent::Content(text) => {
-                    out.push(content(text));
-                    continue;
-                }
-                ToolEvent::Start { index, name } => {
-                    self.calls[i] = index + 1;
-                    (
-                        index,
-                        Some(self.ids.issue()),
-                        Some(name),
-                        Some(String::new()),
-                    )
-                }
-                ToolEvent::Arguments { index, text } => (index, None, None, Some(text)),
-            };
-            if index > 0 && !self.parallel {
-                self.calls[i] = 1;
-                continue;
-            }
-            if self.legacy {
-                out.push(ChatDelta {
-                    function_call: Some(FunctionCallDelta { name, arguments }),
-                    ..ChatDelta::default()
-                });
-                continue;
-            }
-            out.push(ChatDelta {
-                tool_calls: Some(vec![ToolCallDelta {
-                    index,
-                    kind: id.as_ref().map(|_| "function".to_string()),
-                    id,
-                    function: FunctionCallDelta { name, arguments },
-                }]),
+    /// A piece of call `index` (its id and name with the first) as a delta.
+    fn call(
+        &self,
+        index: usize,
+        id: Option<String>,
+        name: Option<String>,
+        arguments: String,
+    ) -> ChatDelta {
+        let function = FunctionCallDelta {
+            name,
+            arguments: Some(arguments),
+        };
+        if self.legacy {
+            return ChatDelta {
+                function_call: Some(function),
                 ..ChatDelta::default()
-            });
+            };
         }
-        out
+        ChatDelta {
+            tool_calls: Some(vec![ToolCallDelta {
+                index,
+                kind: id.as_ref().map(|_| "function".to_string()),
+                id,
+                function,
+            }]),
+            ..ChatDelta::default()
+        }
     }
 }
 
@@ -342,21 +313,12 @@ fn chat_logprobs(lps: &[TokenLogprob]) -> ChatLogprobs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::server::reply::testing::{hermes, plan, steps};
     use crate::text::tool_parser::ToolFormat;
 
-    fn builder(parser: ToolCallParser, parallel: bool) -> ChatBuilder {
-        ChatBuilder {
-            want_logprobs: false,
-            started: vec![false],
-            parsers: vec![Some(parser)],
-            thinking: vec![Some(ReasoningParser::new(false))],
-            calls: vec![0],
-            parallel,
-            tool_only: false,
-            named: false,
-            ids: CallIds::OpenAi,
-            legacy: false,
-        }
+    fn builder(mode: ToolMode, parallel: bool) -> (ChatBuilder, GenerationPlan) {
+        let plan = plan(Some(false), mode, parallel);
+        (ChatBuilder::new(&plan, 1), plan)
     }
 
     /// A request in the deprecated `functions` form: its call goes out as
@@ -364,10 +326,11 @@ mod tests {
     /// ends `function_call`.
     #[test]
     fn legacy_calls_take_the_old_shape() {
-        let mut b = builder(ToolCallParser::new(ToolFormat::JsonList), false);
+        let (mut b, plan) = builder(ToolMode::Auto(ToolFormat::JsonList), false);
         b.legacy = true;
         let (chunks, whole) = run(
             &mut b,
+            &plan,
             &["[{\"name\": \"add\", ", "\"parameters\": {\"a\": 1}}]"],
         );
         assert!(chunks.iter().all(|c| c.delta.tool_calls.is_none()));
@@ -392,16 +355,14 @@ mod tests {
         );
     }
 
-    fn run(b: &mut ChatBuilder, pieces: &[&str]) -> (Vec<ChunkChoice>, ChatChoice) {
+    fn run(
+        b: &mut ChatBuilder,
+        plan: &GenerationPlan,
+        pieces: &[&str],
+    ) -> (Vec<ChunkChoice>, ChatChoice) {
         let mut chunks = Vec::new();
-        for (k, text) in pieces.iter().enumerate() {
-            let finish = (k + 1 == pieces.len()).then_some(FinishReason::Stop);
-            let delta = Delta {
-                text: text.to_string(),
-                finish,
-                ..Default::default()
-            };
-            chunks.extend(b.chunks(0, delta));
+        for step in steps(plan, pieces, FinishReason::Stop) {
+            chunks.extend(b.chunks(0, step));
         }
         let mut whole = b.empty_choice(0);
         for c in chunks.clone() {
@@ -419,8 +380,8 @@ mod tests {
             "\"Paris\"}}\n</tool_call>\n<tool_call>{\"name\": \"now\", \"arguments\": {}}",
             "</tool_call>",
         ];
-        let mut b = builder(ToolCallParser::new(ToolFormat::Hermes), true);
-        let (chunks, whole) = run(&mut b, &pieces);
+        let (mut b, plan) = builder(hermes(), true);
+        let (chunks, whole) = run(&mut b, &plan, &pieces);
         let calls: Vec<&ToolCallDelta> = chunks
             .iter()
             .flat_map(|c| c.delta.tool_calls.iter().flatten())
@@ -450,8 +411,8 @@ mod tests {
 
         // Without parallel calls only the first is kept; with no text
         // around it the content is null.
-        let mut b = builder(ToolCallParser::new(ToolFormat::Hermes), false);
-        let (_, whole) = run(&mut b, &pieces[1..]);
+        let (mut b, plan) = builder(hermes(), false);
+        let (_, whole) = run(&mut b, &plan, &pieces[1..]);
         assert_eq!(whole.message.content, None);
         assert_eq!(whole.message.tool_calls.unwrap().len(), 1);
         assert_eq!(whole.finish_reason.as_deref(), Some("tool_calls"));
@@ -459,8 +420,8 @@ mod tests {
 
     #[test]
     fn a_reply_without_calls_is_plain_content() {
-        let mut b = builder(ToolCallParser::new(ToolFormat::Hermes), true);
-        let (_, whole) = run(&mut b, &["Hello", " there <tool", "box>"]);
+        let (mut b, plan) = builder(hermes(), true);
+        let (_, whole) = run(&mut b, &plan, &["Hello", " there <tool", "box>"]);
         assert_eq!(
             whole.message.content.as_deref(),
             Some("Hello there <toolbox>")
@@ -474,9 +435,10 @@ mod tests {
     /// the reply opens with a call (as OpenAI sends them).
     #[test]
     fn the_role_comes_first_with_null_content_before_a_call() {
-        let mut b = builder(ToolCallParser::new(ToolFormat::Hermes), true);
+        let (mut b, plan) = builder(hermes(), true);
         let (chunks, _) = run(
             &mut b,
+            &plan,
             &["<tool_call>{\"name\": \"now\", ", "\"arguments\": {}}"],
         );
         let first = &chunks[0].delta;
@@ -484,8 +446,8 @@ mod tests {
         assert_eq!(first.content, Some(None));
         assert!(first.tool_calls.is_some());
         assert!(chunks[1..].iter().all(|c| c.delta.role.is_none()));
-        let mut b = builder(ToolCallParser::new(ToolFormat::Hermes), true);
-        let (chunks, _) = run(&mut b, &["Hi", "<tool_call>{\"name\": \"now\"}"]);
+        let (mut b, plan) = builder(hermes(), true);
+        let (chunks, _) = run(&mut b, &plan, &["Hi", "<tool_call>{\"name\": \"now\"}"]);
         assert_eq!(
             chunks[0].delta,
             ChatDelta {
@@ -500,9 +462,8 @@ mod tests {
     /// A named call ends as `stop`, as at OpenAI; `required` as `tool_calls`.
     #[test]
     fn a_named_call_ends_as_stop() {
-        let mut b = builder(ToolCallParser::named("f"), true);
-        b.named = true;
-        let (_, whole) = run(&mut b, &["{\"a\":", " 1}"]);
+        let (mut b, plan) = builder(ToolMode::Named("f".into()), true);
+        let (_, whole) = run(&mut b, &plan, &["{\"a\":", " 1}"]);
         assert_eq!(
             whole.message.tool_calls.unwrap()[0].function.arguments,
             "{\"a\": 1}"
@@ -520,8 +481,8 @@ mod tests {
             "think>\n<tool_call>{\"name\": \"now\", \"arguments\": {}}",
             "</tool_call>",
         ];
-        let mut b = builder(ToolCallParser::new(ToolFormat::Hermes), true);
-        let (chunks, whole) = run(&mut b, &pieces);
+        let (mut b, plan) = builder(hermes(), true);
+        let (chunks, whole) = run(&mut b, &plan, &pieces);
         let thought: String = chunks
             .iter()
             .filter_map(|c| c.delta.reasoning_content.as_deref())

@@ -9,12 +9,14 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::Extension;
 
-use crate::engine::output::{Delta, TokenLogprob};
+use crate::engine::output::TokenLogprob;
 use crate::server::error::ApiError;
 use crate::server::generation;
 use crate::server::http::access::{request_id, AccessRecord};
+use crate::server::openai::chunks::{Chunks, Envelope, OutputBuilder};
 use crate::server::protocol::{CompletionChoice, CompletionLogprobs, CompletionRequest};
-use crate::server::respond::{respond, Envelope, OutputBuilder};
+use crate::server::reply::{ReplyEvent, ReplyStep};
+use crate::server::respond::respond;
 use crate::server::validation::{validate_completion, GenerationPlan};
 use crate::server::AppState;
 use crate::text::tokenizer::Tokenizer;
@@ -29,9 +31,9 @@ pub async fn completions(
         generation::begin::<CompletionRequest>(&state, body, validate_completion, access).await?;
     let model = g.model().clone();
     let builder = CompletionBuilder::new(&plan, &model.tokenizer, g.num_choices());
-    let mut env = Envelope::new(format!("cmpl-{}", request_id(&headers)), &model.name);
-    env.continuous_usage = plan.continuous_usage;
-    respond(g, builder, env, state.limits.stream_shape(&plan)).await
+    let env = Envelope::new(format!("cmpl-{}", request_id(&headers)), &model.name);
+    let chunks = Chunks::new(builder, env, &plan);
+    respond(g, &plan, chunks, state.limits.sse_keep_alive).await
 }
 
 pub struct CompletionBuilder {
@@ -75,23 +77,33 @@ impl OutputBuilder for CompletionBuilder {
     const CHUNK_OBJECT: &'static str = "text_completion";
     const OBJECT: &'static str = "text_completion";
 
-    fn chunks(&mut self, i: usize, d: Delta) -> Vec<CompletionChoice> {
-        let mut text = std::mem::take(&mut self.echo[i]);
-        text.push_str(&d.text);
+    /// One chunk per step: completions have no thinking or calls to
+    /// read, so the step is the raw text.
+    fn chunks(&mut self, i: usize, step: ReplyStep) -> Vec<CompletionChoice> {
+        let echo = std::mem::take(&mut self.echo[i]);
+        let mut generated = String::new();
+        let mut finish_reason = None;
+        for ev in step.events {
+            match ev {
+                ReplyEvent::Text(t) => generated.push_str(&t),
+                ReplyEvent::Finish(f) => finish_reason = Some(f.reason.as_str().to_string()),
+                _ => {}
+            }
+        }
         let logprobs = self.want_logprobs.then(|| {
             let mut lp = match self.echo_first[i].take() {
-                Some(first) => echo_logprobs(first, &d.prompt_logprobs),
+                Some(first) => echo_logprobs(first, &step.prompt_logprobs),
                 None => CompletionLogprobs::default(),
             };
-            lp.append(completion_logprobs(&d.logprobs, self.offsets[i]));
+            lp.append(completion_logprobs(&step.logprobs, self.offsets[i]));
             lp
         });
-        self.offsets[i] += d.text.chars().count();
+        self.offsets[i] += generated.chars().count();
         vec![CompletionChoice {
             index: i,
-            text,
+            text: echo + &generated,
             logprobs,
-            finish_reason: d.finish.map(|f| f.as_str().to_string()),
+            finish_reason,
         }]
     }
 

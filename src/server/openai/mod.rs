@@ -3,6 +3,7 @@
 //! it is for every API.
 
 pub mod chat;
+pub mod chunks;
 pub mod completions;
 pub mod embeddings;
 pub mod responses;

@@ -17,17 +17,16 @@
 //! `safety_identifier`, `prompt_cache_key`, `store`, …) are accepted and
 //! echoed. Kept responses live in `responses_store`, in memory.
 
+pub mod events;
 pub mod store;
 pub mod stream;
 
-use std::convert::Infallible;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequest, Path, RawQuery, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
-use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::de::DeserializeOwned;
@@ -40,11 +39,12 @@ use crate::server::http::access::AccessRecord;
 use crate::server::http::auth::Owner;
 use crate::server::http::json_body::JsonBody;
 use crate::server::openai::responses::store::{ResponseStore, Stored};
-use crate::server::openai::responses::stream::{new_id, ReplyShape, ResponseBuilder};
+use crate::server::openai::responses::stream::{new_id, OnDone, ResponseBuilder};
 use crate::server::protocol::{ChatCompletionRequest, Metadata, Stop, UnknownFields};
+use crate::server::respond::respond;
 use crate::server::tools;
 use crate::server::unsupported;
-use crate::server::validation::validate_chat;
+use crate::server::validation::{validate_chat, GenerationPlan};
 use crate::server::AppState;
 
 /// `input`: a user message's text, or a list of items.
@@ -308,73 +308,23 @@ pub async fn create_response(
     parts.headers.remove(header::CONTENT_ENCODING);
     parts.headers.remove(header::CONTENT_LENGTH);
     let chat = Request::from_parts(parts, Body::from(chat_body));
-    let (mut g, plan) =
-        generation::begin::<ChatCompletionRequest>(&state, chat, validate_chat, access)
-            .await
-            .map_err(for_responses)?;
+    let (g, plan) = generation::begin::<ChatCompletionRequest>(&state, chat, validate_chat, access)
+        .await
+        .map_err(for_responses)?;
     let mut echo = t.echo;
     echo.insert("model".into(), json!(g.model().name));
-    let shape = ReplyShape {
-        reasoning: plan.reasoning,
-        parser: plan.tools.parser(),
-        parallel: plan.tools.parallel,
-        ids: plan.tools.ids,
-    };
-    let mut builder = ResponseBuilder::new(new_id("resp"), unix_now(), echo, shape);
-    let keep = keeps.then(|| Keep {
-        kept,
-        owner,
-        conversation,
-    });
-
-    if stream {
-        let events = async_stream::stream! {
-            for event in builder.start() {
-                yield sse(event);
-            }
-            loop {
-                match g.next().await {
-                    Some(Ok((_, delta))) => {
-                        for event in builder.push(delta) {
-                            yield sse(event);
-                        }
-                    }
-                    Some(Err(e)) => {
-                        for event in builder.fail(&e) {
-                            yield sse(event);
-                        }
-                        break;
-                    }
-                    None => {
-                        let (events, response) = builder.finish(g.usage());
-                        // Kept before the client hears it is done, so a
-                        // follow-up may name it at once.
-                        if let Some(keep) = &keep {
-                            keep.save(&builder, json_bytes(&response));
-                        }
-                        for event in events {
-                            yield sse(event);
-                        }
-                        break;
-                    }
-                }
-            }
+    let on_done = keeps.then(|| {
+        let keep = Keep {
+            kept,
+            owner,
+            conversation,
         };
-        let events = futures::StreamExt::map(events, Ok::<_, Infallible>);
-        let keep_alive = KeepAlive::new().interval(state.limits.sse_keep_alive);
-        return Ok(Sse::new(events).keep_alive(keep_alive).into_response());
-    }
-    builder.start();
-    while let Some(next) = g.next().await {
-        let (_, delta) = next?;
-        builder.push(delta);
-    }
-    let (_, response) = builder.finish(g.usage());
-    let response = json_bytes(&response);
-    if let Some(keep) = &keep {
-        keep.save(&builder, response.clone());
-    }
-    Ok(json_response(response))
+        Box::new(move |b: &ResponseBuilder, response| keep.save(b, response)) as OnDone
+    });
+    let builder = ResponseBuilder::new(new_id("resp"), unix_now(), echo, plan.tools.ids, on_done);
+    // The chat request it runs as leaves streaming to this handler.
+    let plan = GenerationPlan { stream, ..plan };
+    respond(g, &plan, builder, state.limits.sse_keep_alive).await
 }
 
 /// `GET /v1/responses/{id}`: a kept response, sent as the bytes it is
@@ -457,13 +407,6 @@ fn json_bytes(v: &Value) -> Bytes {
 
 fn json_response(body: Bytes) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
-}
-
-fn sse(event: Value) -> Event {
-    let kind = event["type"].as_str().unwrap_or("message").to_string();
-    Event::default()
-        .event(kind)
-        .data(serde_json::to_string(&event).unwrap_or_default())
 }
 
 fn unix_now() -> u64 {

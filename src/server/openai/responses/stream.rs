@@ -1,8 +1,9 @@
-//! The output side of `POST /v1/responses`: a generation's deltas as the
-//! Responses API's typed events (`response.output_item.added`,
-//! `response.output_text.delta`, …, each with its `sequence_number`) and,
-//! from the very same events, the Response object a whole request answers
-//! (so a stream and a whole response cannot drift apart).
+//! The output side of `POST /v1/responses`: the reply events every API
+//! reads (`server::reply`) as the Responses API's typed events
+//! (`response.output_item.added`, `response.output_text.delta`, …, each
+//! with its `sequence_number`) and, from the very same events, the
+//! Response object a whole request answers (so a stream and a whole
+//! response cannot drift apart).
 //!
 //! The reply becomes output items in the order the model writes them: its
 //! thinking (templates that think) a `reasoning` item, its text a
@@ -10,15 +11,22 @@
 //! item. An item is closed (its `.done` events) when the next one opens or
 //! the reply ends.
 
+use axum::body::Bytes;
+use axum::response::sse::Event;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
 use serde_json::{json, Map, Value};
 
-use crate::engine::output::Delta;
 use crate::engine::sequence::FinishReason;
 use crate::server::error::ApiError;
+use crate::server::openai::responses::events::{
+    EventKind, Failure, Incomplete, InputDetails, OutputDetails, OutputItem, Part, ResponseObject,
+    ResponseUsage, StreamEvent,
+};
 use crate::server::protocol::Usage;
+use crate::server::reply::{ReplyEvent, ReplyStep};
+use crate::server::respond::Render;
 use crate::server::tools::CallIds;
-use crate::text::reasoning::{self, Piece, ReasoningParser};
-use crate::text::tool_parser::{ToolCallParser, ToolEvent};
 
 /// A fresh id: `prefix`, an underscore and 32 hex digits.
 pub fn new_id(prefix: &str) -> String {
@@ -53,54 +61,55 @@ impl Item {
     }
 
     /// The item as the Response object (and the item events) show it.
-    fn to_json(&self, status: &str) -> Value {
+    fn wire(&self, status: &'static str) -> OutputItem {
         match self {
-            Item::Reasoning { id, text } => json!({
-                "id": id, "type": "reasoning", "summary": [],
-                "content": [{"type": "reasoning_text", "text": text}],
-                "encrypted_content": null, "status": status,
-            }),
-            Item::Message { id, text } => json!({
-                "id": id, "type": "message", "status": status, "role": "assistant",
-                "content": [output_text(text)],
-            }),
+            Item::Reasoning { id, text } => OutputItem::Reasoning {
+                id: id.clone(),
+                kind: "reasoning",
+                summary: [],
+                content: vec![Part::ReasoningText { text: text.clone() }],
+                encrypted_content: None,
+                status,
+            },
+            Item::Message { id, text } => OutputItem::Message {
+                id: id.clone(),
+                kind: "message",
+                status,
+                role: "assistant",
+                content: vec![Part::output_text(text.clone())],
+            },
             Item::FunctionCall {
                 id,
                 call_id,
                 name,
                 arguments,
-            } => json!({
-                "id": id, "type": "function_call", "status": status, "call_id": call_id,
-                "name": name, "arguments": arguments,
-            }),
+            } => OutputItem::FunctionCall {
+                id: id.clone(),
+                kind: "function_call",
+                status,
+                call_id: call_id.clone(),
+                name: name.clone(),
+                arguments: arguments.clone(),
+            },
         }
     }
 
     /// The item as it opens: no text or arguments yet.
-    fn opening_json(&self) -> Value {
-        let mut v = self.to_json("in_progress");
-        match self {
-            Item::Reasoning { .. } | Item::Message { .. } => v["content"] = json!([]),
-            Item::FunctionCall { .. } => v["arguments"] = json!(""),
+    fn opening(&self) -> OutputItem {
+        let mut item = self.wire("in_progress");
+        match &mut item {
+            OutputItem::Reasoning { content, .. } | OutputItem::Message { content, .. } => {
+                content.clear()
+            }
+            OutputItem::FunctionCall { arguments, .. } => arguments.clear(),
         }
-        v
+        item
     }
 }
 
-fn output_text(text: &str) -> Value {
-    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
-}
-
-/// How a request's reply is read: what the generation plan decided.
-pub struct ReplyShape {
-    /// `Some(opened)` when the template thinks (see [`ReasoningParser`]).
-    pub reasoning: Option<bool>,
-    /// The reader of tool calls, when the reply may hold some.
-    pub parser: Option<ToolCallParser>,
-    /// Whether calls after the first are kept.
-    pub parallel: bool,
-    pub ids: CallIds,
-}
+/// What keeps a finished response (the Responses store), given its
+/// builder and the Response object as sent.
+pub type OnDone = Box<dyn FnOnce(&ResponseBuilder, Bytes) + Send>;
 
 pub struct ResponseBuilder {
     /// The Response object's fields that echo the request (`model`,
@@ -108,39 +117,36 @@ pub struct ResponseBuilder {
     echo: Map<String, Value>,
     id: String,
     created_at: u64,
-    thinking: Option<ReasoningParser>,
-    parser: Option<ToolCallParser>,
-    parallel: bool,
     ids: CallIds,
     output: Vec<Item>,
     /// Per item: `in_progress` while open, then how it ended.
     status: Vec<&'static str>,
     /// `output[open]` is still being written.
     open: Option<usize>,
-    /// Per call index of the reply: its output index (`None`: dropped, as
-    /// a second call without `parallel_tool_calls`).
+    /// Per call index of the reply: its output index.
     calls: Vec<Option<usize>>,
     /// Whitespace before any message text, held until text follows.
     held_space: String,
     next_sequence: u64,
-    /// The model is inside its thinking (for `reasoning_tokens`).
-    in_reasoning: bool,
     reasoning_tokens: usize,
     /// The reply was cut off at `max_output_tokens` (or the time limit).
     cut_off: bool,
+    on_done: Option<OnDone>,
 }
 
 impl ResponseBuilder {
-    pub fn new(id: String, created_at: u64, echo: Map<String, Value>, shape: ReplyShape) -> Self {
+    pub fn new(
+        id: String,
+        created_at: u64,
+        echo: Map<String, Value>,
+        ids: CallIds,
+        on_done: Option<OnDone>,
+    ) -> Self {
         ResponseBuilder {
             echo,
             id,
             created_at,
-            in_reasoning: shape.reasoning == Some(true),
-            thinking: shape.reasoning.map(ReasoningParser::new),
-            parser: shape.parser,
-            parallel: shape.parallel,
-            ids: shape.ids,
+            ids,
             output: Vec::new(),
             status: Vec::new(),
             open: None,
@@ -149,6 +155,7 @@ impl ResponseBuilder {
             next_sequence: 0,
             reasoning_tokens: 0,
             cut_off: false,
+            on_done,
         }
     }
 
@@ -156,81 +163,9 @@ impl ResponseBuilder {
         &self.id
     }
 
-    /// `response.created` and `response.in_progress`.
-    pub fn start(&mut self) -> Vec<Value> {
-        let mut out = Vec::new();
-        for kind in ["response.created", "response.in_progress"] {
-            let response = self.snapshot("in_progress", None);
-            self.emit(&mut out, json!({"type": kind, "response": response}));
-        }
-        out
-    }
-
-    /// The events one delta of the reply makes.
-    pub fn push(&mut self, d: Delta) -> Vec<Value> {
-        let mut out = Vec::new();
-        let pieces = reasoning::split(self.thinking.as_mut(), d.text, d.finish.is_some());
-        if d.token.is_some() {
-            let thought = pieces.iter().any(|p| matches!(p, Piece::Reasoning(_)));
-            let answered = pieces
-                .iter()
-                .any(|p| matches!(p, Piece::Content(t) if !t.is_empty()));
-            if thought || (self.in_reasoning && !answered) {
-                self.reasoning_tokens += 1;
-            }
-        }
-        for piece in pieces {
-            match piece {
-                Piece::Reasoning(text) => {
-                    self.in_reasoning = true;
-                    self.reasoning(&mut out, text);
-                }
-                Piece::Content(text) => {
-                    if !text.is_empty() {
-                        self.in_reasoning = false;
-                    }
-                    match &mut self.parser {
-                        None => self.message(&mut out, text),
-                        Some(parser) => {
-                            let events = parser.push(&text);
-                            self.tool_events(&mut out, events);
-                        }
-                    }
-                }
-            }
-        }
-        if let Some(finish) = &d.finish {
-            if let Some(parser) = &mut self.parser {
-                let events = parser.finish();
-                self.tool_events(&mut out, events);
-            }
-            self.cut_off = *finish == FinishReason::Length;
-        }
-        out
-    }
-
-    /// The reply ended: the open item closes, and the last event carries
-    /// the whole Response object, returned too.
-    pub fn finish(&mut self, usage: Usage) -> (Vec<Value>, Value) {
-        let mut out = Vec::new();
-        let status = if self.cut_off {
-            "incomplete"
-        } else {
-            "completed"
-        };
-        self.close(&mut out, status);
-        let response = self.snapshot(status, Some(usage));
-        let kind = format!("response.{status}");
-        self.emit(
-            &mut out,
-            json!({"type": kind, "response": response.clone()}),
-        );
-        (out, response)
-    }
-
     /// The request failed once streaming: an `error` event, then
     /// `response.failed`.
-    pub fn fail(&mut self, e: &ApiError) -> Vec<Value> {
+    fn failure(&mut self, e: &ApiError) -> Vec<StreamEvent> {
         let mut out = Vec::new();
         self.close(&mut out, "incomplete");
         let code = e.code.clone().unwrap_or_else(|| {
@@ -240,16 +175,18 @@ impl ResponseBuilder {
                 "invalid_prompt".into()
             }
         });
-        self.emit(
-            &mut out,
-            json!({"type": "error", "code": code, "message": e.message, "param": e.param}),
-        );
+        let error = EventKind::Error {
+            code: code.clone(),
+            message: e.message.clone(),
+            param: e.param.clone(),
+        };
+        self.emit(&mut out, error);
         let mut response = self.snapshot("failed", None);
-        response["error"] = json!({"code": code, "message": e.message});
-        self.emit(
-            &mut out,
-            json!({"type": "response.failed", "response": response}),
-        );
+        response.error = Some(Failure {
+            code,
+            message: e.message.clone(),
+        });
+        self.emit(&mut out, EventKind::Failed { response });
         out
     }
 
@@ -289,83 +226,84 @@ impl ResponseBuilder {
         m
     }
 
-    fn emit(&mut self, out: &mut Vec<Value>, mut event: Value) {
-        event["sequence_number"] = json!(self.next_sequence);
+    fn emit(&mut self, out: &mut Vec<StreamEvent>, event: EventKind) {
+        out.push(StreamEvent {
+            event,
+            sequence_number: self.next_sequence,
+        });
         self.next_sequence += 1;
-        out.push(event);
     }
 
     /// The Response object now: `status`, the items so far, `usage` once known.
-    fn snapshot(&self, status: &str, usage: Option<Usage>) -> Value {
-        let mut r = Map::new();
-        r.insert("id".into(), json!(self.id));
-        r.insert("object".into(), json!("response"));
-        r.insert("created_at".into(), json!(self.created_at));
-        r.insert("status".into(), json!(status));
-        let completed_at = (status == "completed").then(unix_now);
-        r.insert("completed_at".into(), json!(completed_at));
-        r.insert("error".into(), Value::Null);
-        let incomplete = (status == "incomplete").then(|| json!({"reason": "max_output_tokens"}));
-        r.insert("incomplete_details".into(), json!(incomplete));
-        let output: Vec<Value> = self
-            .output
-            .iter()
-            .enumerate()
-            .map(|(i, item)| item.to_json(self.status[i]))
-            .collect();
-        r.insert("output".into(), Value::Array(output));
-        for (k, v) in &self.echo {
-            r.insert(k.clone(), v.clone());
+    fn snapshot(&self, status: &'static str, usage: Option<Usage>) -> ResponseObject {
+        ResponseObject {
+            id: self.id.clone(),
+            object: "response",
+            created_at: self.created_at,
+            status,
+            completed_at: (status == "completed").then(unix_now),
+            error: None,
+            incomplete_details: (status == "incomplete").then_some(Incomplete {
+                reason: "max_output_tokens",
+            }),
+            output: (self.output.iter().zip(&self.status))
+                .map(|(item, status)| item.wire(status))
+                .collect(),
+            echo: self.echo.clone(),
+            usage: usage.map(|u| self.usage(u)),
         }
-        r.insert("usage".into(), json!(usage.map(|u| self.usage(u))));
-        Value::Object(r)
     }
 
-    fn usage(&self, u: Usage) -> Value {
-        json!({
-            "input_tokens": u.prompt_tokens,
-            "input_tokens_details": {
-                "cached_tokens": u.prompt_tokens_details.cached_tokens,
-                "cache_write_tokens": 0,
+    fn usage(&self, u: Usage) -> ResponseUsage {
+        ResponseUsage {
+            input_tokens: u.prompt_tokens,
+            input_tokens_details: InputDetails {
+                cached_tokens: u.prompt_tokens_details.cached_tokens,
+                cache_write_tokens: 0,
             },
-            "output_tokens": u.completion_tokens,
-            "output_tokens_details": {
-                "reasoning_tokens": self.reasoning_tokens.min(u.completion_tokens),
+            output_tokens: u.completion_tokens,
+            output_tokens_details: OutputDetails {
+                reasoning_tokens: self.reasoning_tokens.min(u.completion_tokens),
             },
-            "total_tokens": u.total_tokens,
-        })
+            total_tokens: u.total_tokens,
+        }
     }
 
     /// Opens `item` after closing the open one.
-    fn open_item(&mut self, out: &mut Vec<Value>, item: Item) -> usize {
+    fn open_item(&mut self, out: &mut Vec<StreamEvent>, item: Item) -> usize {
         self.close(out, "completed");
         let index = self.output.len();
-        let opening = item.opening_json();
-        let id = item.id().to_string();
+        let opening = item.opening();
+        let item_id = item.id().to_string();
         let part = match &item {
-            Item::Reasoning { .. } => Some(json!({"type": "reasoning_text", "text": ""})),
-            Item::Message { .. } => Some(output_text("")),
+            Item::Reasoning { .. } => Some(Part::ReasoningText {
+                text: String::new(),
+            }),
+            Item::Message { .. } => Some(Part::output_text(String::new())),
             Item::FunctionCall { .. } => None,
         };
         self.output.push(item);
         self.status.push("in_progress");
         self.open = Some(index);
-        self.emit(
-            out,
-            json!({"type": "response.output_item.added", "output_index": index, "item": opening}),
-        );
+        let added = EventKind::OutputItemAdded {
+            output_index: index,
+            item: opening,
+        };
+        self.emit(out, added);
         if let Some(part) = part {
-            self.emit(
-                out,
-                json!({"type": "response.content_part.added", "item_id": id,
-                       "output_index": index, "content_index": 0, "part": part}),
-            );
+            let added = EventKind::ContentPartAdded {
+                item_id,
+                output_index: index,
+                content_index: 0,
+                part,
+            };
+            self.emit(out, added);
         }
         index
     }
 
     /// Closes the open item, if any, with its `.done` events.
-    fn close(&mut self, out: &mut Vec<Value>, status: &'static str) {
+    fn close(&mut self, out: &mut Vec<StreamEvent>, status: &'static str) {
         let Some(index) = self.open.take() else {
             return;
         };
@@ -378,42 +316,59 @@ impl ResponseBuilder {
             }
         }
         let item = self.output[index].clone();
-        let done = item.to_json(status);
-        let id = item.id().to_string();
-        let at = |kind: &str| json!({"type": kind, "item_id": id, "output_index": index, "content_index": 0});
-        match &item {
-            Item::Reasoning { text, .. } => {
-                let mut ev = at("response.reasoning_text.done");
-                ev["text"] = json!(text);
-                self.emit(out, ev);
-                let mut ev = at("response.content_part.done");
-                ev["part"] = json!({"type": "reasoning_text", "text": text});
-                self.emit(out, ev);
-            }
-            Item::Message { text, .. } => {
-                let mut ev = at("response.output_text.done");
-                ev["text"] = json!(text);
-                ev["logprobs"] = json!([]);
-                self.emit(out, ev);
-                let mut ev = at("response.content_part.done");
-                ev["part"] = output_text(text);
-                self.emit(out, ev);
-            }
+        let done = item.wire(status);
+        let item_id = item.id().to_string();
+        let (output_index, content_index) = (index, 0);
+        let (done_text, part) = match item {
+            Item::Reasoning { text, .. } => (
+                EventKind::ReasoningTextDone {
+                    item_id: item_id.clone(),
+                    output_index,
+                    content_index,
+                    text: text.clone(),
+                },
+                Some(Part::ReasoningText { text }),
+            ),
+            Item::Message { text, .. } => (
+                EventKind::OutputTextDone {
+                    item_id: item_id.clone(),
+                    output_index,
+                    content_index,
+                    text: text.clone(),
+                    logprobs: [],
+                },
+                Some(Part::output_text(text)),
+            ),
             Item::FunctionCall {
                 name, arguments, ..
-            } => self.emit(
-                out,
-                json!({"type": "response.function_call_arguments.done", "item_id": id,
-                       "output_index": index, "name": name, "arguments": arguments}),
+            } => (
+                EventKind::FunctionCallArgumentsDone {
+                    item_id: item_id.clone(),
+                    output_index,
+                    name,
+                    arguments,
+                },
+                None,
             ),
+        };
+        self.emit(out, done_text);
+        if let Some(part) = part {
+            let done = EventKind::ContentPartDone {
+                item_id,
+                output_index,
+                content_index,
+                part,
+            };
+            self.emit(out, done);
         }
-        self.emit(
-            out,
-            json!({"type": "response.output_item.done", "output_index": index, "item": done}),
-        );
+        let done = EventKind::OutputItemDone {
+            output_index,
+            item: done,
+        };
+        self.emit(out, done);
     }
 
-    fn reasoning(&mut self, out: &mut Vec<Value>, text: String) {
+    fn reasoning(&mut self, out: &mut Vec<StreamEvent>, text: String) {
         if text.is_empty() {
             return;
         }
@@ -431,15 +386,16 @@ impl ResponseBuilder {
             return;
         };
         all.push_str(&text);
-        let id = id.clone();
-        self.emit(
-            out,
-            json!({"type": "response.reasoning_text.delta", "item_id": id,
-                   "output_index": index, "content_index": 0, "delta": text}),
-        );
+        let delta = EventKind::ReasoningTextDelta {
+            item_id: id.clone(),
+            output_index: index,
+            content_index: 0,
+            delta: text,
+        };
+        self.emit(out, delta);
     }
 
-    fn message(&mut self, out: &mut Vec<Value>, text: String) {
+    fn message(&mut self, out: &mut Vec<StreamEvent>, text: String) {
         if text.is_empty() {
             return;
         }
@@ -463,52 +419,133 @@ impl ResponseBuilder {
             return;
         };
         all.push_str(&text);
-        let id = id.clone();
-        self.emit(
-            out,
-            json!({"type": "response.output_text.delta", "item_id": id, "output_index": index,
-                   "content_index": 0, "delta": text, "logprobs": []}),
-        );
+        let delta = EventKind::OutputTextDelta {
+            item_id: id.clone(),
+            output_index: index,
+            content_index: 0,
+            delta: text,
+            logprobs: [],
+        };
+        self.emit(out, delta);
     }
 
-    fn tool_events(&mut self, out: &mut Vec<Value>, events: Vec<ToolEvent>) {
-        for ev in events {
-            match ev {
-                ToolEvent::Content(text) => self.message(out, text),
-                ToolEvent::Start { index, name } => {
-                    if self.calls.len() <= index {
-                        self.calls.resize(index + 1, None);
-                    }
-                    // Without parallel calls only the first is kept.
-                    if index > 0 && !self.parallel {
-                        continue;
-                    }
-                    self.held_space.clear();
-                    let item = Item::FunctionCall {
-                        id: new_id("fc"),
-                        call_id: self.ids.issue(),
-                        name,
-                        arguments: String::new(),
-                    };
-                    self.calls[index] = Some(self.open_item(out, item));
+    fn event(&mut self, out: &mut Vec<StreamEvent>, ev: ReplyEvent) {
+        match ev {
+            ReplyEvent::Reasoning(text) => self.reasoning(out, text),
+            ReplyEvent::Text(text) => self.message(out, text),
+            ReplyEvent::ToolCallStart { index, name } => {
+                if self.calls.len() <= index {
+                    self.calls.resize(index + 1, None);
                 }
-                ToolEvent::Arguments { index, text } => {
-                    let Some(at) = self.calls.get(index).copied().flatten() else {
-                        continue;
-                    };
-                    let Item::FunctionCall { id, arguments, .. } = &mut self.output[at] else {
-                        continue;
-                    };
-                    arguments.push_str(&text);
-                    let id = id.clone();
-                    self.emit(
-                        out,
-                        json!({"type": "response.function_call_arguments.delta", "item_id": id,
-                               "output_index": at, "delta": text}),
-                    );
-                }
+                self.held_space.clear();
+                let item = Item::FunctionCall {
+                    id: new_id("fc"),
+                    call_id: self.ids.issue(),
+                    name,
+                    arguments: String::new(),
+                };
+                self.calls[index] = Some(self.open_item(out, item));
+            }
+            ReplyEvent::ToolCallArgs { index, text } => {
+                let Some(at) = self.calls.get(index).copied().flatten() else {
+                    return;
+                };
+                let Item::FunctionCall { id, arguments, .. } = &mut self.output[at] else {
+                    return;
+                };
+                arguments.push_str(&text);
+                let delta = EventKind::FunctionCallArgumentsDelta {
+                    item_id: id.clone(),
+                    output_index: at,
+                    delta: text,
+                };
+                self.emit(out, delta);
+            }
+            ReplyEvent::Finish(f) => {
+                self.cut_off = f.reason == FinishReason::Length;
+                self.reasoning_tokens = f.reasoning_tokens;
             }
         }
+    }
+}
+
+impl Render for ResponseBuilder {
+    type Event = StreamEvent;
+    /// The last Response object an event carried.
+    type Whole = Option<ResponseObject>;
+    const DONE: bool = false;
+
+    /// `response.created` and `response.in_progress`.
+    fn open(&mut self) -> Vec<StreamEvent> {
+        let mut out = Vec::new();
+        let response = self.snapshot("in_progress", None);
+        self.emit(&mut out, EventKind::Created { response });
+        let response = self.snapshot("in_progress", None);
+        self.emit(&mut out, EventKind::InProgress { response });
+        out
+    }
+
+    fn step(
+        &mut self,
+        _choice: usize,
+        step: ReplyStep,
+        _usage: &dyn Fn() -> Usage,
+    ) -> Vec<StreamEvent> {
+        let mut out = Vec::new();
+        for ev in step.events {
+            self.event(&mut out, ev);
+        }
+        out
+    }
+
+    /// The open item closes, and the last event carries the whole Response
+    /// object, kept first (`on_done`) so a follow-up may name it as soon
+    /// as the client hears it is done.
+    fn finish(&mut self, usage: Usage) -> Vec<StreamEvent> {
+        let mut out = Vec::new();
+        let status = if self.cut_off {
+            "incomplete"
+        } else {
+            "completed"
+        };
+        self.close(&mut out, status);
+        let response = self.snapshot(status, Some(usage));
+        if let Some(on_done) = self.on_done.take() {
+            // A Response object always serialises.
+            let bytes = serde_json::to_vec(&response).unwrap_or_default();
+            on_done(self, Bytes::from(bytes));
+        }
+        let done = match self.cut_off {
+            true => EventKind::Incomplete { response },
+            false => EventKind::Completed { response },
+        };
+        self.emit(&mut out, done);
+        out
+    }
+
+    fn fail(&mut self, e: &ApiError) -> Vec<Event> {
+        let events = self.failure(e);
+        events.iter().map(|ev| self.sse(ev)).collect()
+    }
+
+    fn sse(&self, ev: &StreamEvent) -> Event {
+        Event::default()
+            .event(ev.event.name())
+            .data(serde_json::to_string(ev).unwrap_or_default())
+    }
+
+    fn whole(&self, _choices: usize) -> Option<ResponseObject> {
+        None
+    }
+
+    fn fold(&self, whole: &mut Option<ResponseObject>, ev: StreamEvent) {
+        if let EventKind::Completed { response } | EventKind::Incomplete { response } = ev.event {
+            *whole = Some(response);
+        }
+    }
+
+    fn answer(&self, whole: Option<ResponseObject>) -> Response {
+        Json(whole).into_response()
     }
 }
 
@@ -522,23 +559,16 @@ fn unix_now() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::output::Delta;
     use crate::server::protocol::PromptTokensDetails;
-    use crate::text::tool_parser::ToolFormat;
+    use crate::server::reply::testing::{deltas, hermes, parser, plan};
+    use crate::server::tools::ToolMode;
+    use crate::server::validation::GenerationPlan;
 
-    fn builder(
-        reasoning: Option<bool>,
-        parser: Option<ToolCallParser>,
-        parallel: bool,
-    ) -> ResponseBuilder {
+    fn builder() -> ResponseBuilder {
         let mut echo = Map::new();
         echo.insert("model".into(), json!("m"));
-        let shape = ReplyShape {
-            reasoning,
-            parser,
-            parallel,
-            ids: CallIds::OpenAi,
-        };
-        ResponseBuilder::new("resp_1".into(), 7, echo, shape)
+        ResponseBuilder::new("resp_1".into(), 7, echo, CallIds::OpenAi, None)
     }
 
     fn usage() -> Usage {
@@ -551,22 +581,33 @@ mod tests {
         }
     }
 
-    /// Runs `pieces` through `b` (one token each, the last finishing with
-    /// `finish`): every event, then the final Response object.
-    fn run(b: &mut ResponseBuilder, pieces: &[&str], finish: FinishReason) -> (Vec<Value>, Value) {
-        let mut events = b.start();
-        for (k, text) in pieces.iter().enumerate() {
-            let delta = Delta {
-                text: text.to_string(),
-                token: Some(k as u32),
-                finish: (k + 1 == pieces.len()).then(|| finish.clone()),
-                ..Default::default()
-            };
-            events.extend(b.push(delta));
+    fn json_of(events: &[StreamEvent]) -> Vec<Value> {
+        events
+            .iter()
+            .map(|e| serde_json::to_value(e).unwrap())
+            .collect()
+    }
+
+    /// Runs `pieces` through `plan`'s parser and a builder (one token
+    /// each, the last finishing with `finish`): the builder, every event,
+    /// then the whole Response object.
+    fn run(
+        plan: &GenerationPlan,
+        pieces: &[&str],
+        finish: FinishReason,
+    ) -> (ResponseBuilder, Vec<Value>, Value) {
+        let (mut b, mut p) = (builder(), parser(plan, ""));
+        let mut events = b.open();
+        for d in deltas(pieces, finish) {
+            events.extend(b.step(0, p.push(d), &usage));
         }
-        let (more, response) = b.finish(usage());
-        events.extend(more);
-        (events, response)
+        events.extend(b.finish(usage()));
+        let mut whole = b.whole(1);
+        for ev in events.clone() {
+            b.fold(&mut whole, ev);
+        }
+        let response = serde_json::to_value(whole).unwrap();
+        (b, json_of(&events), response)
     }
 
     fn types(events: &[Value]) -> Vec<&str> {
@@ -575,8 +616,11 @@ mod tests {
 
     #[test]
     fn text_streams_as_one_message() {
-        let mut b = builder(None, None, true);
-        let (events, response) = run(&mut b, &["Hel", "lo"], FinishReason::Stop);
+        let (b, events, response) = run(
+            &plan(None, ToolMode::Off, true),
+            &["Hel", "lo"],
+            FinishReason::Stop,
+        );
         assert_eq!(
             types(&events),
             [
@@ -630,8 +674,11 @@ mod tests {
 
     #[test]
     fn a_reply_cut_off_is_incomplete() {
-        let mut b = builder(None, None, true);
-        let (events, response) = run(&mut b, &["Hi"], FinishReason::Length);
+        let (_, events, response) = run(
+            &plan(None, ToolMode::Off, true),
+            &["Hi"],
+            FinishReason::Length,
+        );
         assert_eq!(events.last().unwrap()["type"], "response.incomplete");
         assert_eq!(response["status"], "incomplete");
         assert_eq!(
@@ -643,10 +690,8 @@ mod tests {
 
     #[test]
     fn thinking_then_text_then_calls() {
-        let parser = ToolCallParser::new(ToolFormat::Hermes);
-        let mut b = builder(Some(false), Some(parser), true);
-        let (events, response) = run(
-            &mut b,
+        let (b, events, response) = run(
+            &plan(Some(false), hermes(), true),
             &[
                 "<think>Need the",
                 " weather.</think>\n\nChecking.",
@@ -707,10 +752,8 @@ mod tests {
 
     #[test]
     fn without_parallel_calls_only_the_first_is_kept() {
-        let parser = ToolCallParser::new(ToolFormat::Hermes);
-        let mut b = builder(None, Some(parser), false);
-        let (_, response) = run(
-            &mut b,
+        let (b, _, response) = run(
+            &plan(None, hermes(), false),
             &["<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call><tool_call>{\"name\": \"b\", \"arguments\": {\"x\": 1}}</tool_call>"],
             FinishReason::Stop,
         );
@@ -723,8 +766,8 @@ mod tests {
 
     #[test]
     fn a_named_call_is_one_function_call_item() {
-        let mut b = builder(None, Some(ToolCallParser::named("f")), true);
-        let (events, response) = run(&mut b, &["{\"a\":", " 1}"], FinishReason::Stop);
+        let named = plan(None, ToolMode::Named("f".into()), true);
+        let (_, events, response) = run(&named, &["{\"a\":", " 1}"], FinishReason::Stop);
         let out = response["output"].as_array().unwrap();
         assert_eq!(out.len(), 1);
         assert_eq!(
@@ -737,14 +780,17 @@ mod tests {
 
     #[test]
     fn a_failure_ends_the_stream_with_response_failed() {
-        let mut b = builder(None, None, true);
-        let mut events = b.start();
-        events.extend(b.push(Delta {
+        let mut b = builder();
+        let mut p = parser(&plan(None, ToolMode::Off, true), "");
+        let mut events = b.open();
+        let delta = Delta {
             text: "Hi".into(),
             token: Some(1),
             ..Default::default()
-        }));
-        events.extend(b.fail(&ApiError::internal("boom")));
+        };
+        events.extend(b.step(0, p.push(delta), &usage));
+        events.extend(b.failure(&ApiError::internal("boom")));
+        let events = json_of(&events);
         let n = events.len();
         assert_eq!(events[n - 2]["type"], "error");
         assert_eq!(events[n - 2]["code"], "server_error");
@@ -761,11 +807,17 @@ mod tests {
 
     #[test]
     fn whitespace_alone_opens_no_message() {
-        let mut b = builder(None, None, true);
-        let (_, response) = run(&mut b, &["\n", " "], FinishReason::Stop);
+        let (_, _, response) = run(
+            &plan(None, ToolMode::Off, true),
+            &["\n", " "],
+            FinishReason::Stop,
+        );
         assert_eq!(response["output"], json!([]));
-        let mut b = builder(None, None, true);
-        let (_, response) = run(&mut b, &["\n", "Hi"], FinishReason::Stop);
+        let (_, _, response) = run(
+            &plan(None, ToolMode::Off, true),
+            &["\n", "Hi"],
+            FinishReason::Stop,
+        );
         assert_eq!(response["output"][0]["content"][0]["text"], "\nHi");
     }
 }
