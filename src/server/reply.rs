@@ -214,7 +214,7 @@ pub mod testing {
     /// A request's plan: thinking as `reasoning`, calls read as `mode`.
     pub fn plan(reasoning: Option<bool>, mode: ToolMode, parallel: bool) -> GenerationPlan {
         GenerationPlan {
-            prompts: vec![vec![1]],
+            prompts: vec![vec![1].into()],
             params: SamplingParams::default(),
             n: 1,
             stream: false,
