@@ -24,9 +24,9 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::{FromRequest, Path, RawQuery, Request, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -266,12 +266,7 @@ pub async fn create_response(
     owner: Owner,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let (mut parts, body) = request.into_parts();
-    let JsonBody(req) = JsonBody::<ResponsesRequest>::from_request(
-        Request::from_parts(parts.clone(), body),
-        &state,
-    )
-    .await?;
+    let JsonBody(req) = JsonBody::<ResponsesRequest>::from_request(request, &state).await?;
     let history = match &req.previous_response_id {
         Some(id) => {
             let stored = kept.lock().get(owner, id, Instant::now());
@@ -282,36 +277,36 @@ pub async fn create_response(
         None => Vec::new(),
     };
     let (keeps, stream) = (req.store.unwrap_or(true), req.stream.unwrap_or(false));
+    let limit = state.limits.max_body_bytes;
     // Megabytes of JSON work for a large input: off the async workers.
-    let (t, chat_body, conversation) = tokio::task::spawn_blocking(move || {
-        let t = translate(&req, &history)?;
-        // The chat request goes through the same body reader as the
-        // client's, under the same limits (so a long history counts
-        // against --max-body-bytes).
-        let chat_body =
-            serde_json::to_vec(&t.chat).map_err(|e| ApiError::internal(e.to_string()))?;
+    let (t, chat, conversation) = tokio::task::spawn_blocking(move || {
+        let mut t = translate(&req, &history)?;
+        let input: Vec<Bytes> = t.input.iter().map(json_bytes).collect();
+        // The conversation runs as one request: a long history counts
+        // against --max-body-bytes, as the client's own body does.
+        let size: usize = history.iter().chain(&input).map(Bytes::len).sum();
+        if size > limit {
+            let mut e = ApiError::payload_too_large(limit);
+            e.message = format!(
+                "{}: the conversation (previous_response_id's history with this input) is too \
+                 long",
+                e.message
+            );
+            return Err(e);
+        }
+        let chat: ChatCompletionRequest = serde_json::from_value(t.chat.take())
+            .map_err(|e| ApiError::internal(format!("translating the request: {e}")))?;
         let conversation: Vec<Bytes> = match keeps {
-            true => history
-                .into_iter()
-                .chain(t.input.iter().map(json_bytes))
-                .collect(),
+            true => history.into_iter().chain(input).collect(),
             false => Vec::new(),
         };
-        Ok::<_, ApiError>((t, chat_body, conversation))
+        Ok::<_, ApiError>((t, chat, conversation))
     })
     .await
     .map_err(|e| ApiError::internal(e.to_string()))??;
-    parts.headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    parts.headers.remove(header::CONTENT_ENCODING);
-    parts.headers.remove(header::CONTENT_LENGTH);
-    let chat = Request::from_parts(parts, Body::from(chat_body));
-    let (mut g, plan) =
-        generation::begin::<ChatCompletionRequest>(&state, chat, validate_chat, access)
-            .await
-            .map_err(for_responses)?;
+    let (mut g, plan) = generation::begin_read(&state, chat, validate_chat, access)
+        .await
+        .map_err(for_responses)?;
     let mut echo = t.echo;
     echo.insert("model".into(), json!(g.model().name));
     let shape = ReplyShape {
@@ -511,12 +506,6 @@ fn refuse_query(query: Option<&str>) -> Result<(), ApiError> {
 fn for_responses(mut e: ApiError) -> ApiError {
     if let Some(p) = e.param.take() {
         e.param = Some(responses_param(&p));
-    }
-    if e.status == StatusCode::PAYLOAD_TOO_LARGE {
-        e.message = format!(
-            "{}: the conversation (previous_response_id's history with this input) is too long",
-            e.message
-        );
     }
     e
 }
