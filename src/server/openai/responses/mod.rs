@@ -31,7 +31,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::de::DeserializeOwned;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use crate::server::error::{clip, ApiError, MAX_ECHO_CHARS};
@@ -41,7 +41,12 @@ use crate::server::http::auth::Owner;
 use crate::server::http::json_body::JsonBody;
 use crate::server::openai::responses::store::{ResponseStore, Stored};
 use crate::server::openai::responses::stream::{new_id, ReplyShape, ResponseBuilder};
-use crate::server::protocol::{ChatCompletionRequest, Metadata, Stop, UnknownFields};
+use crate::server::protocol::{
+    ChatCompletionRequest, ChatRequestMessage, ContentPart as ChatPart, FunctionArguments,
+    FunctionDefinition, JsonSchemaFormat, MessageContent, Metadata, NamedToolChoice,
+    RequestFunctionCall, RequestToolCall, ResponseFormat, Stop, ToolChoice, ToolChoiceFunction,
+    ToolDefinition, UnknownFields,
+};
 use crate::server::tools;
 use crate::server::unsupported;
 use crate::server::validation::validate_chat;
@@ -251,10 +256,10 @@ struct ReasoningItem {
 /// A request read and translated.
 struct Translated {
     /// The chat-completions request it runs as.
-    chat: Value,
+    chat: ChatCompletionRequest,
     /// The input as chat messages, without the instructions: what a
     /// follow-up's history keeps.
-    input: Vec<Value>,
+    input: Vec<ChatRequestMessage>,
     /// The Response object's fields that echo the request.
     echo: Map<String, Value>,
 }
@@ -279,8 +284,8 @@ pub async fn create_response(
     let (keeps, stream) = (req.store.unwrap_or(true), req.stream.unwrap_or(false));
     let limit = state.limits.max_body_bytes;
     // Megabytes of JSON work for a large input: off the async workers.
-    let (t, chat, conversation) = tokio::task::spawn_blocking(move || {
-        let mut t = translate(&req, &history)?;
+    let (t, conversation) = tokio::task::spawn_blocking(move || {
+        let t = translate(&req, &history)?;
         let input: Vec<Bytes> = t.input.iter().map(json_bytes).collect();
         // The conversation runs as one request: a long history counts
         // against --max-body-bytes, as the client's own body does.
@@ -294,17 +299,15 @@ pub async fn create_response(
             );
             return Err(e);
         }
-        let chat: ChatCompletionRequest = serde_json::from_value(t.chat.take())
-            .map_err(|e| ApiError::internal(format!("translating the request: {e}")))?;
         let conversation: Vec<Bytes> = match keeps {
             true => history.into_iter().chain(input).collect(),
             false => Vec::new(),
         };
-        Ok::<_, ApiError>((t, chat, conversation))
+        Ok::<_, ApiError>((t, conversation))
     })
     .await
     .map_err(|e| ApiError::internal(e.to_string()))??;
-    let (mut g, plan) = generation::begin_read(&state, chat, validate_chat, access)
+    let (mut g, plan) = generation::begin_read(&state, t.chat, validate_chat, access)
         .await
         .map_err(for_responses)?;
     let mut echo = t.echo;
@@ -445,8 +448,8 @@ impl Kept {
     }
 }
 
-fn json_bytes(v: &Value) -> Bytes {
-    // A `Value` always serialises.
+fn json_bytes(v: &impl Serialize) -> Bytes {
+    // A `Value`, or a chat message, always serialises.
     Bytes::from(serde_json::to_vec(v).unwrap_or_default())
 }
 
@@ -562,12 +565,7 @@ fn number(x: f32) -> Value {
 fn translate(req: &ResponsesRequest, history: &[Bytes]) -> Result<Translated, ApiError> {
     unsupported::refuse(&req.unknown, "")?;
     refuse_unservable(req)?;
-    let mut chat = Map::new();
     let mut echo = Map::new();
-    if let Some(m) = &req.model {
-        chat.insert("model".into(), json!(m));
-    }
-
     let input = match &req.input {
         Some(input) => input_messages(input)?,
         None if req.previous_response_id.is_some() => Vec::new(),
@@ -578,16 +576,19 @@ fn translate(req: &ResponsesRequest, history: &[Bytes]) -> Result<Translated, Ap
             ))
         }
     };
-    let mut messages: Vec<Value> = Vec::new();
+    let mut messages = Vec::new();
     if let Some(instructions) = &req.instructions {
-        messages.push(json!({"role": "system", "content": instructions}));
+        messages.push(ChatRequestMessage {
+            role: "system".into(),
+            content: Some(MessageContent::Text(instructions.clone())),
+            ..Default::default()
+        });
     }
     for m in history {
         let m = serde_json::from_slice(m).map_err(|e| ApiError::internal(e.to_string()))?;
         messages.push(m);
     }
     messages.extend(input.iter().cloned());
-    chat.insert("messages".into(), Value::Array(messages));
 
     // An empty list, as some clients send with no tools, is none.
     let tools = req.tools.as_deref().unwrap_or_default();
@@ -624,22 +625,21 @@ fn translate(req: &ResponsesRequest, history: &[Bytes]) -> Result<Translated, Ap
                 "deferred tools (tool search) are not supported: give every tool in `tools`",
             ));
         }
-        let mut function = Map::new();
-        function.insert("name".into(), json!(f.name));
-        if let Some(d) = &f.description {
-            function.insert("description".into(), json!(d));
-        }
-        if let Some(p) = &f.parameters {
-            function.insert("parameters".into(), p.clone());
-        }
-        if let Some(s) = f.strict {
-            function.insert("strict".into(), json!(s));
-        }
-        chat_tools.push(json!({"type": "function", "function": function}));
         echo_tools.push(json!({
             "type": "function", "name": f.name, "description": f.description,
             "parameters": f.parameters, "strict": f.strict,
         }));
+        chat_tools.push(ToolDefinition {
+            kind: "function".into(),
+            function: FunctionDefinition {
+                name: f.name,
+                description: f.description,
+                parameters: f.parameters,
+                strict: f.strict,
+                unknown: UnknownFields::default(),
+            },
+            unknown: UnknownFields::default(),
+        });
     }
     let tool_choice = req
         .tool_choice
@@ -647,15 +647,7 @@ fn translate(req: &ResponsesRequest, history: &[Bytes]) -> Result<Translated, Ap
         .map(|c| tool_choice(c, !chat_tools.is_empty()))
         .transpose()?
         .flatten();
-    if !chat_tools.is_empty() {
-        chat.insert("tools".into(), Value::Array(chat_tools));
-        if let Some(p) = req.parallel_tool_calls {
-            chat.insert("parallel_tool_calls".into(), json!(p));
-        }
-    }
-    if let Some(c) = &tool_choice {
-        chat.insert("tool_choice".into(), c.clone());
-    }
+    let has_tools = !chat_tools.is_empty();
 
     let format = match &req.text {
         Some(text) => {
@@ -675,29 +667,29 @@ fn translate(req: &ResponsesRequest, history: &[Bytes]) -> Result<Translated, Ap
         }
         None => None,
     };
-    if let Some((chat_format, _)) = &format {
-        chat.insert("response_format".into(), chat_format.clone());
-    }
+    let (response_format, shown_format) = match format {
+        Some((chat, shown)) => (Some(chat), shown),
+        None => (None, json!({"type": "text"})),
+    };
     let effort = req.reasoning.as_ref().and_then(|r| r.effort.clone());
-    if let Some(e) = &effort {
-        chat.insert("reasoning_effort".into(), json!(e));
-    }
-    if let Some(m) = req.max_output_tokens {
-        chat.insert("max_tokens".into(), json!(m));
-    }
-    for (name, value) in [
-        ("temperature", req.temperature.map(number)),
-        ("top_p", req.top_p.map(number)),
-        ("min_p", req.min_p.map(number)),
-        ("repetition_penalty", req.repetition_penalty.map(number)),
-        ("top_k", req.top_k.map(|k| json!(k))),
-        ("seed", req.seed.map(|s| json!(s))),
-        ("stop", req.stop.clone().map(|s| json!(s.into_vec()))),
-    ] {
-        if let Some(v) = value {
-            chat.insert(name.into(), v);
-        }
-    }
+    let chat = ChatCompletionRequest {
+        model: req.model.clone(),
+        messages,
+        tools: has_tools.then_some(chat_tools),
+        parallel_tool_calls: req.parallel_tool_calls.filter(|_| has_tools),
+        tool_choice,
+        response_format,
+        reasoning_effort: effort.clone(),
+        max_tokens: req.max_output_tokens,
+        temperature: req.temperature,
+        top_p: req.top_p,
+        min_p: req.min_p,
+        repetition_penalty: req.repetition_penalty,
+        top_k: req.top_k,
+        seed: req.seed,
+        stop: req.stop.clone(),
+        ..Default::default()
+    };
 
     echo.insert("background".into(), json!(false));
     echo.insert("instructions".into(), json!(req.instructions));
@@ -731,7 +723,6 @@ fn translate(req: &ResponsesRequest, history: &[Bytes]) -> Result<Translated, Ap
         "temperature".into(),
         req.temperature.map_or(json!(1.0), number),
     );
-    let shown_format = format.map_or(json!({"type": "text"}), |(_, shown)| shown);
     echo.insert("text".into(), json!({"format": shown_format}));
     echo.insert(
         "tool_choice".into(),
@@ -742,11 +733,7 @@ fn translate(req: &ResponsesRequest, history: &[Bytes]) -> Result<Translated, Ap
     echo.insert("top_p".into(), req.top_p.map_or(json!(1.0), number));
     echo.insert("truncation".into(), json!("disabled"));
     echo.insert("user".into(), json!(req.user));
-    Ok(Translated {
-        chat: Value::Object(chat),
-        input,
-        echo,
-    })
+    Ok(Translated { chat, input, echo })
 }
 
 /// The request fields wick has no way to honour, refused by name.
@@ -832,46 +819,56 @@ fn refuse_unservable(req: &ResponsesRequest) -> Result<(), ApiError> {
 }
 
 /// `text.format` as chat's `response_format`, and as the Response echoes it.
-fn response_format(f: &TextFormat) -> Result<(Value, Value), ApiError> {
+fn response_format(f: &TextFormat) -> Result<(ResponseFormat, Value), ApiError> {
     unsupported::refuse(&f.unknown, "text.format")?;
-    match f.kind.as_str() {
-        "text" | "json_object" => Ok((json!({"type": f.kind}), json!({"type": f.kind}))),
-        "json_schema" => {
-            let mut schema = Map::new();
-            for (key, value) in [
-                ("name", f.name.as_ref().map(|n| json!(n))),
-                ("description", f.description.as_ref().map(|d| json!(d))),
-                ("schema", f.schema.clone()),
-                ("strict", f.strict.map(|s| json!(s))),
-            ] {
-                if let Some(v) = value {
-                    schema.insert(key.into(), v);
-                }
-            }
-            let mut shown = Map::new();
-            shown.insert("type".into(), json!("json_schema"));
-            shown.extend(schema.clone());
-            Ok((
-                json!({"type": "json_schema", "json_schema": schema}),
-                Value::Object(shown),
+    let json_schema = match f.kind.as_str() {
+        "text" | "json_object" => None,
+        "json_schema" => Some(JsonSchemaFormat {
+            name: f.name.clone(),
+            description: f.description.clone(),
+            schema: f.schema.clone(),
+            strict: f.strict,
+            unknown: UnknownFields::default(),
+        }),
+        other => {
+            return Err(ApiError::unsupported_value(
+                "text.format.type",
+                format!(
+                    "text.format type must be text, json_object or json_schema, got {:?}",
+                    clip(other, MAX_ECHO_CHARS)
+                ),
             ))
         }
-        other => Err(ApiError::unsupported_value(
-            "text.format.type",
-            format!(
-                "text.format type must be text, json_object or json_schema, got {:?}",
-                clip(other, MAX_ECHO_CHARS)
-            ),
-        )),
+    };
+    // The echo flattens the schema's fields into the format, as sent.
+    let mut shown = Map::new();
+    shown.insert("type".into(), json!(f.kind));
+    if let Some(s) = &json_schema {
+        for (key, value) in [
+            ("name", s.name.as_ref().map(|n| json!(n))),
+            ("description", s.description.as_ref().map(|d| json!(d))),
+            ("schema", s.schema.clone()),
+            ("strict", s.strict.map(|s| json!(s))),
+        ] {
+            if let Some(v) = value {
+                shown.insert(key.into(), v);
+            }
+        }
     }
+    let chat = ResponseFormat {
+        kind: f.kind.clone(),
+        json_schema,
+        unknown: UnknownFields::default(),
+    };
+    Ok((chat, Value::Object(shown)))
 }
 
 /// `tool_choice` as chat's; `None` where it changes nothing (`none` or
 /// `auto` with no tools).
-fn tool_choice(c: &Value, has_tools: bool) -> Result<Option<Value>, ApiError> {
+fn tool_choice(c: &Value, has_tools: bool) -> Result<Option<ToolChoice>, ApiError> {
     match c {
         Value::String(s) if !has_tools && (s == "none" || s == "auto") => Ok(None),
-        Value::String(_) => Ok(Some(c.clone())),
+        Value::String(s) => Ok(Some(ToolChoice::Mode(s.clone()))),
         Value::Object(o) => match o.get("type").and_then(Value::as_str) {
             Some("function") => {
                 let name = o.get("name").and_then(Value::as_str).ok_or_else(|| {
@@ -886,9 +883,14 @@ fn tool_choice(c: &Value, has_tools: bool) -> Result<Option<Value>, ApiError> {
                 {
                     return Err(ApiError::unsupported_parameter(&format!("tool_choice.{k}")));
                 }
-                Ok(Some(
-                    json!({"type": "function", "function": {"name": name}}),
-                ))
+                Ok(Some(ToolChoice::Named(NamedToolChoice {
+                    kind: "function".into(),
+                    function: ToolChoiceFunction {
+                        name: name.into(),
+                        unknown: UnknownFields::default(),
+                    },
+                    unknown: UnknownFields::default(),
+                })))
             }
             Some("allowed_tools") => Err(ApiError::unsupported_value(
                 "tool_choice.type",
@@ -916,15 +918,24 @@ fn tool_choice(c: &Value, has_tools: bool) -> Result<Option<Value>, ApiError> {
 /// The input as chat messages: a string is one user message; items turn
 /// into turns in order. Reasoning goes to the assistant turn after it;
 /// function calls join the assistant turn before them.
-fn input_messages(input: &Input) -> Result<Vec<Value>, ApiError> {
+fn input_messages(input: &Input) -> Result<Vec<ChatRequestMessage>, ApiError> {
+    let turn = |role: &str, content| ChatRequestMessage {
+        role: role.into(),
+        content,
+        ..Default::default()
+    };
     let items = match input {
-        Input::Text(text) => return Ok(vec![json!({"role": "user", "content": text})]),
+        Input::Text(text) => {
+            return Ok(vec![turn("user", Some(MessageContent::Text(text.clone())))])
+        }
         Input::Items(items) => items,
     };
-    let mut out: Vec<Value> = Vec::new();
+    let mut out: Vec<ChatRequestMessage> = Vec::new();
     let mut thought: Option<String> = None;
-    let thought_alone =
-        |t: String| json!({"role": "assistant", "content": "", "reasoning_content": t});
+    let thought_alone = |t: String| ChatRequestMessage {
+        reasoning_content: Some(t),
+        ..turn("assistant", Some(MessageContent::Text(String::new())))
+    };
     for (i, item) in items.iter().enumerate() {
         let at = format!("input[{i}]");
         if !item.is_object() {
@@ -957,9 +968,9 @@ fn input_messages(input: &Input) -> Result<Vec<Value>, ApiError> {
                     ));
                 }
                 let content = content(&m.content, &format!("{at}.content"))?;
-                let mut message = json!({"role": m.role, "content": content});
+                let mut message = turn(&m.role, Some(content));
                 match thought.take() {
-                    Some(t) if m.role == "assistant" => message["reasoning_content"] = json!(t),
+                    Some(t) if m.role == "assistant" => message.reasoning_content = Some(t),
                     Some(t) => out.push(thought_alone(t)),
                     None => {}
                 }
@@ -968,23 +979,25 @@ fn input_messages(input: &Input) -> Result<Vec<Value>, ApiError> {
             "function_call" => {
                 let c: FunctionCallItem = typed(item, &at)?;
                 unsupported::refuse(&c.unknown, &at)?;
-                let call = json!({"id": c.call_id, "type": "function",
-                                  "function": {"name": c.name, "arguments": c.arguments}});
+                let call = RequestToolCall {
+                    id: c.call_id,
+                    kind: "function".into(),
+                    function: RequestFunctionCall {
+                        name: c.name,
+                        arguments: FunctionArguments::Json(c.arguments),
+                        unknown: UnknownFields::default(),
+                    },
+                    unknown: UnknownFields::default(),
+                };
                 match out.last_mut() {
-                    Some(last) if last["role"] == "assistant" && thought.is_none() => {
-                        match last.get_mut("tool_calls").and_then(Value::as_array_mut) {
-                            Some(calls) => calls.push(call),
-                            None => last["tool_calls"] = json!([call]),
-                        }
+                    Some(last) if last.role == "assistant" && thought.is_none() => {
+                        last.tool_calls.get_or_insert_default().push(call)
                     }
-                    _ => {
-                        let mut message =
-                            json!({"role": "assistant", "content": null, "tool_calls": [call]});
-                        if let Some(t) = thought.take() {
-                            message["reasoning_content"] = json!(t);
-                        }
-                        out.push(message);
-                    }
+                    _ => out.push(ChatRequestMessage {
+                        reasoning_content: thought.take(),
+                        tool_calls: Some(vec![call]),
+                        ..turn("assistant", None)
+                    }),
                 }
             }
             "function_call_output" => {
@@ -994,7 +1007,10 @@ fn input_messages(input: &Input) -> Result<Vec<Value>, ApiError> {
                     out.push(thought_alone(t));
                 }
                 let content = content(&o.output, &format!("{at}.output"))?;
-                out.push(json!({"role": "tool", "tool_call_id": o.call_id, "content": content}));
+                out.push(ChatRequestMessage {
+                    tool_call_id: Some(o.call_id),
+                    ..turn("tool", Some(content))
+                });
             }
             "reasoning" => {
                 let r: ReasoningItem = typed(item, &at)?;
@@ -1048,17 +1064,21 @@ fn input_messages(input: &Input) -> Result<Vec<Value>, ApiError> {
 
 /// A message's content (or a call's output) as chat content: text as it
 /// is, parts as chat's text parts (which chat joins by newlines).
-fn content(c: &ItemContent, at: &str) -> Result<Value, ApiError> {
+fn content(c: &ItemContent, at: &str) -> Result<MessageContent, ApiError> {
     match c {
-        ItemContent::Text(text) => Ok(json!(text)),
+        ItemContent::Text(text) => Ok(MessageContent::Text(text.clone())),
         ItemContent::Parts(parts) => parts
             .iter()
             .enumerate()
             .map(|(j, p)| {
-                part_text(p, &format!("{at}[{j}]")).map(|t| json!({"type": "text", "text": t}))
+                part_text(p, &format!("{at}[{j}]")).map(|t| ChatPart {
+                    kind: "text".into(),
+                    text: Some(t),
+                    unknown: UnknownFields::default(),
+                })
             })
             .collect::<Result<Vec<_>, _>>()
-            .map(Value::Array),
+            .map(MessageContent::Parts),
     }
 }
 
@@ -1104,8 +1124,13 @@ mod tests {
         serde_json::from_value(body).unwrap()
     }
 
-    fn messages(input: Value) -> Result<Vec<Value>, ApiError> {
+    fn messages(input: Value) -> Result<Vec<ChatRequestMessage>, ApiError> {
         input_messages(&serde_json::from_value(input).unwrap())
+    }
+
+    /// Chat's own reading of what a translation should build.
+    fn chat<T: DeserializeOwned>(v: Value) -> T {
+        serde_json::from_value(v).unwrap()
     }
 
     #[test]
@@ -1129,22 +1154,22 @@ mod tests {
         .unwrap();
         assert_eq!(
             m,
-            [
-                json!({"role": "developer", "content": "Be brief."}),
-                json!({"role": "user", "content": [{"type": "text", "text": "a"},
-                                                   {"type": "text", "text": "b"}]}),
-                json!({"role": "assistant", "content": [{"type": "text", "text": "Calling."}],
-                       "reasoning_content": "Think.",
-                       "tool_calls": [
-                           {"id": "c1", "type": "function",
-                            "function": {"name": "f", "arguments": "{\"x\": 1}"}},
-                           {"id": "c2", "type": "function",
-                            "function": {"name": "g", "arguments": "{}"}}]}),
-                json!({"role": "tool", "tool_call_id": "c1", "content": "one"}),
-                json!({"role": "tool", "tool_call_id": "c2",
-                       "content": [{"type": "text", "text": "two"}]}),
-                json!({"role": "assistant", "content": "", "reasoning_content": "Done."}),
-            ]
+            chat::<Vec<ChatRequestMessage>>(json!([
+                {"role": "developer", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "text", "text": "a"},
+                                             {"type": "text", "text": "b"}]},
+                {"role": "assistant", "content": [{"type": "text", "text": "Calling."}],
+                 "reasoning_content": "Think.",
+                 "tool_calls": [
+                     {"id": "c1", "type": "function",
+                      "function": {"name": "f", "arguments": "{\"x\": 1}"}},
+                     {"id": "c2", "type": "function",
+                      "function": {"name": "g", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "one"},
+                {"role": "tool", "tool_call_id": "c2",
+                 "content": [{"type": "text", "text": "two"}]},
+                {"role": "assistant", "content": "", "reasoning_content": "Done."},
+            ]))
         );
         // A call with no assistant turn before it opens one, with its thinking.
         let m = messages(json!([
@@ -1155,13 +1180,15 @@ mod tests {
         .unwrap();
         assert_eq!(
             m[1],
-            json!({"role": "assistant", "content": null, "reasoning_content": "T",
-                   "tool_calls": [{"id": "c", "type": "function",
-                                   "function": {"name": "f", "arguments": "{}"}}]})
+            chat(
+                json!({"role": "assistant", "content": null, "reasoning_content": "T",
+                        "tool_calls": [{"id": "c", "type": "function",
+                                        "function": {"name": "f", "arguments": "{}"}}]})
+            )
         );
         assert_eq!(
             messages(json!("hello")).unwrap(),
-            [json!({"role": "user", "content": "hello"})]
+            chat::<Vec<ChatRequestMessage>>(json!([{"role": "user", "content": "hello"}]))
         );
     }
 
@@ -1204,7 +1231,7 @@ mod tests {
         let t = translate(&req, &history).unwrap();
         assert_eq!(
             t.chat,
-            json!({
+            chat(json!({
                 "model": "m",
                 "messages": [{"role": "system", "content": "Be brief."},
                              {"role": "user", "content": "before"},
@@ -1215,10 +1242,13 @@ mod tests {
                 "tool_choice": {"type": "function", "function": {"name": "f"}},
                 "response_format": {"type": "json_schema",
                                     "json_schema": {"name": "x", "schema": {"type": "object"}}},
-                "max_tokens": 9, "temperature": 0.7, "seed": 3, "stop": ["END"],
-            })
+                "max_tokens": 9, "temperature": 0.7, "seed": 3, "stop": "END",
+            }))
         );
-        assert_eq!(t.input, [json!({"role": "user", "content": "hi"})]);
+        assert_eq!(
+            t.input,
+            chat::<Vec<ChatRequestMessage>>(json!([{"role": "user", "content": "hi"}]))
+        );
         assert_eq!(t.echo["temperature"], json!(0.7));
         assert_eq!(
             t.echo["text"],
@@ -1237,7 +1267,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             t.chat,
-            json!({"messages": [{"role": "user", "content": "hi"}]})
+            chat(json!({"messages": [{"role": "user", "content": "hi"}]}))
         );
         assert_eq!(t.echo["tool_choice"], "none");
     }
