@@ -27,7 +27,10 @@ pub fn conversation(messages: &[ChatRequestMessage]) -> Result<Vec<Message>, Api
     messages
         .iter()
         .enumerate()
-        .map(|(i, m)| message(m, &format!("messages[{i}]")))
+        .map(|(i, m)| match &m.origin {
+            Some(origin) => message(m, origin),
+            None => message(m, &format!("messages[{i}]")),
+        })
         .collect()
 }
 
@@ -316,6 +319,16 @@ mod tests {
         // Not an object: shown as the model wrote it.
         assert_eq!(call(json!("{\"a\": ")), json!("{\"a\": "));
         assert_eq!(call(json!("[1, 2]")), json!("[1, 2]"));
+    }
+
+    #[test]
+    fn a_translated_turn_is_named_by_its_origin() {
+        let mut turns: Vec<ChatRequestMessage> =
+            serde_json::from_value(json!([{"role": "user", "content": "a"}, {"role": "user"}]))
+                .unwrap();
+        turns[1].origin = Some("input[3]".into());
+        let e = conversation(&turns).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("input[3].content"));
     }
 
     #[test]

@@ -254,6 +254,11 @@ pub struct ChatRequestMessage {
     /// Fields this type does not declare, refused by validation.
     #[serde(flatten)]
     pub unknown: UnknownFields,
+    /// Where a translated turn came from, as its client named it
+    /// (`messages[2].content[0]`, `input[3]`): what its errors name.
+    /// Unset, chat's own `messages[i]`.
+    #[serde(skip)]
+    pub origin: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -194,30 +194,22 @@ struct Prompt<'r> {
     max_tokens: Option<u32>,
 }
 
-/// A chat request, and for each of its messages the Anthropic field it
-/// came from (`system`, `messages[2]`, `messages[3].content[0]`).
-struct Translated {
-    chat: ChatCompletionRequest,
-    origins: Vec<String>,
-}
-
 fn bad(message: impl Into<String>, param: &str) -> ApiError {
     ApiError::bad_request(message, Some(param))
 }
 
 impl Prompt<'_> {
     /// The prompt's fields translated into `sampling`, the chat request
-    /// that carries the rest.
+    /// that carries the rest. Each chat turn keeps the Anthropic field it
+    /// came from (`system`, `messages[2]`, `messages[3].content[0]`).
     fn translate(
         &self,
         ctx: &ModelContext,
         sampling: ChatCompletionRequest,
-    ) -> Result<Translated, ApiError> {
+    ) -> Result<ChatCompletionRequest, ApiError> {
         let mut messages = Vec::new();
-        let mut origins = Vec::new();
         if let Some(system) = self.system {
-            messages.push(turn("system", Some(texts(system, "system")?)));
-            origins.push("system".to_string());
+            messages.push(turn("system", Some(texts(system, "system")?), "system"));
         }
         if self.messages.is_empty() {
             return Err(bad("messages must not be empty", "messages"));
@@ -227,8 +219,8 @@ impl Prompt<'_> {
         for (k, m) in self.messages.iter().enumerate() {
             let at = format!("messages[{k}]");
             unsupported::refuse(&m.unknown, &at)?;
-            let turns = match m.role.as_str() {
-                "user" => user_turns(&m.content, &at, &calls)?,
+            match m.role.as_str() {
+                "user" => messages.extend(user_turns(&m.content, &at, &calls)?),
                 "assistant" if k + 1 == self.messages.len() => {
                     return Err(bad(
                         "the last message must be the user's: wick does not continue a final \
@@ -236,7 +228,7 @@ impl Prompt<'_> {
                         &format!("{at}.role"),
                     ))
                 }
-                "assistant" => vec![(assistant_turn(&m.content, &at, &mut calls)?, at.clone())],
+                "assistant" => messages.push(assistant_turn(&m.content, &at, &mut calls)?),
                 other => {
                     return Err(bad(
                         format!(
@@ -247,10 +239,6 @@ impl Prompt<'_> {
                         &format!("{at}.role"),
                     ))
                 }
-            };
-            for (turn, origin) in turns {
-                messages.push(turn);
-                origins.push(origin);
             }
         }
         // An empty list is no tools (chat would refuse it).
@@ -265,15 +253,14 @@ impl Prompt<'_> {
             }
             None => (None, None),
         };
-        let chat = ChatCompletionRequest {
+        Ok(ChatCompletionRequest {
             messages,
             tools,
             tool_choice,
             parallel_tool_calls,
             chat_template_kwargs: self.thinking_kwargs(ctx)?,
             ..sampling
-        };
-        Ok(Translated { chat, origins })
+        })
     }
 
     /// `thinking` as the template's `enable_thinking`, where it reads one.
@@ -349,11 +336,12 @@ impl Prompt<'_> {
     }
 }
 
-/// A chat turn of `role` with text `content`.
-fn turn(role: &str, content: Option<String>) -> ChatRequestMessage {
+/// A chat turn of `role` with text `content`, from the field at `origin`.
+fn turn(role: &str, content: Option<String>, origin: &str) -> ChatRequestMessage {
     ChatRequestMessage {
         role: role.into(),
         content: content.map(MessageContent::Text),
+        origin: Some(origin.into()),
         ..Default::default()
     }
 }
@@ -436,9 +424,9 @@ fn user_turns(
     content: &Content,
     at: &str,
     calls: &Calls,
-) -> Result<Vec<(ChatRequestMessage, String)>, ApiError> {
+) -> Result<Vec<ChatRequestMessage>, ApiError> {
     let blocks = match content {
-        Content::Text(t) => return Ok(vec![(turn("user", Some(t.clone())), at.into())]),
+        Content::Text(t) => return Ok(vec![turn("user", Some(t.clone()), at)]),
         Content::Blocks(b) if b.is_empty() => {
             return Err(bad("content must not be empty", &format!("{at}.content")))
         }
@@ -456,7 +444,7 @@ fn user_turns(
                     &format!("{at_block}.type"),
                 ))
             }
-            "tool_result" => turns.push((tool_result(b, &at_block, calls)?, at_block)),
+            "tool_result" => turns.push(tool_result(b, &at_block, calls)?),
             "tool_use" | "thinking" => {
                 return Err(bad(
                     format!("{} blocks belong in assistant messages", b.kind),
@@ -473,7 +461,7 @@ fn user_turns(
         }
     }
     if !text.is_empty() {
-        turns.push((turn("user", Some(text.join("\n"))), at.into()));
+        turns.push(turn("user", Some(text.join("\n")), at));
     }
     Ok(turns)
 }
@@ -505,7 +493,7 @@ fn tool_result(b: &Block, at: &str, calls: &Calls) -> Result<ChatRequestMessage,
     Ok(ChatRequestMessage {
         tool_call_id: Some(id.clone()),
         name: Some(name.clone()),
-        ..turn("tool", Some(output))
+        ..turn("tool", Some(output), at)
     })
 }
 
@@ -517,7 +505,7 @@ fn assistant_turn(
     calls: &mut Calls,
 ) -> Result<ChatRequestMessage, ApiError> {
     let blocks = match content {
-        Content::Text(t) => return Ok(turn("assistant", Some(t.clone()))),
+        Content::Text(t) => return Ok(turn("assistant", Some(t.clone()), at)),
         Content::Blocks(b) if b.is_empty() => {
             return Err(bad("content must not be empty", &format!("{at}.content")))
         }
@@ -582,7 +570,7 @@ fn assistant_turn(
     Ok(ChatRequestMessage {
         reasoning_content: (!thinking.is_empty()).then(|| thinking.join("\n")),
         tool_calls: (!tool_calls.is_empty()).then_some(tool_calls),
-        ..turn("assistant", content)
+        ..turn("assistant", content, at)
     })
 }
 
@@ -666,15 +654,9 @@ fn translate_tool_choice(c: &ToolChoice) -> Result<(ChatToolChoice, Option<bool>
     Ok((choice, c.disable_parallel_tool_use.map(|d| !d)))
 }
 
-/// A chat error's field, named as this API names it.
-fn anthropic_param(param: &str, origins: &[String]) -> String {
-    if let Some(rest) = param.strip_prefix("messages[") {
-        if let Some((j, tail)) = rest.split_once(']') {
-            if let Some(origin) = j.parse::<usize>().ok().and_then(|j| origins.get(j)) {
-                return format!("{origin}{tail}");
-            }
-        }
-    }
+/// A chat error's field, named as this API names it (messages name
+/// their origins themselves).
+fn anthropic_param(param: &str) -> String {
     let renamed = match param {
         "stop" => "stop_sequences",
         "parallel_tool_calls" => "tool_choice.disable_parallel_tool_use",
@@ -701,9 +683,9 @@ fn validate_as_chat(
     ctx: &ModelContext,
     sampling: ChatCompletionRequest,
 ) -> Result<GenerationPlan, ApiError> {
-    let Translated { chat, origins } = prompt.translate(ctx, sampling)?;
+    let chat = prompt.translate(ctx, sampling)?;
     validate_chat(&chat, ctx).map_err(|mut e| {
-        e.param = e.param.map(|p| anthropic_param(&p, &origins));
+        e.param = e.param.map(|p| anthropic_param(&p));
         // Chat's advice on a template whose calls cannot be read, in
         // this API's words.
         if e.param.as_deref() == Some("tool_choice") {
@@ -854,7 +836,7 @@ mod tests {
 
     /// The chat messages a request's conversation becomes (no template:
     /// the checks that need one pass).
-    fn chat_messages(body: Value) -> Result<(Vec<ChatRequestMessage>, Vec<String>), ApiError> {
+    fn chat_messages(body: Value) -> Result<(Vec<String>, Vec<ChatRequestMessage>), ApiError> {
         let req = request(body);
         let tokenizer = crate::text::tokenizer::test_tokenizer();
         let ctx = ModelContext {
@@ -868,8 +850,9 @@ mod tests {
             chat_template: None,
             constraints: None,
         };
-        let t = prompt_of(&req).translate(&ctx, ChatCompletionRequest::default())?;
-        Ok((t.chat.messages, t.origins))
+        let mut chat = prompt_of(&req).translate(&ctx, ChatCompletionRequest::default())?;
+        let origins = chat.messages.iter_mut().filter_map(|m| m.origin.take());
+        Ok((origins.collect(), chat.messages))
     }
 
     /// Chat's own reading of what a translation should build.
@@ -887,7 +870,7 @@ mod tests {
 
     #[test]
     fn a_tool_round_trip_becomes_chat_turns() {
-        let (messages, origins) = chat_messages(json!({
+        let (origins, messages) = chat_messages(json!({
             "system": [{"type": "text", "text": "Be brief."}, {"type": "text", "text": "Use tools.",
                         "cache_control": {"type": "ephemeral"}}],
             "messages": [
@@ -932,7 +915,7 @@ mod tests {
 
     #[test]
     fn calls_alone_have_null_content_and_errors_are_marked() {
-        let (messages, _) = chat_messages(json!({"messages": [
+        let (_, messages) = chat_messages(json!({"messages": [
             {"role": "user", "content": "x"},
             {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "f", "input": {}}]},
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a", "is_error": true,
@@ -1039,10 +1022,7 @@ mod tests {
 
     #[test]
     fn chat_fields_are_named_as_anthropic_names_them() {
-        let origins = ["system".to_string(), "messages[0]".to_string()];
         for (chat, anthropic) in [
-            ("messages[1].content", "messages[0].content"),
-            ("messages[0]", "system"),
             ("messages", "messages"),
             ("stop", "stop_sequences"),
             ("tools[2].function.parameters", "tools[2].input_schema"),
@@ -1051,7 +1031,7 @@ mod tests {
             ("tool_choice.function.name", "tool_choice.name"),
             ("max_tokens", "max_tokens"),
         ] {
-            assert_eq!(anthropic_param(chat, &origins), anthropic, "{chat}");
+            assert_eq!(anthropic_param(chat), anthropic, "{chat}");
         }
     }
 

@@ -514,7 +514,8 @@ fn for_responses(mut e: ApiError) -> ApiError {
 }
 
 fn responses_param(chat: &str) -> String {
-    if chat == "messages" || chat.starts_with("messages[") {
+    // Each message names its own origin; all of them together are the input.
+    if chat == "messages" {
         return "input".into();
     }
     match chat {
@@ -581,12 +582,18 @@ fn translate(req: &ResponsesRequest, history: &[Bytes]) -> Result<Translated, Ap
         messages.push(ChatRequestMessage {
             role: "system".into(),
             content: Some(MessageContent::Text(instructions.clone())),
+            origin: Some("instructions".into()),
             ..Default::default()
         });
     }
     for m in history {
-        let m = serde_json::from_slice(m).map_err(|e| ApiError::internal(e.to_string()))?;
-        messages.push(m);
+        let m: ChatRequestMessage =
+            serde_json::from_slice(m).map_err(|e| ApiError::internal(e.to_string()))?;
+        // Kept turns are the client's by the response it names.
+        messages.push(ChatRequestMessage {
+            origin: Some("previous_response_id".into()),
+            ..m
+        });
     }
     messages.extend(input.iter().cloned());
 
@@ -917,24 +924,33 @@ fn tool_choice(c: &Value, has_tools: bool) -> Result<Option<ToolChoice>, ApiErro
 
 /// The input as chat messages: a string is one user message; items turn
 /// into turns in order. Reasoning goes to the assistant turn after it;
-/// function calls join the assistant turn before them.
+/// function calls join the assistant turn before them. Each turn keeps
+/// the item it came from (`input[3]`) as its origin.
 fn input_messages(input: &Input) -> Result<Vec<ChatRequestMessage>, ApiError> {
-    let turn = |role: &str, content| ChatRequestMessage {
+    let turn = |role: &str, content, origin: &str| ChatRequestMessage {
         role: role.into(),
         content,
+        origin: Some(origin.into()),
         ..Default::default()
     };
     let items = match input {
         Input::Text(text) => {
-            return Ok(vec![turn("user", Some(MessageContent::Text(text.clone())))])
+            let content = Some(MessageContent::Text(text.clone()));
+            return Ok(vec![turn("user", content, "input")]);
         }
         Input::Items(items) => items,
     };
     let mut out: Vec<ChatRequestMessage> = Vec::new();
-    let mut thought: Option<String> = None;
-    let thought_alone = |t: String| ChatRequestMessage {
+    // Reasoning not yet given to an assistant turn: the item it began at,
+    // and its text.
+    let mut thought: Option<(String, String)> = None;
+    let thought_alone = |(origin, t): (String, String)| ChatRequestMessage {
         reasoning_content: Some(t),
-        ..turn("assistant", Some(MessageContent::Text(String::new())))
+        ..turn(
+            "assistant",
+            Some(MessageContent::Text(String::new())),
+            &origin,
+        )
     };
     for (i, item) in items.iter().enumerate() {
         let at = format!("input[{i}]");
@@ -968,9 +984,9 @@ fn input_messages(input: &Input) -> Result<Vec<ChatRequestMessage>, ApiError> {
                     ));
                 }
                 let content = content(&m.content, &format!("{at}.content"))?;
-                let mut message = turn(&m.role, Some(content));
+                let mut message = turn(&m.role, Some(content), &at);
                 match thought.take() {
-                    Some(t) if m.role == "assistant" => message.reasoning_content = Some(t),
+                    Some((_, t)) if m.role == "assistant" => message.reasoning_content = Some(t),
                     Some(t) => out.push(thought_alone(t)),
                     None => {}
                 }
@@ -994,9 +1010,9 @@ fn input_messages(input: &Input) -> Result<Vec<ChatRequestMessage>, ApiError> {
                         last.tool_calls.get_or_insert_default().push(call)
                     }
                     _ => out.push(ChatRequestMessage {
-                        reasoning_content: thought.take(),
+                        reasoning_content: thought.take().map(|(_, t)| t),
                         tool_calls: Some(vec![call]),
-                        ..turn("assistant", None)
+                        ..turn("assistant", None, &at)
                     }),
                 }
             }
@@ -1009,7 +1025,7 @@ fn input_messages(input: &Input) -> Result<Vec<ChatRequestMessage>, ApiError> {
                 let content = content(&o.output, &format!("{at}.output"))?;
                 out.push(ChatRequestMessage {
                     tool_call_id: Some(o.call_id),
-                    ..turn("tool", Some(content))
+                    ..turn("tool", Some(content), &at)
                 });
             }
             "reasoning" => {
@@ -1035,7 +1051,8 @@ fn input_messages(input: &Input) -> Result<Vec<ChatRequestMessage>, ApiError> {
                     (_, Some(s)) => texts(s, &format!("{at}.summary"))?.join("\n\n"),
                     _ => String::new(),
                 };
-                thought.get_or_insert_default().push_str(&text);
+                let (_, t) = thought.get_or_insert_with(|| (at.clone(), String::new()));
+                t.push_str(&text);
             }
             "item_reference" => {
                 return Err(ApiError::unsupported_value(
@@ -1128,6 +1145,11 @@ mod tests {
         input_messages(&serde_json::from_value(input).unwrap())
     }
 
+    /// The turns' origins, taken out of them.
+    fn origins(turns: &mut [ChatRequestMessage]) -> Vec<String> {
+        turns.iter_mut().filter_map(|m| m.origin.take()).collect()
+    }
+
     /// Chat's own reading of what a translation should build.
     fn chat<T: DeserializeOwned>(v: Value) -> T {
         serde_json::from_value(v).unwrap()
@@ -1135,7 +1157,7 @@ mod tests {
 
     #[test]
     fn items_become_chat_turns() {
-        let m = messages(json!([
+        let mut m = messages(json!([
             {"role": "developer", "content": "Be brief."},
             {"type": "message", "role": "user",
              "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
@@ -1152,6 +1174,10 @@ mod tests {
             {"type": "reasoning", "summary": [{"type": "summary_text", "text": "Done."}]},
         ]))
         .unwrap();
+        assert_eq!(
+            origins(&mut m),
+            ["input[0]", "input[1]", "input[3]", "input[6]", "input[7]", "input[8]"]
+        );
         assert_eq!(
             m,
             chat::<Vec<ChatRequestMessage>>(json!([
@@ -1172,12 +1198,13 @@ mod tests {
             ]))
         );
         // A call with no assistant turn before it opens one, with its thinking.
-        let m = messages(json!([
+        let mut m = messages(json!([
             {"role": "user", "content": "hi"},
             {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "T"}]},
             {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
         ]))
         .unwrap();
+        assert_eq!(origins(&mut m), ["input[0]", "input[2]"]);
         assert_eq!(
             m[1],
             chat(
@@ -1186,8 +1213,10 @@ mod tests {
                                         "function": {"name": "f", "arguments": "{}"}}]})
             )
         );
+        let mut m = messages(json!("hello")).unwrap();
+        assert_eq!(origins(&mut m), ["input"]);
         assert_eq!(
-            messages(json!("hello")).unwrap(),
+            m,
             chat::<Vec<ChatRequestMessage>>(json!([{"role": "user", "content": "hello"}]))
         );
     }
@@ -1228,7 +1257,12 @@ mod tests {
             "seed": 3, "stop": "END",
         }));
         let history = [json_bytes(&json!({"role": "user", "content": "before"}))];
-        let t = translate(&req, &history).unwrap();
+        let mut t = translate(&req, &history).unwrap();
+        assert_eq!(
+            origins(&mut t.chat.messages),
+            ["instructions", "previous_response_id", "input"]
+        );
+        assert_eq!(origins(&mut t.input), ["input"]);
         assert_eq!(
             t.chat,
             chat(json!({
@@ -1260,11 +1294,12 @@ mod tests {
                     "parameters": {"type": "object"}, "strict": true}])
         );
         // No tools: an empty list and a choice that changes nothing are left out.
-        let t = translate(
+        let mut t = translate(
             &request(json!({"input": "hi", "tools": [], "tool_choice": "none"})),
             &[],
         )
         .unwrap();
+        origins(&mut t.chat.messages);
         assert_eq!(
             t.chat,
             chat(json!({"messages": [{"role": "user", "content": "hi"}]}))
@@ -1276,7 +1311,6 @@ mod tests {
     fn chat_fields_are_named_as_the_responses_api_names_them() {
         for (chat, responses) in [
             ("messages", "input"),
-            ("messages[3].content", "input"),
             ("max_tokens", "max_output_tokens"),
             ("response_format", "text.format"),
             ("response_format.json_schema.schema", "text.format.schema"),
