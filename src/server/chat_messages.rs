@@ -17,11 +17,12 @@ use crate::text::chat_template::{FunctionCall, Message, ToolCall};
 
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
-pub fn conversation(messages: &[ChatRequestMessage]) -> Result<Vec<Message>, ApiError> {
+/// `name` is what the client calls the messages.
+pub fn conversation(messages: &[ChatRequestMessage], name: &str) -> Result<Vec<Message>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::bad_request(
             "messages must not be empty",
-            Some("messages"),
+            Some(name),
         ));
     }
     messages
@@ -218,7 +219,8 @@ mod tests {
     const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/chat_templates");
 
     fn convert(messages: Value) -> Result<Vec<Message>, ApiError> {
-        conversation(&serde_json::from_value::<Vec<ChatRequestMessage>>(messages).unwrap())
+        let turns = serde_json::from_value::<Vec<ChatRequestMessage>>(messages).unwrap();
+        conversation(&turns, "messages")
     }
 
     #[track_caller]
@@ -327,7 +329,7 @@ mod tests {
             serde_json::from_value(json!([{"role": "user", "content": "a"}, {"role": "user"}]))
                 .unwrap();
         turns[1].origin = Some("input[3]".into());
-        let e = conversation(&turns).unwrap_err();
+        let e = conversation(&turns, "messages").unwrap_err();
         assert_eq!(e.param.as_deref(), Some("input[3].content"));
     }
 

@@ -356,6 +356,52 @@ pub struct ChatCompletionRequest {
     /// Fields this type does not declare, refused by validation.
     #[serde(flatten)]
     pub unknown: UnknownFields,
+    /// What the client calls these fields, for errors to name them so: a
+    /// translated request's API's names, chat's own by default.
+    #[serde(skip)]
+    pub names: FieldNames,
+}
+
+/// The names errors give a chat request's fields where a translating API
+/// calls them otherwise (its messages name their own [`origin`]s).
+///
+/// [`origin`]: ChatRequestMessage::origin
+#[derive(Debug, Clone, PartialEq)]
+pub struct FieldNames {
+    pub messages: &'static str,
+    pub max_tokens: &'static str,
+    pub stop: &'static str,
+    pub response_format: &'static str,
+    /// Where `response_format.json_schema`'s own fields are.
+    pub json_schema: &'static str,
+    pub reasoning_effort: &'static str,
+    pub chat_template_kwargs: &'static str,
+    pub tool_choice_name: &'static str,
+    /// Where a tool's function's fields are, after `tools[i]`.
+    pub tool_function: &'static str,
+    /// A tool's `parameters`, after `tools[i]`.
+    pub tool_parameters: &'static str,
+}
+
+impl FieldNames {
+    pub const CHAT: FieldNames = FieldNames {
+        messages: "messages",
+        max_tokens: "max_tokens",
+        stop: "stop",
+        response_format: "response_format",
+        json_schema: "response_format.json_schema",
+        reasoning_effort: "reasoning_effort",
+        chat_template_kwargs: "chat_template_kwargs",
+        tool_choice_name: "tool_choice.function.name",
+        tool_function: ".function",
+        tool_parameters: ".function.parameters",
+    };
+}
+
+impl Default for FieldNames {
+    fn default() -> Self {
+        Self::CHAT
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

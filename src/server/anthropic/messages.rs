@@ -35,7 +35,7 @@ use crate::server::handlers;
 use crate::server::http::access::{request_id, AccessRecord};
 use crate::server::http::json_body::JsonBody;
 use crate::server::protocol::{
-    ChatCompletionRequest, ChatRequestMessage, FunctionArguments, FunctionDefinition,
+    ChatCompletionRequest, ChatRequestMessage, FieldNames, FunctionArguments, FunctionDefinition,
     MessageContent, NamedToolChoice, RequestFunctionCall, RequestToolCall, Stop,
     ToolChoice as ChatToolChoice, ToolChoiceFunction, ToolDefinition, UnknownFields,
 };
@@ -654,48 +654,25 @@ fn translate_tool_choice(c: &ToolChoice) -> Result<(ChatToolChoice, Option<bool>
     Ok((choice, c.disable_parallel_tool_use.map(|d| !d)))
 }
 
-/// A chat error's field, named as this API names it (messages name
-/// their origins themselves).
-fn anthropic_param(param: &str) -> String {
-    let renamed = match param {
-        "stop" => "stop_sequences",
-        "parallel_tool_calls" => "tool_choice.disable_parallel_tool_use",
-        "chat_template_kwargs" => "thinking",
-        "tool_choice.function.name" | "tool_choice.function" => "tool_choice.name",
-        p => {
-            if let Some((tool, field)) = p.strip_prefix("tools[").and_then(|r| r.split_once("]")) {
-                let field = match field {
-                    ".function.parameters" => ".input_schema",
-                    f => f.strip_prefix(".function").unwrap_or(f),
-                };
-                return format!("tools[{tool}]{field}");
-            }
-            p
-        }
-    };
-    renamed.to_string()
-}
+/// Chat's fields as this API names them, for errors (messages name their
+/// own origins).
+const NAMES: FieldNames = FieldNames {
+    stop: "stop_sequences",
+    chat_template_kwargs: "thinking",
+    tool_choice_name: "tool_choice.name",
+    tool_function: "",
+    tool_parameters: ".input_schema",
+    ..FieldNames::CHAT
+};
 
-/// Checks a request in Anthropic's terms and validates its chat twin;
-/// errors name the Anthropic fields.
+/// Checks a request in Anthropic's terms and validates its chat twin,
+/// whose errors name the Anthropic fields.
 fn validate_as_chat(
     prompt: &Prompt,
     ctx: &ModelContext,
     sampling: ChatCompletionRequest,
 ) -> Result<GenerationPlan, ApiError> {
-    let chat = prompt.translate(ctx, sampling)?;
-    validate_chat(&chat, ctx).map_err(|mut e| {
-        e.param = e.param.map(|p| anthropic_param(&p));
-        // Chat's advice on a template whose calls cannot be read, in
-        // this API's words.
-        if e.param.as_deref() == Some("tool_choice") {
-            e.message = e
-                .message
-                .replace("\"required\"", "{\"type\": \"any\"}")
-                .replace("a named function", "{\"type\": \"tool\", \"name\": …}");
-        }
-        e
-    })
+    validate_chat(&prompt.translate(ctx, sampling)?, ctx)
 }
 
 fn validate(req: &MessagesRequest, ctx: &ModelContext) -> Result<GenerationPlan, ApiError> {
@@ -724,6 +701,7 @@ fn validate(req: &MessagesRequest, ctx: &ModelContext) -> Result<GenerationPlan,
         top_p: req.top_p,
         top_k: req.top_k,
         stop: req.stop_sequences.clone().map(Stop::Many),
+        names: NAMES,
         ..Default::default()
     };
     let prompt = Prompt {
@@ -753,6 +731,7 @@ fn validate_count(
     let sampling = ChatCompletionRequest {
         model: req.model.clone(),
         max_tokens: Some(1),
+        names: NAMES,
         ..Default::default()
     };
     validate_as_chat(&prompt, ctx, sampling)
@@ -834,22 +813,27 @@ mod tests {
         serde_json::from_value(full).unwrap()
     }
 
-    /// The chat messages a request's conversation becomes (no template:
-    /// the checks that need one pass).
-    fn chat_messages(body: Value) -> Result<(Vec<String>, Vec<ChatRequestMessage>), ApiError> {
-        let req = request(body);
-        let tokenizer = crate::text::tokenizer::test_tokenizer();
-        let ctx = ModelContext {
+    /// A model with no template: the checks that need one pass.
+    fn context(tokenizer: &crate::text::tokenizer::Tokenizer) -> ModelContext<'_> {
+        ModelContext {
             name: "m",
             aliases: &[],
             vocab_size: 10,
             max_context: 100,
             max_seq_tokens: 100,
             max_choices: 1,
-            tokenizer: &tokenizer,
+            tokenizer,
             chat_template: None,
             constraints: None,
-        };
+        }
+    }
+
+    /// The chat messages a request's conversation becomes (no template:
+    /// the checks that need one pass).
+    fn chat_messages(body: Value) -> Result<(Vec<String>, Vec<ChatRequestMessage>), ApiError> {
+        let req = request(body);
+        let tokenizer = crate::text::tokenizer::test_tokenizer();
+        let ctx = context(&tokenizer);
         let mut chat = prompt_of(&req).translate(&ctx, ChatCompletionRequest::default())?;
         let origins = chat.messages.iter_mut().filter_map(|m| m.origin.take());
         Ok((origins.collect(), chat.messages))
@@ -910,7 +894,7 @@ mod tests {
             ]
         );
         // The chat request is what validate_chat reads.
-        crate::server::chat_messages::conversation(&messages).unwrap();
+        crate::server::chat_messages::conversation(&messages, "messages").unwrap();
     }
 
     #[test]
@@ -1021,17 +1005,31 @@ mod tests {
     }
 
     #[test]
-    fn chat_fields_are_named_as_anthropic_names_them() {
-        for (chat, anthropic) in [
-            ("messages", "messages"),
-            ("stop", "stop_sequences"),
-            ("tools[2].function.parameters", "tools[2].input_schema"),
-            ("tools[0].function.name", "tools[0].name"),
-            ("tools[1]", "tools[1]"),
-            ("tool_choice.function.name", "tool_choice.name"),
-            ("max_tokens", "max_tokens"),
+    fn chat_errors_name_anthropic_fields() {
+        let tool = |name: &str| json!({"name": name, "input_schema": {}});
+        for (body, param) in [
+            (json!({"tools": [tool("f"), tool("a b")]}), "tools[1].name"),
+            (
+                json!({"tools": [{"name": "f", "input_schema": 3}]}),
+                "tools[0].input_schema",
+            ),
+            (
+                json!({"tools": [tool("f")], "tool_choice": {"type": "tool", "name": "g"}}),
+                "tool_choice.name",
+            ),
         ] {
-            assert_eq!(anthropic_param(chat), anthropic, "{chat}");
+            let mut body = body;
+            body["messages"] = json!([{"role": "user", "content": "x"}]);
+            let req = request(body.clone());
+            let prompt = prompt_of(&req);
+            let sampling = ChatCompletionRequest {
+                names: NAMES,
+                ..Default::default()
+            };
+            let tokenizer = crate::text::tokenizer::test_tokenizer();
+            let chat = prompt.translate(&context(&tokenizer), sampling).unwrap();
+            let e = crate::server::tools::plan(&chat, "").unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}: {}", e.message);
         }
     }
 

@@ -42,10 +42,10 @@ use crate::server::http::json_body::JsonBody;
 use crate::server::openai::responses::store::{ResponseStore, Stored};
 use crate::server::openai::responses::stream::{new_id, ReplyShape, ResponseBuilder};
 use crate::server::protocol::{
-    ChatCompletionRequest, ChatRequestMessage, ContentPart as ChatPart, FunctionArguments,
-    FunctionDefinition, JsonSchemaFormat, MessageContent, Metadata, NamedToolChoice,
-    RequestFunctionCall, RequestToolCall, ResponseFormat, Stop, ToolChoice, ToolChoiceFunction,
-    ToolDefinition, UnknownFields,
+    ChatCompletionRequest, ChatRequestMessage, ContentPart as ChatPart, FieldNames,
+    FunctionArguments, FunctionDefinition, JsonSchemaFormat, MessageContent, Metadata,
+    NamedToolChoice, RequestFunctionCall, RequestToolCall, ResponseFormat, Stop, ToolChoice,
+    ToolChoiceFunction, ToolDefinition, UnknownFields,
 };
 use crate::server::tools;
 use crate::server::unsupported;
@@ -307,9 +307,7 @@ pub async fn create_response(
     })
     .await
     .map_err(|e| ApiError::internal(e.to_string()))??;
-    let (mut g, plan) = generation::begin_read(&state, t.chat, validate_chat, access)
-        .await
-        .map_err(for_responses)?;
+    let (mut g, plan) = generation::begin_read(&state, t.chat, validate_chat, access).await?;
     let mut echo = t.echo;
     echo.insert("model".into(), json!(g.model().name));
     let shape = ReplyShape {
@@ -505,35 +503,19 @@ fn refuse_query(query: Option<&str>) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// An error of the chat request, named by the Responses field it came from.
-fn for_responses(mut e: ApiError) -> ApiError {
-    if let Some(p) = e.param.take() {
-        e.param = Some(responses_param(&p));
-    }
-    e
-}
-
-fn responses_param(chat: &str) -> String {
-    // Each message names its own origin; all of them together are the input.
-    if chat == "messages" {
-        return "input".into();
-    }
-    match chat {
-        "max_tokens" | "max_completion_tokens" => return "max_output_tokens".into(),
-        "reasoning_effort" => return "reasoning.effort".into(),
-        "tool_choice.function.name" => return "tool_choice.name".into(),
-        _ => {}
-    }
-    if let Some(rest) = chat.strip_prefix("response_format") {
-        let rest = rest.strip_prefix(".json_schema").unwrap_or(rest);
-        return format!("text.format{rest}");
-    }
-    if let Some((tool, rest)) = chat.strip_prefix("tools[").and_then(|r| r.split_once(']')) {
-        let rest = rest.strip_prefix(".function").unwrap_or(rest);
-        return format!("tools[{tool}]{rest}");
-    }
-    chat.to_string()
-}
+/// Chat's fields as the Responses API names them, for errors (messages
+/// name their own origins; together they are the input).
+const NAMES: FieldNames = FieldNames {
+    messages: "input",
+    max_tokens: "max_output_tokens",
+    response_format: "text.format",
+    json_schema: "text.format",
+    reasoning_effort: "reasoning.effort",
+    tool_choice_name: "tool_choice.name",
+    tool_function: "",
+    tool_parameters: ".parameters",
+    ..FieldNames::CHAT
+};
 
 /// Reads `v` as a `T`; an error names its field under `at`.
 fn typed<T: DeserializeOwned>(v: &Value, at: &str) -> Result<T, ApiError> {
@@ -695,6 +677,7 @@ fn translate(req: &ResponsesRequest, history: &[Bytes]) -> Result<Translated, Ap
         top_k: req.top_k,
         seed: req.seed,
         stop: req.stop.clone(),
+        names: NAMES,
         ..Default::default()
     };
 
@@ -1263,6 +1246,7 @@ mod tests {
             ["instructions", "previous_response_id", "input"]
         );
         assert_eq!(origins(&mut t.input), ["input"]);
+        assert_eq!(std::mem::take(&mut t.chat.names), NAMES);
         assert_eq!(
             t.chat,
             chat(json!({
@@ -1300,6 +1284,7 @@ mod tests {
         )
         .unwrap();
         origins(&mut t.chat.messages);
+        std::mem::take(&mut t.chat.names);
         assert_eq!(
             t.chat,
             chat(json!({"messages": [{"role": "user", "content": "hi"}]}))
@@ -1308,20 +1293,24 @@ mod tests {
     }
 
     #[test]
-    fn chat_fields_are_named_as_the_responses_api_names_them() {
-        for (chat, responses) in [
-            ("messages", "input"),
-            ("max_tokens", "max_output_tokens"),
-            ("response_format", "text.format"),
-            ("response_format.json_schema.schema", "text.format.schema"),
-            ("response_format.type", "text.format.type"),
-            ("tools[2].function.name", "tools[2].name"),
-            ("tools[0].type", "tools[0].type"),
-            ("tool_choice.function.name", "tool_choice.name"),
-            ("reasoning_effort", "reasoning.effort"),
-            ("temperature", "temperature"),
+    fn chat_errors_name_the_responses_fields() {
+        let tool = |name: &str| json!({"type": "function", "name": name, "parameters": {}});
+        for (body, param) in [
+            (json!({"tools": [tool("f"), tool("a b")]}), "tools[1].name"),
+            (
+                json!({"tools": [{"type": "function", "name": "f", "parameters": 3}]}),
+                "tools[0].parameters",
+            ),
+            (
+                json!({"tools": [tool("f")], "tool_choice": {"type": "function", "name": "g"}}),
+                "tool_choice.name",
+            ),
         ] {
-            assert_eq!(responses_param(chat), responses, "{chat}");
+            let mut body = body;
+            body["input"] = json!("hi");
+            let t = translate(&request(body.clone()), &[]).unwrap();
+            let e = tools::plan(&t.chat, "").unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}: {}", e.message);
         }
     }
 
