@@ -17,17 +17,21 @@ use crate::text::chat_template::{FunctionCall, Message, ToolCall};
 
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
-pub fn conversation(messages: &[ChatRequestMessage]) -> Result<Vec<Message>, ApiError> {
+/// `name` is what the client calls the messages.
+pub fn conversation(messages: &[ChatRequestMessage], name: &str) -> Result<Vec<Message>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::bad_request(
             "messages must not be empty",
-            Some("messages"),
+            Some(name),
         ));
     }
     messages
         .iter()
         .enumerate()
-        .map(|(i, m)| message(m, &format!("messages[{i}]")))
+        .map(|(i, m)| match &m.origin {
+            Some(origin) => message(m, origin),
+            None => message(m, &format!("messages[{i}]")),
+        })
         .collect()
 }
 
@@ -215,7 +219,8 @@ mod tests {
     const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/chat_templates");
 
     fn convert(messages: Value) -> Result<Vec<Message>, ApiError> {
-        conversation(&serde_json::from_value::<Vec<ChatRequestMessage>>(messages).unwrap())
+        let turns = serde_json::from_value::<Vec<ChatRequestMessage>>(messages).unwrap();
+        conversation(&turns, "messages")
     }
 
     #[track_caller]
@@ -316,6 +321,16 @@ mod tests {
         // Not an object: shown as the model wrote it.
         assert_eq!(call(json!("{\"a\": ")), json!("{\"a\": "));
         assert_eq!(call(json!("[1, 2]")), json!("[1, 2]"));
+    }
+
+    #[test]
+    fn a_translated_turn_is_named_by_its_origin() {
+        let mut turns: Vec<ChatRequestMessage> =
+            serde_json::from_value(json!([{"role": "user", "content": "a"}, {"role": "user"}]))
+                .unwrap();
+        turns[1].origin = Some("input[3]".into());
+        let e = conversation(&turns, "messages").unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("input[3].content"));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! is dropped (the client went away).
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -58,13 +59,38 @@ pub async fn begin<R: DeserializeOwned + Send + 'static>(
     validate: fn(&R, &ModelContext) -> Result<GenerationPlan, ApiError>,
     access: AccessRecord,
 ) -> Result<(Generation, GenerationPlan), ApiError> {
+    let read = async {
+        let JsonBody(req) = JsonBody::<R>::from_request(body, state).await?;
+        Ok(req)
+    };
+    begin_from(state, read, validate, access).await
+}
+
+/// [`begin`] for a request its handler has already read (and translated,
+/// as `/v1/responses` does): no body to read again.
+pub async fn begin_read<R: Send + 'static>(
+    state: &Arc<AppState>,
+    req: R,
+    validate: fn(&R, &ModelContext) -> Result<GenerationPlan, ApiError>,
+    access: AccessRecord,
+) -> Result<(Generation, GenerationPlan), ApiError> {
+    begin_from(state, async { Ok(req) }, validate, access).await
+}
+
+/// What [`begin`] and [`begin_read`] share, from the request's read on.
+async fn begin_from<R: Send + 'static>(
+    state: &Arc<AppState>,
+    read: impl Future<Output = Result<R, ApiError>>,
+    validate: fn(&R, &ModelContext) -> Result<GenerationPlan, ApiError>,
+    access: AccessRecord,
+) -> Result<(Generation, GenerationPlan), ApiError> {
     let tally = Tally {
         metrics: state.metrics.clone(),
         start: Instant::now(),
         counted: false,
     };
     let set_up = async {
-        let JsonBody(req) = JsonBody::<R>::from_request(body, state).await?;
+        let req = read.await?;
         let model = handlers::ready(state)?;
         let plan = handlers::plan(&model, req, validate).await?;
         Ok::<_, ApiError>((model, plan))

@@ -109,7 +109,7 @@ impl<'de> Deserialize<'de> for Metadata {
 
 /// The fields of a request object that its type does not declare, by
 /// name, in the order sent.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct UnknownFields(pub serde_json::Map<String, serde_json::Value>);
 
@@ -192,7 +192,7 @@ pub struct JsonSchemaFormat {
 }
 
 /// One content part of a chat message; only `text` parts are served.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ContentPart {
     #[serde(rename = "type")]
     pub kind: String,
@@ -202,7 +202,7 @@ pub struct ContentPart {
     pub unknown: UnknownFields,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged, expecting = "expected a string or a list of content parts")]
 pub enum MessageContent {
     Text(String),
@@ -225,32 +225,46 @@ pub struct Prediction {
 /// One turn of a chat request, as OpenAI's API takes it, agent loops
 /// included: `system`, `developer` (OpenAI's newer name for system),
 /// `user`, `assistant` (possibly calling tools) and `tool` (a call's
-/// result). `chat_messages` turns it into what the template sees.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// result). `chat_messages` turns it into what the template sees. Built
+/// by `/v1/messages` and `/v1/responses` too; the latter keeps the turns
+/// of a conversation serialised (as sent: absent stays absent).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChatRequestMessage {
     pub role: String,
     /// Null or absent only on an assistant turn that calls tools.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<MessageContent>,
     /// The participant's name, which some templates show.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// An assistant turn's thinking, as wick returned it.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
     /// The calls an assistant turn made.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<RequestToolCall>>,
     /// The deprecated form of one call ([`crate::server::legacy_functions`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub function_call: Option<RequestFunctionCall>,
     /// On a `tool` turn: the call it answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
     /// On an assistant turn: what OpenAI returned beside its text (URL
     /// citations), replayed by clients. Output metadata: not shown to the
     /// model, so accepted and left unused.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub annotations: Option<serde_json::Value>,
     /// Fields this type does not declare, refused by validation.
     #[serde(flatten)]
     pub unknown: UnknownFields,
+    /// Where a translated turn came from, as its client named it
+    /// (`messages[2].content[0]`, `input[3]`): what its errors name.
+    /// Unset, chat's own `messages[i]`.
+    #[serde(skip)]
+    pub origin: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RequestToolCall {
     pub id: String,
     /// Always `function`.
@@ -262,7 +276,7 @@ pub struct RequestToolCall {
     pub unknown: UnknownFields,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RequestFunctionCall {
     pub name: String,
     pub arguments: FunctionArguments,
@@ -273,7 +287,7 @@ pub struct RequestFunctionCall {
 
 /// A call's arguments: OpenAI sends the JSON object as a string; some
 /// clients send the object itself.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged, expecting = "expected a string of JSON or an object")]
 pub enum FunctionArguments {
     Json(String),
@@ -282,7 +296,8 @@ pub enum FunctionArguments {
 
 /// `POST /v1/chat/completions`: the completions sampling fields plus chat's
 /// own. `max_completion_tokens` (OpenAI's newer name) wins over `max_tokens`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// `Default` for the APIs that translate into it, setting what they carry.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 pub struct ChatCompletionRequest {
     pub model: Option<String>,
     pub messages: Vec<ChatRequestMessage>,
@@ -347,6 +362,52 @@ pub struct ChatCompletionRequest {
     /// Fields this type does not declare, refused by validation.
     #[serde(flatten)]
     pub unknown: UnknownFields,
+    /// What the client calls these fields, for errors to name them so: a
+    /// translated request's API's names, chat's own by default.
+    #[serde(skip)]
+    pub names: FieldNames,
+}
+
+/// The names errors give a chat request's fields where a translating API
+/// calls them otherwise (its messages name their own [`origin`]s).
+///
+/// [`origin`]: ChatRequestMessage::origin
+#[derive(Debug, Clone, PartialEq)]
+pub struct FieldNames {
+    pub messages: &'static str,
+    pub max_tokens: &'static str,
+    pub stop: &'static str,
+    pub response_format: &'static str,
+    /// Where `response_format.json_schema`'s own fields are.
+    pub json_schema: &'static str,
+    pub reasoning_effort: &'static str,
+    pub chat_template_kwargs: &'static str,
+    pub tool_choice_name: &'static str,
+    /// Where a tool's function's fields are, after `tools[i]`.
+    pub tool_function: &'static str,
+    /// A tool's `parameters`, after `tools[i]`.
+    pub tool_parameters: &'static str,
+}
+
+impl FieldNames {
+    pub const CHAT: FieldNames = FieldNames {
+        messages: "messages",
+        max_tokens: "max_tokens",
+        stop: "stop",
+        response_format: "response_format",
+        json_schema: "response_format.json_schema",
+        reasoning_effort: "reasoning_effort",
+        chat_template_kwargs: "chat_template_kwargs",
+        tool_choice_name: "tool_choice.function.name",
+        tool_function: ".function",
+        tool_parameters: ".function.parameters",
+    };
+}
+
+impl Default for FieldNames {
+    fn default() -> Self {
+        Self::CHAT
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

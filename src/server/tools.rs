@@ -126,9 +126,10 @@ pub fn plan(req: &ChatCompletionRequest, template: &str) -> Result<ToolPlan, Api
     check_count(tools.len())?;
     let mut names: Vec<&str> = Vec::with_capacity(tools.len());
     let mut seen = HashSet::with_capacity(tools.len());
+    let (function, parameters) = (req.names.tool_function, req.names.tool_parameters);
     for (i, t) in tools.iter().enumerate() {
         unsupported::refuse(&t.unknown, &format!("tools[{i}]"))?;
-        unsupported::refuse(&t.function.unknown, &format!("tools[{i}].function"))?;
+        unsupported::refuse(&t.function.unknown, &format!("tools[{i}]{function}"))?;
         if t.kind != "function" {
             return Err(ApiError::bad_request(
                 format!("tool type must be \"function\", got {:?}", t.kind),
@@ -147,20 +148,20 @@ pub fn plan(req: &ChatCompletionRequest, template: &str) -> Result<ToolPlan, Api
                     "function names must be 1 to 64 letters, digits, underscores or dashes, \
                      got {name:?}"
                 ),
-                Some(&format!("tools[{i}].function.name")),
+                Some(&format!("tools[{i}]{function}.name")),
             ));
         }
         if !seen.insert(name) {
             return Err(ApiError::bad_request(
                 format!("two tools are named {name:?}"),
-                Some(&format!("tools[{i}].function.name")),
+                Some(&format!("tools[{i}]{function}.name")),
             ));
         }
         if let Some(p) = &t.function.parameters {
             if !p.is_object() {
                 return Err(ApiError::bad_request(
                     "function parameters must be a JSON schema object",
-                    Some(&format!("tools[{i}].function.parameters")),
+                    Some(&format!("tools[{i}]{parameters}")),
                 ));
             }
         }
@@ -205,7 +206,7 @@ pub fn plan(req: &ChatCompletionRequest, template: &str) -> Result<ToolPlan, Api
                         "tool_choice names the function {:?}, which is not among the tools",
                         named.function.name
                     ),
-                    Some("tool_choice.function.name"),
+                    Some(req.names.tool_choice_name),
                 ));
             }
             ToolMode::Named(named.function.name.clone())

@@ -69,7 +69,8 @@ pub const REASONING_EFFORTS: [&str; 7] =
 /// `reasoning_effort`, one of OpenAI's values, for a chat template that
 /// reads it (`template_reads`); for any other it would change nothing, so
 /// it is refused as OpenAI refuses it for models that do not reason.
-pub fn reasoning_effort(effort: &str, template_reads: bool) -> Result<(), ApiError> {
+/// `name`: what the client calls `reasoning_effort`.
+pub fn reasoning_effort(effort: &str, template_reads: bool, name: &str) -> Result<(), ApiError> {
     if !REASONING_EFFORTS.contains(&effort) {
         return Err(ApiError::bad_request(
             format!(
@@ -77,7 +78,7 @@ pub fn reasoning_effort(effort: &str, template_reads: bool) -> Result<(), ApiErr
                 REASONING_EFFORTS.join(", "),
                 clip(effort, MAX_ECHO_CHARS)
             ),
-            Some("reasoning_effort"),
+            Some(name),
         ));
     }
     if !template_reads {
@@ -86,7 +87,7 @@ pub fn reasoning_effort(effort: &str, template_reads: bool) -> Result<(), ApiErr
             ..ApiError::bad_request(
                 "Unsupported parameter: 'reasoning_effort' is not supported with this model: \
                  its chat template has no reasoning effort (it does not read `reasoning_effort`).",
-                Some("reasoning_effort"),
+                Some(name),
             )
         });
     }
@@ -136,12 +137,12 @@ mod tests {
     #[test]
     fn reasoning_effort_values_and_templates() {
         for effort in REASONING_EFFORTS {
-            reasoning_effort(effort, true).unwrap();
+            reasoning_effort(effort, true, "reasoning_effort").unwrap();
         }
-        let e = reasoning_effort("extreme", true).unwrap_err();
+        let e = reasoning_effort("extreme", true, "reasoning_effort").unwrap_err();
         assert_eq!(e.param.as_deref(), Some("reasoning_effort"));
         assert!(e.message.contains("\"extreme\""), "{}", e.message);
-        let e = reasoning_effort("high", false).unwrap_err();
+        let e = reasoning_effort("high", false, "reasoning_effort").unwrap_err();
         assert_eq!(
             (e.param.as_deref(), e.code.as_deref()),
             (Some("reasoning_effort"), Some("unsupported_parameter"))

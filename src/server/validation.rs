@@ -16,7 +16,7 @@ use crate::server::chat_messages;
 use crate::server::error::{clip, ApiError, MAX_ECHO_CHARS};
 use crate::server::legacy_functions;
 use crate::server::protocol::{
-    ChatCompletionRequest, CompletionRequest, Prediction, Prompt, ResponseFormat, Stop,
+    ChatCompletionRequest, CompletionRequest, FieldNames, Prediction, Prompt, ResponseFormat, Stop,
     StreamOptions, UnknownFields,
 };
 use crate::server::tools::{self, ToolMode, ToolPlan};
@@ -149,6 +149,7 @@ struct Common<'r> {
     stop_token_ids: Option<&'r Vec<u32>>,
     response_format: Option<&'r ResponseFormat>,
     cache_salt: Option<&'r str>,
+    names: &'r FieldNames,
 }
 
 /// `n`, `stream` and `include_usage` once checked.
@@ -185,6 +186,8 @@ macro_rules! common_from {
                     stop_token_ids: r.stop_token_ids.as_ref(),
                     response_format: r.response_format.as_ref(),
                     cache_salt: r.cache_salt.as_deref(),
+                    // A translated chat request sets its client's.
+                    names: &FieldNames::CHAT,
                 }
             }
         }
@@ -343,9 +346,10 @@ impl Common<'_> {
     ) -> Result<Option<Constraint>, ApiError> {
         let format = self
             .response_format
-            .map(response_format)
+            .map(|f| response_format(f, self.names))
             .transpose()?
             .flatten();
+        let format_name = self.names.response_format;
         let (grammar, param) = match (format, forced) {
             (None, None) => return Ok(None),
             (Some(_), Some((_, param))) => {
@@ -353,10 +357,10 @@ impl Common<'_> {
                     format!(
                     "response_format cannot be combined with {param}: both constrain the output"
                 ),
-                    Some("response_format"),
+                    Some(format_name),
                 ))
             }
-            (Some(g), None) => (g, "response_format"),
+            (Some(g), None) => (g, format_name),
             (None, Some((g, param))) => (g, param),
         };
         // The grammar decides where the output ends.
@@ -385,20 +389,20 @@ impl Common<'_> {
 }
 
 /// The grammar of a `response_format`; `None` for plain text.
-fn response_format(f: &ResponseFormat) -> Result<Option<Grammar>, ApiError> {
-    unsupported::refuse(&f.unknown, "response_format")?;
+fn response_format(f: &ResponseFormat, names: &FieldNames) -> Result<Option<Grammar>, ApiError> {
+    unsupported::refuse(&f.unknown, names.response_format)?;
     match (f.kind.as_str(), &f.json_schema) {
         ("text", _) => Ok(None),
         ("json_object", _) => Ok(Some(Grammar::JsonObject)),
         ("json_schema", Some(js)) => {
-            unsupported::refuse(&js.unknown, "response_format.json_schema")?;
+            unsupported::refuse(&js.unknown, names.json_schema)?;
             match &js.schema {
                 Some(schema) if schema.is_object() || schema.is_boolean() => {
                     Ok(Some(Grammar::JsonSchema(schema.clone())))
                 }
                 Some(_) => Err(ApiError::bad_request(
                     "response_format.json_schema.schema must be a JSON schema object",
-                    Some("response_format.json_schema.schema"),
+                    Some(&format!("{}.schema", names.json_schema)),
                 )),
                 // OpenAI's default: any JSON object.
                 None => Ok(Some(Grammar::JsonObject)),
@@ -406,10 +410,10 @@ fn response_format(f: &ResponseFormat) -> Result<Option<Grammar>, ApiError> {
         }
         ("json_schema", None) => Err(ApiError::bad_request(
             "response_format of type json_schema needs a json_schema object",
-            Some("response_format.json_schema"),
+            Some(names.json_schema),
         )),
         (other, _) => Err(ApiError::unsupported_value(
-            "response_format.type",
+            &format!("{}.type", names.response_format),
             format!("response_format type must be text, json_object or json_schema, got {other:?}"),
         )),
     }
@@ -563,14 +567,18 @@ pub fn validate_chat(
     let legacy = legacy_functions::is_legacy(req);
     let normalized = legacy_functions::normalize(req)?;
     let req = normalized.as_ref();
-    let common = Common::from(req);
+    let names = &req.names;
+    let common = Common {
+        names,
+        ..Common::from(req)
+    };
     let shape = common.check(ctx)?;
     unsupported::modalities(req.modalities.as_deref())?;
     unsupported::verbosity(req.verbosity.as_deref())?;
     // OpenAI's newer name wins when both are sent.
     let (requested_max, max_param) = match req.max_completion_tokens {
         Some(m) => (Some(m), "max_completion_tokens"),
-        None => (req.max_tokens, "max_tokens"),
+        None => (req.max_tokens, names.max_tokens),
     };
     let logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
         (_, Some(k)) if k as usize > MAX_LOGPROBS => {
@@ -600,7 +608,7 @@ pub fn validate_chat(
             None,
         )
     })?;
-    let mut messages = chat_messages::conversation(&req.messages)?;
+    let mut messages = chat_messages::conversation(&req.messages, names.messages)?;
     let mut tools = tools::plan(req, template.source()).map_err(|e| match legacy {
         true => legacy_functions::in_old_terms(e),
         false => e,
@@ -620,8 +628,14 @@ pub fn validate_chat(
             Some(filled) => render(&filled),
             None => Err(e),
         })
-        .map_err(|e| ApiError::bad_request(format!("{e:#}"), Some("messages")))?;
-    let mut ids = encode(&rendered, ctx, "messages")?;
+        .map_err(|e| ApiError::bad_request(format!("{e:#}"), Some(names.messages)))?;
+    // The prompt's errors read as chat's (the messages), naming the
+    // client's field.
+    let named = |e: ApiError| ApiError {
+        param: e.param.and(Some(names.messages.to_string())),
+        ..e
+    };
+    let mut ids = encode(&rendered, ctx, "messages").map_err(named)?;
     // A template that writes BOS itself, under a tokenizer that also adds
     // it, would start with two; the model was trained on one (vLLM and
     // llama.cpp also keep one).
@@ -648,19 +662,22 @@ pub fn validate_chat(
                     ctx.max_context,
                     ids.len()
                 ),
-                Some("messages"),
+                Some(names.messages),
             ))
         }
     };
     let mut params = common.params(max_tokens, logprobs, ctx);
     if let Err(e) = &mut params {
-        // The rule is max_tokens'; the client may have sent it under chat's newer name.
-        if e.param.as_deref() == Some("max_tokens") {
-            e.param = Some(max_param.to_string());
+        // The sampling layer names chat's fields; the client may have sent
+        // them under others (chat's newer name, a translating API's).
+        match e.param.as_deref() {
+            Some("max_tokens") => e.param = Some(max_param.to_string()),
+            Some("stop") => e.param = Some(names.stop.to_string()),
+            _ => {}
         }
     }
     let mut params = params?;
-    check_context(ids.len(), max_tokens, ctx, "messages")?;
+    check_context(ids.len(), max_tokens, ctx, "messages").map_err(named)?;
     let forced = tools.grammar.clone().map(|g| (g, "tool_choice"));
     params.constraint = common.constraint(forced, ctx)?;
     if let Some(p) = &req.prediction {
@@ -698,13 +715,14 @@ fn template_kwargs(
     {
         return Err(ApiError::bad_request(
             format!("chat_template_kwargs may not set `{name}`: wick sets it from the request"),
-            Some("chat_template_kwargs"),
+            Some(req.names.chat_template_kwargs),
         ));
     }
     let Some(effort) = req.reasoning_effort.as_deref() else {
         return Ok(kwargs);
     };
-    unsupported::reasoning_effort(effort, template.reads("reasoning_effort"))?;
+    let effort_name = req.names.reasoning_effort;
+    unsupported::reasoning_effort(effort, template.reads("reasoning_effort"), effort_name)?;
     let mut kwargs = kwargs.unwrap_or_default();
     match kwargs.get("reasoning_effort") {
         Some(other) if other.as_str() != Some(effort) => Err(ApiError::bad_request(
@@ -713,7 +731,7 @@ fn template_kwargs(
                  {}: send one",
                 clip(&other.to_string(), MAX_ECHO_CHARS)
             ),
-            Some("reasoning_effort"),
+            Some(effort_name),
         )),
         _ => {
             kwargs.insert("reasoning_effort".into(), effort.into());

@@ -34,7 +34,11 @@ use crate::server::generation;
 use crate::server::handlers;
 use crate::server::http::access::{request_id, AccessRecord};
 use crate::server::http::json_body::JsonBody;
-use crate::server::protocol::{ChatCompletionRequest, UnknownFields};
+use crate::server::protocol::{
+    ChatCompletionRequest, ChatRequestMessage, FieldNames, FunctionArguments, FunctionDefinition,
+    MessageContent, NamedToolChoice, RequestFunctionCall, RequestToolCall, Stop,
+    ToolChoice as ChatToolChoice, ToolChoiceFunction, ToolDefinition, UnknownFields,
+};
 use crate::server::respond::respond;
 use crate::server::unsupported;
 use crate::server::validation::{validate_chat, GenerationPlan, ModelContext};
@@ -191,25 +195,22 @@ struct Prompt<'r> {
     max_tokens: Option<u32>,
 }
 
-/// A chat request's body, and for each of its messages the Anthropic
-/// field it came from (`system`, `messages[2]`, `messages[3].content[0]`).
-struct Translated {
-    body: Map<String, Value>,
-    origins: Vec<String>,
-}
-
 fn bad(message: impl Into<String>, param: &str) -> ApiError {
     ApiError::bad_request(message, Some(param))
 }
 
 impl Prompt<'_> {
-    fn translate(&self, ctx: &ModelContext) -> Result<Translated, ApiError> {
+    /// The prompt's fields translated into `sampling`, the chat request
+    /// that carries the rest. Each chat turn keeps the Anthropic field it
+    /// came from (`system`, `messages[2]`, `messages[3].content[0]`).
+    fn translate(
+        &self,
+        ctx: &ModelContext,
+        sampling: ChatCompletionRequest,
+    ) -> Result<ChatCompletionRequest, ApiError> {
         let mut messages = Vec::new();
-        let mut origins = Vec::new();
         if let Some(system) = self.system {
-            let text = texts(system, "system")?;
-            messages.push(json!({"role": "system", "content": text}));
-            origins.push("system".to_string());
+            messages.push(turn("system", Some(texts(system, "system")?), "system"));
         }
         if self.messages.is_empty() {
             return Err(bad("messages must not be empty", "messages"));
@@ -219,8 +220,8 @@ impl Prompt<'_> {
         for (k, m) in self.messages.iter().enumerate() {
             let at = format!("messages[{k}]");
             unsupported::refuse(&m.unknown, &at)?;
-            let turns = match m.role.as_str() {
-                "user" => user_turns(&m.content, &at, &calls)?,
+            match m.role.as_str() {
+                "user" => messages.extend(user_turns(&m.content, &at, &calls)?),
                 "assistant" if k + 1 == self.messages.len() => {
                     return Err(bad(
                         "the last message must be the user's: wick does not continue a final \
@@ -228,7 +229,7 @@ impl Prompt<'_> {
                         &format!("{at}.role"),
                     ))
                 }
-                "assistant" => vec![(assistant_turn(&m.content, &at, &mut calls)?, at.clone())],
+                "assistant" => messages.push(assistant_turn(&m.content, &at, &mut calls)?),
                 other => {
                     return Err(bad(
                         format!(
@@ -239,29 +240,28 @@ impl Prompt<'_> {
                         &format!("{at}.role"),
                     ))
                 }
-            };
-            for (turn, origin) in turns {
-                messages.push(turn);
-                origins.push(origin);
             }
         }
-        let mut body = Map::new();
-        body.insert("messages".into(), Value::Array(messages));
         // An empty list is no tools (chat would refuse it).
-        if let Some(tools) = self.tools.filter(|t| !t.is_empty()) {
-            body.insert("tools".into(), translate_tools(tools)?);
-        }
-        if let Some(choice) = self.tool_choice {
-            let (choice, parallel) = translate_tool_choice(choice)?;
-            body.insert("tool_choice".into(), choice);
-            if let Some(parallel) = parallel {
-                body.insert("parallel_tool_calls".into(), parallel.into());
+        let tools = match self.tools.filter(|t| !t.is_empty()) {
+            Some(tools) => Some(translate_tools(tools)?),
+            None => None,
+        };
+        let (tool_choice, parallel_tool_calls) = match self.tool_choice {
+            Some(choice) => {
+                let (choice, parallel) = translate_tool_choice(choice)?;
+                (Some(choice), parallel)
             }
-        }
-        if let Some(kwargs) = self.thinking_kwargs(ctx)? {
-            body.insert("chat_template_kwargs".into(), Value::Object(kwargs));
-        }
-        Ok(Translated { body, origins })
+            None => (None, None),
+        };
+        Ok(ChatCompletionRequest {
+            messages,
+            tools,
+            tool_choice,
+            parallel_tool_calls,
+            chat_template_kwargs: self.thinking_kwargs(ctx)?,
+            ..sampling
+        })
     }
 
     /// `thinking` as the template's `enable_thinking`, where it reads one.
@@ -334,6 +334,16 @@ impl Prompt<'_> {
                  (`enable_thinking`) to turn thinking off",
             )),
         }
+    }
+}
+
+/// A chat turn of `role` with text `content`, from the field at `origin`.
+fn turn(role: &str, content: Option<String>, origin: &str) -> ChatRequestMessage {
+    ChatRequestMessage {
+        role: role.into(),
+        content: content.map(MessageContent::Text),
+        origin: Some(origin.into()),
+        ..Default::default()
     }
 }
 
@@ -415,9 +425,9 @@ fn user_turns(
     content: &Content,
     at: &str,
     calls: &Calls,
-) -> Result<Vec<(Value, String)>, ApiError> {
+) -> Result<Vec<ChatRequestMessage>, ApiError> {
     let blocks = match content {
-        Content::Text(t) => return Ok(vec![(json!({"role": "user", "content": t}), at.into())]),
+        Content::Text(t) => return Ok(vec![turn("user", Some(t.clone()), at)]),
         Content::Blocks(b) if b.is_empty() => {
             return Err(bad("content must not be empty", &format!("{at}.content")))
         }
@@ -435,7 +445,7 @@ fn user_turns(
                     &format!("{at_block}.type"),
                 ))
             }
-            "tool_result" => turns.push((tool_result(b, &at_block, calls)?, at_block)),
+            "tool_result" => turns.push(tool_result(b, &at_block, calls)?),
             "tool_use" | "thinking" => {
                 return Err(bad(
                     format!("{} blocks belong in assistant messages", b.kind),
@@ -452,10 +462,7 @@ fn user_turns(
         }
     }
     if !text.is_empty() {
-        turns.push((
-            json!({"role": "user", "content": text.join("\n")}),
-            at.into(),
-        ));
+        turns.push(turn("user", Some(text.join("\n")), at));
     }
     Ok(turns)
 }
@@ -465,7 +472,7 @@ type Calls = HashMap<String, String>;
 
 /// A tool result as a tool turn. `is_error` is shown to the model as an
 /// `Error: ` before the output, the only way a template can show it.
-fn tool_result(b: &Block, at: &str, calls: &Calls) -> Result<Value, ApiError> {
+fn tool_result(b: &Block, at: &str, calls: &Calls) -> Result<ChatRequestMessage, ApiError> {
     only(b, &["tool_use_id", "content", "is_error"], at)?;
     let id = required(&b.tool_use_id, at, "tool_use_id", "tool_result")?;
     let Some(name) = calls.get(id) else {
@@ -484,14 +491,22 @@ fn tool_result(b: &Block, at: &str, calls: &Calls) -> Result<Value, ApiError> {
     if b.is_error == Some(true) {
         output.insert_str(0, "Error: ");
     }
-    Ok(json!({"role": "tool", "tool_call_id": id, "name": name, "content": output}))
+    Ok(ChatRequestMessage {
+        tool_call_id: Some(id.clone()),
+        name: Some(name.clone()),
+        ..turn("tool", Some(output), at)
+    })
 }
 
 /// An assistant message: its text, its thinking and its tool calls as
 /// one turn; each call's id is recorded for the results that follow.
-fn assistant_turn(content: &Content, at: &str, calls: &mut Calls) -> Result<Value, ApiError> {
+fn assistant_turn(
+    content: &Content,
+    at: &str,
+    calls: &mut Calls,
+) -> Result<ChatRequestMessage, ApiError> {
     let blocks = match content {
-        Content::Text(t) => return Ok(json!({"role": "assistant", "content": t})),
+        Content::Text(t) => return Ok(turn("assistant", Some(t.clone()), at)),
         Content::Blocks(b) if b.is_empty() => {
             return Err(bad("content must not be empty", &format!("{at}.content")))
         }
@@ -513,20 +528,28 @@ fn assistant_turn(content: &Content, at: &str, calls: &mut Calls) -> Result<Valu
                 let id = required(&b.id, &at, "id", "tool_use")?;
                 let name = required(&b.name, &at, "name", "tool_use")?;
                 let input = required(&b.input, &at, "input", "tool_use")?;
-                if !input.is_object() {
+                let Some(input) = input.as_object() else {
                     return Err(bad(
                         "a tool_use block's input must be an object",
                         &format!("{at}.input"),
                     ));
-                }
+                };
                 if calls.insert(id.clone(), name.clone()).is_some() {
                     return Err(bad(
                         format!("tool_use id {:?} is used twice", clip(id, MAX_ECHO_CHARS)),
                         &format!("{at}.id"),
                     ));
                 }
-                tool_calls.push(json!({"id": id, "type": "function",
-                                       "function": {"name": name, "arguments": input}}));
+                tool_calls.push(RequestToolCall {
+                    id: id.clone(),
+                    kind: "function".into(),
+                    function: RequestFunctionCall {
+                        name: name.clone(),
+                        arguments: FunctionArguments::Object(input.clone()),
+                        unknown: UnknownFields::default(),
+                    },
+                    unknown: UnknownFields::default(),
+                });
             }
             "tool_result" => {
                 return Err(bad(
@@ -543,21 +566,17 @@ fn assistant_turn(content: &Content, at: &str, calls: &mut Calls) -> Result<Valu
             }
         }
     }
-    let mut turn = json!({"role": "assistant", "content": text.join("\n")});
-    if text.is_empty() && !tool_calls.is_empty() {
-        turn["content"] = Value::Null;
-    }
-    if !thinking.is_empty() {
-        turn["reasoning_content"] = thinking.join("\n").into();
-    }
-    if !tool_calls.is_empty() {
-        turn["tool_calls"] = tool_calls.into();
-    }
-    Ok(turn)
+    // Calls alone have no content, as chat sends them.
+    let content = (!text.is_empty() || tool_calls.is_empty()).then(|| text.join("\n"));
+    Ok(ChatRequestMessage {
+        reasoning_content: (!thinking.is_empty()).then(|| thinking.join("\n")),
+        tool_calls: (!tool_calls.is_empty()).then_some(tool_calls),
+        ..turn("assistant", content, at)
+    })
 }
 
 /// Anthropic's tools as OpenAI function tools.
-fn translate_tools(tools: &[Tool]) -> Result<Value, ApiError> {
+fn translate_tools(tools: &[Tool]) -> Result<Vec<ToolDefinition>, ApiError> {
     let mut out = Vec::with_capacity(tools.len());
     for (i, t) in tools.iter().enumerate() {
         let at = format!("tools[{i}]");
@@ -578,20 +597,23 @@ fn translate_tools(tools: &[Tool]) -> Result<Value, ApiError> {
                 &format!("{at}.input_schema"),
             )
         })?;
-        let mut function = json!({"name": t.name, "parameters": schema});
-        if let Some(d) = &t.description {
-            function["description"] = d.clone().into();
-        }
-        if let Some(s) = t.strict {
-            function["strict"] = s.into();
-        }
-        out.push(json!({"type": "function", "function": function}));
+        out.push(ToolDefinition {
+            kind: "function".into(),
+            function: FunctionDefinition {
+                name: t.name.clone(),
+                description: t.description.clone(),
+                parameters: Some(schema.clone()),
+                strict: t.strict,
+                unknown: UnknownFields::default(),
+            },
+            unknown: UnknownFields::default(),
+        });
     }
-    Ok(Value::Array(out))
+    Ok(out)
 }
 
 /// `tool_choice` as chat's, and `parallel_tool_calls` when it says.
-fn translate_tool_choice(c: &ToolChoice) -> Result<(Value, Option<bool>), ApiError> {
+fn translate_tool_choice(c: &ToolChoice) -> Result<(ChatToolChoice, Option<bool>), ApiError> {
     unsupported::refuse(&c.unknown, "tool_choice")?;
     if c.name.is_some() && c.kind != "tool" {
         return Err(bad(
@@ -599,10 +621,11 @@ fn translate_tool_choice(c: &ToolChoice) -> Result<(Value, Option<bool>), ApiErr
             "tool_choice.name",
         ));
     }
+    let mode = |m: &str| ChatToolChoice::Mode(m.into());
     let choice = match c.kind.as_str() {
-        "auto" => json!("auto"),
-        "any" => json!("required"),
-        "none" => json!("none"),
+        "auto" => mode("auto"),
+        "any" => mode("required"),
+        "none" => mode("none"),
         "tool" => {
             let name = c.name.as_ref().ok_or_else(|| {
                 bad(
@@ -610,7 +633,14 @@ fn translate_tool_choice(c: &ToolChoice) -> Result<(Value, Option<bool>), ApiErr
                     "tool_choice.name",
                 )
             })?;
-            json!({"type": "function", "function": {"name": name}})
+            ChatToolChoice::Named(NamedToolChoice {
+                kind: "function".into(),
+                function: ToolChoiceFunction {
+                    name: name.clone(),
+                    unknown: UnknownFields::default(),
+                },
+                unknown: UnknownFields::default(),
+            })
         }
         other => {
             return Err(bad(
@@ -625,57 +655,25 @@ fn translate_tool_choice(c: &ToolChoice) -> Result<(Value, Option<bool>), ApiErr
     Ok((choice, c.disable_parallel_tool_use.map(|d| !d)))
 }
 
-/// A chat error's field, named as this API names it.
-fn anthropic_param(param: &str, origins: &[String]) -> String {
-    if let Some(rest) = param.strip_prefix("messages[") {
-        if let Some((j, tail)) = rest.split_once(']') {
-            if let Some(origin) = j.parse::<usize>().ok().and_then(|j| origins.get(j)) {
-                return format!("{origin}{tail}");
-            }
-        }
-    }
-    let renamed = match param {
-        "stop" => "stop_sequences",
-        "parallel_tool_calls" => "tool_choice.disable_parallel_tool_use",
-        "chat_template_kwargs" => "thinking",
-        "tool_choice.function.name" | "tool_choice.function" => "tool_choice.name",
-        p => {
-            if let Some((tool, field)) = p.strip_prefix("tools[").and_then(|r| r.split_once("]")) {
-                let field = match field {
-                    ".function.parameters" => ".input_schema",
-                    f => f.strip_prefix(".function").unwrap_or(f),
-                };
-                return format!("tools[{tool}]{field}");
-            }
-            p
-        }
-    };
-    renamed.to_string()
-}
+/// Chat's fields as this API names them, for errors (messages name their
+/// own origins).
+const NAMES: FieldNames = FieldNames {
+    stop: "stop_sequences",
+    chat_template_kwargs: "thinking",
+    tool_choice_name: "tool_choice.name",
+    tool_function: "",
+    tool_parameters: ".input_schema",
+    ..FieldNames::CHAT
+};
 
-/// Checks a request in Anthropic's terms and validates its chat twin;
-/// errors name the Anthropic fields.
+/// Checks a request in Anthropic's terms and validates its chat twin,
+/// whose errors name the Anthropic fields.
 fn validate_as_chat(
     prompt: &Prompt,
     ctx: &ModelContext,
-    sampling: Map<String, Value>,
+    sampling: ChatCompletionRequest,
 ) -> Result<GenerationPlan, ApiError> {
-    let Translated { mut body, origins } = prompt.translate(ctx)?;
-    body.extend(sampling);
-    let chat: ChatCompletionRequest = serde_json::from_value(Value::Object(body))
-        .map_err(|e| ApiError::internal(format!("translating the request: {e}")))?;
-    validate_chat(&chat, ctx).map_err(|mut e| {
-        e.param = e.param.map(|p| anthropic_param(&p, &origins));
-        // Chat's advice on a template whose calls cannot be read, in
-        // this API's words.
-        if e.param.as_deref() == Some("tool_choice") {
-            e.message = e
-                .message
-                .replace("\"required\"", "{\"type\": \"any\"}")
-                .replace("a named function", "{\"type\": \"tool\", \"name\": …}");
-        }
-        e
-    })
+    validate_chat(&prompt.translate(ctx, sampling)?, ctx)
 }
 
 fn validate(req: &MessagesRequest, ctx: &ModelContext) -> Result<GenerationPlan, ApiError> {
@@ -696,14 +694,17 @@ fn validate(req: &MessagesRequest, ctx: &ModelContext) -> Result<GenerationPlan,
             "stop_sequences",
         ));
     }
-    let mut sampling = Map::new();
-    sampling.insert("model".into(), json!(req.model));
-    sampling.insert("max_tokens".into(), req.max_tokens.into());
-    sampling.insert("stream".into(), json!(req.stream));
-    sampling.insert("temperature".into(), json!(req.temperature));
-    sampling.insert("top_p".into(), json!(req.top_p));
-    sampling.insert("top_k".into(), json!(req.top_k));
-    sampling.insert("stop".into(), json!(req.stop_sequences));
+    let sampling = ChatCompletionRequest {
+        model: req.model.clone(),
+        max_tokens: Some(req.max_tokens),
+        stream: req.stream,
+        temperature: req.temperature,
+        top_p: req.top_p,
+        top_k: req.top_k,
+        stop: req.stop_sequences.clone().map(Stop::Many),
+        names: NAMES,
+        ..Default::default()
+    };
     let prompt = Prompt {
         messages: &req.messages,
         system: req.system.as_ref(),
@@ -728,10 +729,12 @@ fn validate_count(
         thinking: req.thinking.as_ref(),
         max_tokens: None,
     };
-    let sampling = Map::from_iter([
-        ("model".to_string(), json!(req.model)),
-        ("max_tokens".to_string(), json!(1)),
-    ]);
+    let sampling = ChatCompletionRequest {
+        model: req.model.clone(),
+        max_tokens: Some(1),
+        names: NAMES,
+        ..Default::default()
+    };
     validate_as_chat(&prompt, ctx, sampling)
 }
 
@@ -812,24 +815,35 @@ mod tests {
         serde_json::from_value(full).unwrap()
     }
 
-    /// The chat messages a request's conversation becomes (no template:
-    /// the checks that need one pass).
-    fn chat_messages(body: Value) -> Result<(Value, Vec<String>), ApiError> {
-        let req = request(body);
-        let tokenizer = crate::text::tokenizer::test_tokenizer();
-        let ctx = ModelContext {
+    /// A model with no template: the checks that need one pass.
+    fn context(tokenizer: &crate::text::tokenizer::Tokenizer) -> ModelContext<'_> {
+        ModelContext {
             name: "m",
             aliases: &[],
             vocab_size: 10,
             max_context: 100,
             max_seq_tokens: 100,
             max_choices: 1,
-            tokenizer: &tokenizer,
+            tokenizer,
             chat_template: None,
             constraints: None,
-        };
-        let t = prompt_of(&req).translate(&ctx)?;
-        Ok((t.body["messages"].clone(), t.origins))
+        }
+    }
+
+    /// The chat messages a request's conversation becomes (no template:
+    /// the checks that need one pass).
+    fn chat_messages(body: Value) -> Result<(Vec<String>, Vec<ChatRequestMessage>), ApiError> {
+        let req = request(body);
+        let tokenizer = crate::text::tokenizer::test_tokenizer();
+        let ctx = context(&tokenizer);
+        let mut chat = prompt_of(&req).translate(&ctx, ChatCompletionRequest::default())?;
+        let origins = chat.messages.iter_mut().filter_map(|m| m.origin.take());
+        Ok((origins.collect(), chat.messages))
+    }
+
+    /// Chat's own reading of what a translation should build.
+    fn chat<T: serde::de::DeserializeOwned>(v: Value) -> T {
+        serde_json::from_value(v).unwrap()
     }
 
     #[track_caller]
@@ -842,7 +856,7 @@ mod tests {
 
     #[test]
     fn a_tool_round_trip_becomes_chat_turns() {
-        let (messages, origins) = chat_messages(json!({
+        let (origins, messages) = chat_messages(json!({
             "system": [{"type": "text", "text": "Be brief."}, {"type": "text", "text": "Use tools.",
                         "cache_control": {"type": "ephemeral"}}],
             "messages": [
@@ -861,7 +875,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             messages,
-            json!([
+            chat::<Vec<ChatRequestMessage>>(json!([
                 {"role": "system", "content": "Be brief.\nUse tools."},
                 {"role": "user", "content": "Weather in Paris?"},
                 {"role": "assistant", "content": "Looking.", "reasoning_content": "I should look.",
@@ -869,7 +883,7 @@ mod tests {
                                  "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
                 {"role": "tool", "tool_call_id": "toolu_1", "name": "get_weather", "content": "21 C"},
                 {"role": "user", "content": "And tomorrow?"}
-            ])
+            ]))
         );
         assert_eq!(
             origins,
@@ -881,23 +895,24 @@ mod tests {
                 "messages[2]"
             ]
         );
-        // The parsed chat request is what validate_chat reads.
-        let turns: Vec<crate::server::protocol::ChatRequestMessage> =
-            serde_json::from_value(messages).unwrap();
-        crate::server::chat_messages::conversation(&turns).unwrap();
+        // The chat request is what validate_chat reads.
+        crate::server::chat_messages::conversation(&messages, "messages").unwrap();
     }
 
     #[test]
     fn calls_alone_have_null_content_and_errors_are_marked() {
-        let (messages, _) = chat_messages(json!({"messages": [
+        let (_, messages) = chat_messages(json!({"messages": [
             {"role": "user", "content": "x"},
             {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "f", "input": {}}]},
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a", "is_error": true,
                                           "content": "no network"}]}
         ]}))
         .unwrap();
-        assert_eq!(messages[1]["content"], Value::Null);
-        assert_eq!(messages[2]["content"], "Error: no network");
+        assert_eq!(messages[1].content, None);
+        assert_eq!(
+            messages[2].content,
+            Some(MessageContent::Text("Error: no network".into()))
+        );
     }
 
     #[test]
@@ -992,20 +1007,31 @@ mod tests {
     }
 
     #[test]
-    fn chat_fields_are_named_as_anthropic_names_them() {
-        let origins = ["system".to_string(), "messages[0]".to_string()];
-        for (chat, anthropic) in [
-            ("messages[1].content", "messages[0].content"),
-            ("messages[0]", "system"),
-            ("messages", "messages"),
-            ("stop", "stop_sequences"),
-            ("tools[2].function.parameters", "tools[2].input_schema"),
-            ("tools[0].function.name", "tools[0].name"),
-            ("tools[1]", "tools[1]"),
-            ("tool_choice.function.name", "tool_choice.name"),
-            ("max_tokens", "max_tokens"),
+    fn chat_errors_name_anthropic_fields() {
+        let tool = |name: &str| json!({"name": name, "input_schema": {}});
+        for (body, param) in [
+            (json!({"tools": [tool("f"), tool("a b")]}), "tools[1].name"),
+            (
+                json!({"tools": [{"name": "f", "input_schema": 3}]}),
+                "tools[0].input_schema",
+            ),
+            (
+                json!({"tools": [tool("f")], "tool_choice": {"type": "tool", "name": "g"}}),
+                "tool_choice.name",
+            ),
         ] {
-            assert_eq!(anthropic_param(chat, &origins), anthropic, "{chat}");
+            let mut body = body;
+            body["messages"] = json!([{"role": "user", "content": "x"}]);
+            let req = request(body.clone());
+            let prompt = prompt_of(&req);
+            let sampling = ChatCompletionRequest {
+                names: NAMES,
+                ..Default::default()
+            };
+            let tokenizer = crate::text::tokenizer::test_tokenizer();
+            let chat = prompt.translate(&context(&tokenizer), sampling).unwrap();
+            let e = crate::server::tools::plan(&chat, "").unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}: {}", e.message);
         }
     }
 
@@ -1014,17 +1040,20 @@ mod tests {
         let choice = |v: Value| translate_tool_choice(&serde_json::from_value(v).unwrap());
         assert_eq!(
             choice(json!({"type": "auto"})).unwrap(),
-            (json!("auto"), None)
+            (chat(json!("auto")), None)
         );
         assert_eq!(
             choice(json!({"type": "any", "disable_parallel_tool_use": true})).unwrap(),
-            (json!("required"), Some(false))
+            (chat(json!("required")), Some(false))
         );
         assert_eq!(
             choice(json!({"type": "tool", "name": "f"})).unwrap().0,
-            json!({"type": "function", "function": {"name": "f"}})
+            chat(json!({"type": "function", "function": {"name": "f"}}))
         );
-        assert_eq!(choice(json!({"type": "none"})).unwrap().0, json!("none"));
+        assert_eq!(
+            choice(json!({"type": "none"})).unwrap().0,
+            chat(json!("none"))
+        );
         assert_eq!(
             choice(json!({"type": "auto", "name": "f"}))
                 .unwrap_err()
@@ -1039,8 +1068,8 @@ mod tests {
         .unwrap();
         assert_eq!(
             translate_tools(&tools).unwrap(),
-            json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"},
-                                                      "description": "d"}}])
+            chat::<Vec<ToolDefinition>>(json!([{"type": "function", "function": {"name": "f",
+                "parameters": {"type": "object"}, "description": "d"}}]))
         );
     }
 

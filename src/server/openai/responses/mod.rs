@@ -24,13 +24,13 @@ pub mod stream;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::{FromRequest, Path, RawQuery, Request, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::de::DeserializeOwned;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use crate::server::error::{clip, ApiError, MAX_ECHO_CHARS};
@@ -40,7 +40,12 @@ use crate::server::http::auth::Owner;
 use crate::server::http::json_body::JsonBody;
 use crate::server::openai::responses::store::{ResponseStore, Stored};
 use crate::server::openai::responses::stream::{new_id, OnDone, ResponseBuilder};
-use crate::server::protocol::{ChatCompletionRequest, Metadata, Stop, UnknownFields};
+use crate::server::protocol::{
+    ChatCompletionRequest, ChatRequestMessage, ContentPart as ChatPart, FieldNames,
+    FunctionArguments, FunctionDefinition, JsonSchemaFormat, MessageContent, Metadata,
+    NamedToolChoice, RequestFunctionCall, RequestToolCall, ResponseFormat, Stop, ToolChoice,
+    ToolChoiceFunction, ToolDefinition, UnknownFields,
+};
 use crate::server::respond::respond;
 use crate::server::tools;
 use crate::server::unsupported;
@@ -251,10 +256,10 @@ struct ReasoningItem {
 /// A request read and translated.
 struct Translated {
     /// The chat-completions request it runs as.
-    chat: Value,
+    chat: ChatCompletionRequest,
     /// The input as chat messages, without the instructions: what a
     /// follow-up's history keeps.
-    input: Vec<Value>,
+    input: Vec<ChatRequestMessage>,
     /// The Response object's fields that echo the request.
     echo: Map<String, Value>,
 }
@@ -266,12 +271,7 @@ pub async fn create_response(
     owner: Owner,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let (mut parts, body) = request.into_parts();
-    let JsonBody(req) = JsonBody::<ResponsesRequest>::from_request(
-        Request::from_parts(parts.clone(), body),
-        &state,
-    )
-    .await?;
+    let JsonBody(req) = JsonBody::<ResponsesRequest>::from_request(request, &state).await?;
     let history = match &req.previous_response_id {
         Some(id) => {
             let stored = kept.lock().get(owner, id, Instant::now());
@@ -282,35 +282,32 @@ pub async fn create_response(
         None => Vec::new(),
     };
     let (keeps, stream) = (req.store.unwrap_or(true), req.stream.unwrap_or(false));
+    let limit = state.limits.max_body_bytes;
     // Megabytes of JSON work for a large input: off the async workers.
-    let (t, chat_body, conversation) = tokio::task::spawn_blocking(move || {
+    let (t, conversation) = tokio::task::spawn_blocking(move || {
         let t = translate(&req, &history)?;
-        // The chat request goes through the same body reader as the
-        // client's, under the same limits (so a long history counts
-        // against --max-body-bytes).
-        let chat_body =
-            serde_json::to_vec(&t.chat).map_err(|e| ApiError::internal(e.to_string()))?;
+        let input: Vec<Bytes> = t.input.iter().map(json_bytes).collect();
+        // The conversation runs as one request: a long history counts
+        // against --max-body-bytes, as the client's own body does.
+        let size: usize = history.iter().chain(&input).map(Bytes::len).sum();
+        if size > limit {
+            let mut e = ApiError::payload_too_large(limit);
+            e.message = format!(
+                "{}: the conversation (previous_response_id's history with this input) is too \
+                 long",
+                e.message
+            );
+            return Err(e);
+        }
         let conversation: Vec<Bytes> = match keeps {
-            true => history
-                .into_iter()
-                .chain(t.input.iter().map(json_bytes))
-                .collect(),
+            true => history.into_iter().chain(input).collect(),
             false => Vec::new(),
         };
-        Ok::<_, ApiError>((t, chat_body, conversation))
+        Ok::<_, ApiError>((t, conversation))
     })
     .await
     .map_err(|e| ApiError::internal(e.to_string()))??;
-    parts.headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    parts.headers.remove(header::CONTENT_ENCODING);
-    parts.headers.remove(header::CONTENT_LENGTH);
-    let chat = Request::from_parts(parts, Body::from(chat_body));
-    let (g, plan) = generation::begin::<ChatCompletionRequest>(&state, chat, validate_chat, access)
-        .await
-        .map_err(for_responses)?;
+    let (g, plan) = generation::begin_read(&state, t.chat, validate_chat, access).await?;
     let mut echo = t.echo;
     echo.insert("model".into(), json!(g.model().name));
     let on_done = keeps.then(|| {
@@ -400,8 +397,8 @@ impl Kept {
     }
 }
 
-fn json_bytes(v: &Value) -> Bytes {
-    // A `Value` always serialises.
+fn json_bytes(v: &impl Serialize) -> Bytes {
+    // A `Value`, or a chat message, always serialises.
     Bytes::from(serde_json::to_vec(v).unwrap_or_default())
 }
 
@@ -450,40 +447,19 @@ fn refuse_query(query: Option<&str>) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// An error of the chat request, named by the Responses field it came from.
-fn for_responses(mut e: ApiError) -> ApiError {
-    if let Some(p) = e.param.take() {
-        e.param = Some(responses_param(&p));
-    }
-    if e.status == StatusCode::PAYLOAD_TOO_LARGE {
-        e.message = format!(
-            "{}: the conversation (previous_response_id's history with this input) is too long",
-            e.message
-        );
-    }
-    e
-}
-
-fn responses_param(chat: &str) -> String {
-    if chat == "messages" || chat.starts_with("messages[") {
-        return "input".into();
-    }
-    match chat {
-        "max_tokens" | "max_completion_tokens" => return "max_output_tokens".into(),
-        "reasoning_effort" => return "reasoning.effort".into(),
-        "tool_choice.function.name" => return "tool_choice.name".into(),
-        _ => {}
-    }
-    if let Some(rest) = chat.strip_prefix("response_format") {
-        let rest = rest.strip_prefix(".json_schema").unwrap_or(rest);
-        return format!("text.format{rest}");
-    }
-    if let Some((tool, rest)) = chat.strip_prefix("tools[").and_then(|r| r.split_once(']')) {
-        let rest = rest.strip_prefix(".function").unwrap_or(rest);
-        return format!("tools[{tool}]{rest}");
-    }
-    chat.to_string()
-}
+/// Chat's fields as the Responses API names them, for errors (messages
+/// name their own origins; together they are the input).
+const NAMES: FieldNames = FieldNames {
+    messages: "input",
+    max_tokens: "max_output_tokens",
+    response_format: "text.format",
+    json_schema: "text.format",
+    reasoning_effort: "reasoning.effort",
+    tool_choice_name: "tool_choice.name",
+    tool_function: "",
+    tool_parameters: ".parameters",
+    ..FieldNames::CHAT
+};
 
 /// Reads `v` as a `T`; an error names its field under `at`.
 fn typed<T: DeserializeOwned>(v: &Value, at: &str) -> Result<T, ApiError> {
@@ -516,12 +492,7 @@ fn number(x: f32) -> Value {
 fn translate(req: &ResponsesRequest, history: &[Bytes]) -> Result<Translated, ApiError> {
     unsupported::refuse(&req.unknown, "")?;
     refuse_unservable(req)?;
-    let mut chat = Map::new();
     let mut echo = Map::new();
-    if let Some(m) = &req.model {
-        chat.insert("model".into(), json!(m));
-    }
-
     let input = match &req.input {
         Some(input) => input_messages(input)?,
         None if req.previous_response_id.is_some() => Vec::new(),
@@ -532,16 +503,25 @@ fn translate(req: &ResponsesRequest, history: &[Bytes]) -> Result<Translated, Ap
             ))
         }
     };
-    let mut messages: Vec<Value> = Vec::new();
+    let mut messages = Vec::new();
     if let Some(instructions) = &req.instructions {
-        messages.push(json!({"role": "system", "content": instructions}));
+        messages.push(ChatRequestMessage {
+            role: "system".into(),
+            content: Some(MessageContent::Text(instructions.clone())),
+            origin: Some("instructions".into()),
+            ..Default::default()
+        });
     }
     for m in history {
-        let m = serde_json::from_slice(m).map_err(|e| ApiError::internal(e.to_string()))?;
-        messages.push(m);
+        let m: ChatRequestMessage =
+            serde_json::from_slice(m).map_err(|e| ApiError::internal(e.to_string()))?;
+        // Kept turns are the client's by the response it names.
+        messages.push(ChatRequestMessage {
+            origin: Some("previous_response_id".into()),
+            ..m
+        });
     }
     messages.extend(input.iter().cloned());
-    chat.insert("messages".into(), Value::Array(messages));
 
     // An empty list, as some clients send with no tools, is none.
     let tools = req.tools.as_deref().unwrap_or_default();
@@ -578,22 +558,21 @@ fn translate(req: &ResponsesRequest, history: &[Bytes]) -> Result<Translated, Ap
                 "deferred tools (tool search) are not supported: give every tool in `tools`",
             ));
         }
-        let mut function = Map::new();
-        function.insert("name".into(), json!(f.name));
-        if let Some(d) = &f.description {
-            function.insert("description".into(), json!(d));
-        }
-        if let Some(p) = &f.parameters {
-            function.insert("parameters".into(), p.clone());
-        }
-        if let Some(s) = f.strict {
-            function.insert("strict".into(), json!(s));
-        }
-        chat_tools.push(json!({"type": "function", "function": function}));
         echo_tools.push(json!({
             "type": "function", "name": f.name, "description": f.description,
             "parameters": f.parameters, "strict": f.strict,
         }));
+        chat_tools.push(ToolDefinition {
+            kind: "function".into(),
+            function: FunctionDefinition {
+                name: f.name,
+                description: f.description,
+                parameters: f.parameters,
+                strict: f.strict,
+                unknown: UnknownFields::default(),
+            },
+            unknown: UnknownFields::default(),
+        });
     }
     let tool_choice = req
         .tool_choice
@@ -601,15 +580,7 @@ fn translate(req: &ResponsesRequest, history: &[Bytes]) -> Result<Translated, Ap
         .map(|c| tool_choice(c, !chat_tools.is_empty()))
         .transpose()?
         .flatten();
-    if !chat_tools.is_empty() {
-        chat.insert("tools".into(), Value::Array(chat_tools));
-        if let Some(p) = req.parallel_tool_calls {
-            chat.insert("parallel_tool_calls".into(), json!(p));
-        }
-    }
-    if let Some(c) = &tool_choice {
-        chat.insert("tool_choice".into(), c.clone());
-    }
+    let has_tools = !chat_tools.is_empty();
 
     let format = match &req.text {
         Some(text) => {
@@ -629,29 +600,30 @@ fn translate(req: &ResponsesRequest, history: &[Bytes]) -> Result<Translated, Ap
         }
         None => None,
     };
-    if let Some((chat_format, _)) = &format {
-        chat.insert("response_format".into(), chat_format.clone());
-    }
+    let (response_format, shown_format) = match format {
+        Some((chat, shown)) => (Some(chat), shown),
+        None => (None, json!({"type": "text"})),
+    };
     let effort = req.reasoning.as_ref().and_then(|r| r.effort.clone());
-    if let Some(e) = &effort {
-        chat.insert("reasoning_effort".into(), json!(e));
-    }
-    if let Some(m) = req.max_output_tokens {
-        chat.insert("max_tokens".into(), json!(m));
-    }
-    for (name, value) in [
-        ("temperature", req.temperature.map(number)),
-        ("top_p", req.top_p.map(number)),
-        ("min_p", req.min_p.map(number)),
-        ("repetition_penalty", req.repetition_penalty.map(number)),
-        ("top_k", req.top_k.map(|k| json!(k))),
-        ("seed", req.seed.map(|s| json!(s))),
-        ("stop", req.stop.clone().map(|s| json!(s.into_vec()))),
-    ] {
-        if let Some(v) = value {
-            chat.insert(name.into(), v);
-        }
-    }
+    let chat = ChatCompletionRequest {
+        model: req.model.clone(),
+        messages,
+        tools: has_tools.then_some(chat_tools),
+        parallel_tool_calls: req.parallel_tool_calls.filter(|_| has_tools),
+        tool_choice,
+        response_format,
+        reasoning_effort: effort.clone(),
+        max_tokens: req.max_output_tokens,
+        temperature: req.temperature,
+        top_p: req.top_p,
+        min_p: req.min_p,
+        repetition_penalty: req.repetition_penalty,
+        top_k: req.top_k,
+        seed: req.seed,
+        stop: req.stop.clone(),
+        names: NAMES,
+        ..Default::default()
+    };
 
     echo.insert("background".into(), json!(false));
     echo.insert("instructions".into(), json!(req.instructions));
@@ -685,7 +657,6 @@ fn translate(req: &ResponsesRequest, history: &[Bytes]) -> Result<Translated, Ap
         "temperature".into(),
         req.temperature.map_or(json!(1.0), number),
     );
-    let shown_format = format.map_or(json!({"type": "text"}), |(_, shown)| shown);
     echo.insert("text".into(), json!({"format": shown_format}));
     echo.insert(
         "tool_choice".into(),
@@ -696,11 +667,7 @@ fn translate(req: &ResponsesRequest, history: &[Bytes]) -> Result<Translated, Ap
     echo.insert("top_p".into(), req.top_p.map_or(json!(1.0), number));
     echo.insert("truncation".into(), json!("disabled"));
     echo.insert("user".into(), json!(req.user));
-    Ok(Translated {
-        chat: Value::Object(chat),
-        input,
-        echo,
-    })
+    Ok(Translated { chat, input, echo })
 }
 
 /// The request fields wick has no way to honour, refused by name.
@@ -786,46 +753,56 @@ fn refuse_unservable(req: &ResponsesRequest) -> Result<(), ApiError> {
 }
 
 /// `text.format` as chat's `response_format`, and as the Response echoes it.
-fn response_format(f: &TextFormat) -> Result<(Value, Value), ApiError> {
+fn response_format(f: &TextFormat) -> Result<(ResponseFormat, Value), ApiError> {
     unsupported::refuse(&f.unknown, "text.format")?;
-    match f.kind.as_str() {
-        "text" | "json_object" => Ok((json!({"type": f.kind}), json!({"type": f.kind}))),
-        "json_schema" => {
-            let mut schema = Map::new();
-            for (key, value) in [
-                ("name", f.name.as_ref().map(|n| json!(n))),
-                ("description", f.description.as_ref().map(|d| json!(d))),
-                ("schema", f.schema.clone()),
-                ("strict", f.strict.map(|s| json!(s))),
-            ] {
-                if let Some(v) = value {
-                    schema.insert(key.into(), v);
-                }
-            }
-            let mut shown = Map::new();
-            shown.insert("type".into(), json!("json_schema"));
-            shown.extend(schema.clone());
-            Ok((
-                json!({"type": "json_schema", "json_schema": schema}),
-                Value::Object(shown),
+    let json_schema = match f.kind.as_str() {
+        "text" | "json_object" => None,
+        "json_schema" => Some(JsonSchemaFormat {
+            name: f.name.clone(),
+            description: f.description.clone(),
+            schema: f.schema.clone(),
+            strict: f.strict,
+            unknown: UnknownFields::default(),
+        }),
+        other => {
+            return Err(ApiError::unsupported_value(
+                "text.format.type",
+                format!(
+                    "text.format type must be text, json_object or json_schema, got {:?}",
+                    clip(other, MAX_ECHO_CHARS)
+                ),
             ))
         }
-        other => Err(ApiError::unsupported_value(
-            "text.format.type",
-            format!(
-                "text.format type must be text, json_object or json_schema, got {:?}",
-                clip(other, MAX_ECHO_CHARS)
-            ),
-        )),
+    };
+    // The echo flattens the schema's fields into the format, as sent.
+    let mut shown = Map::new();
+    shown.insert("type".into(), json!(f.kind));
+    if let Some(s) = &json_schema {
+        for (key, value) in [
+            ("name", s.name.as_ref().map(|n| json!(n))),
+            ("description", s.description.as_ref().map(|d| json!(d))),
+            ("schema", s.schema.clone()),
+            ("strict", s.strict.map(|s| json!(s))),
+        ] {
+            if let Some(v) = value {
+                shown.insert(key.into(), v);
+            }
+        }
     }
+    let chat = ResponseFormat {
+        kind: f.kind.clone(),
+        json_schema,
+        unknown: UnknownFields::default(),
+    };
+    Ok((chat, Value::Object(shown)))
 }
 
 /// `tool_choice` as chat's; `None` where it changes nothing (`none` or
 /// `auto` with no tools).
-fn tool_choice(c: &Value, has_tools: bool) -> Result<Option<Value>, ApiError> {
+fn tool_choice(c: &Value, has_tools: bool) -> Result<Option<ToolChoice>, ApiError> {
     match c {
         Value::String(s) if !has_tools && (s == "none" || s == "auto") => Ok(None),
-        Value::String(_) => Ok(Some(c.clone())),
+        Value::String(s) => Ok(Some(ToolChoice::Mode(s.clone()))),
         Value::Object(o) => match o.get("type").and_then(Value::as_str) {
             Some("function") => {
                 let name = o.get("name").and_then(Value::as_str).ok_or_else(|| {
@@ -840,9 +817,14 @@ fn tool_choice(c: &Value, has_tools: bool) -> Result<Option<Value>, ApiError> {
                 {
                     return Err(ApiError::unsupported_parameter(&format!("tool_choice.{k}")));
                 }
-                Ok(Some(
-                    json!({"type": "function", "function": {"name": name}}),
-                ))
+                Ok(Some(ToolChoice::Named(NamedToolChoice {
+                    kind: "function".into(),
+                    function: ToolChoiceFunction {
+                        name: name.into(),
+                        unknown: UnknownFields::default(),
+                    },
+                    unknown: UnknownFields::default(),
+                })))
             }
             Some("allowed_tools") => Err(ApiError::unsupported_value(
                 "tool_choice.type",
@@ -869,16 +851,34 @@ fn tool_choice(c: &Value, has_tools: bool) -> Result<Option<Value>, ApiError> {
 
 /// The input as chat messages: a string is one user message; items turn
 /// into turns in order. Reasoning goes to the assistant turn after it;
-/// function calls join the assistant turn before them.
-fn input_messages(input: &Input) -> Result<Vec<Value>, ApiError> {
+/// function calls join the assistant turn before them. Each turn keeps
+/// the item it came from (`input[3]`) as its origin.
+fn input_messages(input: &Input) -> Result<Vec<ChatRequestMessage>, ApiError> {
+    let turn = |role: &str, content, origin: &str| ChatRequestMessage {
+        role: role.into(),
+        content,
+        origin: Some(origin.into()),
+        ..Default::default()
+    };
     let items = match input {
-        Input::Text(text) => return Ok(vec![json!({"role": "user", "content": text})]),
+        Input::Text(text) => {
+            let content = Some(MessageContent::Text(text.clone()));
+            return Ok(vec![turn("user", content, "input")]);
+        }
         Input::Items(items) => items,
     };
-    let mut out: Vec<Value> = Vec::new();
-    let mut thought: Option<String> = None;
-    let thought_alone =
-        |t: String| json!({"role": "assistant", "content": "", "reasoning_content": t});
+    let mut out: Vec<ChatRequestMessage> = Vec::new();
+    // Reasoning not yet given to an assistant turn: the item it began at,
+    // and its text.
+    let mut thought: Option<(String, String)> = None;
+    let thought_alone = |(origin, t): (String, String)| ChatRequestMessage {
+        reasoning_content: Some(t),
+        ..turn(
+            "assistant",
+            Some(MessageContent::Text(String::new())),
+            &origin,
+        )
+    };
     for (i, item) in items.iter().enumerate() {
         let at = format!("input[{i}]");
         if !item.is_object() {
@@ -911,9 +911,9 @@ fn input_messages(input: &Input) -> Result<Vec<Value>, ApiError> {
                     ));
                 }
                 let content = content(&m.content, &format!("{at}.content"))?;
-                let mut message = json!({"role": m.role, "content": content});
+                let mut message = turn(&m.role, Some(content), &at);
                 match thought.take() {
-                    Some(t) if m.role == "assistant" => message["reasoning_content"] = json!(t),
+                    Some((_, t)) if m.role == "assistant" => message.reasoning_content = Some(t),
                     Some(t) => out.push(thought_alone(t)),
                     None => {}
                 }
@@ -922,23 +922,25 @@ fn input_messages(input: &Input) -> Result<Vec<Value>, ApiError> {
             "function_call" => {
                 let c: FunctionCallItem = typed(item, &at)?;
                 unsupported::refuse(&c.unknown, &at)?;
-                let call = json!({"id": c.call_id, "type": "function",
-                                  "function": {"name": c.name, "arguments": c.arguments}});
+                let call = RequestToolCall {
+                    id: c.call_id,
+                    kind: "function".into(),
+                    function: RequestFunctionCall {
+                        name: c.name,
+                        arguments: FunctionArguments::Json(c.arguments),
+                        unknown: UnknownFields::default(),
+                    },
+                    unknown: UnknownFields::default(),
+                };
                 match out.last_mut() {
-                    Some(last) if last["role"] == "assistant" && thought.is_none() => {
-                        match last.get_mut("tool_calls").and_then(Value::as_array_mut) {
-                            Some(calls) => calls.push(call),
-                            None => last["tool_calls"] = json!([call]),
-                        }
+                    Some(last) if last.role == "assistant" && thought.is_none() => {
+                        last.tool_calls.get_or_insert_default().push(call)
                     }
-                    _ => {
-                        let mut message =
-                            json!({"role": "assistant", "content": null, "tool_calls": [call]});
-                        if let Some(t) = thought.take() {
-                            message["reasoning_content"] = json!(t);
-                        }
-                        out.push(message);
-                    }
+                    _ => out.push(ChatRequestMessage {
+                        reasoning_content: thought.take().map(|(_, t)| t),
+                        tool_calls: Some(vec![call]),
+                        ..turn("assistant", None, &at)
+                    }),
                 }
             }
             "function_call_output" => {
@@ -948,7 +950,10 @@ fn input_messages(input: &Input) -> Result<Vec<Value>, ApiError> {
                     out.push(thought_alone(t));
                 }
                 let content = content(&o.output, &format!("{at}.output"))?;
-                out.push(json!({"role": "tool", "tool_call_id": o.call_id, "content": content}));
+                out.push(ChatRequestMessage {
+                    tool_call_id: Some(o.call_id),
+                    ..turn("tool", Some(content), &at)
+                });
             }
             "reasoning" => {
                 let r: ReasoningItem = typed(item, &at)?;
@@ -973,7 +978,8 @@ fn input_messages(input: &Input) -> Result<Vec<Value>, ApiError> {
                     (_, Some(s)) => texts(s, &format!("{at}.summary"))?.join("\n\n"),
                     _ => String::new(),
                 };
-                thought.get_or_insert_default().push_str(&text);
+                let (_, t) = thought.get_or_insert_with(|| (at.clone(), String::new()));
+                t.push_str(&text);
             }
             "item_reference" => {
                 return Err(ApiError::unsupported_value(
@@ -1002,17 +1008,21 @@ fn input_messages(input: &Input) -> Result<Vec<Value>, ApiError> {
 
 /// A message's content (or a call's output) as chat content: text as it
 /// is, parts as chat's text parts (which chat joins by newlines).
-fn content(c: &ItemContent, at: &str) -> Result<Value, ApiError> {
+fn content(c: &ItemContent, at: &str) -> Result<MessageContent, ApiError> {
     match c {
-        ItemContent::Text(text) => Ok(json!(text)),
+        ItemContent::Text(text) => Ok(MessageContent::Text(text.clone())),
         ItemContent::Parts(parts) => parts
             .iter()
             .enumerate()
             .map(|(j, p)| {
-                part_text(p, &format!("{at}[{j}]")).map(|t| json!({"type": "text", "text": t}))
+                part_text(p, &format!("{at}[{j}]")).map(|t| ChatPart {
+                    kind: "text".into(),
+                    text: Some(t),
+                    unknown: UnknownFields::default(),
+                })
             })
             .collect::<Result<Vec<_>, _>>()
-            .map(Value::Array),
+            .map(MessageContent::Parts),
     }
 }
 
@@ -1058,13 +1068,23 @@ mod tests {
         serde_json::from_value(body).unwrap()
     }
 
-    fn messages(input: Value) -> Result<Vec<Value>, ApiError> {
+    fn messages(input: Value) -> Result<Vec<ChatRequestMessage>, ApiError> {
         input_messages(&serde_json::from_value(input).unwrap())
+    }
+
+    /// The turns' origins, taken out of them.
+    fn origins(turns: &mut [ChatRequestMessage]) -> Vec<String> {
+        turns.iter_mut().filter_map(|m| m.origin.take()).collect()
+    }
+
+    /// Chat's own reading of what a translation should build.
+    fn chat<T: DeserializeOwned>(v: Value) -> T {
+        serde_json::from_value(v).unwrap()
     }
 
     #[test]
     fn items_become_chat_turns() {
-        let m = messages(json!([
+        let mut m = messages(json!([
             {"role": "developer", "content": "Be brief."},
             {"type": "message", "role": "user",
              "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
@@ -1082,40 +1102,49 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(
+            origins(&mut m),
+            ["input[0]", "input[1]", "input[3]", "input[6]", "input[7]", "input[8]"]
+        );
+        assert_eq!(
             m,
-            [
-                json!({"role": "developer", "content": "Be brief."}),
-                json!({"role": "user", "content": [{"type": "text", "text": "a"},
-                                                   {"type": "text", "text": "b"}]}),
-                json!({"role": "assistant", "content": [{"type": "text", "text": "Calling."}],
-                       "reasoning_content": "Think.",
-                       "tool_calls": [
-                           {"id": "c1", "type": "function",
-                            "function": {"name": "f", "arguments": "{\"x\": 1}"}},
-                           {"id": "c2", "type": "function",
-                            "function": {"name": "g", "arguments": "{}"}}]}),
-                json!({"role": "tool", "tool_call_id": "c1", "content": "one"}),
-                json!({"role": "tool", "tool_call_id": "c2",
-                       "content": [{"type": "text", "text": "two"}]}),
-                json!({"role": "assistant", "content": "", "reasoning_content": "Done."}),
-            ]
+            chat::<Vec<ChatRequestMessage>>(json!([
+                {"role": "developer", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "text", "text": "a"},
+                                             {"type": "text", "text": "b"}]},
+                {"role": "assistant", "content": [{"type": "text", "text": "Calling."}],
+                 "reasoning_content": "Think.",
+                 "tool_calls": [
+                     {"id": "c1", "type": "function",
+                      "function": {"name": "f", "arguments": "{\"x\": 1}"}},
+                     {"id": "c2", "type": "function",
+                      "function": {"name": "g", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "one"},
+                {"role": "tool", "tool_call_id": "c2",
+                 "content": [{"type": "text", "text": "two"}]},
+                {"role": "assistant", "content": "", "reasoning_content": "Done."},
+            ]))
         );
         // A call with no assistant turn before it opens one, with its thinking.
-        let m = messages(json!([
+        let mut m = messages(json!([
             {"role": "user", "content": "hi"},
             {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "T"}]},
             {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
         ]))
         .unwrap();
+        assert_eq!(origins(&mut m), ["input[0]", "input[2]"]);
         assert_eq!(
             m[1],
-            json!({"role": "assistant", "content": null, "reasoning_content": "T",
-                   "tool_calls": [{"id": "c", "type": "function",
-                                   "function": {"name": "f", "arguments": "{}"}}]})
+            chat(
+                json!({"role": "assistant", "content": null, "reasoning_content": "T",
+                        "tool_calls": [{"id": "c", "type": "function",
+                                        "function": {"name": "f", "arguments": "{}"}}]})
+            )
         );
+        let mut m = messages(json!("hello")).unwrap();
+        assert_eq!(origins(&mut m), ["input"]);
         assert_eq!(
-            messages(json!("hello")).unwrap(),
-            [json!({"role": "user", "content": "hello"})]
+            m,
+            chat::<Vec<ChatRequestMessage>>(json!([{"role": "user", "content": "hello"}]))
         );
     }
 
@@ -1155,10 +1184,16 @@ mod tests {
             "seed": 3, "stop": "END",
         }));
         let history = [json_bytes(&json!({"role": "user", "content": "before"}))];
-        let t = translate(&req, &history).unwrap();
+        let mut t = translate(&req, &history).unwrap();
+        assert_eq!(
+            origins(&mut t.chat.messages),
+            ["instructions", "previous_response_id", "input"]
+        );
+        assert_eq!(origins(&mut t.input), ["input"]);
+        assert_eq!(std::mem::take(&mut t.chat.names), NAMES);
         assert_eq!(
             t.chat,
-            json!({
+            chat(json!({
                 "model": "m",
                 "messages": [{"role": "system", "content": "Be brief."},
                              {"role": "user", "content": "before"},
@@ -1169,10 +1204,13 @@ mod tests {
                 "tool_choice": {"type": "function", "function": {"name": "f"}},
                 "response_format": {"type": "json_schema",
                                     "json_schema": {"name": "x", "schema": {"type": "object"}}},
-                "max_tokens": 9, "temperature": 0.7, "seed": 3, "stop": ["END"],
-            })
+                "max_tokens": 9, "temperature": 0.7, "seed": 3, "stop": "END",
+            }))
         );
-        assert_eq!(t.input, [json!({"role": "user", "content": "hi"})]);
+        assert_eq!(
+            t.input,
+            chat::<Vec<ChatRequestMessage>>(json!([{"role": "user", "content": "hi"}]))
+        );
         assert_eq!(t.echo["temperature"], json!(0.7));
         assert_eq!(
             t.echo["text"],
@@ -1184,34 +1222,39 @@ mod tests {
                     "parameters": {"type": "object"}, "strict": true}])
         );
         // No tools: an empty list and a choice that changes nothing are left out.
-        let t = translate(
+        let mut t = translate(
             &request(json!({"input": "hi", "tools": [], "tool_choice": "none"})),
             &[],
         )
         .unwrap();
+        origins(&mut t.chat.messages);
+        std::mem::take(&mut t.chat.names);
         assert_eq!(
             t.chat,
-            json!({"messages": [{"role": "user", "content": "hi"}]})
+            chat(json!({"messages": [{"role": "user", "content": "hi"}]}))
         );
         assert_eq!(t.echo["tool_choice"], "none");
     }
 
     #[test]
-    fn chat_fields_are_named_as_the_responses_api_names_them() {
-        for (chat, responses) in [
-            ("messages", "input"),
-            ("messages[3].content", "input"),
-            ("max_tokens", "max_output_tokens"),
-            ("response_format", "text.format"),
-            ("response_format.json_schema.schema", "text.format.schema"),
-            ("response_format.type", "text.format.type"),
-            ("tools[2].function.name", "tools[2].name"),
-            ("tools[0].type", "tools[0].type"),
-            ("tool_choice.function.name", "tool_choice.name"),
-            ("reasoning_effort", "reasoning.effort"),
-            ("temperature", "temperature"),
+    fn chat_errors_name_the_responses_fields() {
+        let tool = |name: &str| json!({"type": "function", "name": name, "parameters": {}});
+        for (body, param) in [
+            (json!({"tools": [tool("f"), tool("a b")]}), "tools[1].name"),
+            (
+                json!({"tools": [{"type": "function", "name": "f", "parameters": 3}]}),
+                "tools[0].parameters",
+            ),
+            (
+                json!({"tools": [tool("f")], "tool_choice": {"type": "function", "name": "g"}}),
+                "tool_choice.name",
+            ),
         ] {
-            assert_eq!(responses_param(chat), responses, "{chat}");
+            let mut body = body;
+            body["input"] = json!("hi");
+            let t = translate(&request(body.clone()), &[]).unwrap();
+            let e = tools::plan(&t.chat, "").unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}: {}", e.message);
         }
     }
 
