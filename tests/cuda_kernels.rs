@@ -18,6 +18,7 @@ mod common;
 use candle_core::{DType, Device, Tensor};
 use wick::attention::{cuda, paged_attention, step_meta, AttnDims};
 use wick::kv::cache::{KvCache, KvDtype, KvLayout, LayerCache};
+use wick::kv::step_meta::MetaBuffers;
 use wick::load::loader::{load, LoadOptions};
 use wick::models::{FlatBatch, LogitRows};
 use wick::sampling::argmax::argmax;
@@ -187,10 +188,11 @@ fn run_case(dev: &Device, case: Case, seed: u64) {
             .unwrap()
             .to_dtype(DType::F32)
             .unwrap();
-        let host_meta = step_meta(&batch, &host, None, &Device::Cpu).unwrap();
+        let (mut host_bufs, mut gpu_bufs) = (MetaBuffers::default(), MetaBuffers::default());
+        let host_meta = step_meta(&mut host_bufs, &batch, &host, None, &Device::Cpu).unwrap();
         let want = paged_attention(&qkv, host.layer_mut(0), &host_meta, dims).unwrap();
 
-        let gpu_meta = step_meta(&batch, &gpu, None, dev).unwrap();
+        let gpu_meta = step_meta(&mut gpu_bufs, &batch, &gpu, None, dev).unwrap();
         assert!(
             gpu_meta.kernel().is_some(),
             "{case:?}: not packed for the kernel"
