@@ -23,6 +23,9 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+# The same percentile rule as the load generator beside this script.
+from loadgen import percentile
+
 WORDS = (
     "rivers mountains engines gardens markets bridges winters oceans forests villages "
     "letters numbers mornings doctors teachers farmers stones papers windows music"
@@ -36,17 +39,6 @@ def system_prompt(words: int) -> str:
         "You are a careful assistant for a small library. "
         "House rules and catalogue notes follow. " + notes
     )
-
-
-def percentile(values: list[float], p: float) -> float | None:
-    """Linear between the closest ranks, as numpy's default."""
-    if not values:
-        return None
-    v = sorted(values)
-    k = (len(v) - 1) * p / 100
-    lo = int(k)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (k - lo)
 
 
 def chat_turn(args, messages: list[dict]) -> tuple[float | None, str, dict | None]:
