@@ -102,7 +102,9 @@ impl ReplyParser {
 
     pub fn push(&mut self, d: Delta) -> ReplyStep {
         let last = d.finish.is_some();
-        let pieces = reasoning::split(self.thinking.as_mut(), d.text.clone(), last);
+        // Read before the text is handed on, so no delta's text is copied.
+        let stop_sequence = if last { self.matched_stop(&d) } else { None };
+        let pieces = reasoning::split(self.thinking.as_mut(), d.text, last);
         if d.token.is_some() {
             let thought = pieces.iter().any(|p| matches!(p, Piece::Reasoning(_)));
             let answered = pieces
@@ -133,13 +135,13 @@ impl ReplyParser {
                 }
             }
         }
-        if let Some(reason) = d.finish.clone() {
+        if let Some(reason) = d.finish {
             if let Some(parser) = &mut self.tools {
                 let found = parser.finish();
                 self.calls_of(found, &mut events);
             }
             events.push(ReplyEvent::Finish(Finish {
-                stop_sequence: self.matched_stop(&d),
+                stop_sequence,
                 reason,
                 calls: self.calls,
                 reasoning_tokens: self.reasoning_tokens,
