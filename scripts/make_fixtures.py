@@ -1,12 +1,15 @@
 """Builds the tiny random-weight Hugging Face checkpoints in tests/fixtures/.
 
     pip install torch==2.15.0 transformers==5.23.0 tokenizers==0.23.3 safetensors==0.8.0
-    python3 scripts/make_fixtures.py
+    python3 scripts/make_fixtures.py [NAME ...]
 
-Writes tests/fixtures/gpt2-tiny/ and tests/fixtures/llama-tiny/: each a
-checkpoint as transformers saves it (config.json, safetensors, tokenizer
-files, generation_config.json) plus reference.json, what transformers
-computes on it:
+Writes the fixture folders tests/fixtures/*-tiny/ (gpt2-tiny/, llama-tiny/,
+the other dense chat models, the mixtures of experts qwen3moe-tiny/,
+olmoe-tiny/, mixtral-tiny/ and qwen2moe-tiny/; tests/fixtures/README.md
+lists them), or only the NAMEs given, leaving the others' bytes as they
+are. Each is a checkpoint as transformers saves it (config.json,
+safetensors, tokenizer files, generation_config.json) plus reference.json,
+what transformers computes on it:
 
 - "inputs" / "input_texts": token ids of a few strings of different lengths;
 - "logits": f32 logits at every position of each input (one plain forward);
@@ -18,8 +21,15 @@ computes on it:
 - "tokenizer": ids of assorted strings (tokenizer(text)["input_ids"]);
 - "add_special_tokens_adds": the ids tokenizer("") gives, i.e. what the
   default add_special_tokens=True adds (checked to be all it adds);
-- "chat" (llama only): rendered chat prompts and their ids. The ChatML
-  template is saved in tokenizer_config.json ("chat_template").
+- "chat" (all but gpt2): rendered chat prompts and their ids. The ChatML
+  template is saved in tokenizer_config.json ("chat_template");
+- "long" (some): a longer prompt's ids and transformers' logits at its
+  last positions ("serve_context" too where RoPE changes past it).
+
+For a mixture of experts the script also checks, with a hook on each
+router, that the inputs route several tokens of one prompt to one expert
+and that no routing choice is a near-tie (it prints the counts; they are
+not stored).
 
 wick's tests compare against these files and never run Python. The
 tokenizers are byte-level BPE (GPT-2 style) trained here on a fixed text, as
@@ -52,13 +62,23 @@ from transformers import (  # noqa: E402
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+    OlmoeConfig,
+    OlmoeForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
     PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
     Qwen3_5ForCausalLM,
     Qwen3_5TextConfig,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
     SmolLM3Config,
     SmolLM3ForCausalLM,
 )
@@ -231,6 +251,60 @@ def long_context(model, tokenizer, context, rows):
     return {"serve_context": context, **long_prompt(model, tokenizer, context + 32, rows)}
 
 
+def check_routing(model, prompts, continuations):
+    """For a mixture-of-experts model: which experts each layer's router
+    picks for each token (a hook on the router). Checks that every layer
+    routes 2 or more tokens of some prompt to one expert, and that at
+    every position of each prompt and its continuation the k-th router
+    probability beats the (k+1)-th by 1e-4 or more (the margin a kernel's
+    rounding must stay within to pick the same experts). Prints per prompt
+    and layer how many tokens each expert takes, and the experts of the
+    prompt's last token (a decode step: k experts take it, the rest none).
+    Nothing of it is stored."""
+    config = model.config
+    n_experts = getattr(config, "num_local_experts", None) or config.num_experts
+    picks, gaps = [], []
+
+    def hook(module, args, out):
+        logits, _, indices = out
+        probs = torch.softmax(logits.float(), -1)
+        top = torch.topk(probs, module.top_k + 1, dim=-1).values
+        picks.append(indices)
+        gaps.append(float((top[:, -2] - top[:, -1]).min()))
+
+    handles = [layer.mlp.gate.register_forward_hook(hook) for layer in model.model.layers]
+    grouped = [False] * len(handles)
+    print(f"{config.model_type} routing:")
+    try:
+        with torch.no_grad():
+            for ids, more in zip(prompts, continuations):
+                model(torch.tensor([ids + more]))
+                prompt_picks = [p[: len(ids)] for p in picks[-len(handles):]]
+                counts = [torch.bincount(p.flatten(), minlength=n_experts).tolist() for p in prompt_picks]
+                last = [sorted(p[-1].tolist()) for p in prompt_picks]
+                print(f"  {len(ids)}-token prompt: tokens per expert by layer {counts}; "
+                      f"last token's experts {last}")
+                grouped = [g or max(c) >= 2 for g, c in zip(grouped, counts)]
+    finally:
+        for h in handles:
+            h.remove()
+    assert all(grouped), "some layer never routes 2 tokens of one prompt to one expert"
+    print(f"  smallest k-th vs (k+1)-th router probability gap: {min(gaps):.2e}")
+    assert min(gaps) >= 1e-4, f"router near-tie {min(gaps)}"
+
+
+def moe_extra(model, tokenizer):
+    """A mixture-of-experts fixture's extra: its routing checked
+    (`check_routing`) on the reference inputs with their greedy
+    continuations and on a 96-token prompt, whose logits at the last 24
+    positions it adds as `long`."""
+    long = long_prompt(model, tokenizer, 96, 24)
+    prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in INPUT_TEXTS]
+    continuations = [greedy(model, ids)[0] for ids in prompts]
+    check_routing(model, prompts + [long["long"]["ids"]], continuations + [[]])
+    return long
+
+
 # Fixture names given on the command line: build only those (the others'
 # bytes stay as they are); none: build them all.
 ONLY = set(sys.argv[1:])
@@ -258,7 +332,15 @@ def build(name, make_model, tokenizer, chat, seed, std, extra=None, norm_center=
 
     # The saved directory must reproduce the reference on its own.
     reloaded = AutoModelForCausalLM.from_pretrained(out).eval()
-    tok = AutoTokenizer.from_pretrained(out)
+    tok_config = json.loads((out / "tokenizer_config.json").read_text())
+    if reloaded.config.model_type == "qwen2":
+        # For model_type qwen2 (alone of these), AutoTokenizer swaps in
+        # Qwen2Tokenizer, which replaces tokenizer.json's pre-tokenizer with
+        # Qwen2's own (digits one by one) whatever tokenizer_config.json
+        # says; the class it names reads tokenizer.json as saved.
+        tok = getattr(transformers, tok_config["tokenizer_class"]).from_pretrained(out)
+    else:
+        tok = AutoTokenizer.from_pretrained(out)
     with torch.no_grad():
         for ids, want in zip(ref["inputs"], ref["logits"]):
             got = reloaded(torch.tensor([ids])).logits[0]
@@ -266,7 +348,6 @@ def build(name, make_model, tokenizer, chat, seed, std, extra=None, norm_center=
     for case in ref["tokenizer"]:
         assert tok(case["text"])["input_ids"] == case["ids"], case["text"]
     assert tok("")["input_ids"] == ref["add_special_tokens_adds"]
-    tok_config = json.loads((out / "tokenizer_config.json").read_text())
     assert tok_config.get("chat_template") == (CHATML if chat else None)
     for case in ref.get("chat", []):
         prompt = tok.apply_chat_template(case["messages"], add_generation_prompt=True, tokenize=False)
@@ -274,6 +355,19 @@ def build(name, make_model, tokenizer, chat, seed, std, extra=None, norm_center=
         assert tok(prompt, add_special_tokens=False)["input_ids"] == case["ids"]
     size = sum(f.stat().st_size for f in out.iterdir())
     print(f"{name}: {size / 1e6:.2f} MB, vocab {len(tokenizer)}, min greedy gap {ref['greedy_min_gap']:.4f}")
+
+
+def chat_tokenizer():
+    """The chat fixtures' tokenizer: the trained vocabulary with
+    `<|im_start|>` and `<|im_end|>` (EOS), and the ChatML template."""
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=train_tokenizer(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]),
+        bos_token="<|endoftext|>",
+        eos_token="<|im_end|>",
+        unk_token="<|endoftext|>",
+    )
+    tok.chat_template = CHATML
+    return tok
 
 
 def main():
@@ -304,13 +398,7 @@ def main():
         std=0.15,
     )
 
-    llama_tok = PreTrainedTokenizerFast(
-        tokenizer_object=train_tokenizer(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]),
-        bos_token="<|endoftext|>",
-        eos_token="<|im_end|>",
-        unk_token="<|endoftext|>",
-    )
-    llama_tok.chat_template = CHATML
+    llama_tok = chat_tokenizer()
     bos = llama_tok.convert_tokens_to_ids("<|endoftext|>")
     eos = llama_tok.convert_tokens_to_ids("<|im_end|>")
     # What the chat fixtures share: the tokenizer and a 2-layer, 64-wide
@@ -416,6 +504,53 @@ def main():
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                          "partial_rotary_factor": 0.25},
         extra=lambda model, tok: long_prompt(model, tok, 96, 24),
+    )
+    # Qwen2: q/k/v biases, a tied head. The weights are those of
+    # gguf-tiny's Qwen2 (make_gguf_fixtures.make_qwen2: same shape, same
+    # seed), here with Llama's tokenizer and ChatML template.
+    chat_fixture(
+        "qwen2-tiny", Qwen2ForCausalLM, Qwen2Config, seed=3,
+        rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+    )
+    # Mixtures of experts: every layer's MLP is 8 SwiGLU experts of 32, of
+    # which a softmax router picks 2 per token. The inputs route several
+    # tokens to one expert (`check_routing`); "long" is a 96-token prompt.
+    # Qwen3-MoE: Qwen3's attention (q/k norms per head, heads of 32), the
+    # 2 picked probabilities renormalised to sum to 1, an untied head.
+    chat_fixture(
+        "qwen3moe-tiny", Qwen3MoeForCausalLM, Qwen3MoeConfig, seed=13,
+        head_dim=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+        rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        extra=moe_extra,
+    )
+    # OLMoE: q/k norms over the whole q and k projections (64 each), the
+    # picked probabilities used as they are (not renormalised). 4 KV heads,
+    # as OLMoE has: llama.cpp's OLMoE takes the k norm to be as wide as q.
+    chat_fixture(
+        "olmoe-tiny", OlmoeForCausalLM, OlmoeConfig, seed=24, num_key_value_heads=4,
+        num_experts=8, num_experts_per_tok=2, intermediate_size=32, norm_topk_prob=False,
+        rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False, pad_token_id=bos,
+        extra=moe_extra,
+    )
+    # Mixtral: Llama's attention, the picked probabilities renormalised,
+    # no sliding window.
+    chat_fixture(
+        "mixtral-tiny", MixtralForCausalLM, MixtralConfig, seed=13,
+        num_local_experts=8, num_experts_per_tok=2, intermediate_size=32, sliding_window=None,
+        rope_theta=1000000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        extra=moe_extra,
+    )
+    # Qwen2-MoE: Qwen2's attention (q/k/v biases), the picked
+    # probabilities not renormalised, plus a shared SwiGLU expert of 64
+    # that every token takes, scaled by sigmoid(shared_expert_gate . x).
+    chat_fixture(
+        "qwen2moe-tiny", Qwen2MoeForCausalLM, Qwen2MoeConfig, seed=18,
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=64, norm_topk_prob=False, decoder_sparse_step=1,
+        mlp_only_layers=[], qkv_bias=True, use_sliding_window=False,
+        rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        extra=moe_extra,
     )
 
 

