@@ -26,6 +26,7 @@
 mod act;
 pub(crate) mod formats;
 mod generic;
+mod grouped;
 mod super_scales;
 #[cfg(test)]
 mod tests;
@@ -43,6 +44,7 @@ use half::f16;
 
 use act::{ActBlocks, QuantActs};
 use formats::{Format, Geometry};
+pub use grouped::{matmul_grouped, GroupedJob};
 pub(crate) use weight_buf::{WeightBuf, HUGE, LINE};
 
 /// Output rows per interleaved tile: one 512-bit register of i32 lanes.
@@ -253,41 +255,72 @@ impl QuantMatrix {
         k: usize,
         raw: &[u8],
     ) -> candle_core::Result<Option<Self>> {
+        Ok(Self::stack_from_ggml(format, 1, n, k, raw)?.map(|mut v| v.remove(0)))
+    }
+
+    /// Repacks a stack of `count` GGML `n x k` matrices (a GGUF's 3-D expert
+    /// tensor, `[count, n, k]`) into one buffer, each matrix at its own
+    /// cache-line-aligned place in it: one allocation, in huge pages, rather
+    /// than one per expert.
+    pub fn stack_from_qtensor(t: &QTensor) -> candle_core::Result<Option<Vec<QuantMatrix>>> {
+        let (count, n, k) = t.shape().dims3()?;
+        match Format::of(t.dtype()) {
+            Some(format) => Self::stack_from_ggml(format, count, n, k, &t.data()?),
+            None => Ok(None),
+        }
+    }
+
+    fn stack_from_ggml(
+        format: Format,
+        count: usize,
+        n: usize,
+        k: usize,
+        raw: &[u8],
+    ) -> candle_core::Result<Option<Vec<Self>>> {
         let (inputs, ggml_block) = (format.block_inputs(), format.ggml_block_bytes());
         let nb = k / inputs;
-        if k == 0 || !k.is_multiple_of(inputs) || raw.len() != n * nb * ggml_block {
+        let src_len = n * nb * ggml_block;
+        if k == 0 || !k.is_multiple_of(inputs) || raw.len() != count * src_len {
             candle_core::bail!(
-                "{format:?} matrix {n}x{k}: expected {} bytes, got {}",
-                n * nb * ggml_block,
+                "{format:?} matrix {count}x{n}x{k}: expected {} bytes, got {}",
+                count * src_len,
                 raw.len()
             );
         }
         let geom = format.geometry();
-        let tiles = n.div_ceil(TILE);
-        let bytes = tiles * nb * geom.block_bytes;
-        let mut data = WeightBuf::zeroed(bytes);
+        let len = n.div_ceil(TILE) * nb * geom.block_bytes;
+        let stride = len.next_multiple_of(LINE);
+        let mut data = WeightBuf::zeroed(stride * count);
         let packed = data.as_mut_slice();
-        for row in 0..n {
-            let (t, r) = (row / TILE, row % TILE);
-            for b in 0..nb {
-                let src = &raw[(row * nb + b) * ggml_block..][..ggml_block];
-                let Some(decoded) = format.decode(src) else {
-                    return Ok(None);
-                };
-                let dst = &mut packed[(t * nb + b) * geom.block_bytes..][..geom.block_bytes];
-                geom.encode(&decoded, r, dst);
+        for e in 0..count {
+            let (raw, packed) = (&raw[e * src_len..][..src_len], &mut packed[e * stride..]);
+            for row in 0..n {
+                let (t, r) = (row / TILE, row % TILE);
+                for b in 0..nb {
+                    let src = &raw[(row * nb + b) * ggml_block..][..ggml_block];
+                    let Some(decoded) = format.decode(src) else {
+                        return Ok(None);
+                    };
+                    let dst = &mut packed[(t * nb + b) * geom.block_bytes..][..geom.block_bytes];
+                    geom.encode(&decoded, r, dst);
+                }
             }
         }
-        Ok(Some(Self {
-            format,
-            geom,
-            n,
-            k,
-            data: Arc::new(data),
-            start: 0,
-            len: bytes,
-            isa: Isa::detect(),
-        }))
+        let data = Arc::new(data);
+        Ok(Some(
+            (0..count)
+                .map(|e| Self {
+                    format,
+                    geom,
+                    n,
+                    k,
+                    data: data.clone(),
+                    start: e * stride,
+                    len,
+                    isa: Isa::detect(),
+                })
+                .collect(),
+        ))
     }
 
     /// Runs [`matmul`](Self::matmul) on `kernel`; an error when this CPU

@@ -1,4 +1,4 @@
-use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
+use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{Device, Module, Tensor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -571,5 +571,72 @@ fn super_activation_sums() {
         }
         let p = super_scales::SuperScales::pair(&s.sums16, 3);
         assert_eq!((p as i16, (p >> 16) as i16), (s.sums16[6], s.sums16[7]));
+    }
+}
+
+/// A stack of experts repacked from one 3-D tensor, and grouped products
+/// over them (several rows for one expert, one row, none), on every code
+/// path here: each job equals that expert's own matmul to the bit, and the
+/// exact product within the activations' rounding.
+#[test]
+fn grouped_expert_products_match_each_expert_alone() {
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    for dtype in [
+        GgmlDType::Q4K,
+        GgmlDType::Q8_0,
+        GgmlDType::Q4_1,
+        GgmlDType::Q6K,
+    ] {
+        let (experts, n, k) = (5, 40, 512);
+        let w = weights(&mut rng, experts * n, k);
+        let (qt, deq, _) = candle_matrix(&w, experts * n, k, dtype);
+        let data = qt.data().unwrap();
+        let stacked = QTensor::new(
+            QStorage::from_data(data.clone(), &Device::Cpu, dtype).unwrap(),
+            (experts, n, k),
+        )
+        .unwrap();
+        let stack = QuantMatrix::stack_from_qtensor(&stacked).unwrap().unwrap();
+        let rows = [7, 0, 1, 3, 300];
+        let xs: Vec<Vec<f32>> = rows
+            .iter()
+            .map(|&m| activations(&mut rng, m, k, false))
+            .collect();
+        for isa in isas() {
+            let stack: Vec<QuantMatrix> = stack
+                .iter()
+                .map(|m| QuantMatrix {
+                    isa,
+                    data: m.data.clone(),
+                    ..*m
+                })
+                .collect();
+            let alone: Vec<Vec<f32>> = stack
+                .iter()
+                .zip(&xs)
+                .zip(rows)
+                .map(|((m, x), r)| run(m, isa, x, r))
+                .collect();
+            for in_pool in [false, true] {
+                let mut outs: Vec<Vec<f32>> = rows.iter().map(|&m| vec![f32::NAN; m * n]).collect();
+                let mut jobs: Vec<GroupedJob> = stack
+                    .iter()
+                    .zip(&xs)
+                    .zip(outs.iter_mut())
+                    .map(|((matrix, x), out)| GroupedJob { matrix, x, out })
+                    .collect();
+                match in_pool {
+                    true => rayon::scope(|_| matmul_grouped(&mut jobs)),
+                    false => matmul_grouped(&mut jobs),
+                }
+                assert_eq!(outs, alone, "{dtype:?} {isa:?} in_pool={in_pool}");
+            }
+            for (e, (x, &m)) in xs.iter().zip(&rows).enumerate() {
+                let w = &deq[e * n * k..][..n * k];
+                let exact = expected(x, w, m, n, k, dtype.block_size());
+                let what = format!("{dtype:?} {isa:?} expert {e}");
+                check_against_exact(&alone[e], &exact, &mut Noise::default(), &what);
+            }
+        }
     }
 }
