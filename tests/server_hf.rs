@@ -1,6 +1,8 @@
 //! `wick serve` on a Hugging Face checkpoint: the tiny GPT-2 fixture answers
 //! completions (streamed and not) with transformers' greedy tokens, enforces
-//! n_positions, and refuses chat without a template unless one is given.
+//! n_positions, and refuses chat without a template unless one is given; a
+//! mixture of experts serves concurrent requests with transformers' greedy
+//! tokens and counts its routing in /metrics.
 
 mod common;
 
@@ -266,4 +268,100 @@ async fn gemma3_gguf_serves_with_its_window_pool_in_metrics() {
         common::metric(&server, "wick:kv_window_blocks_used").await,
         0.0
     );
+}
+
+/// Qwen3-MoE's checkpoint served with small prefill chunks and prompt-lookup
+/// drafting (drafts verified through the experts). One streamed
+/// request gives transformers' greedy tokens, and `/metrics` then counts
+/// exactly top-k experts per layer for every row the model ran. Then its
+/// inputs sent at once, each with `n` 2, batch their rows through the
+/// experts (several rows to one expert, experts with none) and must still
+/// give transformers' greedy tokens; a chat goes through its template, and
+/// a JSON schema constrains one.
+#[tokio::test(flavor = "multi_thread")]
+async fn moe_checkpoint_serves_batched_requests_and_counts_its_routing() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3moe-tiny");
+    let server = Server::start(&[
+        "--model",
+        dir.to_str().unwrap(),
+        "--max-num-batched-tokens",
+        "8",
+        "--speculative",
+        "ngram",
+    ]);
+    let text = std::fs::read_to_string(dir.join("reference.json")).unwrap();
+    let r: Value = serde_json::from_str(&text).unwrap();
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let top_k = config["num_experts_per_tok"].as_u64().unwrap() as f64;
+    // transformers 5 writes Qwen3-MoE's `num_experts` under Mixtral's name.
+    let experts = config["num_local_experts"].as_u64().unwrap();
+    let tokenizer = wick::load::loader::load_tokenizer(&dir).unwrap();
+    let cases: Vec<(Vec<u32>, Vec<u32>)> = r["inputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(r["greedy"].as_array().unwrap())
+        .map(|(i, g)| (ids(i), ids(g)))
+        .collect();
+
+    let (input, greedy) = &cases[0];
+    let body = json!({
+        "prompt": input, "max_tokens": greedy.len(), "temperature": 0,
+        "ignore_eos": true, "stream": true,
+    });
+    let streamed: String = chunks(&sse(&server, "/v1/completions", body).await)
+        .iter()
+        .filter_map(|c| c["choices"][0]["text"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(streamed, tokenizer.decode(greedy).unwrap());
+    // The prompt's rows, every sampled token but the last, and each drafted
+    // token that verification turned down.
+    let drafted = common::metric(&server, "wick:spec_decode_num_draft_tokens_total").await;
+    let accepted = common::metric(&server, "wick:spec_decode_num_accepted_tokens_total").await;
+    let rows = (input.len() + greedy.len() - 1) as f64 + drafted - accepted;
+    for layer in 0..2 {
+        let mut routed = 0.0;
+        for e in 0..experts {
+            let series =
+                format!("wick:moe_expert_tokens_total{{layer=\"{layer}\",expert=\"{e}\"}}");
+            routed += common::metric(&server, &series).await;
+        }
+        assert_eq!(routed, top_k * rows, "layer {layer}");
+    }
+
+    let requests = cases.iter().map(|(input, greedy)| {
+        let body = json!({
+            "prompt": input, "max_tokens": greedy.len(), "temperature": 0,
+            "ignore_eos": true, "n": 2,
+        });
+        post(&server, "/v1/completions", body)
+    });
+    let answers = futures::future::join_all(requests).await;
+    for ((status, resp), (input, greedy)) in answers.into_iter().zip(&cases) {
+        assert_eq!(status, 200, "{resp}");
+        for choice in resp["choices"].as_array().unwrap() {
+            assert_eq!(
+                choice["text"],
+                tokenizer.decode(greedy).unwrap(),
+                "{input:?}"
+            );
+        }
+    }
+
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6});
+    let (status, resp) = post(&server, "/v1/chat/completions", chat).await;
+    assert_eq!(status, 200, "{resp}");
+    assert!(
+        resp["choices"][0]["message"]["content"].is_string(),
+        "{resp}"
+    );
+    let schema = json!({"type": "string", "enum": ["yes", "no"]});
+    let chat = json!({"messages": [{"role": "user", "content": "yes or no?"}], "max_tokens": 8,
+                      "response_format": {"type": "json_schema",
+                                          "json_schema": {"name": "a", "schema": schema}}});
+    let (status, resp) = post(&server, "/v1/chat/completions", chat).await;
+    assert_eq!(status, 200, "{resp}");
+    let content = resp["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(["\"yes\"", "\"no\""].contains(&content), "{resp}");
 }

@@ -118,7 +118,7 @@ pub fn glu(x: &Tensor, act: Act) -> Result<Tensor> {
 /// test showed that a few-ulp approximation here moves Q4_1 logits enough to
 /// flip near-ties.
 #[inline]
-fn silu(x: f32) -> f32 {
+pub(super) fn silu(x: f32) -> f32 {
     x / (1.0 + exp_rounded(-x))
 }
 

@@ -3,9 +3,13 @@
 //! TinyLlama, Qwen2/2.5 (q/k/v biases, half-split RoPE), Qwen3 (per-head
 //! q/k norms), SmolLM3 (layers without RoPE) and Phi-3/Phi-4-mini (fused
 //! matrices, partial rotary, LongRoPE) are this one forward with different
-//! settings.
+//! settings. So are the mixtures of experts built on those layers: Mixtral
+//! (Mistral's), Qwen2-MoE (Qwen2's, with a shared expert), Qwen3-MoE
+//! (Qwen3's) and OLMoE (q/k norms over whole projections), whose blocks
+//! take a [`Moe`] feed-forward in place of the MLP.
 
 use std::io::{Read, Seek};
+use std::sync::Arc;
 
 use candle_core::quantized::{gguf_file, QTensor};
 use candle_core::{DType, Device, Result, Tensor};
@@ -14,8 +18,10 @@ use serde::Deserialize;
 
 use super::elementwise::{self, Act};
 use super::embedding::Embedding;
-use super::linear::{Linear, WeightSpec};
+use super::ffn::Ffn;
+use super::linear::{Linear, WeightFormat, WeightSpec};
 use super::mlp::{Activation, Mlp};
+use super::moe::{ExpertLoad, Experts, Moe, Routing, SharedExpert};
 use super::rope::Rope;
 use super::{gguf_architecture, hidden_states, Model, ModelInfo, Output};
 use crate::attention::{paged_attention, AttnDims};
@@ -62,6 +68,19 @@ pub struct Config {
     pub query_pre_attn_scalar: Option<f32>,
     pub max_context: usize,
     pub vocab_size: usize,
+    /// A mixture of experts' routing, where the family has one.
+    pub moe: Option<MoeConfig>,
+}
+
+/// What a checkpoint's `config.json` says of its experts (a GGUF's
+/// tensors say which layers have them).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeConfig {
+    pub experts: usize,
+    pub routing: Routing,
+    /// Layers with a dense MLP instead (Qwen-MoE's `mlp_only_layers` and
+    /// `decoder_sparse_step`).
+    pub dense_layers: Vec<usize>,
 }
 
 /// LongRoPE (Phi-3.5, Phi-4-mini): per-frequency divisors tuned for
@@ -147,6 +166,15 @@ struct HfConfig {
     tie_word_embeddings: bool,
     #[serde(default)]
     hidden_act: Option<String>,
+    /// Experts: Qwen-MoE's and OLMoE's name, and Mixtral's.
+    #[serde(alias = "num_local_experts")]
+    num_experts: Option<usize>,
+    num_experts_per_tok: Option<usize>,
+    norm_topk_prob: Option<bool>,
+    decoder_sparse_step: Option<usize>,
+    mlp_only_layers: Option<Vec<usize>>,
+    /// OLMoE's clamp on q/k/v, which wick does not implement.
+    clip_qkv: Option<f64>,
 }
 
 fn default_rope_theta() -> f32 {
@@ -172,16 +200,27 @@ enum GgufArch {
     /// Gemma 3: scaled embeddings, q/k norms, norms after attention and
     /// MLP too, GeGLU, and local sliding-window layers between global ones.
     Gemma3,
+    /// Qwen2-MoE: Qwen2's attention, experts with a gated shared expert.
+    Qwen2Moe,
+    /// Qwen3-MoE: Qwen3's attention, experts whose weights are
+    /// renormalized.
+    Qwen3Moe,
+    /// OLMoE: RMSNorms over the whole query and key projections, RoPE on
+    /// halves, experts.
+    Olmoe,
 }
 
 impl GgufArch {
-    const ALL: [GgufArch; 6] = [
+    const ALL: [GgufArch; 9] = [
         GgufArch::Llama,
         GgufArch::Qwen2,
         GgufArch::Qwen3,
         GgufArch::SmolLm3,
         GgufArch::Phi3,
         GgufArch::Gemma3,
+        GgufArch::Qwen2Moe,
+        GgufArch::Qwen3Moe,
+        GgufArch::Olmoe,
     ];
 
     /// The file's architecture, or an error for one this forward does not
@@ -203,7 +242,16 @@ impl GgufArch {
             GgufArch::SmolLm3 => "smollm3",
             GgufArch::Phi3 => "phi3",
             GgufArch::Gemma3 => "gemma3",
+            GgufArch::Qwen2Moe => "qwen2moe",
+            GgufArch::Qwen3Moe => "qwen3moe",
+            GgufArch::Olmoe => "olmoe",
         }
+    }
+
+    /// Whether the top k experts' weights are renormalized to sum to 1, as
+    /// llama.cpp fixes it per architecture (Mixtral's files say `llama`).
+    fn renormalizes_experts(self) -> bool {
+        matches!(self, GgufArch::Llama | GgufArch::Qwen3Moe)
     }
 }
 
@@ -267,9 +315,22 @@ impl Config {
             }
         };
         let md_f32 = |key: &str| md(key).ok().map(|v| v.to_f32()).transpose();
+        let md_usize = |key: &str| md(key).ok().map(|v| v.to_u32()).transpose();
+        let moe = match md_usize("expert_count")? {
+            None | Some(0) => None,
+            Some(experts) => Some(MoeConfig {
+                experts: experts as usize,
+                routing: Routing {
+                    top_k: md("expert_used_count")?.to_u32()? as usize,
+                    renormalize: arch.renormalizes_experts(),
+                },
+                dense_layers: Vec::new(),
+            }),
+        };
         Ok(Config {
             hidden_size,
-            intermediate_size: md("feed_forward_length")?.to_u32()? as usize,
+            // Qwen2-MoE's files give only the experts' width.
+            intermediate_size: md_usize("feed_forward_length")?.unwrap_or(0) as usize,
             num_layers,
             num_heads,
             num_kv_heads: md("attention.head_count_kv")?.to_u32()? as usize,
@@ -284,8 +345,8 @@ impl Config {
             long_rope: None,
             rope_dim,
             // llama.cpp's converter permutes Llama's (and SmolLM3's) q/k
-            // rows for pairwise RoPE; Qwen's stay in HF order (NEOX-style
-            // halves).
+            // rows for pairwise RoPE; Qwen's and OLMoE's stay in HF order
+            // (NEOX-style halves).
             rope_interleaved: matches!(arch, GgufArch::Llama | GgufArch::SmolLm3),
             no_rope_layers,
             max_context: md("context_length")?.to_u32()? as usize,
@@ -302,6 +363,7 @@ impl Config {
             // As llama.cpp: Gemma 3 27B (62 layers) scales by hidden / heads.
             query_pre_attn_scalar: (gemma && num_layers == 62)
                 .then(|| (hidden_size / num_heads) as f32),
+            moe,
         })
     }
 
@@ -320,6 +382,27 @@ impl Config {
         if let Some(cap) = c.attn_logit_softcapping {
             anyhow::bail!("attn_logit_softcapping ({cap}) is not supported");
         }
+        if let Some(clip) = c.clip_qkv {
+            anyhow::bail!("clip_qkv ({clip}) is not supported");
+        }
+        let moe = match c.num_experts.filter(|&n| n > 0) {
+            None => None,
+            Some(experts) => {
+                let step = c.decoder_sparse_step.unwrap_or(1).max(1);
+                let only = c.mlp_only_layers.clone().unwrap_or_default();
+                Some(MoeConfig {
+                    experts,
+                    routing: Routing {
+                        top_k: c.num_experts_per_tok.unwrap_or(2),
+                        // Mixtral always renormalizes; the others say.
+                        renormalize: c.model_type == "mixtral" || c.norm_topk_prob.unwrap_or(false),
+                    },
+                    dense_layers: (0..c.num_hidden_layers)
+                        .filter(|i| only.contains(i) || (i + 1) % step != 0)
+                        .collect(),
+                })
+            }
+        };
         let (mut rope_theta, mut partial) = (c.rope_theta, c.partial_rotary_factor.unwrap_or(1.0));
         let mut params = c.rope_parameters.clone().or(c.rope_scaling.clone());
         // Gemma 3 under transformers 5: one set per layer type.
@@ -406,6 +489,7 @@ impl Config {
             local_rope_theta: local_theta,
             final_logit_softcap: c.final_logit_softcapping,
             query_pre_attn_scalar: c.query_pre_attn_scalar,
+            moe,
         };
         Ok((config, c.tie_word_embeddings))
     }
@@ -559,7 +643,7 @@ struct Block {
     /// Gemma's norms on the attention's and the MLP's outputs.
     post_attn_norm: Option<Tensor>,
     ffn_norm: Tensor,
-    mlp: Mlp,
+    ffn: Ffn,
     post_ffn_norm: Option<Tensor>,
 }
 
@@ -574,6 +658,8 @@ pub struct Llama {
     rope: Rope,
     /// Gemma 3's local layers' RoPE.
     local_rope: Option<Rope>,
+    /// Rows routed to each expert, for a mixture of experts.
+    expert_load: Option<Arc<ExpertLoad>>,
 }
 
 impl Llama {
@@ -642,6 +728,7 @@ impl Llama {
         }
         let embed_q = qt("token_embd.weight")?;
         let embed = Embedding::new(&embed_q, spec, device)?;
+        let expert_load = expert_load(&config);
         let mut blocks = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
             let p = format!("blk.{i}");
@@ -675,12 +762,70 @@ impl Llama {
                 true => linear(&["attn_qkv"])?,
                 false => linear(&["attn_q", "attn_k", "attn_v"])?,
             };
-            let gate_up = match has("ffn_gate") {
-                true => linear(&["ffn_gate", "ffn_up"])?,
-                false => linear(&["ffn_up"])?,
-            };
             let o = linear(&["attn_output"])?;
-            let mlp = Mlp::new(gate_up, linear(&["ffn_down"])?, Activation::Glu(config.act));
+            let ffn = match (&config.moe, has("ffn_gate_inp")) {
+                (Some(moe), true) => {
+                    let shared = match has("ffn_up_shexp") {
+                        true => Some(linear(&["ffn_gate_shexp", "ffn_up_shexp"])?),
+                        false => None,
+                    };
+                    let shared = match shared {
+                        Some(gate_up) => {
+                            let down = linear(&["ffn_down_shexp"])?;
+                            let mlp = Mlp::new(gate_up, down, Activation::Glu(Act::Silu));
+                            // Qwen2-MoE's gate on the shared expert's output,
+                            // `[hidden]` in the file.
+                            let name = format!("{p}.ffn_gate_inp_shexp.weight");
+                            let gate = match has("ffn_gate_inp_shexp") {
+                                true => {
+                                    let w = qt(&name)?.dequantize(device)?;
+                                    let w = w.reshape((1, w.elem_count()))?;
+                                    Some(Linear::dense(w, None, WeightFormat::Native.into())?)
+                                }
+                                false => None,
+                            };
+                            Some(SharedExpert { mlp, gate })
+                        }
+                        None => None,
+                    };
+                    // The router as the file holds it (llama.cpp's
+                    // converter and quantizer keep it F32) whatever
+                    // `--weights` says: which experts a row takes is a
+                    // discontinuous choice that rounding should not move.
+                    let router = qt(&format!("{p}.ffn_gate_inp.weight"))?;
+                    let router = Linear::new(router, WeightFormat::Native.into(), device)?;
+                    let mut stack = |n: &str| qt(&format!("{p}.{n}.weight"));
+                    let (gate, up, down) = (
+                        stack("ffn_gate_exps")?,
+                        stack("ffn_up_exps")?,
+                        stack("ffn_down_exps")?,
+                    );
+                    let experts = Experts::from_gguf([gate, up, down], spec, device)
+                        .map_err(|e| anyhow::anyhow!("{p} experts: {e}"))?;
+                    anyhow::ensure!(
+                        experts.count() == moe.experts,
+                        "{p} has {} experts, its metadata {}",
+                        experts.count(),
+                        moe.experts
+                    );
+                    Ffn::Experts(Moe {
+                        router,
+                        routing: moe.routing,
+                        experts,
+                        shared,
+                        layer: i,
+                        load: expert_load.clone().expect("a MoE config has a load"),
+                    })
+                }
+                _ => {
+                    let gate_up = match has("ffn_gate") {
+                        true => linear(&["ffn_gate", "ffn_up"])?,
+                        false => linear(&["ffn_up"])?,
+                    };
+                    let down = linear(&["ffn_down"])?;
+                    Ffn::Dense(Mlp::new(gate_up, down, Activation::Glu(config.act)))
+                }
+            };
             let q_norm = format!("{p}.attn_q_norm.weight");
             let qk_norm = match content.tensor_infos.contains_key(&q_norm) {
                 true => Some((
@@ -705,7 +850,7 @@ impl Llama {
                 o,
                 post_attn_norm,
                 ffn_norm: qt(&format!("{p}.ffn_norm.weight"))?.dequantize(device)?,
-                mlp,
+                ffn,
                 post_ffn_norm,
             });
         }
@@ -771,6 +916,7 @@ impl Llama {
             };
             Linear::dense(Tensor::cat(&ws, 0)?, bias, spec)
         };
+        let expert_load = expert_load(&config);
         let mut blocks = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
             let p = format!("model.layers.{i}");
@@ -794,7 +940,58 @@ impl Llama {
             };
             // Phi-3 fuses q/k/v and gate/up (gate first) in the checkpoint.
             let fused = |name: &str| vb.contains_tensor(&format!("{p}.{name}.weight"));
-            let (attn, ffn) = (format!("{p}.self_attn"), format!("{p}.mlp"));
+            let (attn, mlp) = (format!("{p}.self_attn"), format!("{p}.mlp"));
+            let ffn = match &config.moe {
+                Some(moe) if !moe.dense_layers.contains(&i) => {
+                    // Mixtral's block is `block_sparse_moe`, the others' `mlp`.
+                    let sparse = format!("{p}.block_sparse_moe");
+                    let at = match vb.contains_tensor(&format!("{sparse}.gate.weight")) {
+                        true => sparse,
+                        false => mlp,
+                    };
+                    let shared =
+                        match vb.contains_tensor(&format!("{at}.shared_expert.up_proj.weight")) {
+                            false => None,
+                            true => {
+                                let s = format!("{at}.shared_expert");
+                                let gate = format!("{at}.shared_expert_gate");
+                                Some(SharedExpert {
+                                    mlp: Mlp::new(
+                                        linear(&s, &["gate_proj", "up_proj"])?,
+                                        linear(&s, &["down_proj"])?,
+                                        Activation::Glu(Act::Silu),
+                                    ),
+                                    gate: match vb.contains_tensor(&format!("{gate}.weight")) {
+                                        true => Some(linear(&at, &["shared_expert_gate"])?),
+                                        false => None,
+                                    },
+                                })
+                            }
+                        };
+                    Ffn::Experts(Moe {
+                        // In f32 whatever `--weights` and `--dtype` say,
+                        // as a GGUF's router is (above).
+                        router: Linear::dense(
+                            vb.get_unchecked_dtype(&format!("{at}.gate.weight"), DType::F32)?,
+                            None,
+                            WeightFormat::Native.into(),
+                        )?,
+                        routing: moe.routing,
+                        experts: hf_experts(&vb, &at, moe.experts, spec)?,
+                        shared,
+                        layer: i,
+                        load: expert_load.clone().expect("a MoE config has a load"),
+                    })
+                }
+                _ => Ffn::Dense(Mlp::new(
+                    match fused("mlp.gate_up_proj") {
+                        true => linear(&mlp, &["gate_up_proj"])?,
+                        false => linear(&mlp, &["gate_proj", "up_proj"])?,
+                    },
+                    linear(&mlp, &["down_proj"])?,
+                    Activation::Glu(config.act),
+                )),
+            };
             blocks.push(Block {
                 attn_norm: norm(&format!("{p}.input_layernorm.weight"))?,
                 qkv: match fused("self_attn.qkv_proj") {
@@ -805,14 +1002,7 @@ impl Llama {
                 o: linear(&attn, &["o_proj"])?,
                 post_attn_norm,
                 ffn_norm,
-                mlp: Mlp::new(
-                    match fused("mlp.gate_up_proj") {
-                        true => linear(&ffn, &["gate_up_proj"])?,
-                        false => linear(&ffn, &["gate_proj", "up_proj"])?,
-                    },
-                    linear(&ffn, &["down_proj"])?,
-                    Activation::Glu(config.act),
-                ),
+                ffn,
                 post_ffn_norm: optional_norm(&format!("{p}.post_feedforward_layernorm.weight"))?,
             });
         }
@@ -843,8 +1033,9 @@ impl Llama {
             blocks
                 .iter_mut()
                 .flat_map(|b| {
-                    let [up, down] = b.mlp.linears_mut();
-                    [&mut b.qkv, &mut b.o, up, down]
+                    [&mut b.qkv, &mut b.o]
+                        .into_iter()
+                        .chain(b.ffn.linears_mut())
                 })
                 .chain([&mut lm_head])
                 .flat_map(Linear::own_matrices),
@@ -892,7 +1083,12 @@ impl Llama {
                 .sliding_window
                 .filter(|_| !config.local_layers.is_empty()),
         };
+        let expert_load = blocks.iter().find_map(|b| match &b.ffn {
+            Ffn::Experts(moe) => Some(moe.load.clone()),
+            Ffn::Dense(_) => None,
+        });
         Ok(Llama {
+            expert_load,
             info,
             device: device.clone(),
             embed,
@@ -910,14 +1106,40 @@ impl Llama {
     }
 }
 
-/// Qwen3's RMSNorm over each query head (with `q`'s weights) and each key
-/// head (with `k`'s) of stacked `[T, qkv_width]` rows; value heads as they
-/// were.
+/// The routed experts of the MoE block at `at`, one matrix per expert and
+/// projection (`experts.{e}.`, Mixtral's `w1`/`w3`/`w2` or the others'
+/// `gate_proj`/`up_proj`/`down_proj`).
+fn hf_experts(vb: &VarBuilder, at: &str, count: usize, spec: WeightSpec) -> Result<Experts> {
+    let mixtral = vb.contains_tensor(&format!("{at}.experts.0.w1.weight"));
+    let names = match mixtral {
+        true => ["w1", "w3", "w2"],
+        false => ["gate_proj", "up_proj", "down_proj"],
+    };
+    let [gate, up, down] = names.map(|n| {
+        (0..count)
+            .map(|e| vb.get_unchecked(&format!("{at}.experts.{e}.{n}.weight")))
+            .collect::<Result<Vec<_>>>()
+    });
+    Experts::from_dense(gate?, up?, down?, spec)
+}
+
+/// Counters of rows routed per layer and expert, for a mixture of experts.
+fn expert_load(config: &Config) -> Option<Arc<ExpertLoad>> {
+    let moe = config.moe.as_ref()?;
+    Some(Arc::new(ExpertLoad::new(config.num_layers, moe.experts)))
+}
+
+/// The RMSNorms on the query and key parts of stacked `[T, qkv_width]`
+/// rows, value heads as they were: over each head with weights of a head's
+/// size (Qwen3, Gemma 3), or over the whole projection with weights of its
+/// size (OLMoE).
 fn norm_heads(qkv: &Tensor, (q, k): &(Tensor, Tensor), c: &Config) -> Result<Tensor> {
     let (t, hd, eps) = (qkv.dim(0)?, c.head_dim, c.rms_norm_eps as f32);
     let heads = |from: usize, n: usize, w: &Tensor| -> Result<Tensor> {
         let x = qkv.narrow(1, from * hd, n * hd)?.contiguous()?;
-        candle_nn::ops::rms_norm(&x.reshape((t * n, hd))?, w, eps)?.reshape((t, n * hd))
+        let size = w.dim(0)?;
+        candle_nn::ops::rms_norm(&x.reshape((t * n * hd / size, size))?, w, eps)?
+            .reshape((t, n * hd))
     };
     let (nh, nkv) = (c.num_heads, c.num_kv_heads);
     Tensor::cat(
@@ -937,6 +1159,10 @@ impl Model for Llama {
 
     fn device(&self) -> &Device {
         &self.device
+    }
+
+    fn expert_load(&self) -> Option<Arc<ExpertLoad>> {
+        self.expert_load.clone()
     }
 
     fn forward_all(&self, meta: &StepMeta, cache: &mut KvCache) -> Result<Output> {
@@ -983,7 +1209,7 @@ impl Model for Llama {
             let attn = paged_attention(&qkv, cache.layer_mut(i), meta, dims)?;
             x = elementwise::add(&x, &post_norm(b.o.forward(&attn)?, &b.post_attn_norm)?)?;
             let h = candle_nn::ops::rms_norm(&x, &b.ffn_norm, eps)?;
-            x = elementwise::add(&x, &post_norm(b.mlp.forward(&h)?, &b.post_ffn_norm)?)?;
+            x = elementwise::add(&x, &post_norm(b.ffn.forward(&h)?, &b.post_ffn_norm)?)?;
         }
         let hidden = hidden_states(&x, batch, &self.device, |h| {
             candle_nn::ops::rms_norm(h, &self.norm, eps)

@@ -4,13 +4,17 @@
 
 pub mod elementwise;
 pub mod embedding;
+pub mod ffn;
 pub mod gpt2;
 pub mod linear;
 pub mod llama;
 pub mod mlp;
+pub mod moe;
 pub mod qwen35;
 pub mod registry;
 pub mod rope;
+
+use std::sync::Arc;
 
 use candle_core::quantized::gguf_file;
 use candle_core::{Device, Result, Tensor};
@@ -19,6 +23,7 @@ use crate::attention;
 pub use crate::kv::batch::{FlatBatch, LogitRows, SeqSlice};
 use crate::kv::cache::{KvCache, KvDtype};
 use crate::kv::step_meta::{MetaBuffers, StepMeta};
+use moe::ExpertLoad;
 
 /// What the engine needs to know about a loaded model.
 #[derive(Debug, Clone, PartialEq)]
@@ -110,6 +115,11 @@ pub trait Model: Send {
     /// [`SeqSlice::state_slot`]), for a model with layers that keep one
     /// instead of K/V; `None` for a model that has none.
     fn state_bytes(&self) -> Option<usize> {
+        None
+    }
+
+    /// Rows routed to each expert so far, for a mixture of experts.
+    fn expert_load(&self) -> Option<Arc<ExpertLoad>> {
         None
     }
 

@@ -64,13 +64,13 @@ pub struct Family {
 
 pub static FAMILIES: &[Family] = &[
     Family {
-        models: "Llama 2 and 3.x, Mistral, TinyLlama",
+        models: "Llama 2 and 3.x, Mistral, Mixtral, TinyLlama",
         gguf: Some(Format {
             names: &["llama"],
             load: llama_gguf,
         }),
         hf: Some(Format {
-            names: &["llama", "mistral"],
+            names: &["llama", "mistral", "mixtral"],
             load: llama_hf,
         }),
     },
@@ -80,7 +80,21 @@ pub static FAMILIES: &[Family] = &[
             names: &["qwen2"],
             load: llama_gguf,
         }),
-        hf: None,
+        hf: Some(Format {
+            names: &["qwen2"],
+            load: llama_hf,
+        }),
+    },
+    Family {
+        models: "Qwen1.5-MoE, Qwen2-57B-A14B",
+        gguf: Some(Format {
+            names: &["qwen2moe"],
+            load: llama_gguf,
+        }),
+        hf: Some(Format {
+            names: &["qwen2_moe"],
+            load: llama_hf,
+        }),
     },
     Family {
         models: "Qwen3",
@@ -90,6 +104,28 @@ pub static FAMILIES: &[Family] = &[
         }),
         hf: Some(Format {
             names: &["qwen3"],
+            load: llama_hf,
+        }),
+    },
+    Family {
+        models: "Qwen3-30B-A3B, Qwen3-Coder-30B-A3B",
+        gguf: Some(Format {
+            names: &["qwen3moe"],
+            load: llama_gguf,
+        }),
+        hf: Some(Format {
+            names: &["qwen3_moe"],
+            load: llama_hf,
+        }),
+    },
+    Family {
+        models: "OLMoE",
+        gguf: Some(Format {
+            names: &["olmoe"],
+            load: llama_gguf,
+        }),
+        hf: Some(Format {
+            names: &["olmoe"],
             load: llama_hf,
         }),
     },
@@ -338,9 +374,11 @@ mod tests {
     fn refusals_list_what_the_table_runs() {
         assert_eq!(
             hf_supported(),
-            "gemma3_text, gpt2, llama, mistral, phi3, qwen3, qwen3_5, qwen3_5_text and smollm3"
+            "gemma3_text, gpt2, llama, mistral, mixtral, olmoe, phi3, qwen2, qwen2_moe, qwen3, \
+             qwen3_5, qwen3_5_text, qwen3_moe and smollm3"
         );
-        assert!(gguf_supported().starts_with("\"llama\" (Llama 2 and 3.x, Mistral, TinyLlama), "));
+        assert!(gguf_supported()
+            .starts_with("\"llama\" (Llama 2 and 3.x, Mistral, Mixtral, TinyLlama), "));
         assert!(gguf_supported().ends_with(" and \"qwen35\" (Qwen3.5)"));
         assert!(gguf("mamba").is_none() && hf("falcon").is_none());
     }
