@@ -11,6 +11,7 @@ use candle_core::quantized::gguf_file;
 use candle_core::{DType, Device};
 
 use crate::load::hf_dir;
+use crate::load::load_progress::LoadProgress;
 use crate::models::linear::{WeightFormat, WeightSpec};
 use crate::models::registry::{self, FromGguf};
 use crate::models::{gguf_architecture, Model};
@@ -223,7 +224,7 @@ fn load_gguf(path: &Path, options: &LoadOptions, device: &Device) -> anyhow::Res
         .and_then(|s| s.to_str())
         .unwrap_or("model")
         .to_string();
-    let (content, mut reader, build) = open_model_gguf(path)?;
+    let (content, reader, build) = open_model_gguf(path)?;
     let tokenizer =
         Tokenizer::from_gguf(&content).context("building the tokenizer from the GGUF metadata")?;
     let chat_template = match content.metadata.get("tokenizer.chat_template") {
@@ -244,6 +245,14 @@ fn load_gguf(path: &Path, options: &LoadOptions, device: &Device) -> anyhow::Res
         }
         None => None,
     };
+    let bytes = content
+        .tensor_infos
+        .values()
+        .map(|t| {
+            (t.shape.elem_count() / t.ggml_dtype.block_size() * t.ggml_dtype.type_size()) as u64
+        })
+        .sum();
+    let mut reader = LoadProgress::new(reader, bytes, content.tensor_infos.len());
     let model = build(
         &content,
         &mut reader,

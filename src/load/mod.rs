@@ -4,5 +4,6 @@
 pub mod gguf_header;
 pub mod hf_dir;
 pub mod hub;
+pub mod load_progress;
 pub mod loader;
 pub mod model_fetch;
