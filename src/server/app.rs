@@ -184,6 +184,9 @@ fn load(args: &ServeArgs, metrics: Arc<Metrics>) -> anyhow::Result<ModelState> {
     let name = names.next().cloned().unwrap_or(loaded.name);
     let aliases = names.filter(|&n| *n != name).cloned().collect();
     metrics.set_model_name(&name);
+    if let Some(load) = engine.model().expert_load() {
+        metrics.set_expert_load(load);
+    }
     let max_seq_tokens = engine.max_seq_tokens();
     let (handle, _join) = engine_loop::spawn(engine, metrics.clone(), args.max_waiting);
     let max_num_seqs = args.model.engine.max_num_seqs;

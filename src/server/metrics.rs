@@ -3,11 +3,13 @@
 //! over by swapping the prefix.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
-use prometheus::proto::LabelPair;
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::{self, LabelPair, MetricFamily, MetricType};
 
 use crate::engine::EngineStats;
+use crate::models::moe::ExpertLoad;
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
     TextEncoder,
@@ -280,6 +282,22 @@ impl Metrics {
     }
 
     /// Labels every series with the served model's name from now on.
+    /// Exports a mixture of experts' routing counts as
+    /// `wick:moe_expert_tokens_total{layer, expert}`.
+    pub fn set_expert_load(&self, load: Arc<ExpertLoad>) {
+        let desc = Desc::new(
+            "wick:moe_expert_tokens_total".into(),
+            "Tokens routed to each expert of each mixture-of-experts layer.".into(),
+            vec!["layer".into(), "expert".into()],
+            Default::default(),
+        )
+        .expect("valid metric");
+        // Registered once: a second model is never loaded into one server.
+        let _ = self
+            .registry
+            .register(Box::new(ExpertTokens { load, desc }));
+    }
+
     pub fn set_model_name(&self, name: &str) {
         let _ = self.model_name.set(name.to_string());
     }
@@ -373,6 +391,44 @@ impl Metrics {
     }
 }
 
+/// The expert routing counters, read when `/metrics` is gathered: a
+/// model's layers times its experts (48 x 128 for Qwen3-30B-A3B) are too
+/// many to mirror into counters on every step.
+struct ExpertTokens {
+    load: Arc<ExpertLoad>,
+    desc: Desc,
+}
+
+impl Collector for ExpertTokens {
+    fn desc(&self) -> Vec<&Desc> {
+        vec![&self.desc]
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let mut family = MetricFamily::default();
+        family.set_name(self.desc.fq_name.clone());
+        family.set_help(self.desc.help.clone());
+        family.set_field_type(MetricType::COUNTER);
+        let label = |name: &str, value: usize| {
+            let mut pair = LabelPair::default();
+            pair.set_name(name.into());
+            pair.set_value(value.to_string());
+            pair
+        };
+        for layer in 0..self.load.layers() {
+            for expert in 0..self.load.experts() {
+                let mut counter = proto::Counter::default();
+                counter.set_value(self.load.routed(layer, expert) as f64);
+                let mut metric = proto::Metric::default();
+                metric.set_label(vec![label("layer", layer), label("expert", expert)]);
+                metric.set_counter(counter);
+                family.mut_metric().push(metric);
+            }
+        }
+        vec![family]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -389,6 +445,46 @@ mod tests {
 
     fn has_type(text: &str, name: &str, kind: &str) -> bool {
         text.lines().any(|l| l == format!("# TYPE {name} {kind}"))
+    }
+
+    /// A mixture of experts' routing counts, per layer and expert, read
+    /// from the model's counters whenever /metrics renders.
+    #[test]
+    fn renders_expert_routing_counts() {
+        let m = Metrics::new();
+        assert!(!m.render().contains("moe_expert_tokens"));
+        let load = Arc::new(ExpertLoad::new(2, 3));
+        m.set_expert_load(load.clone());
+        load.record(1, 2, 5);
+        load.record(1, 2, 1);
+        let text = m.render();
+        assert!(
+            has_type(&text, "wick:moe_expert_tokens_total", "counter"),
+            "{text}"
+        );
+        assert_eq!(
+            sample(
+                &text,
+                "wick:moe_expert_tokens_total{layer=\"1\",expert=\"2\"}"
+            ),
+            6.0
+        );
+        assert_eq!(
+            sample(
+                &text,
+                "wick:moe_expert_tokens_total{layer=\"0\",expert=\"0\"}"
+            ),
+            0.0
+        );
+        load.record(0, 0, 4);
+        let text = m.render();
+        assert_eq!(
+            sample(
+                &text,
+                "wick:moe_expert_tokens_total{layer=\"0\",expert=\"0\"}"
+            ),
+            4.0
+        );
     }
 
     #[test]
