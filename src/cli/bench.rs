@@ -175,21 +175,36 @@ fn read_bandwidth() -> f64 {
 
 /// Bytes of weights one decode step must read, as stored in the GGUF: every
 /// tensor but the token embeddings, of which a step reads one row, unless
-/// the output head is tied to them. None for other files.
+/// the output head is tied to them; of a mixture of experts' stacked expert
+/// tensors (`*_exps`), only the share one token's experts hold
+/// (`expert_used_count / expert_count`). None for other files.
 fn gguf_weight_bytes_per_token(path: &std::path::Path) -> Option<u64> {
     let mut f = std::fs::File::open(path).ok()?;
     let content = Content::read(&mut f).ok()?;
     let tied = !content.tensor_infos.contains_key("output.weight");
+    let arch = crate::models::gguf_architecture(&content);
+    let count = |key: &str| {
+        let v = content.metadata.get(&format!("{arch}.{key}"))?;
+        v.to_u32().ok().filter(|&n| n > 0).map(f64::from)
+    };
+    let active = match (count("expert_used_count"), count("expert_count")) {
+        (Some(used), Some(all)) => used / all,
+        _ => 1.0,
+    };
     let bytes = content
         .tensor_infos
         .iter()
         .filter(|(name, _)| tied || name.as_str() != "token_embd.weight")
-        .map(|(_, t)| {
+        .map(|(name, t)| {
             let dtype = t.ggml_dtype;
-            (t.shape.elem_count() / dtype.block_size() * dtype.type_size()) as u64
+            let bytes = (t.shape.elem_count() / dtype.block_size() * dtype.type_size()) as f64;
+            match name.contains("_exps.") {
+                true => bytes * active,
+                false => bytes,
+            }
         })
-        .sum();
-    Some(bytes)
+        .sum::<f64>();
+    Some(bytes as u64)
 }
 
 /// llama-bench's (pp, tg) tok/s on the same file with 2 threads.
