@@ -5,11 +5,11 @@
 
 Writes the fixture folders tests/fixtures/*-tiny/ (gpt2-tiny/, llama-tiny/,
 the other dense chat models, the mixtures of experts qwen3moe-tiny/,
-olmoe-tiny/, mixtral-tiny/ and qwen2moe-tiny/; tests/fixtures/README.md
-lists them), or only the NAMEs given, leaving the others' bytes as they
-are. Each is a checkpoint as transformers saves it (config.json,
-safetensors, tokenizer files, generation_config.json) plus reference.json,
-what transformers computes on it:
+olmoe-tiny/, mixtral-tiny/, qwen2moe-tiny/ and qwen35moe-tiny/;
+tests/fixtures/README.md lists them), or only the NAMEs given, leaving the
+others' bytes as they are. Each is a checkpoint as transformers saves it
+(config.json, safetensors, tokenizer files, generation_config.json) plus
+reference.json, what transformers computes on it:
 
 - "inputs" / "input_texts": token ids of a few strings of different lengths;
 - "logits": f32 logits at every position of each input (one plain forward);
@@ -74,6 +74,8 @@ from transformers import (  # noqa: E402
     Qwen2MoeConfig,
     Qwen2MoeForCausalLM,
     Qwen3_5ForCausalLM,
+    Qwen3_5MoeForCausalLM,
+    Qwen3_5MoeTextConfig,
     Qwen3_5TextConfig,
     Qwen3Config,
     Qwen3ForCausalLM,
@@ -333,11 +335,12 @@ def build(name, make_model, tokenizer, chat, seed, std, extra=None, norm_center=
     # The saved directory must reproduce the reference on its own.
     reloaded = AutoModelForCausalLM.from_pretrained(out).eval()
     tok_config = json.loads((out / "tokenizer_config.json").read_text())
-    if reloaded.config.model_type == "qwen2":
-        # For model_type qwen2 (alone of these), AutoTokenizer swaps in
-        # Qwen2Tokenizer, which replaces tokenizer.json's pre-tokenizer with
-        # Qwen2's own (digits one by one) whatever tokenizer_config.json
-        # says; the class it names reads tokenizer.json as saved.
+    if reloaded.config.model_type in ("qwen2", "qwen3_5_moe_text"):
+        # For model_types qwen2 and qwen3_5_moe_text (alone of these),
+        # AutoTokenizer swaps in Qwen2Tokenizer or Qwen3_5Tokenizer, which
+        # replaces tokenizer.json's pre-tokenizer with Qwen's own (digits
+        # one by one) whatever tokenizer_config.json says; the class it
+        # names reads tokenizer.json as saved.
         tok = getattr(transformers, tok_config["tokenizer_class"]).from_pretrained(out)
     else:
         tok = AutoTokenizer.from_pretrained(out)
@@ -416,8 +419,11 @@ def main():
     )
 
     def chat_fixture(name, model, config, seed, save_args=None, extra=None, norm_center=1.0,
-                     **fields):
-        build(name, lambda: model(config(**{**small, **fields})), llama_tok, chat=True,
+                     drop=(), **fields):
+        # drop: fields of `small` the config has no use for (left out of
+        # config.json rather than saved as unknown keys).
+        shared = {k: v for k, v in small.items() if k not in drop}
+        build(name, lambda: model(config(**{**shared, **fields})), llama_tok, chat=True,
               seed=seed, std=0.15, extra=extra, norm_center=norm_center, **(save_args or {}))
 
     chat_fixture(
@@ -550,6 +556,26 @@ def main():
         shared_expert_intermediate_size=64, norm_topk_prob=False, decoder_sparse_step=1,
         mlp_only_layers=[], qkv_bias=True, use_sliding_window=False,
         rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        extra=moe_extra,
+    )
+    # Qwen3.5-MoE (text): qwen35-tiny's layers (the same 6: gated-DeltaNet
+    # linear attention and two gated full-attention layers, (1 + w) norms
+    # drawn around 0, tied head) with Qwen2-MoE's mixture in every one: 8
+    # experts of 32, the 2 picked probabilities renormalised, and a shared
+    # SwiGLU expert of 64 scaled by sigmoid(shared_expert_gate . x). The
+    # config has no dense intermediate_size, so `small`'s is left out.
+    chat_fixture(
+        "qwen35moe-tiny", Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, seed=101,
+        num_hidden_layers=6, head_dim=32, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        pad_token_id=bos, norm_center=0.0, drop=("intermediate_size",),
+        layer_types=["linear_attention", "linear_attention", "full_attention",
+                     "linear_attention", "linear_attention", "full_attention"],
+        linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_num_key_heads=2, linear_num_value_heads=4,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                         "partial_rotary_factor": 0.25},
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=64,
         extra=moe_extra,
     )
 

@@ -52,6 +52,12 @@ Qwen2's tensors in NEOX order with their biases, and drops a tied head):
   keeps its shared expert (`*_shexp`). Their references are the fixtures'
   `reference.json`. (llama.cpp's OLMoE takes the k norm to be as wide as
   q, so olmoe-tiny has as many KV heads as heads.)
+- `qwen35moe-{f32,q8_0}.gguf`: `tests/fixtures/qwen35moe-tiny` (qwen35-tiny's
+  layers with Qwen2-MoE's mixture, shared expert included, in each)
+  converted with `--no-mtp` like Qwen3.5, to architecture `qwen35moe`;
+  the experts stacked as the other mixtures' are (separate
+  `ffn_gate_exps`/`ffn_up_exps`). Its reference is the fixture's
+  `reference.json`.
 - `qwen3moe-256-q4_k_m.gguf`: a Qwen3-MoE 256 wide (`make_qwen3moe_256`:
   heads of 64, experts of 256), converted to F32 in a temporary folder and
   quantized by `llama-quantize` to Q4_K_M, whose K-quant blocks need rows
@@ -59,7 +65,7 @@ Qwen2's tensors in NEOX order with their biases, and drops a tied head):
   Q5_1 or Q8_0);
   `qwen3moe-256-reference.json` holds transformers' logits on its `long`
   prompt. Only the quantized file is kept: the F32 checkpoint is 15 MB.
-- `{qwen35,qwen3moe,olmoe,mixtral,qwen2moe,qwen3moe-256}-llama-cpp.json`:
+- `{qwen35,qwen3moe,olmoe,mixtral,qwen2moe,qwen35moe,qwen3moe-256}-llama-cpp.json`:
   llama.cpp's own answers on those files (`llama-server`, one thread,
   `/completion` with `n_probs` over the whole vocabulary, no prompt
   cache): for each prefix of the reference's 96-token `long` prompt, the
@@ -109,6 +115,9 @@ CONVERSIONS = {
     "olmoe": ("olmoe-tiny", []),
     "mixtral": ("mixtral-tiny", []),
     "qwen2moe": ("qwen2moe-tiny", []),
+    # Qwen3.5's layers with Qwen2-MoE's experts: no multi-token-prediction
+    # head either.
+    "qwen35moe": ("qwen35moe-tiny", ["--no-mtp"]),
 }
 # Made with llama.cpp's binaries (BIN), so only when they are given: a
 # 256-wide Qwen3-MoE, converted in a temporary folder and quantized to
@@ -123,6 +132,7 @@ RECORDED = {
     "olmoe": [("f32", "f32"), ("q8_0", "f16")],
     "mixtral": [("f32", "f32"), ("q8_0", "f16")],
     "qwen2moe": [("f32", "f32"), ("q8_0", "f16")],
+    "qwen35moe": [("f32", "f32"), ("q8_0", "f16")],
     QUANTIZED: [("q4_k_m", "f16")],
 }
 
