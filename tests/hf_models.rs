@@ -20,7 +20,7 @@ use wick::load::loader::{load, LoadOptions, LoadedModel, WeightDtype};
 use wick::models::linear::WeightFormat;
 use wick::sampling::params::SamplingParams;
 
-const FIXTURES: [&str; 13] = [
+const FIXTURES: [&str; 14] = [
     "gpt2-tiny",
     "llama-tiny",
     "mistral-tiny",
@@ -34,6 +34,7 @@ const FIXTURES: [&str; 13] = [
     "olmoe-tiny",
     "mixtral-tiny",
     "qwen2moe-tiny",
+    "qwen35moe-tiny",
 ];
 
 /// The mixtures of experts among [`FIXTURES`]. Rounding their weights (to
@@ -41,7 +42,13 @@ const FIXTURES: [&str; 13] = [
 /// experts, which moves its logits by units, so the rounded-weight tests
 /// leave them out: their quantized files are checked against llama.cpp's
 /// answers on the same files instead (`tests/gguf_arch.rs`).
-const MOE: [&str; 4] = ["qwen3moe-tiny", "olmoe-tiny", "mixtral-tiny", "qwen2moe-tiny"];
+const MOE: [&str; 5] = [
+    "qwen3moe-tiny",
+    "olmoe-tiny",
+    "mixtral-tiny",
+    "qwen2moe-tiny",
+    "qwen35moe-tiny",
+];
 
 fn dense_fixtures() -> impl Iterator<Item = &'static str> {
     FIXTURES.into_iter().filter(|n| !MOE.contains(n))
@@ -682,7 +689,7 @@ fn unsupported_checkpoints_are_refused_clearly() {
         e.contains("\"falcon\"")
             && e.contains(
                 "gemma3_text, gpt2, llama, mistral, mixtral, olmoe, phi3, qwen2, qwen2_moe, qwen3, \
-                 qwen3_5, qwen3_5_text, qwen3_moe and smollm3"
+                 qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe and smollm3"
             ),
         "{e}"
     );

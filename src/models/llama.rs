@@ -19,9 +19,9 @@ use serde::Deserialize;
 use super::elementwise::{self, Act};
 use super::embedding::Embedding;
 use super::ffn::Ffn;
-use super::linear::{Linear, WeightFormat, WeightSpec};
+use super::linear::{Linear, WeightSpec};
 use super::mlp::{Activation, Mlp};
-use super::moe::{ExpertLoad, Experts, Moe, Routing, SharedExpert};
+use super::moe::{ExpertLoad, GgufLayer, Moe, MoeConfig, Routing};
 use super::rope::Rope;
 use super::{gguf_architecture, hidden_states, Model, ModelInfo, Output};
 use crate::attention::{paged_attention, AttnDims};
@@ -70,17 +70,6 @@ pub struct Config {
     pub vocab_size: usize,
     /// A mixture of experts' routing, where the family has one.
     pub moe: Option<MoeConfig>,
-}
-
-/// What a checkpoint's `config.json` says of its experts (a GGUF's
-/// tensors say which layers have them).
-#[derive(Debug, Clone, PartialEq)]
-pub struct MoeConfig {
-    pub experts: usize,
-    pub routing: Routing,
-    /// Layers with a dense MLP instead (Qwen-MoE's `mlp_only_layers` and
-    /// `decoder_sparse_step`).
-    pub dense_layers: Vec<usize>,
 }
 
 /// LongRoPE (Phi-3.5, Phi-4-mini): per-frequency divisors tuned for
@@ -765,57 +754,21 @@ impl Llama {
             let o = linear(&["attn_output"])?;
             let ffn = match (&config.moe, has("ffn_gate_inp")) {
                 (Some(moe), true) => {
-                    let shared = match has("ffn_up_shexp") {
-                        true => Some(linear(&["ffn_gate_shexp", "ffn_up_shexp"])?),
-                        false => None,
+                    let load = expert_load.clone().expect("a MoE config has a load");
+                    let found = |n: &str| has(n);
+                    let gguf = GgufLayer {
+                        prefix: &p,
+                        has: &found,
+                        spec,
+                        device,
                     };
-                    let shared = match shared {
-                        Some(gate_up) => {
-                            let down = linear(&["ffn_down_shexp"])?;
-                            let mlp = Mlp::new(gate_up, down, Activation::Glu(Act::Silu));
-                            // Qwen2-MoE's gate on the shared expert's output,
-                            // `[hidden]` in the file.
-                            let name = format!("{p}.ffn_gate_inp_shexp.weight");
-                            let gate = match has("ffn_gate_inp_shexp") {
-                                true => {
-                                    let w = qt(&name)?.dequantize(device)?;
-                                    let w = w.reshape((1, w.elem_count()))?;
-                                    Some(Linear::dense(w, None, WeightFormat::Native.into())?)
-                                }
-                                false => None,
-                            };
-                            Some(SharedExpert { mlp, gate })
-                        }
-                        None => None,
-                    };
-                    // The router as the file holds it (llama.cpp's
-                    // converter and quantizer keep it F32) whatever
-                    // `--weights` says: which experts a row takes is a
-                    // discontinuous choice that rounding should not move.
-                    let router = qt(&format!("{p}.ffn_gate_inp.weight"))?;
-                    let router = Linear::new(router, WeightFormat::Native.into(), device)?;
-                    let mut stack = |n: &str| qt(&format!("{p}.{n}.weight"));
-                    let (gate, up, down) = (
-                        stack("ffn_gate_exps")?,
-                        stack("ffn_up_exps")?,
-                        stack("ffn_down_exps")?,
-                    );
-                    let experts = Experts::from_gguf([gate, up, down], spec, device)
-                        .map_err(|e| anyhow::anyhow!("{p} experts: {e}"))?;
-                    anyhow::ensure!(
-                        experts.count() == moe.experts,
-                        "{p} has {} experts, its metadata {}",
-                        experts.count(),
-                        moe.experts
-                    );
-                    Ffn::Experts(Moe {
-                        router,
-                        routing: moe.routing,
-                        experts,
-                        shared,
-                        layer: i,
-                        load: expert_load.clone().expect("a MoE config has a load"),
-                    })
+                    Ffn::Experts(Moe::from_gguf(
+                        &gguf,
+                        &mut qt,
+                        moe.experts,
+                        moe.routing,
+                        (i, load),
+                    )?)
                 }
                 _ => {
                     let gate_up = match has("ffn_gate") {
@@ -943,45 +896,21 @@ impl Llama {
             let (attn, mlp) = (format!("{p}.self_attn"), format!("{p}.mlp"));
             let ffn = match &config.moe {
                 Some(moe) if !moe.dense_layers.contains(&i) => {
+                    let load = expert_load.clone().expect("a MoE config has a load");
                     // Mixtral's block is `block_sparse_moe`, the others' `mlp`.
                     let sparse = format!("{p}.block_sparse_moe");
                     let at = match vb.contains_tensor(&format!("{sparse}.gate.weight")) {
                         true => sparse,
-                        false => mlp,
+                        false => mlp.clone(),
                     };
-                    let shared =
-                        match vb.contains_tensor(&format!("{at}.shared_expert.up_proj.weight")) {
-                            false => None,
-                            true => {
-                                let s = format!("{at}.shared_expert");
-                                let gate = format!("{at}.shared_expert_gate");
-                                Some(SharedExpert {
-                                    mlp: Mlp::new(
-                                        linear(&s, &["gate_proj", "up_proj"])?,
-                                        linear(&s, &["down_proj"])?,
-                                        Activation::Glu(Act::Silu),
-                                    ),
-                                    gate: match vb.contains_tensor(&format!("{gate}.weight")) {
-                                        true => Some(linear(&at, &["shared_expert_gate"])?),
-                                        false => None,
-                                    },
-                                })
-                            }
-                        };
-                    Ffn::Experts(Moe {
-                        // In f32 whatever `--weights` and `--dtype` say,
-                        // as a GGUF's router is (above).
-                        router: Linear::dense(
-                            vb.get_unchecked_dtype(&format!("{at}.gate.weight"), DType::F32)?,
-                            None,
-                            WeightFormat::Native.into(),
-                        )?,
-                        routing: moe.routing,
-                        experts: hf_experts(&vb, &at, moe.experts, spec)?,
-                        shared,
-                        layer: i,
-                        load: expert_load.clone().expect("a MoE config has a load"),
-                    })
+                    Ffn::Experts(Moe::from_hf(
+                        &vb,
+                        &at,
+                        moe.experts,
+                        moe.routing,
+                        (i, load),
+                        spec,
+                    )?)
                 }
                 _ => Ffn::Dense(Mlp::new(
                     match fused("mlp.gate_up_proj") {
@@ -1104,23 +1033,6 @@ impl Llama {
     pub fn config(&self) -> &Config {
         &self.config
     }
-}
-
-/// The routed experts of the MoE block at `at`, one matrix per expert and
-/// projection (`experts.{e}.`, Mixtral's `w1`/`w3`/`w2` or the others'
-/// `gate_proj`/`up_proj`/`down_proj`).
-fn hf_experts(vb: &VarBuilder, at: &str, count: usize, spec: WeightSpec) -> Result<Experts> {
-    let mixtral = vb.contains_tensor(&format!("{at}.experts.0.w1.weight"));
-    let names = match mixtral {
-        true => ["w1", "w3", "w2"],
-        false => ["gate_proj", "up_proj", "down_proj"],
-    };
-    let [gate, up, down] = names.map(|n| {
-        (0..count)
-            .map(|e| vb.get_unchecked(&format!("{at}.experts.{e}.{n}.weight")))
-            .collect::<Result<Vec<_>>>()
-    });
-    Experts::from_dense(gate?, up?, down?, spec)
 }
 
 /// Counters of rows routed per layer and expert, for a mixture of experts.

@@ -10,16 +10,18 @@
 //! parallel call ([`matmul_grouped`]); elsewhere (candle's kernels, dense
 //! weights, a GPU) each active expert runs as an ordinary [`Linear`].
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-use std::borrow::Cow;
 
 use candle_core::quantized::{GgmlDType, QStorage, QTensor};
 use candle_core::{DType, Device, Result, Tensor};
 
+use candle_nn::VarBuilder;
+
+use super::elementwise::Act;
 use super::linear::{Linear, WeightFormat, WeightSpec};
-use super::mlp::Mlp;
+use super::mlp::{Activation, Mlp};
 use crate::quant::{matmul_grouped, GroupedJob, QuantMatrix};
 
 /// How a row's expert weights come from the router's scores.
@@ -30,6 +32,17 @@ pub struct Routing {
     /// Whether the top k softmax weights are divided by their sum (Mixtral,
     /// Qwen3-MoE), or kept as they are (OLMoE, Qwen2-MoE).
     pub renormalize: bool,
+}
+
+/// A model's experts, as its config or metadata gives them (a GGUF's
+/// tensors say which layers have them).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeConfig {
+    pub experts: usize,
+    pub routing: Routing,
+    /// Layers with a dense MLP instead (Qwen-MoE's `mlp_only_layers` and
+    /// `decoder_sparse_step`).
+    pub dense_layers: Vec<usize>,
 }
 
 /// The experts' weights: gate, up and down projections of each expert.
@@ -196,6 +209,162 @@ pub struct Moe {
     /// Which layer this is, in `load`.
     pub layer: usize,
     pub load: Arc<ExpertLoad>,
+}
+
+/// A GGUF layer's tensors as a model's loader reads them.
+pub struct GgufLayer<'a> {
+    /// `blk.{i}`.
+    pub prefix: &'a str,
+    /// Whether the layer has tensor `{prefix}.{name}.weight`.
+    pub has: &'a dyn Fn(&str) -> bool,
+    pub spec: WeightSpec,
+    pub device: &'a Device,
+}
+
+impl Moe {
+    /// The MoE block of a GGUF layer: the router `ffn_gate_inp`, the
+    /// stacked experts `ffn_{gate,up,down}_exps`, and a shared expert
+    /// (`ffn_{gate,up,down}_shexp`, gated by `ffn_gate_inp_shexp`) where the
+    /// file has one. `tensor` reads a tensor by its full name; `(layer,
+    /// load)` is where this layer counts its routing.
+    pub fn from_gguf(
+        l: &GgufLayer,
+        tensor: &mut dyn FnMut(&str) -> anyhow::Result<QTensor>,
+        experts: usize,
+        routing: Routing,
+        (layer, load): (usize, Arc<ExpertLoad>),
+    ) -> anyhow::Result<Moe> {
+        let (p, spec, device) = (l.prefix, l.spec, l.device);
+        let mut get = |n: &str| tensor(&format!("{p}.{n}.weight"));
+        let mut linear = |names: &[&str]| -> anyhow::Result<Linear> {
+            let ws = names
+                .iter()
+                .map(|n| get(n))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            Linear::stacked(ws, spec, device)
+                .map_err(|e| anyhow::anyhow!("{p}.{}: {e}", names.join("+")))
+        };
+        let shared = match (l.has)("ffn_up_shexp") {
+            false => None,
+            true => {
+                let mlp = Mlp::new(
+                    linear(&["ffn_gate_shexp", "ffn_up_shexp"])?,
+                    linear(&["ffn_down_shexp"])?,
+                    Activation::Glu(Act::Silu),
+                );
+                // `[hidden]` in the file.
+                let gate = match (l.has)("ffn_gate_inp_shexp") {
+                    true => {
+                        let w = get("ffn_gate_inp_shexp")?.dequantize(device)?;
+                        let w = w.reshape((1, w.elem_count()))?;
+                        Some(Linear::dense(w, None, WeightFormat::Native.into())?)
+                    }
+                    false => None,
+                };
+                Some(SharedExpert { mlp, gate })
+            }
+        };
+        // The router as the file holds it (llama.cpp's converter and
+        // quantizer keep it F32) whatever `--weights` says: which experts a
+        // row takes is a discontinuous choice that rounding should not move.
+        let router = Linear::new(get("ffn_gate_inp")?, WeightFormat::Native.into(), device)?;
+        let stacks = [
+            get("ffn_gate_exps")?,
+            get("ffn_up_exps")?,
+            get("ffn_down_exps")?,
+        ];
+        let stacked = Experts::from_gguf(stacks, spec, device)
+            .map_err(|e| anyhow::anyhow!("{p} experts: {e}"))?;
+        anyhow::ensure!(
+            stacked.count() == experts,
+            "{p} has {} experts, its metadata {experts}",
+            stacked.count()
+        );
+        Ok(Moe {
+            router,
+            routing,
+            experts: stacked,
+            shared,
+            layer,
+            load,
+        })
+    }
+
+    /// The MoE block at `at` of a checkpoint: the router `gate`, the
+    /// experts one matrix per expert and projection (`experts.{e}.`,
+    /// Mixtral's `w1`/`w3`/`w2` or the others' `gate_proj`/`up_proj`/
+    /// `down_proj`) or stacked as transformers 5 holds them
+    /// (`experts.gate_up_proj` `[experts, 2 x ffn, hidden]`,
+    /// `experts.down_proj` `[experts, hidden, ffn]`), and a shared expert
+    /// (`shared_expert`, gated by `shared_expert_gate`) where it has one.
+    pub fn from_hf(
+        vb: &VarBuilder,
+        at: &str,
+        experts: usize,
+        routing: Routing,
+        (layer, load): (usize, Arc<ExpertLoad>),
+        spec: WeightSpec,
+    ) -> Result<Moe> {
+        let get = |name: &str| vb.get_unchecked(&format!("{at}.{name}"));
+        let (mut gate, mut up, mut down) = (Vec::new(), Vec::new(), Vec::new());
+        if vb.contains_tensor(&format!("{at}.experts.gate_up_proj")) {
+            let (gate_up, stacked_down) = (get("experts.gate_up_proj")?, get("experts.down_proj")?);
+            let half = gate_up.dim(1)? / 2;
+            for e in 0..experts {
+                let gu = gate_up.get(e)?;
+                gate.push(gu.narrow(0, 0, half)?);
+                up.push(gu.narrow(0, half, half)?);
+                down.push(stacked_down.get(e)?);
+            }
+        } else {
+            let mixtral = vb.contains_tensor(&format!("{at}.experts.0.w1.weight"));
+            let [g, u, d] = match mixtral {
+                true => ["w1", "w3", "w2"],
+                false => ["gate_proj", "up_proj", "down_proj"],
+            };
+            for e in 0..experts {
+                gate.push(get(&format!("experts.{e}.{g}.weight"))?);
+                up.push(get(&format!("experts.{e}.{u}.weight"))?);
+                down.push(get(&format!("experts.{e}.{d}.weight"))?);
+            }
+        }
+        let shared = match vb.contains_tensor(&format!("{at}.shared_expert.up_proj.weight")) {
+            false => None,
+            true => {
+                let s = |n: &str| get(&format!("shared_expert.{n}.weight"));
+                let gate_up = Tensor::cat(&[s("gate_proj")?, s("up_proj")?], 0)?;
+                Some(SharedExpert {
+                    mlp: Mlp::new(
+                        Linear::dense(gate_up, None, spec)?,
+                        Linear::dense(s("down_proj")?, None, spec)?,
+                        Activation::Glu(Act::Silu),
+                    ),
+                    gate: match vb.contains_tensor(&format!("{at}.shared_expert_gate.weight")) {
+                        true => Some(Linear::dense(
+                            get("shared_expert_gate.weight")?,
+                            None,
+                            spec,
+                        )?),
+                        false => None,
+                    },
+                })
+            }
+        };
+        Ok(Moe {
+            // In f32 whatever `--weights` and `--dtype` say, as a GGUF's
+            // router is.
+            router: Linear::dense(
+                vb.get_unchecked_dtype(&format!("{at}.gate.weight"), DType::F32)?,
+                None,
+                WeightFormat::Native.into(),
+            )?,
+            routing,
+            experts: Experts::from_dense(gate, up, down, spec)?,
+            shared,
+            layer,
+            load,
+        })
+    }
 }
 
 /// A step's rows grouped by the experts the router chose for them.

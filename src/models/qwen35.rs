@@ -1,6 +1,9 @@
 //! Qwen3.5 (`qwen3_5`, text model `qwen3_5_text`): a hybrid decoder whose
 //! layers (`layer_types`) are either gated full attention or gated-DeltaNet
 //! linear attention, each followed by a SwiGLU MLP, with (1 + w) RMSNorms.
+//! Qwen3.5-MoE and Qwen3.6-MoE (`qwen3_5_moe`) are the same layers with a
+//! [`Moe`] in place of every MLP: experts renormalized over the top k, and a
+//! shared expert with its sigmoid gate.
 //!
 //! Full-attention layers: q/k RMSNorms per head, RoPE on the leading
 //! `partial_rotary_factor` of each head (the multimodal RoPE of the
@@ -25,7 +28,8 @@
 //! parallel); on another device its inputs and outputs are copied over.
 //!
 //! It loads from a Hugging Face checkpoint or from a GGUF file
-//! (`general.architecture` `qwen35`, as llama.cpp's converter writes it):
+//! (`general.architecture` `qwen35` or `qwen35moe`, as llama.cpp's converter
+//! writes it):
 //! the converter stores the (1 + w) norms already shifted, `A_log` as
 //! `-exp(A_log)`, the conv as `[conv_dim, kernel]` and the linear layers'
 //! value heads in tiled order (value head `j` reads key head
@@ -35,7 +39,7 @@
 
 use std::borrow::Cow;
 use std::io::{Read, Seek};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use candle_core::quantized::{gguf_file, QStorage, QTensor};
 use candle_core::{DType, Device, Result, Tensor};
@@ -45,8 +49,10 @@ use serde::Deserialize;
 
 use super::elementwise::{self, Act};
 use super::embedding::Embedding;
+use super::ffn::Ffn;
 use super::linear::{Linear, WeightSpec};
 use super::mlp::{Activation, Mlp};
+use super::moe::{ExpertLoad, GgufLayer, Moe, MoeConfig, Routing};
 use super::rope::Rope;
 use super::{hidden_states, Model, ModelInfo, Output, SeqSlice};
 use crate::attention::{paged_attention, AttnDims};
@@ -89,6 +95,8 @@ pub struct Config {
     /// Hugging Face checkpoints group them by key head instead
     /// (`j / (value_heads / key_heads)`).
     pub v_heads_tiled: bool,
+    /// Qwen3.5-MoE's experts, in every layer.
+    pub moe: Option<MoeConfig>,
 }
 
 /// The fields of a Qwen3.5 text `config.json` (or of a multimodal one's
@@ -96,6 +104,8 @@ pub struct Config {
 #[derive(Deserialize)]
 struct HfConfig {
     hidden_size: usize,
+    /// The dense MLPs' width (none in Qwen3.5-MoE).
+    #[serde(default)]
     intermediate_size: usize,
     num_hidden_layers: usize,
     num_attention_heads: usize,
@@ -119,6 +129,8 @@ struct HfConfig {
     linear_num_value_heads: usize,
     #[serde(default)]
     tie_word_embeddings: bool,
+    num_experts: Option<usize>,
+    num_experts_per_tok: Option<usize>,
 }
 
 impl Config {
@@ -216,6 +228,15 @@ impl Config {
             linear_k_dim: c.linear_key_head_dim,
             linear_v_dim: c.linear_value_head_dim,
             v_heads_tiled: false,
+            // transformers renormalizes Qwen3.5-MoE's top k always.
+            moe: c.num_experts.filter(|&n| n > 0).map(|experts| MoeConfig {
+                experts,
+                routing: Routing {
+                    top_k: c.num_experts_per_tok.unwrap_or(8),
+                    renormalize: true,
+                },
+                dense_layers: Vec::new(),
+            }),
         };
         Ok((config, tied_outer.unwrap_or(c.tie_word_embeddings)))
     }
@@ -226,13 +247,15 @@ impl Config {
     /// prediction block too, which `nextn_predict_layers` says and wick
     /// does not run.
     pub fn from_gguf(content: &gguf_file::Content) -> anyhow::Result<Self> {
-        let get = |key: &str| content.metadata.get(&format!("qwen35.{key}"));
-        let md = |key: &str| get(key).ok_or_else(|| anyhow::anyhow!("GGUF lacks qwen35.{key}"));
+        // `qwen35`, or `qwen35moe`.
+        let arch = super::gguf_architecture(content);
+        let get = |key: &str| content.metadata.get(&format!("{arch}.{key}"));
+        let md = |key: &str| get(key).ok_or_else(|| anyhow::anyhow!("GGUF lacks {arch}.{key}"));
         let usize_of = |key: &str| -> anyhow::Result<usize> { Ok(md(key)?.to_u32()? as usize) };
         let nextn = get("nextn_predict_layers").map_or(Ok(0), |v| v.to_u32())? as usize;
         let num_layers = usize_of("block_count")?
             .checked_sub(nextn)
-            .ok_or_else(|| anyhow::anyhow!("qwen35.nextn_predict_layers exceeds block_count"))?;
+            .ok_or_else(|| anyhow::anyhow!("{arch}.nextn_predict_layers exceeds block_count"))?;
         let layers: Vec<LayerKind> = match get("attention.recurrent_layers") {
             Some(gguf_file::Value::Array(flags)) => flags
                 .iter()
@@ -242,7 +265,7 @@ impl Config {
                     false => Ok(LayerKind::FullAttention),
                 })
                 .collect::<anyhow::Result<_>>()?,
-            Some(other) => anyhow::bail!("qwen35.attention.recurrent_layers is {other:?}"),
+            Some(other) => anyhow::bail!("{arch}.attention.recurrent_layers is {other:?}"),
             None => {
                 let n = get("full_attention_interval").map_or(Ok(4), |v| v.to_u32())? as usize;
                 (0..num_layers)
@@ -255,7 +278,7 @@ impl Config {
         };
         anyhow::ensure!(
             layers.len() == num_layers,
-            "qwen35.attention.recurrent_layers names {} layers of {num_layers}",
+            "{arch}.attention.recurrent_layers names {} layers of {num_layers}",
             layers.len()
         );
         anyhow::ensure!(
@@ -266,7 +289,7 @@ impl Config {
             let kind = kind.to_string()?;
             anyhow::ensure!(
                 kind == "none",
-                "qwen35.rope.scaling.type {kind:?} is not supported"
+                "{arch}.rope.scaling.type {kind:?} is not supported"
             );
         }
         let hidden_size = usize_of("embedding_length")?;
@@ -286,7 +309,7 @@ impl Config {
         let inner = usize_of("ssm.inner_size")?;
         anyhow::ensure!(
             inner.is_multiple_of(v_heads),
-            "qwen35.ssm.inner_size {inner} is not {v_heads} value heads"
+            "{arch}.ssm.inner_size {inner} is not {v_heads} value heads"
         );
         let vocab_size = match get("vocab_size") {
             Some(v) => v.to_u32()? as usize,
@@ -299,7 +322,8 @@ impl Config {
         };
         Ok(Config {
             hidden_size,
-            intermediate_size: usize_of("feed_forward_length")?,
+            // Qwen3.5-MoE's files give only the experts' width.
+            intermediate_size: usize_of("feed_forward_length").unwrap_or(0),
             layers,
             num_heads,
             num_kv_heads: usize_of("attention.head_count_kv")?,
@@ -318,6 +342,18 @@ impl Config {
             linear_k_dim: usize_of("ssm.state_size")?,
             linear_v_dim: inner / v_heads,
             v_heads_tiled: true,
+            // llama.cpp renormalizes `qwen35moe`'s top k, as transformers does.
+            moe: match get("expert_count").map(|v| v.to_u32()).transpose()? {
+                None | Some(0) => None,
+                Some(experts) => Some(MoeConfig {
+                    experts: experts as usize,
+                    routing: Routing {
+                        top_k: usize_of("expert_used_count")?,
+                        renormalize: true,
+                    },
+                    dense_layers: Vec::new(),
+                }),
+            },
         })
     }
 
@@ -392,7 +428,7 @@ struct Layer {
     input_norm: Tensor,
     mixer: Mixer,
     post_norm: Tensor,
-    mlp: Mlp,
+    ffn: Ffn,
 }
 
 pub struct Qwen35 {
@@ -406,6 +442,8 @@ pub struct Qwen35 {
     rope: Rope,
     /// The recurrent states of the linear-attention layers, by slot.
     states: Mutex<StateStore>,
+    /// Rows routed to each expert, for Qwen3.5-MoE.
+    expert_load: Option<Arc<ExpertLoad>>,
 }
 
 /// `x * sigmoid(x)`, branch-free over [`fast_exp`] so that a pass over
@@ -669,6 +707,10 @@ impl Qwen35 {
             Linear::dense(Tensor::cat(&ws, 0)?, None, spec)
         };
         let (hd, nh) = (c.head_dim, c.num_heads);
+        let expert_load = c
+            .moe
+            .as_ref()
+            .map(|m| Arc::new(ExpertLoad::new(c.layers.len(), m.experts)));
         let mut layers = Vec::with_capacity(c.layers.len());
         for (i, kind) in c.layers.iter().enumerate() {
             let p = format!("{root}.layers.{i}");
@@ -724,18 +766,29 @@ impl Qwen35 {
                 }
             };
             let m = format!("{p}.mlp");
-            layers.push(Layer {
-                input_norm: norm(&format!("{p}.input_layernorm.weight"))?,
-                mixer,
-                post_norm: norm(&format!("{p}.post_attention_layernorm.weight"))?,
-                mlp: Mlp::new(
+            let ffn = match (&c.moe, &expert_load) {
+                (Some(moe), Some(load)) => Ffn::Experts(Moe::from_hf(
+                    &vb,
+                    &m,
+                    moe.experts,
+                    moe.routing,
+                    (i, load.clone()),
+                    spec,
+                )?),
+                _ => Ffn::Dense(Mlp::new(
                     dense(&[
                         format!("{m}.gate_proj.weight"),
                         format!("{m}.up_proj.weight"),
                     ])?,
                     dense(&[format!("{m}.down_proj.weight")])?,
                     Activation::Glu(Act::Silu),
-                ),
+                )),
+            };
+            layers.push(Layer {
+                input_norm: norm(&format!("{p}.input_layernorm.weight"))?,
+                mixer,
+                post_norm: norm(&format!("{p}.post_attention_layernorm.weight"))?,
+                ffn,
             });
         }
         let embed_name = format!("{root}.embed_tokens.weight");
@@ -794,6 +847,10 @@ impl Qwen35 {
         let (hd, nh) = (c.head_dim, c.num_heads);
         let embed_q = qt("token_embd.weight")?;
         let embed = Embedding::new(&embed_q, spec, device)?;
+        let expert_load = c
+            .moe
+            .as_ref()
+            .map(|m| Arc::new(ExpertLoad::new(c.layers.len(), m.experts)));
         let mut layers = Vec::with_capacity(c.layers.len());
         for (i, kind) in c.layers.iter().enumerate() {
             let p = format!("blk.{i}");
@@ -869,15 +926,40 @@ impl Qwen35 {
                 }
             };
             let h = c.hidden_size;
+            let ffn = match (&c.moe, &expert_load) {
+                (Some(moe), Some(load)) => {
+                    let has = |n: &str| {
+                        content
+                            .tensor_infos
+                            .contains_key(&format!("{p}.{n}.weight"))
+                    };
+                    let gguf = GgufLayer {
+                        prefix: &p,
+                        has: &has,
+                        spec,
+                        device,
+                    };
+                    let mut tensor = |name: &str| qt(name);
+                    let load = (i, load.clone());
+                    Ffn::Experts(Moe::from_gguf(
+                        &gguf,
+                        &mut tensor,
+                        moe.experts,
+                        moe.routing,
+                        load,
+                    )?)
+                }
+                _ => Ffn::Dense(Mlp::new(
+                    linear(&["ffn_gate", "ffn_up"])?,
+                    linear(&["ffn_down"])?,
+                    Activation::Glu(Act::Silu),
+                )),
+            };
             layers.push(Layer {
                 input_norm: norm("attn_norm", h)?,
                 post_norm: norm("post_attention_norm", h)?,
                 mixer,
-                mlp: Mlp::new(
-                    linear(&["ffn_gate", "ffn_up"])?,
-                    linear(&["ffn_down"])?,
-                    Activation::Glu(Act::Silu),
-                ),
+                ffn,
             });
         }
         let norm = Tensor::from_vec(
@@ -939,7 +1021,7 @@ impl Qwen35 {
                         Mixer::Full(a) => vec![&mut a.qkvg, &mut a.o],
                         Mixer::Linear(a) => vec![&mut a.in_proj, &mut a.out_proj],
                     };
-                    mixer.into_iter().chain(l.mlp.linears_mut())
+                    mixer.into_iter().chain(l.ffn.linears_mut())
                 })
                 .chain([&mut lm_head])
                 .flat_map(Linear::own_matrices),
@@ -955,7 +1037,12 @@ impl Qwen35 {
             window_layers: Vec::new(),
             sliding_window: None,
         };
+        let expert_load = layers.iter().find_map(|l| match &l.ffn {
+            Ffn::Experts(moe) => Some(moe.load.clone()),
+            Ffn::Dense(_) => None,
+        });
         Ok(Qwen35 {
+            expert_load,
             states: Mutex::new(StateStore::new(state_len)),
             config: c,
             info,
@@ -980,6 +1067,10 @@ impl Model for Qwen35 {
 
     fn device(&self) -> &Device {
         &self.device
+    }
+
+    fn expert_load(&self) -> Option<Arc<ExpertLoad>> {
+        self.expert_load.clone()
     }
 
     fn state_bytes(&self) -> Option<usize> {
@@ -1045,7 +1136,7 @@ impl Model for Qwen35 {
             };
             x = elementwise::add(&x, &mixed)?;
             let h = candle_nn::ops::rms_norm(&x, &l.post_norm, eps)?;
-            x = elementwise::add(&x, &l.mlp.forward(&h)?)?;
+            x = elementwise::add(&x, &l.ffn.forward(&h)?)?;
         }
         for (&slot, state) in slots.iter().zip(states) {
             store.put(slot, state);

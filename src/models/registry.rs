@@ -174,6 +174,17 @@ pub static FAMILIES: &[Family] = &[
         }),
     },
     Family {
+        models: "Qwen3.5-35B-A3B, Qwen3.6-35B-A3B",
+        gguf: Some(Format {
+            names: &["qwen35moe"],
+            load: qwen35_gguf,
+        }),
+        hf: Some(Format {
+            names: &["qwen3_5_moe", "qwen3_5_moe_text"],
+            load: qwen35_hf,
+        }),
+    },
+    Family {
         models: "GPT-2",
         gguf: None,
         hf: Some(Format {
@@ -375,11 +386,11 @@ mod tests {
         assert_eq!(
             hf_supported(),
             "gemma3_text, gpt2, llama, mistral, mixtral, olmoe, phi3, qwen2, qwen2_moe, qwen3, \
-             qwen3_5, qwen3_5_text, qwen3_moe and smollm3"
+             qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe and smollm3"
         );
         assert!(gguf_supported()
             .starts_with("\"llama\" (Llama 2 and 3.x, Mistral, Mixtral, TinyLlama), "));
-        assert!(gguf_supported().ends_with(" and \"qwen35\" (Qwen3.5)"));
+        assert!(gguf_supported().ends_with(" and \"qwen35moe\" (Qwen3.5-35B-A3B, Qwen3.6-35B-A3B)"));
         assert!(gguf("mamba").is_none() && hf("falcon").is_none());
     }
 }
