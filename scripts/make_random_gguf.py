@@ -34,8 +34,26 @@ Other shapes, by --arch:
   the vocabulary is the default model's 49152, not Qwen's 248320, so the
   embedding is a fifth of the real one's. Needs torch and transformers
   and about 3 GB of disk in the temporary directory.
+- qwen3moe: Qwen3-30B-A3B's exact shape (GGUF arch `qwen3moe`), written
+  straight to llama.cpp's Q4_K_M block types, with no f16 file between
+  (that would be ~61 GB): hidden 2048, 48 layers, 32 query heads of 128
+  over 4 KV heads, q/k norms, 128 experts of FFN 768 with 8 used per
+  token (ffn_gate_exps/ffn_up_exps/ffn_down_exps, a router ffn_gate_inp in
+  F32), rope base 1e6, context 40960, an untied output, vocabulary 151936
+  (the copied tokens padded with normal `[PAD{i}]` ones to Qwen's size, as
+  llama.cpp needs as many tokens as embedding rows; normal, so that each
+  generated one has text and a streamed benchmark sees every token). Types as llama.cpp's
+  Q4_K_M picks them for this model: Q4_K for attn_q/k/output, gate/up
+  experts and token_embd, Q6_K for output and, on the layers of
+  llama.cpp's use_more_bits (i < n/8, i >= 7n/8, (i - n/8) % 3 == 2; 24
+  of 48), attn_v and ffn_down_exps, Q4_K on the others; F32 norms and
+  router. The blocks are random bytes but for their f16 scales (d, dmin;
+  Q6_K's int8 sub-scales 8..16), set so weights come out about 0.02 in
+  size; written tensor by tensor, one tensor in memory at a time (17.28
+  GiB, 30.53B parameters; 33 s and 0.4 GB of memory on 2 cores here).
+  --out is the Q4_K_M file itself; --llama-quantize does not apply.
 
-The output matrix is always tied to the embeddings.
+The output matrix is tied to the embeddings but for qwen3moe.
 
     pip install gguf==0.17.1 numpy
     python3 scripts/make_random_gguf.py --tokenizer-from SmolLM2-135M-Instruct.Q4_1.gguf \
@@ -43,9 +61,12 @@ The output matrix is always tied to the embeddings.
     # qwen35 also needs llama.cpp's source (convert_hf_to_gguf.py and gguf-py):
     python3 scripts/make_random_gguf.py --arch qwen35 --llama-cpp LLAMA_CPP_SRC \
         --tokenizer-from SmolLM2-135M-Instruct.Q4_1.gguf --out /tmp/qwen35-F16.gguf ...
+    # qwen3moe is written as Q4_K_M directly (~17 GiB):
+    python3 scripts/make_random_gguf.py --arch qwen3moe \
+        --tokenizer-from SmolLM2-135M-Instruct.Q4_1.gguf --out /work/big/qwen3moe-30b-a3b-Q4_K_M.gguf
 
-The weights are N(0, 0.02) in f16 (norms are 1), so the model says nothing
-useful; only its shape and block types matter. With --llama-quantize each
+The weights are N(0, 0.02) in f16 (norms are 1; qwen3moe's blocks are
+random but of about that size), so the model says nothing useful; only its shape and block types matter. With --llama-quantize each
 type is written beside the f16 file as llama.cpp's own llama-quantize makes
 it (e.g. /tmp/llama1b-Q4_K_M.gguf).
 """
@@ -75,6 +96,22 @@ ROPE = {
 }
 PHI3_ORIGINAL_CONTEXT = 4096
 GEMMA3_WINDOW = 512
+# Qwen3-30B-A3B's config, as llama.cpp's converter writes it (GGUF arch qwen3moe).
+QWEN3MOE = dict(
+    hidden=2048,
+    layers=48,
+    heads=32,
+    kv_heads=4,
+    head_dim=128,
+    ffn=6144,
+    experts=128,
+    experts_used=8,
+    expert_ffn=768,
+    vocab=151936,
+    rope_base=1000000.0,
+    eps=1e-6,
+    context=40960,
+)
 # Qwen3.5-0.8B's text config, as Qwen3_5TextConfig takes it.
 QWEN35 = dict(
     hidden_size=1024,
@@ -117,15 +154,19 @@ convert_hf_to_gguf.main()
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokenizer-from", required=True, help="a GGUF whose tokenizer.* keys are copied")
-    ap.add_argument("--out", required=True, help="the f16 GGUF to write")
+    ap.add_argument("--out", required=True, help="the f16 GGUF to write (qwen3moe: the Q4_K_M one)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--llama-quantize", help="llama.cpp's llama-quantize, to make --types")
     ap.add_argument("--types", default="Q4_K_M,Q4_0")
-    ap.add_argument("--arch", choices=sorted([*SHAPES, "qwen35"]), default="llama")
+    ap.add_argument("--arch", choices=sorted([*SHAPES, "qwen35", "qwen3moe"]), default="llama")
     ap.add_argument("--llama-cpp", help="llama.cpp's source (convert_hf_to_gguf.py, gguf-py); --arch qwen35 only")
     args = ap.parse_args()
+    if args.arch == "qwen3moe" and args.llama_quantize:
+        raise SystemExit("--arch qwen3moe is written as Q4_K_M directly; --llama-quantize does not apply")
     if args.arch == "qwen35":
         write_qwen35(args)
+    elif args.arch == "qwen3moe":
+        write_qwen3moe(args)
     else:
         write_direct(args)
     print(f"wrote {args.out}")
@@ -233,6 +274,105 @@ def write_qwen35(args) -> None:
             raise SystemExit("convert_hf_to_gguf.py failed")
 
 
+def write_qwen3moe(args) -> None:
+    """Qwen3-30B-A3B's shape in Q4_K_M's block types, random blocks written
+    tensor by tensor, with no f16 intermediate."""
+    c = QWEN3MOE
+    hidden, layers, head_dim, vocab = c["hidden"], c["layers"], c["head_dim"], c["vocab"]
+    q4, q6 = gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K
+
+    def more_bits(i: int) -> bool:
+        # llama.cpp's use_more_bits: which layers Q4_K_M gives Q6_K attn_v and ffn_down.
+        n = layers
+        return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+    # (name, numpy shape, block type or None for F32), in file order.
+    specs = [("token_embd.weight", (vocab, hidden), q4)]
+    for i in range(layers):
+        p = f"blk.{i}"
+        big = q6 if more_bits(i) else q4
+        specs += [
+            (f"{p}.attn_norm.weight", (hidden,), None),
+            (f"{p}.attn_q.weight", (c["heads"] * head_dim, hidden), q4),
+            (f"{p}.attn_k.weight", (c["kv_heads"] * head_dim, hidden), q4),
+            (f"{p}.attn_v.weight", (c["kv_heads"] * head_dim, hidden), big),
+            (f"{p}.attn_q_norm.weight", (head_dim,), None),
+            (f"{p}.attn_k_norm.weight", (head_dim,), None),
+            (f"{p}.attn_output.weight", (hidden, c["heads"] * head_dim), q4),
+            (f"{p}.ffn_norm.weight", (hidden,), None),
+            (f"{p}.ffn_gate_inp.weight", (c["experts"], hidden), None),
+            (f"{p}.ffn_gate_exps.weight", (c["experts"], c["expert_ffn"], hidden), q4),
+            (f"{p}.ffn_up_exps.weight", (c["experts"], c["expert_ffn"], hidden), q4),
+            (f"{p}.ffn_down_exps.weight", (c["experts"], hidden, c["expert_ffn"]), big),
+        ]
+    specs += [("output_norm.weight", (hidden,), None), ("output.weight", (vocab, hidden), q6)]
+
+    w = gguf.GGUFWriter(args.out, "qwen3moe")
+    w.add_name("random-qwen3moe-30b-a3b")
+    w.add_block_count(layers)
+    w.add_context_length(c["context"])
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(c["ffn"])
+    w.add_head_count(c["heads"])
+    w.add_head_count_kv(c["kv_heads"])
+    w.add_rope_freq_base(c["rope_base"])
+    w.add_layer_norm_rms_eps(c["eps"])
+    w.add_expert_count(c["experts"])
+    w.add_expert_used_count(c["experts_used"])
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_expert_feed_forward_length(c["expert_ffn"])
+    w.add_vocab_size(vocab)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    copy_tokenizer(w, args.tokenizer_from, pad_to=vocab)
+
+    for name, shape, qtype in specs:
+        if qtype is None:
+            w.add_tensor_info(name, shape, np.dtype(np.float32), 4 * int(np.prod(shape)))
+        else:
+            byte_shape = gguf.quant_shape_to_byte_shape(shape, qtype)
+            w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+
+    rng = np.random.default_rng(args.seed)
+    for name, shape, qtype in specs:
+        if qtype is None:
+            if name.endswith("ffn_gate_inp.weight"):
+                data = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
+            else:
+                data = np.ones(shape, dtype=np.float32)
+        else:
+            data = random_blocks(rng, shape, qtype)
+        w.write_tensor_data(data)
+    w.close()
+
+
+def random_blocks(rng, shape, qtype) -> np.ndarray:
+    """Random Q4_K or Q6_K blocks for a tensor of (numpy) shape, as bytes
+    shaped as gguf-py's quant_shape_to_byte_shape: random quants and
+    sub-scales, f16 scales set so the weights are about N(0, 0.02) in size
+    (measured with gguf-py's dequantize: std 258 * d for Q4_K with
+    dmin = 7.5 d, 227 * d for Q6_K with int8 sub-scales in 8..16)."""
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    byte_shape = gguf.quant_shape_to_byte_shape(shape, qtype)
+    data = rng.integers(0, 256, size=int(np.prod(byte_shape)), dtype=np.uint8)
+    blocks = data.reshape(-1, size)
+    if qtype == gguf.GGMLQuantizationType.Q4_K:
+        # d, dmin (f16), 12 bytes of 6-bit scales and mins, 128 of 4-bit quants.
+        d = 0.02 / 258
+        blocks[:, 0:4] = np.frombuffer(np.array([d, 7.5 * d], dtype="<f2").tobytes(), dtype=np.uint8)
+    elif qtype == gguf.GGMLQuantizationType.Q6_K:
+        # ql (128), qh (64), 16 int8 scales, d (f16).
+        blocks[:, 192:208] = rng.integers(8, 17, size=(len(blocks), 16), dtype=np.uint8)
+        blocks[:, 208:210] = np.frombuffer(np.array([0.02 / 227], dtype="<f2").tobytes(), dtype=np.uint8)
+    else:
+        raise ValueError(f"{qtype.name} blocks not written")
+    return data.reshape(byte_shape)
+
+
 def quantize(args) -> None:
     """Writes each of --types beside the f16 file with llama-quantize."""
     env = dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(args.llama_quantize))
@@ -244,10 +384,26 @@ def quantize(args) -> None:
         print(f"wrote {out}")
 
 
-def copy_tokenizer(w: "gguf.GGUFWriter", path: str) -> None:
-    """Copies every tokenizer.* key of the GGUF at path."""
-    for name, field in gguf.GGUFReader(path).fields.items():
-        if name.startswith("tokenizer."):
+def copy_tokenizer(w: "gguf.GGUFWriter", path: str, pad_to: int | None = None) -> None:
+    """Copies every tokenizer.* key of the GGUF at path; with pad_to, the
+    token list is padded to that many with `[PAD{i}]` tokens, as llama.cpp's
+    converter pads Qwen's vocabulary to its embedding rows, but normal
+    rather than unused: a random model generates them, and a server streams
+    no text for an unused token, which a load generator would then not
+    see."""
+    fields = gguf.GGUFReader(path).fields
+    for name, field in fields.items():
+        if not name.startswith("tokenizer."):
+            continue
+        if pad_to is not None and name == "tokenizer.ggml.tokens":
+            tokens = [bytes(field.parts[i]).decode("utf-8", errors="surrogateescape") for i in field.data]
+            if len(tokens) > pad_to:
+                raise SystemExit(f"{path} has {len(tokens)} tokens, more than {pad_to}")
+            w.add_token_list(tokens + [f"[PAD{i}]" for i in range(len(tokens), pad_to)])
+        elif pad_to is not None and name == "tokenizer.ggml.token_type":
+            types = [int(field.parts[i][0]) for i in field.data]
+            w.add_token_types(types + [int(gguf.TokenType.NORMAL)] * (pad_to - len(types)))
+        else:
             copy_field(w, name, field)
 
 
