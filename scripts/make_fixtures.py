@@ -499,8 +499,7 @@ def main():
     # around 0; the gated norm's weights, A_log and dt_bias with them.
     # "long" is a 96-token prompt, for prefill chunks that carry the
     # recurrent state.
-    chat_fixture(
-        "qwen35-tiny", Qwen3_5ForCausalLM, Qwen3_5TextConfig, seed=9,
+    qwen35_layers = dict(
         num_hidden_layers=6, head_dim=32, rms_norm_eps=1e-6, tie_word_embeddings=True,
         pad_token_id=bos, norm_center=0.0,
         layer_types=["linear_attention", "linear_attention", "full_attention",
@@ -509,6 +508,9 @@ def main():
         linear_num_key_heads=2, linear_num_value_heads=4,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                          "partial_rotary_factor": 0.25},
+    )
+    chat_fixture(
+        "qwen35-tiny", Qwen3_5ForCausalLM, Qwen3_5TextConfig, seed=9, **qwen35_layers,
         extra=lambda model, tok: long_prompt(model, tok, 96, 24),
     )
     # Qwen2: q/k/v biases, a tied head. The weights are those of
@@ -566,14 +568,7 @@ def main():
     # config has no dense intermediate_size, so `small`'s is left out.
     chat_fixture(
         "qwen35moe-tiny", Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, seed=101,
-        num_hidden_layers=6, head_dim=32, rms_norm_eps=1e-6, tie_word_embeddings=True,
-        pad_token_id=bos, norm_center=0.0, drop=("intermediate_size",),
-        layer_types=["linear_attention", "linear_attention", "full_attention",
-                     "linear_attention", "linear_attention", "full_attention"],
-        linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
-        linear_num_key_heads=2, linear_num_value_heads=4,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                         "partial_rotary_factor": 0.25},
+        **qwen35_layers, drop=("intermediate_size",),
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
         shared_expert_intermediate_size=64,
         extra=moe_extra,
