@@ -293,10 +293,9 @@ impl Moe {
     /// The MoE block at `at` of a checkpoint: the router `gate`, the
     /// experts one matrix per expert and projection (`experts.{e}.`,
     /// Mixtral's `w1`/`w3`/`w2` or the others' `gate_proj`/`up_proj`/
-    /// `down_proj`) or stacked as transformers 5 holds them
-    /// (`experts.gate_up_proj` `[experts, 2 x ffn, hidden]`,
-    /// `experts.down_proj` `[experts, hidden, ffn]`), and a shared expert
-    /// (`shared_expert`, gated by `shared_expert_gate`) where it has one.
+    /// `down_proj`; transformers 5 fuses them in memory but saves them so),
+    /// and a shared expert (`shared_expert`, gated by `shared_expert_gate`)
+    /// where it has one.
     pub fn from_hf(
         vb: &VarBuilder,
         at: &str,
@@ -306,28 +305,16 @@ impl Moe {
         spec: WeightSpec,
     ) -> Result<Moe> {
         let get = |name: &str| vb.get_unchecked(&format!("{at}.{name}"));
-        let (mut gate, mut up, mut down) = (Vec::new(), Vec::new(), Vec::new());
-        if vb.contains_tensor(&format!("{at}.experts.gate_up_proj")) {
-            let (gate_up, stacked_down) = (get("experts.gate_up_proj")?, get("experts.down_proj")?);
-            let half = gate_up.dim(1)? / 2;
-            for e in 0..experts {
-                let gu = gate_up.get(e)?;
-                gate.push(gu.narrow(0, 0, half)?);
-                up.push(gu.narrow(0, half, half)?);
-                down.push(stacked_down.get(e)?);
-            }
-        } else {
-            let mixtral = vb.contains_tensor(&format!("{at}.experts.0.w1.weight"));
-            let [g, u, d] = match mixtral {
-                true => ["w1", "w3", "w2"],
-                false => ["gate_proj", "up_proj", "down_proj"],
-            };
-            for e in 0..experts {
-                gate.push(get(&format!("experts.{e}.{g}.weight"))?);
-                up.push(get(&format!("experts.{e}.{u}.weight"))?);
-                down.push(get(&format!("experts.{e}.{d}.weight"))?);
-            }
-        }
+        let mixtral = vb.contains_tensor(&format!("{at}.experts.0.w1.weight"));
+        let names = match mixtral {
+            true => ["w1", "w3", "w2"],
+            false => ["gate_proj", "up_proj", "down_proj"],
+        };
+        let [gate, up, down] = names.map(|n| {
+            (0..experts)
+                .map(|e| get(&format!("experts.{e}.{n}.weight")))
+                .collect::<Result<Vec<_>>>()
+        });
         let shared = match vb.contains_tensor(&format!("{at}.shared_expert.up_proj.weight")) {
             false => None,
             true => {
@@ -359,7 +346,7 @@ impl Moe {
                 WeightFormat::Native.into(),
             )?,
             routing,
-            experts: Experts::from_dense(gate, up, down, spec)?,
+            experts: Experts::from_dense(gate?, up?, down?, spec)?,
             shared,
             layer,
             load,
