@@ -694,6 +694,13 @@ fn unsupported_checkpoints_are_refused_clearly() {
         "{e}"
     );
 
+    // More experts per token than there are.
+    let dir = edited_copy("qwen3moe-tiny", "config.json", |c| {
+        c["num_experts_per_tok"] = 9.into()
+    });
+    let e = load_error(dir.path());
+    assert!(e.contains("9 experts per token of 8"), "{e}");
+
     // Both spellings: transformers 5's rope_parameters and the older rope_scaling.
     for key in ["rope_parameters", "rope_scaling"] {
         let dir = edited_copy("llama-tiny", "config.json", |c| {

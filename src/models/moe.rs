@@ -34,6 +34,17 @@ pub struct Routing {
     pub renormalize: bool,
 }
 
+impl Routing {
+    /// Refuses a top k the experts cannot fill (a malformed file or config
+    /// is the only way to get one).
+    fn check(&self, experts: usize) -> Result<()> {
+        if self.top_k == 0 || self.top_k > experts {
+            candle_core::bail!("{} experts per token of {experts}", self.top_k);
+        }
+        Ok(())
+    }
+}
+
 /// A model's experts, as its config or metadata gives them (a GGUF's
 /// tensors say which layers have them).
 #[derive(Debug, Clone, PartialEq)]
@@ -235,6 +246,7 @@ impl Moe {
         (layer, load): (usize, Arc<ExpertLoad>),
     ) -> anyhow::Result<Moe> {
         let (p, spec, device) = (l.prefix, l.spec, l.device);
+        routing.check(experts)?;
         let mut get = |n: &str| tensor(&format!("{p}.{n}.weight"));
         let mut linear = |names: &[&str]| -> anyhow::Result<Linear> {
             let ws = names
@@ -304,6 +316,7 @@ impl Moe {
         (layer, load): (usize, Arc<ExpertLoad>),
         spec: WeightSpec,
     ) -> Result<Moe> {
+        routing.check(experts)?;
         let get = |name: &str| vb.get_unchecked(&format!("{at}.{name}"));
         let mixtral = vb.contains_tensor(&format!("{at}.experts.0.w1.weight"));
         let names = match mixtral {
@@ -429,9 +442,7 @@ fn unstack(t: &QTensor, device: &Device) -> Result<Vec<QTensor>> {
 /// Each of `t` rows' top experts by softmax of its `scores` (`[t, experts]`),
 /// grouped by expert.
 fn route(scores: &[f32], t: usize, experts: usize, r: Routing) -> Result<Groups> {
-    if r.top_k == 0 || r.top_k > experts {
-        candle_core::bail!("{} experts per token of {experts}", r.top_k);
-    }
+    r.check(experts)?;
     let mut groups = Groups {
         rows: vec![Vec::new(); experts],
         weights: vec![Vec::new(); experts],
