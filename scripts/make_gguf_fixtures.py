@@ -58,6 +58,9 @@ Qwen2's tensors in NEOX order with their biases, and drops a tied head):
   the experts stacked as the other mixtures' are (separate
   `ffn_gate_exps`/`ffn_up_exps`). Its reference is the fixture's
   `reference.json`.
+- `qwen35moe-fused-{f32,q8_0}.gguf`: the same, converted with
+  `--fuse-gate-up-exps` too, so each layer's gate and up experts are one
+  `ffn_gate_up_exps` tensor.
 - `qwen3moe-256-q4_k_m.gguf`: a Qwen3-MoE 256 wide (`make_qwen3moe_256`:
   heads of 64, experts of 256), converted to F32 in a temporary folder and
   quantized by `llama-quantize` to Q4_K_M, whose K-quant blocks need rows
@@ -65,7 +68,7 @@ Qwen2's tensors in NEOX order with their biases, and drops a tied head):
   Q5_1 or Q8_0);
   `qwen3moe-256-reference.json` holds transformers' logits on its `long`
   prompt. Only the quantized file is kept: the F32 checkpoint is 15 MB.
-- `{qwen35,qwen3moe,olmoe,mixtral,qwen2moe,qwen35moe,qwen3moe-256}-llama-cpp.json`:
+- `{qwen35,qwen3moe,olmoe,mixtral,qwen2moe,qwen35moe,qwen35moe-fused,qwen3moe-256}-llama-cpp.json`:
   llama.cpp's own answers on those files (`llama-server`, one thread,
   `/completion` with `n_probs` over the whole vocabulary, no prompt
   cache): for each prefix of the reference's 96-token `long` prompt, the
@@ -118,6 +121,10 @@ CONVERSIONS = {
     # Qwen3.5's layers with Qwen2-MoE's experts: no multi-token-prediction
     # head either.
     "qwen35moe": ("qwen35moe-tiny", ["--no-mtp"]),
+    # The same checkpoint with each layer's gate and up experts in one
+    # stacked tensor (ffn_gate_up_exps), as the converter writes when told
+    # (for the architectures whose llama.cpp graph reads one).
+    "qwen35moe-fused": ("qwen35moe-tiny", ["--no-mtp", "--fuse-gate-up-exps"]),
 }
 # Made with llama.cpp's binaries (BIN), so only when they are given: a
 # 256-wide Qwen3-MoE, converted in a temporary folder and quantized to
@@ -133,6 +140,7 @@ RECORDED = {
     "mixtral": [("f32", "f32"), ("q8_0", "f16")],
     "qwen2moe": [("f32", "f32"), ("q8_0", "f16")],
     "qwen35moe": [("f32", "f32"), ("q8_0", "f16")],
+    "qwen35moe-fused": [("f32", "f32"), ("q8_0", "f16")],
     QUANTIZED: [("q4_k_m", "f16")],
 }
 
