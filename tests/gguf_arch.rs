@@ -25,7 +25,7 @@ fn fixtures() -> PathBuf {
 }
 
 /// `(GGUF stem, its transformers reference, a tensor only that feature has)`.
-const CASES: [(&str, &str, &str); 12] = [
+const CASES: [(&str, &str, &str); 13] = [
     (
         "llama3-rope",
         "llama-tiny/reference.json",
@@ -91,10 +91,23 @@ const CASES: [(&str, &str, &str); 12] = [
         "qwen35moe-tiny/reference.json",
         "blk.0.ffn_gate_inp_shexp.weight",
     ),
+    // The same with gate and up fused (`--fuse-gate-up-exps`).
+    (
+        "qwen35moe-fused",
+        "qwen35moe-tiny/reference.json",
+        "blk.0.ffn_gate_up_exps.weight",
+    ),
 ];
 
 /// The mixtures of experts among [`CASES`].
-const MOE: [&str; 5] = ["qwen3moe", "qwen2moe", "olmoe", "mixtral", "qwen35moe"];
+const MOE: [&str; 6] = [
+    "qwen3moe",
+    "qwen2moe",
+    "olmoe",
+    "mixtral",
+    "qwen35moe",
+    "qwen35moe-fused",
+];
 
 fn gguf(stem: &str, ty: &str) -> PathBuf {
     fixtures().join(format!("gguf-tiny/{stem}-{ty}.gguf"))

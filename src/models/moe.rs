@@ -234,7 +234,8 @@ pub struct GgufLayer<'a> {
 
 impl Moe {
     /// The MoE block of a GGUF layer: the router `ffn_gate_inp`, the
-    /// stacked experts `ffn_{gate,up,down}_exps`, and a shared expert
+    /// stacked experts `ffn_{gate,up,down}_exps` (or gate and up fused in
+    /// `ffn_gate_up_exps`), and a shared expert
     /// (`ffn_{gate,up,down}_shexp`, gated by `ffn_gate_inp_shexp`) where the
     /// file has one. `tensor` reads a tensor by its full name; `(layer,
     /// load)` is where this layer counts its routing.
@@ -280,11 +281,11 @@ impl Moe {
         // quantizer keep it F32) whatever `--weights` says: which experts a
         // row takes is a discontinuous choice that rounding should not move.
         let router = Linear::new(get("ffn_gate_inp")?, WeightFormat::Native.into(), device)?;
-        let stacks = [
-            get("ffn_gate_exps")?,
-            get("ffn_up_exps")?,
-            get("ffn_down_exps")?,
-        ];
+        let (gate, up) = match (l.has)("ffn_gate_up_exps") {
+            true => split_gate_up(&get("ffn_gate_up_exps")?, device)?,
+            false => (get("ffn_gate_exps")?, get("ffn_up_exps")?),
+        };
+        let stacks = [gate, up, get("ffn_down_exps")?];
         let stacked = Experts::from_gguf(stacks, spec, device)
             .map_err(|e| anyhow::anyhow!("{p} experts: {e}"))?;
         anyhow::ensure!(
@@ -437,6 +438,30 @@ fn unstack(t: &QTensor, device: &Device) -> Result<Vec<QTensor>> {
             QTensor::new(QStorage::from_data(bytes, device, t.dtype())?, (n, k))
         })
         .collect()
+}
+
+/// The gate and up stacks of a GGUF's fused `ffn_gate_up_exps`
+/// (`[experts, 2 x ffn, hidden]`, each expert's gate rows before its up
+/// rows, as the converter's `--fuse-gate-up-exps` writes it). Rows are
+/// whole blocks, so each half is a run of bytes.
+fn split_gate_up(t: &QTensor, device: &Device) -> Result<(QTensor, QTensor)> {
+    let (e, rows, k) = t.shape().dims3()?;
+    if rows % 2 != 0 {
+        candle_core::bail!("ffn_gate_up_exps has {rows} rows per expert, not gate and up alike");
+    }
+    let data = t.data()?;
+    let (per, ff) = (data.len() / e, rows / 2);
+    let half = |second: usize| -> Result<QTensor> {
+        let mut bytes = Vec::with_capacity(data.len() / 2);
+        for x in 0..e {
+            bytes.extend_from_slice(&data[x * per + second * per / 2..][..per / 2]);
+        }
+        QTensor::new(
+            QStorage::from_data(Cow::Owned(bytes), device, t.dtype())?,
+            (e, ff, k),
+        )
+    };
+    Ok((half(0)?, half(1)?))
 }
 
 /// Each of `t` rows' top experts by softmax of its `scores` (`[t, experts]`),
