@@ -16,7 +16,6 @@ use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QStorage, QTensor};
 use candle_core::{DType, Device, Result, Tensor};
-
 use candle_nn::VarBuilder;
 
 use super::elementwise::Act;
@@ -232,6 +231,13 @@ pub struct GgufLayer<'a> {
     pub device: &'a Device,
 }
 
+/// A step's rows grouped by the experts the router chose for them.
+struct Groups {
+    /// Per expert: the rows routed to it and each row's weight.
+    rows: Vec<Vec<u32>>,
+    weights: Vec<Vec<f32>>,
+}
+
 impl Moe {
     /// The MoE block of a GGUF layer: the router `ffn_gate_inp`, the
     /// stacked experts `ffn_{gate,up,down}_exps` (or gate and up fused in
@@ -366,16 +372,7 @@ impl Moe {
             load,
         })
     }
-}
 
-/// A step's rows grouped by the experts the router chose for them.
-struct Groups {
-    /// Per expert: the rows routed to it and each row's weight.
-    rows: Vec<Vec<u32>>,
-    weights: Vec<Vec<f32>>,
-}
-
-impl Moe {
     /// `x`: `[rows, hidden]`, already normed. Returns `[rows, hidden]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let (t, hidden) = x.dims2()?;
