@@ -4,7 +4,7 @@
     python3 scripts/make_fixtures.py [NAME ...]
 
 Writes the fixture folders tests/fixtures/*-tiny/ (gpt2-tiny/, llama-tiny/,
-the other dense chat models, the mixtures of experts qwen3moe-tiny/,
+the other dense chat models (ministral3-tiny/ as a multimodal Mistral 3), the mixtures of experts qwen3moe-tiny/,
 olmoe-tiny/, mixtral-tiny/, qwen2moe-tiny/ and qwen35moe-tiny/;
 tests/fixtures/README.md lists them), or only the NAMEs given, leaving the
 others' bytes as they are. Each is a checkpoint as transformers saves it
@@ -52,7 +52,6 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from tokenizers import decoders, models, pre_tokenizers, trainers  # noqa: E402
 from transformers import (  # noqa: E402
-    AutoModelForCausalLM,
     AutoTokenizer,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
@@ -60,6 +59,9 @@ from transformers import (  # noqa: E402
     GPT2LMHeadModel,
     LlamaConfig,
     LlamaForCausalLM,
+    Ministral3Config,
+    Mistral3Config,
+    Mistral3ForConditionalGeneration,
     MistralConfig,
     MistralForCausalLM,
     MixtralConfig,
@@ -68,6 +70,7 @@ from transformers import (  # noqa: E402
     OlmoeForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
+    PixtralVisionConfig,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
@@ -333,7 +336,7 @@ def build(name, make_model, tokenizer, chat, seed, std, extra=None, norm_center=
     (out / "reference.json").write_text(json.dumps(ref))
 
     # The saved directory must reproduce the reference on its own.
-    reloaded = AutoModelForCausalLM.from_pretrained(out).eval()
+    reloaded = type(model).from_pretrained(out).eval()
     tok_config = json.loads((out / "tokenizer_config.json").read_text())
     if reloaded.config.model_type in ("qwen2", "qwen3_5_moe_text"):
         # For model_types qwen2 and qwen3_5_moe_text (alone of these),
@@ -519,6 +522,32 @@ def main():
     chat_fixture(
         "qwen2-tiny", Qwen2ForCausalLM, Qwen2Config, seed=3,
         rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+    )
+    # Ministral 3 as its checkpoints come: the multimodal Mistral 3 (a
+    # Pixtral vision tower, here 1 layer, which wick does not read) around
+    # a Ministral 3 language model: Mistral's layers, YaRN from a
+    # pretrained context of 32 to 256 (factor 8, an attention factor from
+    # mscale / mscale_all_dim of 1 / 0.5) and Llama 4's query temperature
+    # 1 + 0.1 ln(1 + ⌊pos / 32⌋). The longer inputs and "long" (96 tokens)
+    # reach past 32 and 64.
+    chat_fixture(
+        "ministral3-tiny",
+        lambda text: Mistral3ForConditionalGeneration(Mistral3Config(
+            text_config=text.to_dict(),
+            vision_config=PixtralVisionConfig(
+                hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                num_attention_heads=2, head_dim=16, image_size=64, patch_size=16,
+            ).to_dict(),
+            image_token_index=len(llama_tok) - 1, tie_word_embeddings=False,
+        )),
+        Ministral3Config, seed=31,
+        head_dim=32, rms_norm_eps=1e-5, tie_word_embeddings=False, sliding_window=None,
+        rope_parameters={
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0,
+            "original_max_position_embeddings": 32, "beta_fast": 32.0, "beta_slow": 1.0,
+            "mscale": 1.0, "mscale_all_dim": 0.5, "llama_4_scaling_beta": 0.1,
+        },
+        extra=lambda model, tok: long_prompt(model, tok, 96, 24),
     )
     # Mixtures of experts: every layer's MLP is 8 SwiGLU experts of 32, of
     # which a softmax router picks 2 per token. The inputs route several

@@ -114,6 +114,7 @@ CONVERSIONS = {
     # The converter expects a multi-token-prediction head (Qwen3.5's
     # checkpoints have one); the tiny model has none, so it is told so.
     "qwen35": ("qwen35-tiny", ["--no-mtp"]),
+    "ministral3": ("ministral3-tiny", []),
     "qwen3moe": ("qwen3moe-tiny", []),
     "olmoe": ("olmoe-tiny", []),
     "mixtral": ("mixtral-tiny", []),
@@ -135,6 +136,7 @@ QUANTIZED = "qwen3moe-256"
 # for the quantized ones.
 RECORDED = {
     "qwen35": [("f32", "f32"), ("q8_0", "f16")],
+    "ministral3": [("f32", "f32"), ("q8_0", "f16")],
     "qwen3moe": [("f32", "f32"), ("q8_0", "f16")],
     "olmoe": [("f32", "f32"), ("q8_0", "f16")],
     "mixtral": [("f32", "f32"), ("q8_0", "f16")],

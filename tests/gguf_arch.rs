@@ -4,7 +4,8 @@
 //! not hidden / heads), SmolLM3 (every fourth layer without RoPE) and Phi-3
 //! (fused q/k/v and gate/up, partial rotary, LongRoPE factor tensors) and
 //! Gemma 3 (sandwich norms, GeGLU, local sliding-window layers) and
-//! Qwen3.5 (gated-DeltaNet linear attention around gated full attention)
+//! Qwen3.5 (gated-DeltaNet linear attention around gated full attention),
+//! Ministral 3 (YaRN, a query temperature) and the mixtures of experts,
 //! converted by llama.cpp's own
 //! `convert_hf_to_gguf.py` (`scripts/make_gguf_fixtures.py`), compared with
 //! transformers' logits and greedy continuations for the same weights.
@@ -25,7 +26,7 @@ fn fixtures() -> PathBuf {
 }
 
 /// `(GGUF stem, its transformers reference, a tensor only that feature has)`.
-const CASES: [(&str, &str, &str); 13] = [
+const CASES: [(&str, &str, &str); 14] = [
     (
         "llama3-rope",
         "llama-tiny/reference.json",
@@ -62,6 +63,13 @@ const CASES: [(&str, &str, &str); 13] = [
     // Gated-DeltaNet layers (A stored as -exp(A_log), value heads in
     // llama.cpp's tiled order) around gated attention.
     ("qwen35", "qwen35-tiny/reference.json", "blk.0.ssm_a"),
+    // Ministral 3 from its multimodal checkpoint: the text model alone,
+    // YaRN and the query temperature in the metadata.
+    (
+        "ministral3",
+        "ministral3-tiny/reference.json",
+        "output.weight",
+    ),
     // Mixtures of experts: stacked expert tensors and a router; Qwen2-MoE's
     // gated shared expert; OLMoE's q/k norms over whole projections;
     // Mixtral as the converter writes it, a `llama` file with experts.
@@ -172,6 +180,32 @@ fn phi3_gguf_long_rope_matches_transformers_past_the_pretrained_context() {
     let loaded = load(&gguf("phi3", "f32"), &options, &Device::Cpu).unwrap();
     let d = common::transformers_ref::long_logit_diff(&r, &loaded, Some(KvDtype::F32));
     eprintln!("phi3 f32 long: max |logit - transformers| = {d:e}");
+    assert!(
+        d <= 1e-4,
+        "long prompt: logits differ from transformers by {d}"
+    );
+}
+
+/// Ministral 3's YaRN and query temperature as llama.cpp's converter
+/// writes them (`rope.scaling.yarn_log_multiplier`,
+/// `attention.temperature_scale`), past twice the pretrained context.
+#[test]
+fn mistral3_gguf_yarn_and_temperature_match_transformers() {
+    let r = reference("ministral3-tiny/reference.json");
+    let path = gguf("ministral3", "f32");
+    let content = Content::read(&mut std::fs::File::open(&path).unwrap()).unwrap();
+    for key in [
+        "rope.scaling.yarn_log_multiplier",
+        "attention.temperature_scale",
+    ] {
+        assert!(
+            content.metadata.contains_key(&format!("mistral3.{key}")),
+            "{key}"
+        );
+    }
+    let loaded = load_gguf(&path, &r);
+    let d = common::transformers_ref::long_logit_diff(&r, &loaded, Some(KvDtype::F32));
+    eprintln!("ministral3 f32 long: max |logit - transformers| = {d:e}");
     assert!(
         d <= 1e-4,
         "long prompt: logits differ from transformers by {d}"
@@ -320,6 +354,32 @@ fn qwen35_gguf_logprobs_match_llama_cpp() {
         "f32: log-probs differ from llama.cpp's by {f32}"
     );
     assert!(q8 <= 0.4, "q8_0: log-probs differ from llama.cpp's by {q8}");
+}
+
+/// Ministral 3 against llama-server on the same files, over the 96-token
+/// prompt whose later positions the YaRN ramp and the query temperature
+/// (past 32 and 64) reach: llama.cpp reads the file's YaRN keys as wick
+/// does, or every position past 32 would move.
+#[test]
+fn mistral3_gguf_logprobs_match_llama_cpp() {
+    let f32 = logprob_diff_vs_llama_cpp("ministral3", "f32", KvDtype::F32, 1e-2);
+    let q8 = logprob_diff_vs_llama_cpp("ministral3", "q8_0", KvDtype::F16, 0.4);
+    eprintln!(
+        "ministral3 vs llama.cpp: max |logprob diff| f32 {:e}, q8_0 {:e} (mean {:e}, {} top-token misses)",
+        f32.worst, q8.worst, q8.mean, q8.top1_misses
+    );
+    assert_eq!(f32.top1_misses, 0, "f32: top tokens differ");
+    assert!(f32.worst <= 1e-2, "f32: log-probs differ by {}", f32.worst);
+    assert!(
+        q8.mean <= 0.15,
+        "q8_0: log-probs differ by {} on average",
+        q8.mean
+    );
+    assert!(
+        q8.top1_misses <= 3,
+        "q8_0: top tokens differ at {} positions",
+        q8.top1_misses
+    );
 }
 
 /// The mixtures of experts against llama.cpp on the same files: f32, Q8_0,

@@ -20,7 +20,7 @@ use wick::load::loader::{load, LoadOptions, LoadedModel, WeightDtype};
 use wick::models::linear::WeightFormat;
 use wick::sampling::params::SamplingParams;
 
-const FIXTURES: [&str; 14] = [
+const FIXTURES: [&str; 15] = [
     "gpt2-tiny",
     "llama-tiny",
     "mistral-tiny",
@@ -30,6 +30,7 @@ const FIXTURES: [&str; 14] = [
     "phi3-tiny",
     "gemma3-tiny",
     "qwen35-tiny",
+    "ministral3-tiny",
     "qwen3moe-tiny",
     "olmoe-tiny",
     "mixtral-tiny",
@@ -80,6 +81,8 @@ fn decoder_layers(name: &str) -> usize {
     let config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(fixture(name).join("config.json")).unwrap())
             .unwrap();
+    // A multimodal checkpoint's language model is its `text_config`.
+    let config = config.get("text_config").unwrap_or(&config);
     let n = config.get("num_hidden_layers").or(config.get("n_layer"));
     n.and_then(|n| n.as_u64()).unwrap() as usize
 }
@@ -125,6 +128,21 @@ fn long_rope_follows_the_served_context() {
     // transformers does not use for them.
     let mixed = transformers_ref::worst_logit_diff(&r, &load_fixture("phi3-tiny", &full), None);
     assert!(mixed > 1e-2, "the factors made no difference ({mixed})");
+}
+
+/// Ministral 3's YaRN and query temperature over a 96-token prompt: the
+/// last 24 positions (72 to 95) are past twice its pretrained 32, where
+/// the temperature scales each query by 1 + 0.1 ln 3.
+#[test]
+fn yarn_and_query_temperature_match_transformers_past_the_pretrained_context() {
+    let r = reference("ministral3-tiny");
+    let loaded = load_fixture("ministral3-tiny", &LoadOptions::default());
+    let d = transformers_ref::long_logit_diff(&r, &loaded, None);
+    eprintln!("ministral3-tiny long: max |logit - transformers| = {d:e}");
+    assert!(
+        d <= 1e-4,
+        "long prompt: logits differ from transformers by {d}"
+    );
 }
 
 /// Embedding requests pool the final hidden states as transformers' base
@@ -688,8 +706,9 @@ fn unsupported_checkpoints_are_refused_clearly() {
     assert!(
         e.contains("\"falcon\"")
             && e.contains(
-                "gemma3_text, gpt2, llama, mistral, mixtral, olmoe, phi3, qwen2, qwen2_moe, qwen3, \
-                 qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe and smollm3"
+                "gemma3_text, gpt2, llama, ministral3, mistral, mistral3, mixtral, olmoe, phi3, \
+                 qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, \
+                 qwen3_moe and smollm3"
             ),
         "{e}"
     );
@@ -708,11 +727,14 @@ fn unsupported_checkpoints_are_refused_clearly() {
             c.remove("rope_parameters");
             c.insert(
                 key.into(),
-                serde_json::json!({"rope_type": "yarn", "factor": 4.0}),
+                serde_json::json!({"rope_type": "dynamic", "factor": 4.0}),
             );
         });
         let e = load_error(dir.path());
-        assert!(e.contains("\"yarn\"") && e.contains("linear"), "{key}: {e}");
+        assert!(
+            e.contains("\"dynamic\"") && e.contains("\"yarn\""),
+            "{key}: {e}"
+        );
     }
 
     let dir = edited_copy("llama-tiny", "config.json", |_| {});

@@ -70,6 +70,39 @@ pub struct Config {
     pub vocab_size: usize,
     /// A mixture of experts' routing, where the family has one.
     pub moe: Option<MoeConfig>,
+    /// Ministral 3's (Llama 4's) query temperature, where set.
+    pub attn_temperature: Option<AttnTemperature>,
+}
+
+/// Llama 4's attention temperature, as Ministral 3 uses it: past `floor`
+/// positions each query is scaled by `1 + beta * ln(1 + ⌊pos / floor⌋)`,
+/// which sharpens attention over long contexts. Below `floor` the scale is
+/// exactly 1.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttnTemperature {
+    pub beta: f32,
+    pub floor: usize,
+}
+
+impl AttnTemperature {
+    fn scale(&self, pos: u32) -> f32 {
+        1.0 + self.beta * (1.0 + (pos as usize / self.floor) as f32).ln()
+    }
+
+    /// Scales the first `width` columns (the query heads) of stacked
+    /// `[T, _]` rows, row `t` by its position's scale; rows all below
+    /// `floor` come back as they were.
+    fn apply(&self, qkv: Tensor, positions: &[u32], width: usize) -> Result<Tensor> {
+        if positions.iter().all(|&p| (p as usize) < self.floor) {
+            return Ok(qkv);
+        }
+        let scales: Vec<f32> = positions.iter().map(|&p| self.scale(p)).collect();
+        let scales =
+            Tensor::from_vec(scales, (positions.len(), 1), qkv.device())?.to_dtype(qkv.dtype())?;
+        let q = qkv.narrow(1, 0, width)?.broadcast_mul(&scales)?;
+        let rest = qkv.dim(1)? - width;
+        Tensor::cat(&[q, qkv.narrow(1, width, rest)?], 1)
+    }
 }
 
 /// LongRoPE (Phi-3.5, Phi-4-mini): per-frequency divisors tuned for
@@ -108,6 +141,104 @@ pub enum RopeScaling {
         high_freq_factor: f32,
         original_max_position_embeddings: usize,
     },
+    /// YaRN: low frequencies interpolated by `factor`, high ones kept, a
+    /// ramp between; cos and sin scaled. Resolved from its parameters by
+    /// [`Yarn::from_hf`] or from a GGUF's keys.
+    #[serde(skip_deserializing)]
+    Yarn(Yarn),
+}
+
+/// YaRN's settings, resolved.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Yarn {
+    pub factor: f32,
+    pub original_context: usize,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    /// The scale on cos and sin.
+    pub attn_factor: f32,
+    /// Round the ramp's ends outwards to whole dimensions (transformers'
+    /// default, and llama.cpp's only way).
+    pub truncate: bool,
+}
+
+impl Yarn {
+    /// `0.1 * mscale * ln(factor) + 1`, YaRN's magnitude correction.
+    fn mscale(factor: f32, mscale: f32) -> f32 {
+        match factor <= 1.0 {
+            true => 1.0,
+            false => 0.1 * mscale * factor.ln() + 1.0,
+        }
+    }
+
+    /// From `rope_scaling` / `rope_parameters` of type "yarn", as
+    /// transformers resolves them: the factor from the ratio of contexts
+    /// if not given, the attention factor from `mscale` and
+    /// `mscale_all_dim` where both are set.
+    fn from_hf(v: serde_json::Value, max_position_embeddings: usize) -> anyhow::Result<Self> {
+        #[derive(Deserialize)]
+        struct Params {
+            factor: Option<f32>,
+            original_max_position_embeddings: Option<usize>,
+            beta_fast: Option<f32>,
+            beta_slow: Option<f32>,
+            attention_factor: Option<f32>,
+            mscale: Option<f32>,
+            mscale_all_dim: Option<f32>,
+            truncate: Option<bool>,
+        }
+        let p: Params = serde_json::from_value(v)
+            .map_err(|e| anyhow::anyhow!("rope_scaling of type \"yarn\": {e}"))?;
+        let original = p
+            .original_max_position_embeddings
+            .unwrap_or(max_position_embeddings);
+        let factor = p
+            .factor
+            .unwrap_or(max_position_embeddings as f32 / original as f32);
+        let attn_factor = match (p.attention_factor, p.mscale, p.mscale_all_dim) {
+            (Some(a), _, _) => a,
+            (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
+                Self::mscale(factor, m) / Self::mscale(factor, all)
+            }
+            _ => Self::mscale(factor, 1.0),
+        };
+        Ok(Yarn {
+            factor,
+            original_context: original,
+            beta_fast: p.beta_fast.filter(|&b| b != 0.0).unwrap_or(32.0),
+            beta_slow: p.beta_slow.filter(|&b| b != 0.0).unwrap_or(1.0),
+            attn_factor,
+            truncate: p.truncate.unwrap_or(true),
+        })
+    }
+
+    /// Scaled inverse frequencies from the plain ones (`base`, for a
+    /// rotary size `dim` at base `theta`).
+    fn inv_freq(&self, base: impl Iterator<Item = f32>, dim: usize, theta: f32) -> Vec<f32> {
+        // The pair index at which a frequency makes `turns` rotations over
+        // the original context.
+        let pair = |turns: f32| {
+            let orig = self.original_context as f64;
+            dim as f64 * (orig / (turns as f64 * 2.0 * std::f64::consts::PI)).ln()
+                / (2.0 * (theta as f64).ln())
+        };
+        let (mut low, mut high) = (pair(self.beta_fast), pair(self.beta_slow));
+        if self.truncate {
+            (low, high) = (low.floor(), high.ceil());
+        }
+        let (low, high) = (low.max(0.0) as f32, high.min(dim as f64 - 1.0) as f32);
+        let span = match low == high {
+            true => 0.001,
+            false => high - low,
+        };
+        base.enumerate()
+            .map(|(i, f)| {
+                // 0 keeps the frequency, 1 interpolates it.
+                let ramp = ((i as f32 - low) / span).clamp(0.0, 1.0);
+                f / self.factor * ramp + f * (1.0 - ramp)
+            })
+            .collect()
+    }
 }
 
 /// The fields of a Hugging Face Llama `config.json` that wick reads.
@@ -197,10 +328,13 @@ enum GgufArch {
     /// OLMoE: RMSNorms over the whole query and key projections, RoPE on
     /// halves, experts.
     Olmoe,
+    /// Mistral 3 (Ministral 3, Mistral Small 3.x, Devstral): Llama's
+    /// layers, YaRN and a query temperature where the file sets them.
+    Mistral3,
 }
 
 impl GgufArch {
-    const ALL: [GgufArch; 9] = [
+    const ALL: [GgufArch; 10] = [
         GgufArch::Llama,
         GgufArch::Qwen2,
         GgufArch::Qwen3,
@@ -210,6 +344,7 @@ impl GgufArch {
         GgufArch::Qwen2Moe,
         GgufArch::Qwen3Moe,
         GgufArch::Olmoe,
+        GgufArch::Mistral3,
     ];
 
     /// The file's architecture, or an error for one this forward does not
@@ -234,13 +369,17 @@ impl GgufArch {
             GgufArch::Qwen2Moe => "qwen2moe",
             GgufArch::Qwen3Moe => "qwen3moe",
             GgufArch::Olmoe => "olmoe",
+            GgufArch::Mistral3 => "mistral3",
         }
     }
 
     /// Whether the top k experts' weights are renormalized to sum to 1, as
     /// llama.cpp fixes it per architecture (Mixtral's files say `llama`).
     fn renormalizes_experts(self) -> bool {
-        matches!(self, GgufArch::Llama | GgufArch::Qwen3Moe)
+        matches!(
+            self,
+            GgufArch::Llama | GgufArch::Qwen3Moe | GgufArch::Mistral3
+        )
     }
 }
 
@@ -265,17 +404,49 @@ impl Config {
             _ => hidden_size / num_heads,
         };
         let rope_dim = rope_dims.unwrap_or(head_dim);
+        let md_f32 = |key: &str| md(key).ok().map(|v| v.to_f32()).transpose();
+        let md_usize = |key: &str| md(key).ok().map(|v| v.to_u32()).transpose();
+        let context_length = md("context_length")?.to_u32()? as usize;
+        // YaRN's and the query temperature's pretrained context.
+        let original_context = md_usize("rope.scaling.original_context_length")?
+            .map_or(context_length, |n| n as usize);
         let rope_scaling = match md("rope.scaling.type").and_then(|v| Ok(v.to_string()?.clone())) {
             Err(_) => None,
             Ok(kind) if kind == "none" => None,
             Ok(kind) if kind == "linear" => Some(RopeScaling::Linear {
                 factor: md("rope.scaling.factor")?.to_f32()?,
             }),
+            Ok(kind) if kind == "yarn" => {
+                let factor = md("rope.scaling.factor")?.to_f32()?;
+                // As llama.cpp: the log multiplier is `mscale_all_dim`,
+                // `mscale` is taken to be 1, and a stored attention factor
+                // multiplies the result.
+                let attn_factor = match md_f32("rope.scaling.yarn_log_multiplier")? {
+                    Some(all) if all != 0.0 => {
+                        Yarn::mscale(factor, 1.0) / Yarn::mscale(factor, all)
+                    }
+                    _ => Yarn::mscale(factor, 1.0),
+                } * md_f32("rope.scaling.attn_factor")?.unwrap_or(1.0);
+                Some(RopeScaling::Yarn(Yarn {
+                    factor,
+                    original_context,
+                    beta_fast: md_f32("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
+                    beta_slow: md_f32("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
+                    attn_factor,
+                    truncate: true,
+                }))
+            }
             Ok(kind) => anyhow::bail!(
                 "{prefix}.rope.scaling.type {kind:?} is not supported; wick supports \"linear\" \
-                 (and Llama 3.1's rope_freqs)"
+                 and \"yarn\" (and Llama 3.1's rope_freqs)"
             ),
         };
+        let attn_temperature = md_f32("attention.temperature_scale")?
+            .filter(|&beta| beta != 0.0)
+            .map(|beta| AttnTemperature {
+                beta,
+                floor: original_context,
+            });
         let num_layers = md("block_count")?.to_u32()? as usize;
         // llama.cpp fixes SmolLM3's step at 4 rather than store it.
         let no_rope_layers = match arch {
@@ -303,8 +474,6 @@ impl Config {
                 (0..num_layers).filter(|i| i % n < n - 1).collect()
             }
         };
-        let md_f32 = |key: &str| md(key).ok().map(|v| v.to_f32()).transpose();
-        let md_usize = |key: &str| md(key).ok().map(|v| v.to_u32()).transpose();
         let moe = match md_usize("expert_count")? {
             None | Some(0) => None,
             Some(experts) => Some(MoeConfig {
@@ -333,12 +502,15 @@ impl Config {
             // Phi-3's factors are tensors, which `Llama::from_gguf` reads.
             long_rope: None,
             rope_dim,
-            // llama.cpp's converter permutes Llama's (and SmolLM3's) q/k
+            // llama.cpp's converter permutes Llama's (SmolLM3's, Mistral 3's) q/k
             // rows for pairwise RoPE; Qwen's and OLMoE's stay in HF order
             // (NEOX-style halves).
-            rope_interleaved: matches!(arch, GgufArch::Llama | GgufArch::SmolLm3),
+            rope_interleaved: matches!(
+                arch,
+                GgufArch::Llama | GgufArch::SmolLm3 | GgufArch::Mistral3
+            ),
             no_rope_layers,
-            max_context: md("context_length")?.to_u32()? as usize,
+            max_context: context_length,
             vocab_size,
             act: match gemma {
                 true => Act::GeluTanh,
@@ -353,13 +525,22 @@ impl Config {
             query_pre_attn_scalar: (gemma && num_layers == 62)
                 .then(|| (hidden_size / num_heads) as f32),
             moe,
+            attn_temperature,
         })
     }
 
     /// From a Hugging Face `config.json`; also says whether the LM head is
     /// tied to the embeddings.
+    /// A multimodal checkpoint's (Mistral 3's) `text_config` describes the
+    /// language model, and its top level whether the head is tied.
     pub fn from_hf(json: &str) -> anyhow::Result<(Self, bool)> {
-        let c: HfConfig = serde_json::from_str(json)?;
+        let mut v: serde_json::Value = serde_json::from_str(json)?;
+        let wrapper_tied = v.get("tie_word_embeddings").and_then(|t| t.as_bool());
+        if let Some(text) = v.get_mut("text_config").map(serde_json::Value::take) {
+            v = text;
+        }
+        let c: HfConfig = serde_json::from_value(v)?;
+        let tied = wrapper_tied.unwrap_or(c.tie_word_embeddings);
         let gemma = c.model_type == "gemma3_text";
         let act = match c.hidden_activation.as_deref().or(c.hidden_act.as_deref()) {
             None | Some("silu") => Act::Silu,
@@ -405,7 +586,7 @@ impl Config {
                     o.remove("rope_theta");
                 }
                 anyhow::ensure!(
-                    parse_rope_scaling(local.clone())?.is_none(),
+                    parse_rope_scaling(local.clone(), c.max_position_embeddings)?.is_none(),
                     "RoPE scaling on sliding-window layers is not supported ({local})"
                 );
             }
@@ -413,8 +594,21 @@ impl Config {
                 params = Some(global);
             }
         }
-        // transformers 5 keeps the base and the rotary fraction in there too.
+        // transformers 5 keeps the base and the rotary fraction in there
+        // too, and Ministral 3 its query temperature.
+        let mut attn_temperature = None;
         if let Some(obj) = params.as_mut().and_then(|p| p.as_object_mut()) {
+            if let Some(beta) = obj.remove("llama_4_scaling_beta").and_then(|b| b.as_f64()) {
+                let floor =
+                    obj.get("original_max_position_embeddings")
+                        .and_then(|o| o.as_u64())
+                        .unwrap_or(c.max_position_embeddings as u64) as usize;
+                anyhow::ensure!(floor > 0, "llama_4_scaling_beta needs an original context");
+                attn_temperature = Some(AttnTemperature {
+                    beta: beta as f32,
+                    floor,
+                });
+            }
             if let Some(theta) = obj.remove("rope_theta").and_then(|t| t.as_f64()) {
                 rope_theta = theta as f32;
             }
@@ -428,7 +622,7 @@ impl Config {
             Some(v) if matches!(rope_kind(&v).as_str(), "longrope" | "su") => {
                 (None, Some(long_rope(v, &c, rope_dim)?))
             }
-            Some(v) => (parse_rope_scaling(v)?, None),
+            Some(v) => (parse_rope_scaling(v, c.max_position_embeddings)?, None),
             None => (None, None),
         };
         let config = Config {
@@ -479,8 +673,9 @@ impl Config {
             final_logit_softcap: c.final_logit_softcapping,
             query_pre_attn_scalar: c.query_pre_attn_scalar,
             moe,
+            attn_temperature,
         };
-        Ok((config, c.tie_word_embeddings))
+        Ok((config, tied))
     }
 
     /// Caps the context at what the server will serve (`--max-model-len`),
@@ -491,9 +686,14 @@ impl Config {
         }
     }
 
-    /// The scale on RoPE's cos and sin: LongRoPE's attention factor, or 1.
+    /// The scale on RoPE's cos and sin: LongRoPE's or YaRN's attention
+    /// factor, or 1.
     fn rope_scale(&self) -> f32 {
-        self.long_rope.as_ref().map_or(1.0, |l| l.attn_factor)
+        match (&self.long_rope, &self.rope_scaling) {
+            (Some(l), _) => l.attn_factor,
+            (None, Some(RopeScaling::Yarn(y))) => y.attn_factor,
+            _ => 1.0,
+        }
     }
 
     /// The local layers' RoPE: `local_rope_theta`, unscaled.
@@ -518,6 +718,7 @@ impl Config {
         match self.rope_scaling {
             None => base.collect(),
             Some(RopeScaling::Linear { factor }) => base.map(|f| f / factor).collect(),
+            Some(RopeScaling::Yarn(y)) => y.inv_freq(base, self.rope_dim, self.rope_theta),
             Some(RopeScaling::Llama3 {
                 factor,
                 low_freq_factor,
@@ -597,8 +798,12 @@ fn long_rope(v: serde_json::Value, c: &HfConfig, rope_dim: usize) -> anyhow::Res
 }
 
 /// `rope_scaling` from `config.json`: `rope_type` (or the older `type`) must
-/// be a kind wick implements; "default" means none.
-fn parse_rope_scaling(mut v: serde_json::Value) -> anyhow::Result<Option<RopeScaling>> {
+/// be a kind wick implements; "default" means none. YaRN's defaults come
+/// from the model's `max_position_embeddings`.
+fn parse_rope_scaling(
+    mut v: serde_json::Value,
+    max_position_embeddings: usize,
+) -> anyhow::Result<Option<RopeScaling>> {
     let Some(obj) = v.as_object_mut() else {
         anyhow::bail!("rope_scaling must be an object, got {v}");
     };
@@ -612,12 +817,19 @@ fn parse_rope_scaling(mut v: serde_json::Value) -> anyhow::Result<Option<RopeSca
         .and_then(|t| t.as_str())
         .unwrap_or("")
         .to_string();
-    if kind == "default" {
-        return Ok(None);
+    match kind.as_str() {
+        "default" => return Ok(None),
+        "yarn" => {
+            return Ok(Some(RopeScaling::Yarn(Yarn::from_hf(
+                v,
+                max_position_embeddings,
+            )?)))
+        }
+        _ => {}
     }
     serde_json::from_value(v).map(Some).map_err(|e| {
         anyhow::anyhow!(
-            "rope_scaling of type {kind:?} is not supported ({e}); wick supports \"linear\", \"llama3\" and \"longrope\""
+            "rope_scaling of type {kind:?} is not supported ({e}); wick supports \"linear\", \"llama3\", \"yarn\" and \"longrope\""
         )
     })
 }
@@ -869,10 +1081,17 @@ impl Llama {
             };
             Linear::dense(Tensor::cat(&ws, 0)?, bias, spec)
         };
+        // A multimodal checkpoint (Mistral 3) nests the language model, as
+        // the hub's files (`language_model.model.`) or transformers 5
+        // (`model.language_model.`) name it; its vision tower is not read.
+        let root = ["language_model.model", "model.language_model"]
+            .into_iter()
+            .find(|r| vb.contains_tensor(&format!("{r}.embed_tokens.weight")))
+            .unwrap_or("model");
         let expert_load = expert_load(&config);
         let mut blocks = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
-            let p = format!("model.layers.{i}");
+            let p = format!("{root}.layers.{i}");
             let q_norm = format!("{p}.self_attn.q_norm.weight");
             let qk_norm = match vb.contains_tensor(&q_norm) {
                 true => Some((
@@ -935,13 +1154,15 @@ impl Llama {
                 post_ffn_norm: optional_norm(&format!("{p}.post_feedforward_layernorm.weight"))?,
             });
         }
-        let embed = Embedding::Dense(f32_tensor("model.embed_tokens.weight")?);
-        let head = match tied {
-            true => "model.embed_tokens.weight",
-            false => "lm_head.weight",
+        let embed_name = format!("{root}.embed_tokens.weight");
+        let embed = Embedding::Dense(f32_tensor(&embed_name)?);
+        let head = match (tied, vb.contains_tensor("language_model.lm_head.weight")) {
+            (true, _) => embed_name.as_str(),
+            (false, true) => "language_model.lm_head.weight",
+            (false, false) => "lm_head.weight",
         };
         let lm_head = Linear::dense(vb.get_unchecked(head)?, None, spec)?;
-        let norm = norm("model.norm.weight")?;
+        let norm = norm(&format!("{root}.norm.weight"))?;
         let kv_dtype = KvDtype::for_weights(vb.dtype());
         Ok(Self::assemble(
             config, embed, blocks, norm, lm_head, kv_dtype, &device,
@@ -1113,6 +1334,10 @@ impl Model for Llama {
             let qkv = match c.no_rope_layers.contains(&i) {
                 true => qkv,
                 false => rope.apply(&qkv, meta.positions(), &positions, nh + nkv)?,
+            };
+            let qkv = match &c.attn_temperature {
+                Some(t) => t.apply(qkv, meta.positions(), nh * hd)?,
+                None => qkv,
             };
             let dims = AttnDims {
                 window: c.sliding_window.filter(|_| local),
