@@ -115,6 +115,8 @@ CONVERSIONS = {
     # checkpoints have one); the tiny model has none, so it is told so.
     "qwen35": ("qwen35-tiny", ["--no-mtp"]),
     "ministral3": ("ministral3-tiny", []),
+    "granite": ("granite-tiny", []),
+    "granitemoe": ("granitemoe-tiny", []),
     "qwen3moe": ("qwen3moe-tiny", []),
     "olmoe": ("olmoe-tiny", []),
     "mixtral": ("mixtral-tiny", []),
@@ -137,6 +139,7 @@ QUANTIZED = "qwen3moe-256"
 RECORDED = {
     "qwen35": [("f32", "f32"), ("q8_0", "f16")],
     "ministral3": [("f32", "f32"), ("q8_0", "f16")],
+    "granitemoe": [("f32", "f32"), ("q8_0", "f16")],
     "qwen3moe": [("f32", "f32"), ("q8_0", "f16")],
     "olmoe": [("f32", "f32"), ("q8_0", "f16")],
     "mixtral": [("f32", "f32"), ("q8_0", "f16")],

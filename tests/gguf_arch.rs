@@ -26,7 +26,7 @@ fn fixtures() -> PathBuf {
 }
 
 /// `(GGUF stem, its transformers reference, a tensor only that feature has)`.
-const CASES: [(&str, &str, &str); 14] = [
+const CASES: [(&str, &str, &str); 16] = [
     (
         "llama3-rope",
         "llama-tiny/reference.json",
@@ -70,6 +70,12 @@ const CASES: [(&str, &str, &str); 14] = [
         "ministral3-tiny/reference.json",
         "output.weight",
     ),
+    // Granite: Llama's layers with the four multipliers in the metadata.
+    (
+        "granite",
+        "granite-tiny/reference.json",
+        "output_norm.weight",
+    ),
     // Mixtures of experts: stacked expert tensors and a router; Qwen2-MoE's
     // gated shared expert; OLMoE's q/k norms over whole projections;
     // Mixtral as the converter writes it, a `llama` file with experts.
@@ -105,16 +111,23 @@ const CASES: [(&str, &str, &str); 14] = [
         "qwen35moe-tiny/reference.json",
         "blk.0.ffn_gate_up_exps.weight",
     ),
+    // Granite-MoE: the converter splits the fused gate and up experts.
+    (
+        "granitemoe",
+        "granitemoe-tiny/reference.json",
+        "blk.0.ffn_gate_exps.weight",
+    ),
 ];
 
 /// The mixtures of experts among [`CASES`].
-const MOE: [&str; 6] = [
+const MOE: [&str; 7] = [
     "qwen3moe",
     "qwen2moe",
     "olmoe",
     "mixtral",
     "qwen35moe",
     "qwen35moe-fused",
+    "granitemoe",
 ];
 
 fn gguf(stem: &str, ty: &str) -> PathBuf {

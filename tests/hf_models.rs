@@ -20,7 +20,7 @@ use wick::load::loader::{load, LoadOptions, LoadedModel, WeightDtype};
 use wick::models::linear::WeightFormat;
 use wick::sampling::params::SamplingParams;
 
-const FIXTURES: [&str; 15] = [
+const FIXTURES: [&str; 17] = [
     "gpt2-tiny",
     "llama-tiny",
     "mistral-tiny",
@@ -31,11 +31,13 @@ const FIXTURES: [&str; 15] = [
     "gemma3-tiny",
     "qwen35-tiny",
     "ministral3-tiny",
+    "granite-tiny",
     "qwen3moe-tiny",
     "olmoe-tiny",
     "mixtral-tiny",
     "qwen2moe-tiny",
     "qwen35moe-tiny",
+    "granitemoe-tiny",
 ];
 
 /// The mixtures of experts among [`FIXTURES`]. Rounding their weights (to
@@ -43,12 +45,13 @@ const FIXTURES: [&str; 15] = [
 /// experts, which moves its logits by units, so the rounded-weight tests
 /// leave them out: their quantized files are checked against llama.cpp's
 /// answers on the same files instead (`tests/gguf_arch.rs`).
-const MOE: [&str; 5] = [
+const MOE: [&str; 6] = [
     "qwen3moe-tiny",
     "olmoe-tiny",
     "mixtral-tiny",
     "qwen2moe-tiny",
     "qwen35moe-tiny",
+    "granitemoe-tiny",
 ];
 
 fn dense_fixtures() -> impl Iterator<Item = &'static str> {
@@ -706,9 +709,9 @@ fn unsupported_checkpoints_are_refused_clearly() {
     assert!(
         e.contains("\"falcon\"")
             && e.contains(
-                "gemma3_text, gpt2, llama, ministral3, mistral, mistral3, mixtral, olmoe, phi3, \
-                 qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, \
-                 qwen3_moe and smollm3"
+                "gemma3_text, gpt2, granite, granitemoe, llama, ministral3, mistral, mistral3, \
+                 mixtral, olmoe, phi3, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, \
+                 qwen3_5_moe_text, qwen3_5_text, qwen3_moe and smollm3"
             ),
         "{e}"
     );

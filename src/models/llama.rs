@@ -54,8 +54,12 @@ pub struct Config {
     pub long_rope: Option<LongRope>,
     /// The gate's activation: SiLU, or Gemma's tanh GELU.
     pub act: Act,
-    /// Gemma's: embeddings are multiplied by √hidden.
+    /// Embeddings are multiplied by this: Gemma's √hidden, Granite's
+    /// `embedding_multiplier`.
     pub embed_scale: Option<f32>,
+    /// A checkpoint's RMSNorms scale by `offset + w`: Gemma's 1 (llama.cpp's
+    /// converter adds it into a GGUF's weights), else 0.
+    pub norm_offset: f32,
     /// Gemma 3's local layers: each token attends to at most this many
     /// positions (itself included), with RoPE at `local_rope_theta`.
     pub sliding_window: Option<usize>,
@@ -63,9 +67,14 @@ pub struct Config {
     pub local_rope_theta: f32,
     /// Gemma's `tanh(logits / cap) * cap`, where set.
     pub final_logit_softcap: Option<f32>,
-    /// Gemma's attention scale, `query_pre_attn_scalar^-1/2`, where it is
-    /// not the head size's.
-    pub query_pre_attn_scalar: Option<f32>,
+    /// The attention's scale where it is not `head_dim^-1/2`: Gemma's
+    /// `query_pre_attn_scalar^-1/2`, Granite's `attention_multiplier`.
+    pub attn_scale: Option<f32>,
+    /// Granite's: each block's output is multiplied by this before it
+    /// joins the residual stream.
+    pub residual_scale: Option<f32>,
+    /// Granite's: logits are divided by this.
+    pub logit_scale: Option<f32>,
     pub max_context: usize,
     pub vocab_size: usize,
     /// A mixture of experts' routing, where the family has one.
@@ -88,21 +97,36 @@ impl AttnTemperature {
     fn scale(&self, pos: u32) -> f32 {
         1.0 + self.beta * (1.0 + (pos as usize / self.floor) as f32).ln()
     }
+}
 
-    /// Scales the first `width` columns (the query heads) of stacked
-    /// `[T, _]` rows, row `t` by its position's scale; rows all below
-    /// `floor` come back as they were.
-    fn apply(&self, qkv: Tensor, positions: &[u32], width: usize) -> Result<Tensor> {
-        if positions.iter().all(|&p| (p as usize) < self.floor) {
-            return Ok(qkv);
-        }
-        let scales: Vec<f32> = positions.iter().map(|&p| self.scale(p)).collect();
-        let scales =
-            Tensor::from_vec(scales, (positions.len(), 1), qkv.device())?.to_dtype(qkv.dtype())?;
-        let q = qkv.narrow(1, 0, width)?.broadcast_mul(&scales)?;
-        let rest = qkv.dim(1)? - width;
-        Tensor::cat(&[q, qkv.narrow(1, width, rest)?], 1)
+/// Each row's factor on its queries, from a constant factor (an attention
+/// scale not folded into weights) and the temperature at its position;
+/// `None` where every factor is 1.
+fn query_scales(
+    constant: Option<f32>,
+    temperature: Option<&AttnTemperature>,
+    positions: &[u32],
+    device: &Device,
+) -> Result<Option<Tensor>> {
+    let hot = temperature.filter(|t| positions.iter().any(|&p| p as usize >= t.floor));
+    if constant.is_none() && hot.is_none() {
+        return Ok(None);
     }
+    let scales: Vec<f32> = positions
+        .iter()
+        .map(|&p| constant.unwrap_or(1.0) * hot.map_or(1.0, |t| t.scale(p)))
+        .collect();
+    Tensor::from_vec(scales, (positions.len(), 1), device).map(Some)
+}
+
+/// Scales the first `width` columns (the query heads) of stacked `[T, _]`
+/// rows, row `t` by `scales[t]`.
+fn scale_queries(qkv: &Tensor, scales: &Tensor, width: usize) -> Result<Tensor> {
+    let q = qkv
+        .narrow(1, 0, width)?
+        .broadcast_mul(&scales.to_dtype(qkv.dtype())?)?;
+    let rest = qkv.dim(1)? - width;
+    Tensor::cat(&[q, qkv.narrow(1, width, rest)?], 1)
 }
 
 /// LongRoPE (Phi-3.5, Phi-4-mini): per-frequency divisors tuned for
@@ -275,6 +299,11 @@ struct HfConfig {
     rope_local_base_freq: Option<f32>,
     /// Gemma's attention scale is this to the -1/2, not the head size's.
     query_pre_attn_scalar: Option<f32>,
+    /// Granite's multipliers.
+    embedding_multiplier: Option<f32>,
+    attention_multiplier: Option<f32>,
+    residual_multiplier: Option<f32>,
+    logits_scaling: Option<f32>,
     final_logit_softcapping: Option<f32>,
     attn_logit_softcapping: Option<f32>,
     /// Gemma's name for `hidden_act`.
@@ -331,10 +360,16 @@ enum GgufArch {
     /// Mistral 3 (Ministral 3, Mistral Small 3.x, Devstral): Llama's
     /// layers, YaRN and a query temperature where the file sets them.
     Mistral3,
+    /// Granite 3.x: Llama's layers with four multipliers (embeddings,
+    /// attention scale, residual, logits).
+    Granite,
+    /// Granite-MoE: Granite's with experts (and an ungated shared expert
+    /// where the file has one).
+    GraniteMoe,
 }
 
 impl GgufArch {
-    const ALL: [GgufArch; 10] = [
+    const ALL: [GgufArch; 12] = [
         GgufArch::Llama,
         GgufArch::Qwen2,
         GgufArch::Qwen3,
@@ -345,6 +380,8 @@ impl GgufArch {
         GgufArch::Qwen3Moe,
         GgufArch::Olmoe,
         GgufArch::Mistral3,
+        GgufArch::Granite,
+        GgufArch::GraniteMoe,
     ];
 
     /// The file's architecture, or an error for one this forward does not
@@ -370,6 +407,8 @@ impl GgufArch {
             GgufArch::Qwen3Moe => "qwen3moe",
             GgufArch::Olmoe => "olmoe",
             GgufArch::Mistral3 => "mistral3",
+            GgufArch::Granite => "granite",
+            GgufArch::GraniteMoe => "granitemoe",
         }
     }
 
@@ -378,7 +417,7 @@ impl GgufArch {
     fn renormalizes_experts(self) -> bool {
         matches!(
             self,
-            GgufArch::Llama | GgufArch::Qwen3Moe | GgufArch::Mistral3
+            GgufArch::Llama | GgufArch::Qwen3Moe | GgufArch::Mistral3 | GgufArch::GraniteMoe
         )
     }
 }
@@ -502,12 +541,17 @@ impl Config {
             // Phi-3's factors are tensors, which `Llama::from_gguf` reads.
             long_rope: None,
             rope_dim,
-            // llama.cpp's converter permutes Llama's (SmolLM3's, Mistral 3's) q/k
+            // llama.cpp's converter permutes Llama's (SmolLM3's, Mistral 3's,
+            // Granite's) q/k
             // rows for pairwise RoPE; Qwen's and OLMoE's stay in HF order
             // (NEOX-style halves).
             rope_interleaved: matches!(
                 arch,
-                GgufArch::Llama | GgufArch::SmolLm3 | GgufArch::Mistral3
+                GgufArch::Llama
+                    | GgufArch::SmolLm3
+                    | GgufArch::Mistral3
+                    | GgufArch::Granite
+                    | GgufArch::GraniteMoe
             ),
             no_rope_layers,
             max_context: context_length,
@@ -516,14 +560,22 @@ impl Config {
                 true => Act::GeluTanh,
                 false => Act::Silu,
             },
-            embed_scale: gemma.then(|| (hidden_size as f32).sqrt()),
+            embed_scale: match gemma {
+                true => Some((hidden_size as f32).sqrt()),
+                false => md_f32("embedding_scale")?,
+            },
+            norm_offset: 0.0,
             sliding_window,
             local_layers,
             local_rope_theta: md_f32("rope.freq_base_swa")?.unwrap_or(10_000.0),
             final_logit_softcap: md_f32("final_logit_softcapping")?,
             // As llama.cpp: Gemma 3 27B (62 layers) scales by hidden / heads.
-            query_pre_attn_scalar: (gemma && num_layers == 62)
-                .then(|| (hidden_size / num_heads) as f32),
+            attn_scale: match gemma && num_layers == 62 {
+                true => Some(((hidden_size / num_heads) as f32).powf(-0.5)),
+                false => md_f32("attention.scale")?.filter(|&s| s != 0.0),
+            },
+            residual_scale: md_f32("residual_scale")?.filter(|&s| s != 0.0),
+            logit_scale: md_f32("logit_scale")?.filter(|&s| s != 0.0),
             moe,
             attn_temperature,
         })
@@ -564,8 +616,11 @@ impl Config {
                     experts,
                     routing: Routing {
                         top_k: c.num_experts_per_tok.unwrap_or(2),
-                        // Mixtral always renormalizes; the others say.
-                        renormalize: c.model_type == "mixtral" || c.norm_topk_prob.unwrap_or(false),
+                        // Mixtral and Granite-MoE always renormalize (Granite
+                        // takes a softmax over the top k logits, the same);
+                        // the others say.
+                        renormalize: matches!(c.model_type.as_str(), "mixtral" | "granitemoe")
+                            || c.norm_topk_prob.unwrap_or(false),
                     },
                     dense_layers: (0..c.num_hidden_layers)
                         .filter(|i| only.contains(i) || (i + 1) % step != 0)
@@ -657,7 +712,14 @@ impl Config {
             },
             vocab_size: c.vocab_size,
             act,
-            embed_scale: gemma.then(|| (c.hidden_size as f32).sqrt()),
+            embed_scale: match gemma {
+                true => Some((c.hidden_size as f32).sqrt()),
+                false => c.embedding_multiplier,
+            },
+            norm_offset: match gemma {
+                true => 1.0,
+                false => 0.0,
+            },
             sliding_window: c.sliding_window.filter(|_| gemma),
             local_layers: match (gemma, &c.layer_types, c.sliding_window_pattern) {
                 (false, _, _) => Vec::new(),
@@ -671,7 +733,12 @@ impl Config {
             },
             local_rope_theta: local_theta,
             final_logit_softcap: c.final_logit_softcapping,
-            query_pre_attn_scalar: c.query_pre_attn_scalar,
+            attn_scale: c
+                .query_pre_attn_scalar
+                .map(|s| s.powf(-0.5))
+                .or(c.attention_multiplier),
+            residual_scale: c.residual_multiplier,
+            logit_scale: c.logits_scaling,
             moe,
             attn_temperature,
         };
@@ -861,6 +928,9 @@ pub struct Llama {
     local_rope: Option<Rope>,
     /// Rows routed to each expert, for a mixture of experts.
     expert_load: Option<Arc<ExpertLoad>>,
+    /// The factor on the queries where the attention's scale could not be
+    /// folded into query norms.
+    q_scale: Option<f32>,
 }
 
 impl Llama {
@@ -1050,10 +1120,7 @@ impl Llama {
         let device = vb.device().clone();
         // Gemma's RMSNorms scale by 1 + w (llama.cpp's converter adds the 1
         // into the file).
-        let norm_shift = match config.embed_scale.is_some() {
-            true => 1.0,
-            false => 0.0,
-        };
+        let norm_shift = config.norm_offset as f64;
         let f32_tensor = |name: &str| vb.get_unchecked_dtype(name, DType::F32);
         let norm = |name: &str| f32_tensor(name)? + norm_shift;
         let optional_norm = |name: &str| match vb.contains_tensor(name) {
@@ -1116,9 +1183,13 @@ impl Llama {
             let ffn = match &config.moe {
                 Some(moe) if !moe.dense_layers.contains(&i) => {
                     let load = expert_load.clone().expect("a MoE config has a load");
-                    // Mixtral's block is `block_sparse_moe`, the others' `mlp`.
+                    // Mixtral's and Granite's block is `block_sparse_moe`,
+                    // the others' `mlp`.
                     let sparse = format!("{p}.block_sparse_moe");
-                    let at = match vb.contains_tensor(&format!("{sparse}.gate.weight")) {
+                    let at = match ["gate.weight", "router.layer.weight"]
+                        .iter()
+                        .any(|n| vb.contains_tensor(&format!("{sparse}.{n}")))
+                    {
                         true => sparse,
                         false => mlp.clone(),
                     };
@@ -1207,14 +1278,19 @@ impl Llama {
         let rope = rope(&config.inv_freq(), config.rope_scale())?;
         // The attention scales by the head size's 1/√d: a different scalar
         // (Gemma's) is folded into the query norms, which RoPE's rotation
-        // leaves in proportion.
-        if let Some(s) = config.query_pre_attn_scalar {
-            let factor = (config.head_dim as f64 / s as f64).sqrt();
-            for b in blocks.iter_mut().filter(|_| factor != 1.0) {
-                let Some((q, _)) = &mut b.qk_norm else {
-                    candle_core::bail!("query_pre_attn_scalar needs query norms to fold into");
-                };
-                *q = (&*q * factor)?;
+        // leaves in proportion; without them (Granite) the queries are
+        // scaled after RoPE.
+        let factor = config
+            .attn_scale
+            .map(|s| s as f64 * (config.head_dim as f64).sqrt())
+            .filter(|&f| f != 1.0);
+        let mut q_scale = None;
+        if let Some(factor) = factor {
+            for b in blocks.iter_mut() {
+                match &mut b.qk_norm {
+                    Some((q, _)) => *q = (&*q * factor)?,
+                    None => q_scale = Some(factor as f32),
+                }
             }
         }
         let info = ModelInfo {
@@ -1238,6 +1314,7 @@ impl Llama {
             Ffn::Dense(_) => None,
         });
         Ok(Llama {
+            q_scale,
             expert_load,
             info,
             device: device.clone(),
@@ -1315,10 +1392,23 @@ impl Model for Llama {
             x = (x * scale as f64)?;
         }
         let eps = c.rms_norm_eps as f32;
-        let post_norm = |y: Tensor, w: &Option<Tensor>| match w {
-            Some(w) => candle_nn::ops::rms_norm(&y, w, eps),
-            None => Ok(y),
+        // Granite scales each block's output before the residual add.
+        let post_norm = |y: Tensor, w: &Option<Tensor>| {
+            let y = match w {
+                Some(w) => candle_nn::ops::rms_norm(&y, w, eps)?,
+                None => y,
+            };
+            match c.residual_scale {
+                Some(s) => y * s as f64,
+                None => Ok(y),
+            }
         };
+        let q_scales = query_scales(
+            self.q_scale,
+            c.attn_temperature.as_ref(),
+            meta.positions(),
+            &self.device,
+        )?;
         for (i, b) in self.blocks.iter().enumerate() {
             let h = candle_nn::ops::rms_norm(&x, &b.attn_norm, eps)?;
             let qkv = b.qkv.forward(&h)?;
@@ -1335,8 +1425,8 @@ impl Model for Llama {
                 true => qkv,
                 false => rope.apply(&qkv, meta.positions(), &positions, nh + nkv)?,
             };
-            let qkv = match &c.attn_temperature {
-                Some(t) => t.apply(qkv, meta.positions(), nh * hd)?,
+            let qkv = match &q_scales {
+                Some(s) => scale_queries(&qkv, s, nh * hd)?,
                 None => qkv,
             };
             let dims = AttnDims {
@@ -1358,6 +1448,10 @@ impl Model for Llama {
         let x =
             candle_nn::ops::rms_norm(&x.index_select(&meta.logit_rows_t()?, 0)?, &self.norm, eps)?;
         let logits = self.lm_head.forward(&x)?;
+        let logits = match c.logit_scale {
+            Some(s) => (logits / s as f64)?,
+            None => logits,
+        };
         let logits = match c.final_logit_softcap {
             Some(cap) => ((logits / cap as f64)?.tanh()? * cap as f64)?,
             None => logits,

@@ -309,12 +309,13 @@ impl Moe {
         })
     }
 
-    /// The MoE block at `at` of a checkpoint: the router `gate`, the
-    /// experts one matrix per expert and projection (`experts.{e}.`,
-    /// Mixtral's `w1`/`w3`/`w2` or the others' `gate_proj`/`up_proj`/
-    /// `down_proj`; transformers 5 fuses them in memory but saves them so),
-    /// and a shared expert (`shared_expert`, gated by `shared_expert_gate`)
-    /// where it has one.
+    /// The MoE block at `at` of a checkpoint: the router `gate` (Granite's
+    /// `router.layer`), the experts one matrix per expert and projection
+    /// (`experts.{e}.`, Mixtral's `w1`/`w3`/`w2` or the others'
+    /// `gate_proj`/`up_proj`/`down_proj`; transformers 5 fuses them in
+    /// memory but saves them so) or stacked (Granite's `input_linear`, gate
+    /// and up, and `output_linear`), and a shared expert (`shared_expert`,
+    /// gated by `shared_expert_gate`) where it has one.
     pub fn from_hf(
         vb: &VarBuilder,
         at: &str,
@@ -325,16 +326,44 @@ impl Moe {
     ) -> Result<Moe> {
         routing.check(experts)?;
         let get = |name: &str| vb.get_unchecked(&format!("{at}.{name}"));
-        let mixtral = vb.contains_tensor(&format!("{at}.experts.0.w1.weight"));
-        let names = match mixtral {
-            true => ["w1", "w3", "w2"],
-            false => ["gate_proj", "up_proj", "down_proj"],
+        let has = |name: &str| vb.contains_tensor(&format!("{at}.{name}"));
+        let [gate, up, down] = match has("input_linear.weight") {
+            // Granite-MoE: each expert's gate and up rows (gate first) in one
+            // `[experts, 2 * ff, hidden]` tensor, its down in another.
+            true => {
+                let gate_up = get("input_linear.weight")?;
+                let (n, rows, _) = gate_up.dims3()?;
+                if n != experts || rows % 2 != 0 {
+                    candle_core::bail!(
+                        "{at}.input_linear.weight is {:?}, not {experts} experts' gate and up",
+                        gate_up.dims()
+                    );
+                }
+                let down = get("output_linear.weight")?;
+                let each = |t: &Tensor, from: usize, len: usize| -> Result<Vec<Tensor>> {
+                    (0..experts)
+                        .map(|e| t.get(e)?.narrow(0, from, len)?.contiguous())
+                        .collect()
+                };
+                let rows_down = down.dim(1)?;
+                [
+                    each(&gate_up, 0, rows / 2),
+                    each(&gate_up, rows / 2, rows / 2),
+                    each(&down, 0, rows_down),
+                ]
+            }
+            false => {
+                let names = match has("experts.0.w1.weight") {
+                    true => ["w1", "w3", "w2"],
+                    false => ["gate_proj", "up_proj", "down_proj"],
+                };
+                names.map(|n| {
+                    (0..experts)
+                        .map(|e| get(&format!("experts.{e}.{n}.weight")))
+                        .collect::<Result<Vec<_>>>()
+                })
+            }
         };
-        let [gate, up, down] = names.map(|n| {
-            (0..experts)
-                .map(|e| get(&format!("experts.{e}.{n}.weight")))
-                .collect::<Result<Vec<_>>>()
-        });
         let shared = match vb.contains_tensor(&format!("{at}.shared_expert.up_proj.weight")) {
             false => None,
             true => {
@@ -361,7 +390,13 @@ impl Moe {
             // In f32 whatever `--weights` and `--dtype` say, as a GGUF's
             // router is.
             router: Linear::dense(
-                vb.get_unchecked_dtype(&format!("{at}.gate.weight"), DType::F32)?,
+                vb.get_unchecked_dtype(
+                    &match has("router.layer.weight") {
+                        true => format!("{at}.router.layer.weight"),
+                        false => format!("{at}.gate.weight"),
+                    },
+                    DType::F32,
+                )?,
                 None,
                 WeightFormat::Native.into(),
             )?,

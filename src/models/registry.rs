@@ -86,6 +86,28 @@ pub static FAMILIES: &[Family] = &[
         }),
     },
     Family {
+        models: "Granite 3.x",
+        gguf: Some(Format {
+            names: &["granite"],
+            load: llama_gguf,
+        }),
+        hf: Some(Format {
+            names: &["granite"],
+            load: llama_hf,
+        }),
+    },
+    Family {
+        models: "Granite 3.x MoE",
+        gguf: Some(Format {
+            names: &["granitemoe"],
+            load: llama_gguf,
+        }),
+        hf: Some(Format {
+            names: &["granitemoe"],
+            load: llama_hf,
+        }),
+    },
+    Family {
         models: "Qwen2, Qwen2.5",
         gguf: Some(Format {
             names: &["qwen2"],
@@ -396,9 +418,9 @@ mod tests {
     fn refusals_list_what_the_table_runs() {
         assert_eq!(
             hf_supported(),
-            "gemma3_text, gpt2, llama, ministral3, mistral, mistral3, mixtral, olmoe, phi3, qwen2, \
-             qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe and \
-             smollm3"
+            "gemma3_text, gpt2, granite, granitemoe, llama, ministral3, mistral, mistral3, mixtral, \
+             olmoe, phi3, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, \
+             qwen3_5_text, qwen3_moe and smollm3"
         );
         assert!(gguf_supported()
             .starts_with("\"llama\" (Llama 2 and 3.x, Mistral, Mixtral, TinyLlama), "));
