@@ -3,7 +3,8 @@
 //! ids of `<vocab>.gguf.out` (what `tests/test-tokenizer-0.cpp` checks), and
 //! those ids must decode back to the text. Gemma 3's GGUF and vectors are
 //! made here with llama.cpp (`scripts/make_gemma3_vocab.py`), so they live
-//! in their own directory.
+//! in their own directory, as do the `tekken` pre-tokenizer's vectors
+//! (`scripts/make_tekken_vocab.py`).
 
 use std::path::PathBuf;
 
@@ -40,15 +41,19 @@ fn cases(dir: &str, vocab: &str) -> Vec<(String, Vec<u32>)> {
     texts.into_iter().map(String::from).zip(ids).collect()
 }
 
-fn tokenizer(dir: &str, vocab: &str) -> Tokenizer {
+fn read(dir: &str, vocab: &str) -> Content {
     let path = fixture(dir, &format!("ggml-vocab-{vocab}.gguf"));
     let mut file = std::fs::File::open(&path).unwrap();
-    let content = Content::read(&mut file).expect("read gguf");
-    Tokenizer::from_gguf(&content).expect("build tokenizer")
+    Content::read(&mut file).expect("read gguf")
 }
 
 fn check(dir: &str, vocab: &str) {
-    let tok = tokenizer(dir, vocab);
+    check_with(dir, vocab, &read(dir, vocab));
+}
+
+/// `vocab`'s vectors (in `dir`) on the vocabulary `content`.
+fn check_with(dir: &str, vocab: &str, content: &Content) {
+    let tok = Tokenizer::from_gguf(content).expect("build tokenizer");
     let cases = cases(dir, vocab);
     let mut failures = Vec::new();
     for (text, want) in &cases {
@@ -117,6 +122,19 @@ fn gpt_2() {
 #[test]
 fn qwen35() {
     check(LLAMA_CPP, "qwen35");
+}
+
+/// Mistral's `tekken` pre-tokenizer on llama.cpp's llama-bpe vocabulary
+/// with only `tokenizer.ggml.pre` changed, as
+/// `scripts/make_tekken_vocab.py` gave it to `llama-tokenize`.
+#[test]
+fn tekken() {
+    use candle_core::quantized::gguf_file::Value;
+    let mut content = read(LLAMA_CPP, "llama-bpe");
+    content
+        .metadata
+        .insert("tokenizer.ggml.pre".into(), Value::String("tekken".into()));
+    check_with("tekken-vocab", "tekken", &content);
 }
 
 #[test]

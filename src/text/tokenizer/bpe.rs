@@ -46,6 +46,9 @@ enum Splits {
     /// Qwen2's split with combining marks (`\p{M}`) kept in letter runs, so
     /// a decomposed `é` stays one word.
     Qwen35,
+    /// Mistral's Tekken split: words also break where lower case turns to
+    /// upper (`HelloWorld`), numbers go digit by digit.
+    Tekken,
 }
 
 /// GPT-2's word split. llama.cpp lists it without the final `|\s+`, but its
@@ -54,6 +57,9 @@ enum Splits {
 const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// As llama.cpp spells it: tokenizer.json's upper- and lower-case letter
+/// classes as "a letter other than a-z" and "a letter other than A-Z".
+const TEKKEN: &str = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN35: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 impl Splits {
@@ -64,6 +70,7 @@ impl Splits {
             Splits::Llama3 => &[LLAMA3],
             Splits::Qwen2 => &[QWEN2],
             Splits::Qwen35 => &[QWEN35],
+            Splits::Tekken => &[TEKKEN],
         }
     }
 }
@@ -187,6 +194,12 @@ const PRE_TYPES: &[PreType] = &[
         splits: Splits::Qwen2,
         ignore_merges: false,
         add_bos: false,
+    },
+    PreType {
+        names: &["tekken"],
+        splits: Splits::Tekken,
+        ignore_merges: true,
+        add_bos: true,
     },
     PreType {
         names: &["qwen35"],
@@ -375,8 +388,8 @@ mod tests {
 
     #[test]
     fn unknown_pre_type_is_named() {
-        let e = pre_type(Some("tekken")).err().unwrap().to_string();
-        assert_eq!(e, "unsupported GGUF pre-tokenizer \"tekken\"");
+        let e = pre_type(Some("jais")).err().unwrap().to_string();
+        assert_eq!(e, "unsupported GGUF pre-tokenizer \"jais\"");
         assert!(pre_type(Some("qwen2")).is_ok());
     }
 }
