@@ -55,6 +55,10 @@ from transformers import (  # noqa: E402
     AutoTokenizer,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
+    Gemma4Config,
+    Gemma4ForCausalLM,
+    Gemma4ForConditionalGeneration,
+    Gemma4TextConfig,
     GPT2Config,
     GraniteConfig,
     GraniteForCausalLM,
@@ -325,7 +329,8 @@ def moe_extra(model, tokenizer):
 ONLY = set(sys.argv[1:])
 
 
-def build(name, make_model, tokenizer, chat, seed, std, extra=None, norm_center=1.0, **save_args):
+def build(name, make_model, tokenizer, chat, seed, std, extra=None, norm_center=1.0,
+          edit_config=None, **save_args):
     if ONLY and name not in ONLY:
         return
     out = ROOT / name
@@ -339,6 +344,10 @@ def build(name, make_model, tokenizer, chat, seed, std, extra=None, norm_center=
         ref.update(extra(model, tokenizer))
     assert ref["greedy_min_gap"] >= 1e-3, f"{name}: greedy near-tie {ref['greedy_min_gap']}"
     model.save_pretrained(out, **save_args)
+    if edit_config:
+        config = json.loads((out / "config.json").read_text())
+        edit_config(config)
+        (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     # The chat template goes in tokenizer_config.json (as most hub
     # checkpoints have it), not transformers 5's separate chat_template.jinja.
     tokenizer.save_pretrained(out, save_jinja_files=False)
@@ -435,12 +444,13 @@ def main():
     )
 
     def chat_fixture(name, model, config, seed, save_args=None, extra=None, norm_center=1.0,
-                     drop=(), **fields):
+                     drop=(), edit_config=None, **fields):
         # drop: fields of `small` the config has no use for (left out of
         # config.json rather than saved as unknown keys).
         shared = {k: v for k, v in small.items() if k not in drop}
         build(name, lambda: model(config(**{**shared, **fields})), llama_tok, chat=True,
-              seed=seed, std=0.15, extra=extra, norm_center=norm_center, **(save_args or {}))
+              seed=seed, std=0.15, extra=extra, norm_center=norm_center, edit_config=edit_config,
+              **(save_args or {}))
 
     chat_fixture(
         "llama-tiny", LlamaForCausalLM, LlamaConfig, seed=2,
@@ -571,6 +581,67 @@ def main():
         pad_token_id=bos,
     )
     chat_fixture("granite-tiny", GraniteForCausalLM, GraniteConfig, seed=41, **granite)
+    # Gemma 4 (text), which norms by w (not 1 + w) and attends at scale 1
+    # with a weightless RMSNorm on V; its full-attention layers have heads
+    # of their own size (32; the sliding ones 16) and "proportional" RoPE
+    # (a quarter of each head's pairs rotate, at base 1e6, the rest stay).
+    # Each layer's output is scaled by its layer_scalar (a buffer, which
+    # `randomize` leaves alone, so set here). Two shapes:
+    # - gemma4-tiny, E2B's: the hub's multimodal checkpoint (model_type
+    #   gemma4, no vision or audio tower), per-layer input embeddings (8
+    #   wide per layer), the last 3 layers reusing K/V of the last sliding
+    #   (1) and full (2) layer before them, their MLPs twice as wide; its
+    #   config.json as the hub writes it (global_head_dim, not the
+    #   per_layer_config transformers saves).
+    # - gemma4-keqv-tiny, 31B's: the text checkpoint (gemma4_text), the full
+    #   layers' V their K projection (attention_k_eq_v) over 1 KV head, no
+    #   per-layer inputs, no sharing; its config as transformers saves it.
+    # The longer inputs and "long" (96 tokens) reach past the 16 window.
+    def gemma4(text, wrap):
+        def make():
+            model = wrap(text)
+            layers = (model.model.language_model if hasattr(model.model, "language_model")
+                      else model.model).layers
+            with torch.no_grad():
+                for i, layer in enumerate(layers):
+                    layer.layer_scalar.fill_(0.9 - 0.05 * i)
+            return model
+        return make
+
+    def hub_config(config):
+        text = config["text_config"]
+        del text["per_layer_config"]
+        text["global_head_dim"] = 32
+
+    gemma4_text = dict(
+        small, num_hidden_layers=6, head_dim=16, global_head_dim=32, sliding_window=16,
+        final_logit_softcapping=30.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        pad_token_id=bos,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                               "rope_theta": 1000000.0},
+        },
+    )
+    build(
+        "gemma4-tiny",
+        gemma4(Gemma4TextConfig(**gemma4_text, hidden_size_per_layer_input=8,
+                                vocab_size_per_layer_input=len(llama_tok), num_kv_shared_layers=3,
+                                use_double_wide_mlp=True),
+               lambda t: Gemma4ForConditionalGeneration(
+                   Gemma4Config(text_config=t.to_dict(), vision_config=None, audio_config=None))),
+        llama_tok, chat=True, seed=51, std=0.15, edit_config=hub_config,
+        extra=lambda model, tok: long_prompt(model, tok, 96, 24),
+    )
+    build(
+        "gemma4-keqv-tiny",
+        gemma4(Gemma4TextConfig(**gemma4_text, hidden_size_per_layer_input=0,
+                                attention_k_eq_v=True, num_global_key_value_heads=1),
+               Gemma4ForCausalLM),
+        llama_tok, chat=True, seed=52, std=0.15,
+        extra=lambda model, tok: long_prompt(model, tok, 96, 24),
+    )
     # Mixtures of experts: every layer's MLP is 8 SwiGLU experts of 32, of
     # which a softmax router picks 2 per token. The inputs route several
     # tokens to one expert (`check_routing`); "long" is a 96-token prompt.

@@ -116,6 +116,8 @@ CONVERSIONS = {
     "qwen35": ("qwen35-tiny", ["--no-mtp"]),
     "ministral3": ("ministral3-tiny", []),
     "granite": ("granite-tiny", []),
+    "gemma4": ("gemma4-tiny", []),
+    "gemma4-keqv": ("gemma4-keqv-tiny", []),
     "granitemoe": ("granitemoe-tiny", []),
     "qwen3moe": ("qwen3moe-tiny", []),
     "olmoe": ("olmoe-tiny", []),
@@ -140,6 +142,8 @@ RECORDED = {
     "qwen35": [("f32", "f32"), ("q8_0", "f16")],
     "ministral3": [("f32", "f32"), ("q8_0", "f16")],
     "granitemoe": [("f32", "f32"), ("q8_0", "f16")],
+    "gemma4": [("f32", "f32"), ("q8_0", "f16")],
+    "gemma4-keqv": [("f32", "f32"), ("q8_0", "f16")],
     "qwen3moe": [("f32", "f32"), ("q8_0", "f16")],
     "olmoe": [("f32", "f32"), ("q8_0", "f16")],
     "mixtral": [("f32", "f32"), ("q8_0", "f16")],
@@ -157,9 +161,12 @@ def convert(llama_cpp, hf_dir, out_file, outtype, extra=()):
     from conversion import base
 
     base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "smollm"
-    from conversion import phi
+    from conversion import gemma, phi
 
+    # Both expect a SentencePiece-style vocabulary; these tiny fixtures'
+    # are byte-level BPE.
     phi.Phi3MiniModel.set_vocab = lambda self: self._set_vocab_gpt2()
+    gemma.Gemma4Model.set_vocab = lambda self: self._set_vocab_gpt2()
     argv = sys.argv
     sys.argv = ["convert_hf_to_gguf.py", str(hf_dir), "--outfile", str(out_file), "--outtype", outtype, *extra]
     try:

@@ -139,6 +139,7 @@ fn run_case(dev: &Device, case: Case, seed: u64) {
         block_size,
         num_blocks: 3 * 96,
         dtype,
+        window_kv: None,
     };
     // The host pool holds exactly what the GPU pool does: f16 for f16, and
     // f32 for values that are exact there (f32, or bf16 activations into a
@@ -357,6 +358,7 @@ fn models_on_the_gpu_match_transformers() {
                     block_size: 16,
                     num_blocks: 1,
                     dtype: KvDtype::F32,
+                    window_kv: None,
                 },
                 &dev
             ),

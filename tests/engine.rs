@@ -246,6 +246,7 @@ fn small_pool(model: &dyn Model, device_path: bool) -> KvCache {
         block_size: 16,
         num_blocks: 8,
         dtype: info.kv_dtype,
+        window_kv: None,
     };
     KvCache::new(layout, &Device::Cpu, device_path).unwrap()
 }

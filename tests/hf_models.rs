@@ -20,7 +20,7 @@ use wick::load::loader::{load, LoadOptions, LoadedModel, WeightDtype};
 use wick::models::linear::WeightFormat;
 use wick::sampling::params::SamplingParams;
 
-const FIXTURES: [&str; 17] = [
+const FIXTURES: [&str; 19] = [
     "gpt2-tiny",
     "llama-tiny",
     "mistral-tiny",
@@ -32,6 +32,8 @@ const FIXTURES: [&str; 17] = [
     "qwen35-tiny",
     "ministral3-tiny",
     "granite-tiny",
+    "gemma4-tiny",
+    "gemma4-keqv-tiny",
     "qwen3moe-tiny",
     "olmoe-tiny",
     "mixtral-tiny",
@@ -214,18 +216,22 @@ fn embeddings_pool_transformers_hidden_states() {
 /// prefilled 8 tokens a step and then decoded, never holds more window
 /// blocks than a window and a step need, while its global layers' blocks
 /// grow with it; and its prompt is scored as transformers scores it.
-/// Both storages: the host kernel's and the tensor path's.
+/// Both storages: the host kernel's and the tensor path's. Gemma 4's too,
+/// whose window layers' heads (16 wide) are not its global layers' (32),
+/// and whose last layers attend over earlier layers' K/V.
 #[test]
 fn sliding_window_layers_hold_only_their_window() {
-    for force_tensor_kv in [false, true] {
-        window_pool_run(force_tensor_kv);
+    for name in ["gemma3-tiny", "gemma4-tiny"] {
+        for force_tensor_kv in [false, true] {
+            window_pool_run(name, force_tensor_kv);
+        }
     }
 }
 
-fn window_pool_run(force_tensor_kv: bool) {
-    let r = reference("gemma3-tiny");
+fn window_pool_run(name: &str, force_tensor_kv: bool) {
+    let r = reference(name);
     let long = r.long.as_ref().unwrap();
-    let loaded = load_fixture("gemma3-tiny", &LoadOptions::default());
+    let loaded = load_fixture(name, &LoadOptions::default());
     assert_eq!(loaded.model.info().sliding_window, Some(16));
     let (block_size, chunk, max_tokens) = (4, 8, 40);
     let cfg = EngineConfig {
@@ -278,7 +284,7 @@ fn window_pool_run(force_tensor_kv: bool) {
         let d = (got - logprob(want, *next)).abs();
         assert!(
             d < 1e-4,
-            "tensor path {force_tensor_kv}, position {pos}: logprob {got} differs by {d}"
+            "{name}, tensor path {force_tensor_kv}, position {pos}: logprob {got} differs by {d}"
         );
     }
 }
@@ -459,8 +465,17 @@ fn half_precision_weights_stay_close() {
         for dtype in [WeightDtype::F16, WeightDtype::Bf16] {
             let d = worst_logit_diff(name, &with_dtype(dtype));
             eprintln!("{name} {dtype:?}: max |logit - transformers| = {d:e}");
+            // Gemma 4 attends at scale 1, which sharpens these random
+            // weights' attention until rounding moves whole rows:
+            // transformers' own f16 and bf16 runs of gemma4-tiny stray from
+            // its f32 logits by 0.15 and 1.16. Allowed: a third more.
+            let bound = match (name.starts_with("gemma4"), dtype) {
+                (true, WeightDtype::F16) => 0.2,
+                (true, _) => 1.55,
+                (false, _) => 0.05 * (layers + 1) as f32,
+            };
             assert!(
-                d <= 0.05 * (layers + 1) as f32,
+                d <= bound,
                 "{name} {dtype:?}: logits differ from transformers by {d}"
             );
         }
@@ -473,7 +488,11 @@ fn q8_0_weights_stay_close() {
     // quantize activations to 8 bits: measured 0.09 (GPT-2) and 0.21 (Llama)
     // on logits spanning -5..5, where a broken layer moves them by units;
     // 0.50 on Qwen3.5's six layers (the bound grows past five layers).
-    for name in dense_fixtures() {
+    // Not Gemma 4: its attention at scale 1 turns 8-bit rounding into moves
+    // of units on these random weights (transformers' own bf16 run strays
+    // by 1.16); its Q8_0 files are checked against llama.cpp's answers on
+    // the same files (`tests/gguf_arch.rs`).
+    for name in dense_fixtures().filter(|n| !n.starts_with("gemma4")) {
         let bound = 0.5f32.max(0.1 * (decoder_layers(name) + 1) as f32);
         let options = LoadOptions {
             weights: WeightFormat::Q8_0,
@@ -709,9 +728,9 @@ fn unsupported_checkpoints_are_refused_clearly() {
     assert!(
         e.contains("\"falcon\"")
             && e.contains(
-                "gemma3_text, gpt2, granite, granitemoe, llama, ministral3, mistral, mistral3, \
-                 mixtral, olmoe, phi3, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, \
-                 qwen3_5_moe_text, qwen3_5_text, qwen3_moe and smollm3"
+                "gemma3_text, gemma4, gemma4_text, gpt2, granite, granitemoe, llama, ministral3, \
+                 mistral, mistral3, mixtral, olmoe, phi3, qwen2, qwen2_moe, qwen3, qwen3_5, \
+                 qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe and smollm3"
             ),
         "{e}"
     );

@@ -35,11 +35,14 @@ pub fn step_meta<'a>(
 }
 
 /// Whether a tensor pool of `layout` on `device` is read by the CUDA kernel
-/// (else by the candle-op fallback).
+/// (else by the candle-op fallback): the kernel must take every layer's
+/// head size.
 pub fn has_kernel(layout: &KvLayout, device: &Device) -> bool {
     #[cfg(feature = "cuda")]
     if device.is_cuda() {
-        return cuda::supports(layout.head_dim);
+        return [false, true]
+            .into_iter()
+            .all(|window| cuda::supports(layout.shape(window).head_dim));
     }
     let _ = (layout, device);
     false
@@ -443,6 +446,7 @@ mod tests {
                 block_size,
                 num_blocks,
                 dtype,
+                window_kv: None,
             };
             let mut cache = match KvCache::new(layout, &Device::Cpu, force_tensor) {
                 Ok(cache) => cache,

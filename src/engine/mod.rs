@@ -241,10 +241,25 @@ impl Engine {
                     cfg.max_num_batched_tokens,
                     info.max_context,
                 );
+                let layout = KvLayout {
+                    window_kv: info.window_kv,
+                    ..layout
+                };
+                let block_bytes = |window: bool| {
+                    let s = layout.shape(window);
+                    KvLayout::bytes_per_block(
+                        1,
+                        s.num_kv_heads,
+                        s.head_dim,
+                        cfg.block_size,
+                        kv_dtype,
+                    )
+                };
+                let window_layers = info.window_layers.len();
                 let (global, window_blocks) = window_blocks::split_budget(
-                    layout.num_blocks * info.num_layers,
-                    info.num_layers,
-                    info.window_layers.len(),
+                    kv_cache_bytes,
+                    (info.num_layers - window_layers, block_bytes(false)),
+                    (window_layers, block_bytes(true)),
                     cfg.max_num_seqs.saturating_mul(per_seq),
                 );
                 let layout = KvLayout {
@@ -570,6 +585,7 @@ mod tests {
             kv_dtype: KvDtype::F16,
             window_layers: Vec::new(),
             sliding_window: None,
+            window_kv: None,
         };
         assert_eq!(activation_reserve(&info, 512), GIB);
         let big = activation_reserve(&info, 8192);

@@ -16,25 +16,25 @@
 use crate::engine::block_manager::BlockManager;
 use crate::kv::{BlockId, FREED};
 
-/// How a KV budget of `layer_blocks` blocks of one layer splits between the
-/// global layers (returned first, blocks per layer) and the
-/// `window_layers` sliding-window ones. llama.cpp's rule: the window pool
-/// holds what every sequence the server runs at once can hold there
+/// How a KV budget of `budget` bytes splits between the global layers
+/// (returned first, blocks per layer) and the sliding-window ones, each
+/// given as (layers, bytes of one layer's block): the two may hold heads of
+/// different sizes (Gemma 4's). llama.cpp's rule: the window pool holds
+/// what every sequence the server runs at once can hold there
 /// (`window_need`), the global layers the rest; never more window blocks
 /// than global ones, which is where a short-context load leaves them equal.
 pub fn split_budget(
-    layer_blocks: usize,
-    num_layers: usize,
-    window_layers: usize,
+    budget: usize,
+    (global_layers, global_bytes): (usize, usize),
+    (window_layers, window_bytes): (usize, usize),
     window_need: usize,
 ) -> (usize, usize) {
-    let global_layers = num_layers - window_layers;
-    let equal = layer_blocks / num_layers;
+    let equal = budget / (global_layers * global_bytes + window_layers * window_bytes);
     if global_layers == 0 || window_need >= equal {
         return (equal, equal);
     }
     (
-        (layer_blocks - window_layers * window_need) / global_layers,
+        (budget - window_layers * window_need * window_bytes) / (global_layers * global_bytes),
         window_need,
     )
 }
@@ -107,12 +107,20 @@ mod tests {
     /// sequences' windows (or no global layer) split it evenly.
     #[test]
     fn the_budget_goes_to_global_layers_past_the_windows_needed() {
-        let (global, window) = split_budget(26_000, 26, 22, 4 * 34);
+        let (global, window) = split_budget(26_000, (4, 1), (22, 1), 4 * 34);
         assert_eq!(window, 136);
         assert_eq!(global, (26_000 - 22 * 136) / 4);
         assert!(4 * global + 22 * window <= 26_000);
-        assert_eq!(split_budget(26_000, 26, 22, 256 * 34), (1000, 1000));
-        assert_eq!(split_budget(26_000, 26, 26, 10), (1000, 1000));
+        assert_eq!(
+            split_budget(26_000, (4, 1), (22, 1), 256 * 34),
+            (1000, 1000)
+        );
+        assert_eq!(split_budget(26_000, (0, 1), (26, 1), 10), (1000, 1000));
+        // Global blocks twice the window's bytes (heads twice as wide).
+        let (global, window) = split_budget(60_000, (2, 2), (4, 1), 100);
+        assert_eq!((global, window), ((60_000 - 4 * 100) / 4, 100));
+        assert!(2 * 2 * global + 4 * window <= 60_000);
+        assert_eq!(split_budget(8_000, (2, 2), (4, 1), 5_000), (1000, 1000));
     }
 
     /// A sequence decoding far past its window never holds more than the

@@ -55,6 +55,13 @@ impl KvDtype {
     }
 }
 
+/// The K/V heads one layer keeps, and their size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvShape {
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
 /// Shape of the pool, fixed at start-up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvLayout {
@@ -64,6 +71,9 @@ pub struct KvLayout {
     pub block_size: usize,
     pub num_blocks: usize,
     pub dtype: KvDtype,
+    /// The sliding-window layers' heads where they differ from the
+    /// others' (Gemma 4's).
+    pub window_kv: Option<KvShape>,
 }
 
 impl KvLayout {
@@ -96,6 +106,7 @@ impl KvLayout {
             block_size,
             num_blocks: budget_bytes / per_block,
             dtype,
+            window_kv: None,
         }
     }
 
@@ -103,9 +114,15 @@ impl KvLayout {
         self.num_kv_heads * self.head_dim
     }
 
-    /// Elements of one layer's K (or V) pool.
-    fn layer_elems(&self, num_blocks: usize) -> usize {
-        num_blocks * self.block_size * self.kv_dim()
+    /// The heads of a sliding-window layer (`window`) or of another.
+    pub fn shape(&self, window: bool) -> KvShape {
+        match (window, self.window_kv) {
+            (true, Some(shape)) => shape,
+            _ => KvShape {
+                num_kv_heads: self.num_kv_heads,
+                head_dim: self.head_dim,
+            },
+        }
     }
 }
 
@@ -157,18 +174,21 @@ impl KvCache {
     ) -> candle_core::Result<Self> {
         let layers = (0..layout.num_layers)
             .map(|i| {
-                let num_blocks = match window_layers.contains(&i) {
+                let window = window_layers.contains(&i);
+                let num_blocks = match window {
                     true => window_blocks,
                     false => layout.num_blocks,
                 };
-                let elems = layout.layer_elems(num_blocks);
+                let heads = layout.shape(window);
+                let kv_dim = heads.num_kv_heads * heads.head_dim;
+                let elems = num_blocks * layout.block_size * kv_dim;
                 if device.is_cpu() && !force_tensor {
                     Ok(LayerCache::Host {
-                        k: HostPool::zeros(layout.dtype, elems, layout.head_dim),
-                        v: HostPool::zeros(layout.dtype, elems, layout.head_dim),
+                        k: HostPool::zeros(layout.dtype, elems, heads.head_dim),
+                        v: HostPool::zeros(layout.dtype, elems, heads.head_dim),
                     })
                 } else {
-                    let shape = (num_blocks * layout.block_size, layout.kv_dim());
+                    let shape = (num_blocks * layout.block_size, kv_dim);
                     Ok(LayerCache::Tensor {
                         k: Tensor::zeros(shape, layout.dtype.dtype()?, device)?,
                         v: Tensor::zeros(shape, layout.dtype.dtype()?, device)?,

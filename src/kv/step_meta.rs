@@ -402,6 +402,7 @@ mod tests {
             block_size,
             num_blocks: 8,
             dtype: KvDtype::F32,
+            window_kv: None,
         };
         KvCache::new(layout, &Device::Cpu, !host).unwrap()
     }

@@ -173,6 +173,7 @@ impl Gpt2 {
             kv_dtype: KvDtype::for_weights(vb.dtype()),
             window_layers: Vec::new(),
             sliding_window: None,
+            window_kv: None,
         };
         Ok(Gpt2 {
             info,

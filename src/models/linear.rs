@@ -158,8 +158,13 @@ impl Linear {
     /// dtype, or re-quantized to Q8_0 for wick's kernels with
     /// `WeightFormat::Q8_0` on the CPU. Other formats describe GGUF weights.
     pub fn dense(w: Tensor, bias: Option<Tensor>, spec: WeightSpec) -> Result<Self> {
+        // Q8_0 blocks are 32 inputs long: a narrower matrix (Gemma 4's
+        // per-layer projections) stays as it is, as llama-quantize leaves
+        // such a tensor unquantized.
+        let blocks_fit = w.dims2()?.1 % 32 == 0;
         let weights = match spec.format {
             WeightFormat::Native => Weights::Dense(w),
+            WeightFormat::Q8_0 if !blocks_fit => Weights::Dense(w),
             WeightFormat::Q8_0 if w.device().is_cpu() => {
                 let (n, k) = w.dims2()?;
                 let values = w.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;

@@ -1308,6 +1308,7 @@ impl Llama {
             sliding_window: config
                 .sliding_window
                 .filter(|_| !config.local_layers.is_empty()),
+            window_kv: None,
         };
         let expert_load = blocks.iter().find_map(|b| match &b.ffn {
             Ffn::Experts(moe) => Some(moe.load.clone()),

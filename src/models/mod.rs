@@ -5,6 +5,7 @@
 pub mod elementwise;
 pub mod embedding;
 pub mod ffn;
+pub mod gemma4;
 pub mod gpt2;
 pub mod linear;
 pub mod llama;
@@ -21,7 +22,7 @@ use candle_core::{Device, Result, Tensor};
 
 use crate::attention;
 pub use crate::kv::batch::{FlatBatch, LogitRows, SeqSlice};
-use crate::kv::cache::{KvCache, KvDtype};
+use crate::kv::cache::{KvCache, KvDtype, KvShape};
 use crate::kv::step_meta::{MetaBuffers, StepMeta};
 use moe::ExpertLoad;
 
@@ -41,6 +42,9 @@ pub struct ModelInfo {
     /// and that window: their K/V live in a pool of their own.
     pub window_layers: Vec<usize>,
     pub sliding_window: Option<usize>,
+    /// The sliding-window layers' K/V heads where they differ from
+    /// `num_kv_heads` of `head_dim` (Gemma 4's).
+    pub window_kv: Option<KvShape>,
 }
 
 impl ModelInfo {
@@ -48,12 +52,15 @@ impl ModelInfo {
     /// serves `num_heads / num_kv_heads` query heads, so the one must be a
     /// multiple of the other (a malformed file is the only way it is not).
     pub fn check_heads(&self) -> std::result::Result<(), String> {
-        if self.num_kv_heads == 0 || !self.num_heads.is_multiple_of(self.num_kv_heads) {
-            return Err(format!(
-                "the model has {} attention heads and {} K/V heads: the first must be a \
-                 multiple of the second",
-                self.num_heads, self.num_kv_heads
-            ));
+        let window = self.window_kv.map(|w| w.num_kv_heads);
+        for kv in [Some(self.num_kv_heads), window].into_iter().flatten() {
+            if kv == 0 || !self.num_heads.is_multiple_of(kv) {
+                return Err(format!(
+                    "the model has {} attention heads and {kv} K/V heads: the first must be \
+                     a multiple of the second",
+                    self.num_heads
+                ));
+            }
         }
         Ok(())
     }
@@ -148,6 +155,7 @@ mod tests {
             kv_dtype: KvDtype::F32,
             window_layers: Vec::new(),
             sliding_window: None,
+            window_kv: None,
         }
     }
 

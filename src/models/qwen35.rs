@@ -1036,6 +1036,7 @@ impl Qwen35 {
             kv_dtype,
             window_layers: Vec::new(),
             sliding_window: None,
+            window_kv: None,
         };
         let expert_load = layers.iter().find_map(|l| match &l.ffn {
             Ffn::Experts(moe) => Some(moe.load.clone()),

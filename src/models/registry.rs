@@ -23,6 +23,7 @@ use candle_core::quantized::gguf_file;
 use candle_core::Device;
 use candle_nn::VarBuilder;
 
+use super::gemma4::Gemma4;
 use super::gpt2::Gpt2;
 use super::linear::WeightSpec;
 use super::llama::Llama;
@@ -196,6 +197,17 @@ pub static FAMILIES: &[Family] = &[
         }),
     },
     Family {
+        models: "Gemma 4",
+        gguf: Some(Format {
+            names: &["gemma4"],
+            load: gemma4_gguf,
+        }),
+        hf: Some(Format {
+            names: &["gemma4", "gemma4_text"],
+            load: gemma4_hf,
+        }),
+    },
+    Family {
         models: "Qwen3.5",
         gguf: Some(Format {
             names: &["qwen35"],
@@ -250,6 +262,33 @@ fn llama_hf(
     context: Option<usize>,
 ) -> anyhow::Result<Box<dyn Model>> {
     Ok(Box::new(Llama::from_safetensors(
+        config, vb, spec, context,
+    )?))
+}
+
+fn gemma4_gguf(
+    content: &gguf_file::Content,
+    mut reader: &mut dyn ReadSeek,
+    spec: WeightSpec,
+    context: Option<usize>,
+    device: &Device,
+) -> anyhow::Result<Box<dyn Model>> {
+    Ok(Box::new(Gemma4::from_gguf(
+        content,
+        &mut reader,
+        spec,
+        context,
+        device,
+    )?))
+}
+
+fn gemma4_hf(
+    config: &str,
+    vb: VarBuilder,
+    spec: WeightSpec,
+    context: Option<usize>,
+) -> anyhow::Result<Box<dyn Model>> {
+    Ok(Box::new(Gemma4::from_safetensors(
         config, vb, spec, context,
     )?))
 }
@@ -418,9 +457,9 @@ mod tests {
     fn refusals_list_what_the_table_runs() {
         assert_eq!(
             hf_supported(),
-            "gemma3_text, gpt2, granite, granitemoe, llama, ministral3, mistral, mistral3, mixtral, \
-             olmoe, phi3, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, \
-             qwen3_5_text, qwen3_moe and smollm3"
+            "gemma3_text, gemma4, gemma4_text, gpt2, granite, granitemoe, llama, ministral3, \
+             mistral, mistral3, mixtral, olmoe, phi3, qwen2, qwen2_moe, qwen3, qwen3_5, \
+             qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe and smollm3"
         );
         assert!(gguf_supported()
             .starts_with("\"llama\" (Llama 2 and 3.x, Mistral, Mixtral, TinyLlama), "));

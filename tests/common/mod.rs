@@ -107,6 +107,7 @@ pub fn teacher_forced_logits(
         block_size,
         num_blocks,
         dtype: kv_dtype,
+        window_kv: None,
     };
     let mut cache = KvCache::new(layout, model.device(), force_tensor_kv).unwrap();
     let mut blocks = BlockManager::new(num_blocks, block_size);
