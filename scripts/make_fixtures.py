@@ -279,16 +279,21 @@ def check_routing(model, prompts, continuations):
     picks, gaps = [], []
 
     def hook(module, args, out):
-        logits, _, indices = out
-        probs = torch.softmax(logits.float(), -1)
-        top = torch.topk(probs, module.top_k + 1, dim=-1).values
+        scores, _, indices = out
+        # Gemma 4's router hands back probabilities, the others logits.
+        gemma4 = hasattr(module, "per_expert_scale")
+        probs = scores.float() if gemma4 else torch.softmax(scores.float(), -1)
+        top = torch.topk(probs, indices.shape[-1] + 1, dim=-1).values
         picks.append(indices)
         gaps.append(float((top[:, -2] - top[:, -1]).min()))
 
     def router(layer):
-        # Granite-MoE's block and router have names of their own.
+        # Granite-MoE's block and router have names of their own, as has
+        # Gemma 4's router (beside its dense MLP).
         if hasattr(layer, "block_sparse_moe"):
             return layer.block_sparse_moe.router
+        if hasattr(layer, "router"):
+            return layer.router
         return layer.mlp.gate
 
     handles = [router(layer).register_forward_hook(hook) for layer in model.model.layers]
@@ -330,7 +335,7 @@ ONLY = set(sys.argv[1:])
 
 
 def build(name, make_model, tokenizer, chat, seed, std, extra=None, norm_center=1.0,
-          edit_config=None, **save_args):
+          edit_config=None, tweak=None, **save_args):
     if ONLY and name not in ONLY:
         return
     out = ROOT / name
@@ -339,6 +344,9 @@ def build(name, make_model, tokenizer, chat, seed, std, extra=None, norm_center=
     torch.manual_seed(seed)
     model = make_model().eval()
     randomize(model, std, norm_center)
+    if tweak:
+        with torch.no_grad():
+            tweak(model)
     ref = reference(model, tokenizer, chat)
     if extra:
         ref.update(extra(model, tokenizer))
@@ -369,10 +377,11 @@ def build(name, make_model, tokenizer, chat, seed, std, extra=None, norm_center=
     with torch.no_grad():
         for ids, want in zip(ref["inputs"], ref["logits"]):
             got = reloaded(torch.tensor([ids])).logits[0]
-            # Equal but for float noise: Granite-MoE's reloaded fused experts
-            # give a different summation order (3e-8 apart).
+            # Equal but for float noise: reloaded fused experts sum in
+            # another order (Granite-MoE's 3e-8 apart; Gemma 4's, whose
+            # scale-1 attention amplifies it, 1.3e-5).
             d = float((got - torch.tensor(want)).abs().max())
-            assert d <= 1e-6, f"{name}: reloaded logits differ by {d}"
+            assert d <= 5e-5, f"{name}: reloaded logits differ by {d}"
     for case in ref["tokenizer"]:
         assert tok(case["text"])["input_ids"] == case["ids"], case["text"]
     assert tok("")["input_ids"] == ref["add_special_tokens_adds"]
@@ -641,6 +650,24 @@ def main():
                Gemma4ForCausalLM),
         llama_tok, chat=True, seed=52, std=0.15,
         extra=lambda model, tok: long_prompt(model, tok, 96, 24),
+    )
+    # Gemma 4's mixture of experts (26B-A4B's features on gemma4-keqv-tiny's
+    # layers): beside each layer's dense MLP, 8 GeGLU experts of 32, the
+    # top 2 by a softmax over a router that RMS-norms the residual stream
+    # and scales it per channel, renormalised and then scaled per expert;
+    # the two outputs normed and summed. Router scales and expert scales
+    # are drawn around 1 with the other 1-D weights; the router's matrix 16
+    # times wider than the others, since its input is scaled by
+    # hidden^-1/2 and near-equal experts would leave near-ties.
+    build(
+        "gemma4moe-tiny",
+        gemma4(Gemma4TextConfig(**gemma4_text, hidden_size_per_layer_input=0,
+                                attention_k_eq_v=True, num_global_key_value_heads=1,
+                                enable_moe_block=True, num_experts=8, top_k_experts=2,
+                                moe_intermediate_size=32),
+               Gemma4ForCausalLM),
+        llama_tok, chat=True, seed=54, std=0.15, extra=moe_extra,
+        tweak=lambda model: [layer.router.proj.weight.mul_(16.0) for layer in model.model.layers],
     )
     # Mixtures of experts: every layer's MLP is 8 SwiGLU experts of 32, of
     # which a softmax router picks 2 per token. The inputs route several

@@ -26,7 +26,7 @@ fn fixtures() -> PathBuf {
 }
 
 /// `(GGUF stem, its transformers reference, a tensor only that feature has)`.
-const CASES: [(&str, &str, &str); 18] = [
+const CASES: [(&str, &str, &str); 19] = [
     (
         "llama3-rope",
         "llama-tiny/reference.json",
@@ -122,6 +122,13 @@ const CASES: [(&str, &str, &str); 18] = [
         "qwen35moe-fused",
         "qwen35moe-tiny/reference.json",
         "blk.0.ffn_gate_up_exps.weight",
+    ),
+    // Gemma 4's experts beside the dense MLP: gate and up fused, the
+    // router's and the experts' scales as tensors of their own.
+    (
+        "gemma4moe",
+        "gemma4moe-tiny/reference.json",
+        "blk.0.ffn_down_exps.scale",
     ),
     // Granite-MoE: the converter splits the fused gate and up experts.
     (
@@ -410,16 +417,25 @@ fn mistral3_gguf_logprobs_match_llama_cpp() {
 }
 
 /// Gemma 4 against llama-server on the same files. In f32 llama.cpp is
-/// itself up to 5.2e-2 from transformers on these (mean 4.5e-3 to 7.7e-3
+/// itself up to 8.2e-2 from transformers on these (mean 4.5e-3 to 1.1e-2
 /// over the last 24 positions; its GELU from an f16 table, its attention
-/// at scale 1 in flash-attention tiles) while wick is within 6e-5 of
-/// transformers: observed 0.15 at worst over the 96 positions, 7.7e-3 on
-/// average, the top tokens alike. Quantized, the two engines' 8-bit
-/// activations, sharpened by that scale, move further apart (observed mean
-/// 0.15, 4 of 96 top tokens); a broken layer moves every position by units.
+/// at scale 1 in flash-attention tiles) while wick is within 7.1e-5 of
+/// transformers: observed 0.15 at worst over the 96 positions, 1e-2 on
+/// average, the top tokens alike. Quantized, 8-bit activations sharpened
+/// by that scale move both engines far from the unquantized model:
+/// llama.cpp's own Q8_0 answers stray from transformers' by 0.25 and 0.36
+/// on average over the last 24 positions (7 and 5 top tokens differ), and
+/// with experts, whose choice the rounding flips too, by 0.89 (16 of 24).
+/// The two engines must agree better than that (observed: mean 0.12 and
+/// 0.15, 4 of 96 top tokens; with experts 0.30, 8 of 96); a broken layer
+/// moves every position by units.
 #[test]
 fn gemma4_gguf_logprobs_match_llama_cpp() {
-    for stem in ["gemma4", "gemma4-keqv"] {
+    for (stem, q8_mean, q8_misses) in [
+        ("gemma4", 0.2, 5),
+        ("gemma4-keqv", 0.2, 5),
+        ("gemma4moe", 0.45, 12),
+    ] {
         let f32 = logprob_diff_vs_llama_cpp(stem, "f32", KvDtype::F32, 0.4);
         let q8 = logprob_diff_vs_llama_cpp(stem, "q8_0", KvDtype::F16, 0.4);
         eprintln!(
@@ -438,12 +454,12 @@ fn gemma4_gguf_logprobs_match_llama_cpp() {
             f32.mean
         );
         assert!(
-            q8.mean <= 0.2,
+            q8.mean <= q8_mean,
             "{stem} q8_0: log-probs differ by {} on average",
             q8.mean
         );
         assert!(
-            q8.top1_misses <= 5,
+            q8.top1_misses <= q8_misses,
             "{stem} q8_0: top tokens differ at {} positions",
             q8.top1_misses
         );

@@ -20,7 +20,7 @@ use wick::load::loader::{load, LoadOptions, LoadedModel, WeightDtype};
 use wick::models::linear::WeightFormat;
 use wick::sampling::params::SamplingParams;
 
-const FIXTURES: [&str; 19] = [
+const FIXTURES: [&str; 20] = [
     "gpt2-tiny",
     "llama-tiny",
     "mistral-tiny",
@@ -40,6 +40,7 @@ const FIXTURES: [&str; 19] = [
     "qwen2moe-tiny",
     "qwen35moe-tiny",
     "granitemoe-tiny",
+    "gemma4moe-tiny",
 ];
 
 /// The mixtures of experts among [`FIXTURES`]. Rounding their weights (to
@@ -47,13 +48,14 @@ const FIXTURES: [&str; 19] = [
 /// experts, which moves its logits by units, so the rounded-weight tests
 /// leave them out: their quantized files are checked against llama.cpp's
 /// answers on the same files instead (`tests/gguf_arch.rs`).
-const MOE: [&str; 6] = [
+const MOE: [&str; 7] = [
     "qwen3moe-tiny",
     "olmoe-tiny",
     "mixtral-tiny",
     "qwen2moe-tiny",
     "qwen35moe-tiny",
     "granitemoe-tiny",
+    "gemma4moe-tiny",
 ];
 
 fn dense_fixtures() -> impl Iterator<Item = &'static str> {

@@ -127,7 +127,7 @@ pub(super) fn silu(x: f32) -> f32 {
 /// than libm's scalar `tanh` (several times slower per element, and Gemma's
 /// MLP is the widest activation in its prefill).
 #[inline]
-fn gelu_tanh(x: f32) -> f32 {
+pub(super) fn gelu_tanh(x: f32) -> f32 {
     const SQRT_TWO_OVER_PI: f32 = 0.797_884_6;
     let u = SQRT_TWO_OVER_PI * x * (1.0 + 0.044715 * x * x);
     x / (1.0 + exp_rounded(-2.0 * u))

@@ -21,6 +21,7 @@
 //! writing back the rows its source wrote this step (the same values).
 
 use std::io::{Read, Seek};
+use std::sync::Arc;
 
 use candle_core::quantized::{gguf_file, QTensor};
 use candle_core::{DType, Device, Result, Tensor};
@@ -29,8 +30,9 @@ use serde::Deserialize;
 
 use super::elementwise::{self, Act};
 use super::embedding::Embedding;
-use super::linear::{Linear, WeightSpec};
+use super::linear::{Linear, WeightFormat, WeightSpec};
 use super::mlp::{Activation, Mlp};
+use super::moe::{ExpertLoad, Experts, GgufLayer, Moe, MoeConfig, Routing};
 use super::rope::Rope;
 use super::{hidden_states, Model, ModelInfo, Output};
 use crate::attention::{paged_attention, AttnDims};
@@ -69,6 +71,8 @@ pub struct Config {
     pub final_logit_softcap: Option<f32>,
     pub max_context: usize,
     pub vocab_size: usize,
+    /// The 26B-A4B's experts, beside every layer's dense MLP.
+    pub moe: Option<MoeConfig>,
 }
 
 /// The fields of a Gemma 4 `config.json` (or its `text_config`) wick reads.
@@ -98,6 +102,8 @@ struct HfConfig {
     vocab_size: usize,
     #[serde(default)]
     enable_moe_block: bool,
+    num_experts: Option<usize>,
+    top_k_experts: Option<usize>,
     #[serde(default = "yes")]
     tie_word_embeddings: bool,
 }
@@ -143,10 +149,11 @@ impl Config {
             v = text;
         }
         let c: HfConfig = serde_json::from_value(v)?;
-        anyhow::ensure!(
-            !c.enable_moe_block,
-            "Gemma 4's mixture-of-experts block (enable_moe_block) is not supported"
-        );
+        let moe = match (c.enable_moe_block, c.num_experts, c.top_k_experts) {
+            (false, _, _) => None,
+            (true, Some(experts), Some(top_k)) => Some(moe_config(experts, top_k)),
+            (true, _, _) => anyhow::bail!("enable_moe_block without num_experts and top_k_experts"),
+        };
         anyhow::ensure!(
             c.layer_types.len() == c.num_hidden_layers,
             "layer_types has {} entries for {} layers",
@@ -234,6 +241,7 @@ impl Config {
             final_logit_softcap: c.final_logit_softcapping,
             max_context: c.max_position_embeddings,
             vocab_size: c.vocab_size,
+            moe,
         };
         config.check()?;
         Ok((config, c.tie_word_embeddings))
@@ -323,6 +331,13 @@ impl Config {
             final_logit_softcap: md_f32("final_logit_softcapping")?.filter(|&c| c != 0.0),
             max_context: md("context_length")?.to_u32()? as usize,
             vocab_size: content.tensor_infos["token_embd.weight"].shape.dims()[0],
+            moe: match md("expert_count").map_or(Ok(0), |v| v.to_u32())? {
+                0 => None,
+                n => Some(moe_config(
+                    n as usize,
+                    md("expert_used_count")?.to_u32()? as usize,
+                )),
+            },
         };
         config.check()?;
         Ok(config)
@@ -374,6 +389,30 @@ impl Config {
     }
 }
 
+/// Every layer's experts, their top k weights renormalized.
+fn moe_config(experts: usize, top_k: usize) -> MoeConfig {
+    MoeConfig {
+        experts,
+        routing: Routing {
+            top_k,
+            renormalize: true,
+        },
+        dense_layers: Vec::new(),
+    }
+}
+
+/// The 26B-A4B's experts beside a layer's dense MLP: routed on the
+/// residual stream (RMS-normed, scaled per channel by `router_norm`), fed
+/// its own norm of it, each output normed before the two are summed.
+struct ExpertBlock {
+    moe: Moe,
+    /// The router's input norm: its `scale` times `hidden^-1/2`.
+    router_norm: Tensor,
+    pre_norm: Tensor,
+    post_dense_norm: Tensor,
+    post_experts_norm: Tensor,
+}
+
 /// A layer's share of the per-layer inputs: gated by its output, projected
 /// back, normed and added.
 struct PerLayer {
@@ -404,6 +443,7 @@ struct Layer {
     pre_ffn_norm: Tensor,
     mlp: Mlp,
     post_ffn_norm: Tensor,
+    experts: Option<ExpertBlock>,
     per_layer: Option<PerLayer>,
     scalar: f64,
 }
@@ -429,6 +469,7 @@ pub struct Gemma4 {
     /// Each head's weightless RMSNorm on the values, as ones.
     local_ones: Tensor,
     global_ones: Tensor,
+    expert_load: Option<Arc<ExpertLoad>>,
 }
 
 /// The weights of one layer, named as each format names them.
@@ -444,6 +485,7 @@ struct LayerWeights {
     gate_up: Linear,
     down: Linear,
     post_ffn_norm: Tensor,
+    experts: Option<ExpertBlock>,
     per_layer: Option<PerLayer>,
     scalar: f64,
 }
@@ -495,10 +537,49 @@ impl Gemma4 {
                 norm: qt("per_layer_proj_norm.weight")?.dequantize(device)?,
             }),
         };
+        let load = expert_load(&config);
         let mut layers = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
             let p = format!("blk.{i}");
             let w = |n: &str| format!("{p}.{n}.weight");
+            let experts = match (&config.moe, &load) {
+                (Some(moe), Some(load)) => {
+                    let found = |n: &str| has(&w(n));
+                    let layer = GgufLayer {
+                        prefix: &p,
+                        has: &found,
+                        spec,
+                        device,
+                    };
+                    let block = Moe::from_gguf(
+                        &layer,
+                        &mut qt,
+                        moe.experts,
+                        moe.routing,
+                        (i, load.clone()),
+                    )?;
+                    let mut vector = |n: &str| -> anyhow::Result<Tensor> {
+                        Ok(qt(&format!("{p}.{n}"))?.dequantize(device)?)
+                    };
+                    let (router_scale, expert_scale) = (
+                        vector("ffn_gate_inp.scale")?,
+                        vector("ffn_down_exps.scale")?,
+                    );
+                    let mut norm = |n: &str| vector(&format!("{n}.weight"));
+                    Some(ExpertBlock::new(
+                        block,
+                        &router_scale,
+                        expert_scale.to_vec1()?,
+                        [
+                            norm("pre_ffw_norm_2")?,
+                            norm("post_ffw_norm_1")?,
+                            norm("post_ffw_norm_2")?,
+                        ],
+                        config.hidden_size,
+                    )?)
+                }
+                _ => None,
+            };
             let own = has(&format!("{p}.attn_k.weight"));
             let values_are_keys = !has(&format!("{p}.attn_v.weight"));
             let names: &[&str] = match (own, values_are_keys) {
@@ -547,6 +628,7 @@ impl Gemma4 {
                 gate_up,
                 down,
                 post_ffn_norm: norm("post_ffw_norm")?,
+                experts,
                 per_layer: match per_layer {
                     Some((gate, proj)) => Some(PerLayer {
                         gate,
@@ -617,6 +699,7 @@ impl Gemma4 {
                 norm: f32_tensor(&format!("{root}.per_layer_projection_norm.weight"))?,
             }),
         };
+        let load = expert_load(&config);
         let mut layers = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
             let p = format!("{root}.layers.{i}");
@@ -641,6 +724,51 @@ impl Gemma4 {
                 }),
             };
             let mlp = format!("{p}.mlp");
+            let experts = match (&config.moe, &load) {
+                (Some(moe), Some(load)) => {
+                    let get = |n: &str| vb.get_unchecked(&format!("{p}.{n}"));
+                    // `[experts, 2 * ff, hidden]`, gate rows first; `[experts, hidden, ff]`.
+                    let (gate_up, down) = (get("experts.gate_up_proj")?, get("experts.down_proj")?);
+                    let ff = gate_up.dim(1)? / 2;
+                    let each = |t: &Tensor, from: usize, len: usize| -> Result<Vec<Tensor>> {
+                        (0..moe.experts)
+                            .map(|e| t.get(e)?.narrow(0, from, len)?.contiguous())
+                            .collect()
+                    };
+                    let hidden = down.dim(1)?;
+                    let block = Moe {
+                        router: Linear::dense(
+                            vb.get_unchecked_dtype(&format!("{p}.router.proj.weight"), DType::F32)?,
+                            None,
+                            WeightFormat::Native.into(),
+                        )?,
+                        routing: moe.routing,
+                        experts: Experts::from_dense(
+                            each(&gate_up, 0, ff)?,
+                            each(&gate_up, ff, ff)?,
+                            each(&down, 0, hidden)?,
+                            spec,
+                        )?,
+                        act: Act::GeluTanh,
+                        expert_scale: None,
+                        shared: None,
+                        layer: i,
+                        load: load.clone(),
+                    };
+                    Some(ExpertBlock::new(
+                        block,
+                        &f32_tensor(&format!("{p}.router.scale"))?,
+                        f32_tensor(&format!("{p}.router.per_expert_scale"))?.to_vec1()?,
+                        [
+                            norm("pre_feedforward_layernorm_2")?,
+                            norm("post_feedforward_layernorm_1")?,
+                            norm("post_feedforward_layernorm_2")?,
+                        ],
+                        config.hidden_size,
+                    )?)
+                }
+                _ => None,
+            };
             layers.push(LayerWeights {
                 attn_norm: norm("input_layernorm")?,
                 qkv: linear(&names)?,
@@ -659,6 +787,7 @@ impl Gemma4 {
                 gate_up: linear(&[format!("{mlp}.gate_proj"), format!("{mlp}.up_proj")])?,
                 down: linear(&[format!("{mlp}.down_proj")])?,
                 post_ffn_norm: norm("post_feedforward_layernorm")?,
+                experts,
                 per_layer,
                 scalar: f32_tensor(&format!("{p}.layer_scalar"))?
                     .flatten_all()?
@@ -715,16 +844,22 @@ impl Gemma4 {
                 pre_ffn_norm: w.pre_ffn_norm,
                 mlp: Mlp::new(w.gate_up, w.down, Activation::Glu(Act::GeluTanh)),
                 post_ffn_norm: w.post_ffn_norm,
+                experts: w.experts,
                 per_layer: w.per_layer,
                 scalar: w.scalar,
             });
         }
+        let expert_load = layers
+            .iter()
+            .find_map(|l| l.experts.as_ref().map(|b| b.moe.load.clone()));
         crate::quant::share_pages(
             layers
                 .iter_mut()
                 .flat_map(|l| {
                     let [up, down] = l.mlp.linears_mut();
                     [&mut l.qkv, &mut l.o, up, down]
+                        .into_iter()
+                        .chain(l.experts.as_mut().map(|b| &mut b.moe.router))
                 })
                 .chain([&mut lm_head])
                 .flat_map(Linear::own_matrices),
@@ -753,6 +888,7 @@ impl Gemma4 {
             .filter(|_| config.local != config.global),
         };
         Ok(Gemma4 {
+            expert_load,
             local_ones: ones(config.local.head_dim)?,
             global_ones: ones(config.global.head_dim)?,
             info,
@@ -787,6 +923,42 @@ impl Gemma4 {
     }
 }
 
+impl ExpertBlock {
+    /// From the router's per-channel `router_scale`, the experts' own
+    /// scales and the three norms (before the experts, after the dense MLP,
+    /// after the experts).
+    fn new(
+        mut moe: Moe,
+        router_scale: &Tensor,
+        expert_scale: Vec<f32>,
+        [pre_norm, post_dense_norm, post_experts_norm]: [Tensor; 3],
+        hidden: usize,
+    ) -> Result<Self> {
+        if expert_scale.len() != moe.experts.count() {
+            candle_core::bail!(
+                "{} expert scales for {} experts",
+                expert_scale.len(),
+                moe.experts.count()
+            );
+        }
+        moe.act = Act::GeluTanh;
+        moe.expert_scale = Some(expert_scale);
+        Ok(ExpertBlock {
+            moe,
+            router_norm: (router_scale * (hidden as f64).powf(-0.5))?,
+            pre_norm,
+            post_dense_norm,
+            post_experts_norm,
+        })
+    }
+}
+
+/// Counters of rows routed per layer and expert, for a mixture of experts.
+fn expert_load(config: &Config) -> Option<Arc<ExpertLoad>> {
+    let moe = config.moe.as_ref()?;
+    Some(Arc::new(ExpertLoad::new(config.num_layers, moe.experts)))
+}
+
 /// RMS-norms each `head_dim`-wide head of `[T, n * head_dim]` rows by `w`.
 fn norm_heads(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
     let (t, width) = x.dims2()?;
@@ -798,6 +970,10 @@ fn norm_heads(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
 impl Model for Gemma4 {
     fn info(&self) -> &ModelInfo {
         &self.info
+    }
+
+    fn expert_load(&self) -> Option<Arc<ExpertLoad>> {
+        self.expert_load.clone()
     }
 
     fn device(&self) -> &Device {
@@ -864,7 +1040,16 @@ impl Model for Gemma4 {
             let attn = paged_attention(&rows, cache.layer_mut(source), meta, dims)?;
             x = elementwise::add(&x, &norm(&l.o.forward(&attn)?, &l.post_attn_norm)?)?;
             let h = norm(&x, &l.pre_ffn_norm)?;
-            x = elementwise::add(&x, &norm(&l.mlp.forward(&h)?, &l.post_ffn_norm)?)?;
+            let mut y = l.mlp.forward(&h)?;
+            if let Some(b) = &l.experts {
+                let routed = norm(&x, &b.router_norm)?;
+                let experts = b.moe.forward_routed(&routed, &norm(&x, &b.pre_norm)?)?;
+                y = elementwise::add(
+                    &norm(&y, &b.post_dense_norm)?,
+                    &norm(&experts, &b.post_experts_norm)?,
+                )?;
+            }
+            x = elementwise::add(&x, &norm(&y, &l.post_ffn_norm)?)?;
             if let (Some(pl), Some(inputs)) = (&l.per_layer, &per_layer) {
                 let n = c.per_layer_input;
                 let gate = pl.gate.forward(&x)?.gelu()?;

@@ -18,7 +18,7 @@ use candle_core::quantized::{GgmlDType, QStorage, QTensor};
 use candle_core::{DType, Device, Result, Tensor};
 use candle_nn::VarBuilder;
 
-use super::elementwise::Act;
+use super::elementwise::{self, gelu_tanh, silu, Act};
 use super::linear::{Linear, WeightFormat, WeightSpec};
 use super::mlp::{Activation, Mlp};
 use crate::quant::{matmul_grouped, GroupedJob, QuantMatrix};
@@ -215,6 +215,11 @@ pub struct Moe {
     pub router: Linear,
     pub routing: Routing,
     pub experts: Experts,
+    /// The experts' gate activation: SiLU, or Gemma 4's tanh GELU.
+    pub act: Act,
+    /// Gemma 4's: each expert's routing weight is multiplied by its own
+    /// scale.
+    pub expert_scale: Option<Vec<f32>>,
     pub shared: Option<SharedExpert>,
     /// Which layer this is, in `load`.
     pub layer: usize,
@@ -303,6 +308,8 @@ impl Moe {
             router,
             routing,
             experts: stacked,
+            act: Act::Silu,
+            expert_scale: None,
             shared,
             layer,
             load,
@@ -402,6 +409,8 @@ impl Moe {
             )?,
             routing,
             experts: Experts::from_dense(gate?, up?, down?, spec)?,
+            act: Act::Silu,
+            expert_scale: None,
             shared,
             layer,
             load,
@@ -410,21 +419,38 @@ impl Moe {
 
     /// `x`: `[rows, hidden]`, already normed. Returns `[rows, hidden]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_routed(x, x)
+    }
+
+    /// The experts over `x`, each row routed by the router's scores of the
+    /// same row of `routed` (Gemma 4 routes on other values than its
+    /// experts take).
+    pub fn forward_routed(&self, routed: &Tensor, x: &Tensor) -> Result<Tensor> {
         let (t, hidden) = x.dims2()?;
-        let scores = self.router.forward(x)?.to_dtype(DType::F32)?;
-        let groups = route(
+        let scores = self.router.forward(routed)?.to_dtype(DType::F32)?;
+        let mut groups = route(
             &scores.flatten_all()?.to_vec1::<f32>()?,
             t,
             self.experts.count(),
             self.routing,
         )?;
+        if let Some(scale) = &self.expert_scale {
+            for (weights, &s) in groups.weights.iter_mut().zip(scale) {
+                weights.iter_mut().for_each(|w| *w *= s);
+            }
+        }
         for (e, rows) in groups.rows.iter().enumerate() {
             self.load.record(self.layer, e, rows.len());
         }
         let out = match &self.experts {
             Experts::Quant { gate, up, down } => {
                 let xs = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-                let out = grouped_forward(&xs, hidden, &groups, gate, up, down);
+                let out = match self.act {
+                    Act::Silu => grouped_forward(&xs, hidden, &groups, [gate, up, down], silu),
+                    Act::GeluTanh => {
+                        grouped_forward(&xs, hidden, &groups, [gate, up, down], gelu_tanh)
+                    }
+                };
                 Tensor::from_vec(out, (t, hidden), x.device())?
             }
             Experts::Linear { gate_up, down } => {
@@ -438,7 +464,7 @@ impl Moe {
                     let idx = Tensor::new(rows.as_slice(), x.device())?;
                     let w = Tensor::new(groups.weights[e].as_slice(), x.device())?.unsqueeze(1)?;
                     let h = gate_up[e].forward(&x.index_select(&idx, 0)?)?;
-                    let y = down[e].forward(&candle_nn::ops::swiglu(&h)?)?;
+                    let y = down[e].forward(&elementwise::glu(&h, self.act)?)?;
                     out = out.index_add(&idx, &y.broadcast_mul(&w)?, 0)?;
                 }
                 out
@@ -528,15 +554,14 @@ fn route(scores: &[f32], t: usize, experts: usize, r: Routing) -> Result<Groups>
     Ok(groups)
 }
 
-/// The experts' SwiGLU MLPs over their groups, on wick's kernels, summed
-/// into `[t, hidden]` by the routing weights.
+/// The experts' gated MLPs (`act` on the gate) over their groups, on
+/// wick's kernels, summed into `[t, hidden]` by the routing weights.
 fn grouped_forward(
     xs: &[f32],
     hidden: usize,
     groups: &Groups,
-    gate: &[QuantMatrix],
-    up: &[QuantMatrix],
-    down: &[QuantMatrix],
+    [gate, up, down]: [&[QuantMatrix]; 3],
+    act: impl Fn(f32) -> f32,
 ) -> Vec<f32> {
     let active: Vec<usize> = (0..groups.rows.len())
         .filter(|&e| !groups.rows[e].is_empty())
@@ -578,7 +603,7 @@ fn grouped_forward(
     }
     for (g, u) in g.iter_mut().zip(&u) {
         for (g, &u) in g.iter_mut().zip(u) {
-            *g = super::elementwise::silu(*g) * u;
+            *g = act(*g) * u;
         }
     }
     let mut ys: Vec<Vec<f32>> = active
