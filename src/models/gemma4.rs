@@ -23,7 +23,7 @@
 use std::io::{Read, Seek};
 use std::sync::Arc;
 
-use candle_core::quantized::{gguf_file, QTensor};
+use candle_core::quantized::gguf_file;
 use candle_core::{DType, Device, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
@@ -34,7 +34,7 @@ use super::linear::{Linear, WeightFormat, WeightSpec};
 use super::mlp::{Activation, Mlp};
 use super::moe::{ExpertLoad, Experts, GgufLayer, Moe, MoeConfig, Routing};
 use super::rope::Rope;
-use super::{hidden_states, Model, ModelInfo, Output};
+use super::{hidden_states, read_tensor, Model, ModelInfo, Output};
 use crate::attention::{paged_attention, AttnDims};
 use crate::kv::cache::{KvCache, KvDtype, KvShape};
 use crate::kv::step_meta::StepMeta;
@@ -389,6 +389,11 @@ impl Config {
     }
 }
 
+/// Gemma's MLP: tanh-GELU-gated, gate and up stacked.
+fn geglu(gate_up: Linear, down: Linear) -> Mlp {
+    Mlp::new(gate_up, down, Activation::Glu(Act::GeluTanh))
+}
+
 /// Every layer's experts, their top k weights renormalized.
 fn moe_config(experts: usize, top_k: usize) -> MoeConfig {
     MoeConfig {
@@ -435,7 +440,8 @@ struct Layer {
     /// Queries, then its own keys and values where it has them.
     qkv: Linear,
     kv: KvSource,
-    /// Scaled by √head_dim, which cancels the kernels' 1/√head_dim.
+    /// Scaled by √head_dim once loaded, which cancels the kernels'
+    /// 1/√head_dim.
     q_norm: Tensor,
     k_norm: Option<Tensor>,
     o: Linear,
@@ -472,24 +478,6 @@ pub struct Gemma4 {
     expert_load: Option<Arc<ExpertLoad>>,
 }
 
-/// The weights of one layer, named as each format names them.
-struct LayerWeights {
-    attn_norm: Tensor,
-    qkv: Linear,
-    kv: KvSource,
-    q_norm: Tensor,
-    k_norm: Option<Tensor>,
-    o: Linear,
-    post_attn_norm: Tensor,
-    pre_ffn_norm: Tensor,
-    gate_up: Linear,
-    down: Linear,
-    post_ffn_norm: Tensor,
-    experts: Option<ExpertBlock>,
-    per_layer: Option<PerLayer>,
-    scalar: f64,
-}
-
 impl Gemma4 {
     /// From a GGUF file; `context` caps the context.
     pub fn from_gguf<R: Read + Seek>(
@@ -501,14 +489,7 @@ impl Gemma4 {
     ) -> anyhow::Result<Self> {
         let mut config = Config::from_gguf(content)?;
         let has = |name: &str| content.tensor_infos.contains_key(name);
-        let mut qt = |name: &str| -> anyhow::Result<QTensor> {
-            content
-                .tensor(reader, name, device)
-                .map_err(|e| match has(name) {
-                    true => anyhow::anyhow!("tensor {name}: {e}"),
-                    false => anyhow::anyhow!("the file has no tensor {name}"),
-                })
-        };
+        let mut qt = |name: &str| read_tensor(content, reader, name, device);
         let freq_factors = match has("rope_freqs.weight") {
             true => Some(
                 qt("rope_freqs.weight")?
@@ -610,7 +591,7 @@ impl Gemma4 {
             );
             let mut norm =
                 |n: &str| -> anyhow::Result<Tensor> { Ok(qt(&w(n))?.dequantize(device)?) };
-            let weights = LayerWeights {
+            let weights = Layer {
                 attn_norm: norm("attn_norm")?,
                 qkv,
                 kv: match own {
@@ -625,8 +606,7 @@ impl Gemma4 {
                 o,
                 post_attn_norm: norm("post_attention_norm")?,
                 pre_ffn_norm: norm("ffn_norm")?,
-                gate_up,
-                down,
+                mlp: geglu(gate_up, down),
                 post_ffn_norm: norm("post_ffw_norm")?,
                 experts,
                 per_layer: match per_layer {
@@ -769,7 +749,7 @@ impl Gemma4 {
                 }
                 _ => None,
             };
-            layers.push(LayerWeights {
+            layers.push(Layer {
                 attn_norm: norm("input_layernorm")?,
                 qkv: linear(&names)?,
                 kv: match own {
@@ -784,8 +764,10 @@ impl Gemma4 {
                 o: linear(&[at("o_proj")])?,
                 post_attn_norm: norm("post_attention_layernorm")?,
                 pre_ffn_norm: norm("pre_feedforward_layernorm")?,
-                gate_up: linear(&[format!("{mlp}.gate_proj"), format!("{mlp}.up_proj")])?,
-                down: linear(&[format!("{mlp}.down_proj")])?,
+                mlp: geglu(
+                    linear(&[format!("{mlp}.gate_proj"), format!("{mlp}.up_proj")])?,
+                    linear(&[format!("{mlp}.down_proj")])?,
+                ),
                 post_ffn_norm: norm("post_feedforward_layernorm")?,
                 experts,
                 per_layer,
@@ -819,7 +801,7 @@ impl Gemma4 {
         mut config: Config,
         context: Option<usize>,
         (embed, per_layer_inputs): (Embedding, Option<PerLayerInputs>),
-        weights: Vec<LayerWeights>,
+        mut layers: Vec<Layer>,
         (norm, mut lm_head): (Tensor, Linear),
         global_inv: Vec<f32>,
         kv_dtype: KvDtype,
@@ -828,26 +810,10 @@ impl Gemma4 {
         if let Some(n) = context.filter(|&n| n > 0) {
             config.max_context = config.max_context.min(n);
         }
-        let mut layers: Vec<Layer> = Vec::with_capacity(weights.len());
-        for (i, w) in weights.into_iter().enumerate() {
+        for (i, l) in layers.iter_mut().enumerate() {
             // The attention's scale is 1: √d on the query norm cancels the
             // kernels' 1/√d (RoPE's rotation leaves it in proportion).
-            let root_d = (config.heads(i).head_dim as f64).sqrt();
-            layers.push(Layer {
-                attn_norm: w.attn_norm,
-                qkv: w.qkv,
-                kv: w.kv,
-                q_norm: (w.q_norm * root_d)?,
-                k_norm: w.k_norm,
-                o: w.o,
-                post_attn_norm: w.post_attn_norm,
-                pre_ffn_norm: w.pre_ffn_norm,
-                mlp: Mlp::new(w.gate_up, w.down, Activation::Glu(Act::GeluTanh)),
-                post_ffn_norm: w.post_ffn_norm,
-                experts: w.experts,
-                per_layer: w.per_layer,
-                scalar: w.scalar,
-            });
+            l.q_norm = (&l.q_norm * (config.heads(i).head_dim as f64).sqrt())?;
         }
         let expert_load = layers
             .iter()

@@ -23,7 +23,7 @@ use super::linear::{Linear, WeightSpec};
 use super::mlp::{Activation, Mlp};
 use super::moe::{ExpertLoad, GgufLayer, Moe, MoeConfig, Routing};
 use super::rope::Rope;
-use super::{gguf_architecture, hidden_states, Model, ModelInfo, Output};
+use super::{gguf_architecture, hidden_states, read_tensor, Model, ModelInfo, Output};
 use crate::attention::{paged_attention, AttnDims};
 use crate::kv::cache::{KvCache, KvDtype};
 use crate::kv::step_meta::StepMeta;
@@ -945,18 +945,7 @@ impl Llama {
         let mut config = Config::from_gguf(content)?;
         config.serve_context(context);
         // Every tensor error names the tensor and its block type.
-        let mut qt = |name: &str| -> anyhow::Result<QTensor> {
-            let kind = content
-                .tensor_infos
-                .get(name)
-                .map(|i| format!("{:?}", i.ggml_dtype));
-            content
-                .tensor(reader, name, device)
-                .map_err(|e| match kind {
-                    Some(kind) => anyhow::anyhow!("tensor {name} ({kind}): {e}"),
-                    None => anyhow::anyhow!("the file has no tensor {name}"),
-                })
-        };
+        let mut qt = |name: &str| read_tensor(content, reader, name, device);
         if content.tensor_infos.contains_key("rope_freqs.weight") {
             let factors = qt("rope_freqs.weight")?
                 .dequantize(device)?

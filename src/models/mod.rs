@@ -95,6 +95,26 @@ pub fn gguf_architecture(content: &gguf_file::Content) -> &str {
         .map_or("", String::as_str)
 }
 
+/// GGUF tensor `name` from `reader`, an error naming the tensor and its
+/// block type (or saying the file lacks it).
+pub fn read_tensor<R: std::io::Read + std::io::Seek>(
+    content: &gguf_file::Content,
+    reader: &mut R,
+    name: &str,
+    device: &Device,
+) -> anyhow::Result<candle_core::quantized::QTensor> {
+    let kind = content
+        .tensor_infos
+        .get(name)
+        .map(|i| format!("{:?}", i.ggml_dtype));
+    content
+        .tensor(reader, name, device)
+        .map_err(|e| match kind {
+            Some(kind) => anyhow::anyhow!("tensor {name} ({kind}): {e}"),
+            None => anyhow::anyhow!("the file has no tensor {name}"),
+        })
+}
+
 /// The final norm `norm` of the hidden rows `x` (the residual stream after
 /// the last layer) that `batch` asks for, if any.
 pub fn hidden_states(

@@ -54,7 +54,7 @@ use super::linear::{Linear, WeightSpec};
 use super::mlp::{Activation, Mlp};
 use super::moe::{ExpertLoad, GgufLayer, Moe, MoeConfig, Routing};
 use super::rope::Rope;
-use super::{hidden_states, Model, ModelInfo, Output, SeqSlice};
+use super::{hidden_states, read_tensor, Model, ModelInfo, Output, SeqSlice};
 use crate::attention::{paged_attention, AttnDims};
 use crate::kv::cache::{KvCache, KvDtype};
 use crate::kv::state_store::StateStore;
@@ -823,16 +823,7 @@ impl Qwen35 {
         // Every tensor error names the tensor and its block type.
         let reader = std::cell::RefCell::new(reader);
         let qt = |name: &str| -> anyhow::Result<QTensor> {
-            let kind = content
-                .tensor_infos
-                .get(name)
-                .map(|i| format!("{:?}", i.ggml_dtype));
-            content
-                .tensor(&mut **reader.borrow_mut(), name, device)
-                .map_err(|e| match kind {
-                    Some(kind) => anyhow::anyhow!("tensor {name} ({kind}): {e}"),
-                    None => anyhow::anyhow!("the file has no tensor {name}"),
-                })
+            read_tensor(content, &mut **reader.borrow_mut(), name, device)
         };
         // A vector (norm weights, per-head parameters, the conv) of `len`
         // values, on the host.
