@@ -34,6 +34,19 @@ Other shapes, by --arch:
   the vocabulary is the default model's 49152, not Qwen's 248320, so the
   embedding is a fifth of the real one's. Needs torch and transformers
   and about 3 GB of disk in the temporary directory.
+- gemma4: Gemma 4 E2B's text shape (GGUF arch `gemma4`): hidden 1536, 35
+  layers, 8 query heads over 1 KV head, heads of 256 on the sliding-window
+  layers (a 512-token window, rope base 1e4) and of 512 on every fifth,
+  global one (proportional RoPE on a quarter of each head, base 1e6),
+  FFN 6144 (GeGLU), doubled on the last 20 layers, which reuse the K/V of
+  layers 13 and 14; per-layer inputs 256 wide; a final logit soft cap of
+  30; context 131072. Made as qwen35 is, by transformers (a random
+  Gemma4ForCausalLM in bf16, linear weights N(0, 0.02), norms and layer
+  scalars 1) and llama.cpp's converter (`--outtype f16`). The vocabulary
+  (and the per-layer inputs' table) is --tokenizer-from's, 49152 for the
+  default model's, not Gemma's 262144: the embeddings are a fifth of the
+  real ones'. Needs torch and transformers and about 10 GB of disk in the
+  temporary directory, 9 GB of memory.
 - qwen3moe: Qwen3-30B-A3B's exact shape (GGUF arch `qwen3moe`), written
   straight to llama.cpp's Q4_K_M block types, with no f16 file between
   (that would be ~61 GB): hidden 2048, 48 layers, 32 query heads of 128
@@ -58,7 +71,7 @@ The output matrix is tied to the embeddings but for qwen3moe.
     pip install gguf==0.17.1 numpy
     python3 scripts/make_random_gguf.py --tokenizer-from SmolLM2-135M-Instruct.Q4_1.gguf \
         --out /tmp/llama1b-F16.gguf [--arch ARCH] [--llama-quantize PATH --types Q4_K_M,Q4_0]
-    # qwen35 also needs llama.cpp's source (convert_hf_to_gguf.py and gguf-py):
+    # qwen35 and gemma4 also need llama.cpp's source (convert_hf_to_gguf.py and gguf-py):
     python3 scripts/make_random_gguf.py --arch qwen35 --llama-cpp LLAMA_CPP_SRC \
         --tokenizer-from SmolLM2-135M-Instruct.Q4_1.gguf --out /tmp/qwen35-F16.gguf ...
     # qwen3moe is written as Q4_K_M directly (~17 GiB):
@@ -72,6 +85,7 @@ it (e.g. /tmp/llama1b-Q4_K_M.gguf).
 """
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -133,20 +147,48 @@ QWEN35 = dict(
     rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
                      "mrope_section": [11, 11, 10], "mrope_interleaved": True},
 )
+# Gemma 4 E2B's text config (its published shape), vocabulary aside.
+GEMMA4 = dict(
+    hidden_size=1536,
+    num_hidden_layers=35,
+    intermediate_size=6144,
+    num_attention_heads=8,
+    num_key_value_heads=1,
+    head_dim=256,
+    global_head_dim=512,
+    hidden_size_per_layer_input=256,
+    num_kv_shared_layers=20,
+    use_double_wide_mlp=True,
+    sliding_window=512,
+    final_logit_softcapping=30.0,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=131072,
+    tie_word_embeddings=True,
+    initializer_range=0.02,
+    layer_types=(["sliding_attention"] * 4 + ["full_attention"]) * 7,
+    rope_parameters={
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                           "rope_theta": 1000000.0},
+    },
+)
 # Run in a child python, so that the converter's own gguf-py (which knows
 # qwen35) is the one imported; it calls copy_tokenizer below in place of
 # the converter's vocabulary step.
-CONVERT_QWEN35 = """
+CONVERT = """
 import sys
-llama_cpp, here, hf_dir, out, tokenizer_from = sys.argv[1:6]
+llama_cpp, here, hf_dir, out, tokenizer_from, arch = sys.argv[1:7]
 sys.path[:0] = [llama_cpp, llama_cpp + "/gguf-py", here]
 import convert_hf_to_gguf
-from conversion import qwen
+from conversion import gemma, qwen
 import make_random_gguf
 
-qwen.Qwen3_5TextModel.set_vocab = lambda self: make_random_gguf.copy_tokenizer(self.gguf_writer, tokenizer_from)
-sys.argv = ["convert_hf_to_gguf.py", hf_dir, "--outfile", out, "--outtype", "f16", "--no-mtp",
-            "--model-name", "random-qwen35"]
+copy = lambda self: make_random_gguf.copy_tokenizer(self.gguf_writer, tokenizer_from)
+qwen.Qwen3_5TextModel.set_vocab = copy
+gemma.Gemma4Model.set_vocab = copy
+extra = ["--no-mtp"] if arch == "qwen35" else []
+sys.argv = ["convert_hf_to_gguf.py", hf_dir, "--outfile", out, "--outtype", "f16", *extra,
+            "--model-name", "random-" + arch]
 convert_hf_to_gguf.main()
 """
 
@@ -158,13 +200,13 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--llama-quantize", help="llama.cpp's llama-quantize, to make --types")
     ap.add_argument("--types", default="Q4_K_M,Q4_0")
-    ap.add_argument("--arch", choices=sorted([*SHAPES, "qwen35", "qwen3moe"]), default="llama")
-    ap.add_argument("--llama-cpp", help="llama.cpp's source (convert_hf_to_gguf.py, gguf-py); --arch qwen35 only")
+    ap.add_argument("--arch", choices=sorted([*SHAPES, "qwen35", "gemma4", "qwen3moe"]), default="llama")
+    ap.add_argument("--llama-cpp", help="llama.cpp's source (convert_hf_to_gguf.py, gguf-py); --arch qwen35 and gemma4")
     args = ap.parse_args()
     if args.arch == "qwen3moe" and args.llama_quantize:
         raise SystemExit("--arch qwen3moe is written as Q4_K_M directly; --llama-quantize does not apply")
-    if args.arch == "qwen35":
-        write_qwen35(args)
+    if args.arch in ("qwen35", "gemma4"):
+        write_converted(args)
     elif args.arch == "qwen3moe":
         write_qwen3moe(args)
     else:
@@ -175,7 +217,7 @@ def main() -> None:
 
 
 def write_direct(args) -> None:
-    """Writes the GGUF tensor by tensor (every --arch but qwen35)."""
+    """Writes the GGUF tensor by tensor (the SHAPES architectures)."""
     hidden, layers, heads, kv_heads, head_dim, ffn = SHAPES[args.arch]
     rope_dims, rope_base, eps, context = ROPE[args.arch]
 
@@ -253,23 +295,37 @@ def write_direct(args) -> None:
     w.close()
 
 
-def write_qwen35(args) -> None:
-    """A random Qwen3.5 checkpoint by transformers, converted by llama.cpp."""
+def write_converted(args) -> None:
+    """A random Qwen3.5 or Gemma 4 checkpoint by transformers, converted by
+    llama.cpp."""
     if not args.llama_cpp:
-        raise SystemExit("--arch qwen35 needs --llama-cpp (llama.cpp's source, with convert_hf_to_gguf.py)")
+        raise SystemExit(f"--arch {args.arch} needs --llama-cpp (llama.cpp's source, with convert_hf_to_gguf.py)")
     import torch
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+    import transformers
 
     vocab = len(gguf.GGUFReader(args.tokenizer_from).fields["tokenizer.ggml.tokens"].data)
     torch.manual_seed(args.seed)
-    config = Qwen3_5TextConfig(vocab_size=vocab, **QWEN35)
-    model = Qwen3_5ForCausalLM(config)
+    if args.arch == "qwen35":
+        config = transformers.Qwen3_5TextConfig(vocab_size=vocab, **QWEN35)
+        model = transformers.Qwen3_5ForCausalLM(config)
+    else:
+        # bf16, so that 2.3B parameters take 4.6 GB in memory and on disk.
+        torch.set_default_dtype(torch.bfloat16)
+        config = transformers.Gemma4TextConfig(vocab_size=vocab, vocab_size_per_layer_input=vocab, **GEMMA4)
+        model = transformers.Gemma4ForCausalLM(config)
     with tempfile.TemporaryDirectory() as hf_dir:
         model.save_pretrained(hf_dir)
         del model
+        if args.arch == "gemma4":
+            # The converter trims the embeddings to the tokenizer.json's
+            # vocabulary: give it one of the copied tokens.
+            tokens = gguf.GGUFReader(args.tokenizer_from).fields["tokenizer.ggml.tokens"]
+            words = [bytes(tokens.parts[i]).decode("utf-8") for i in tokens.data]
+            with open(os.path.join(hf_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
+                json.dump({"model": {"vocab": {w: i for i, w in enumerate(words)}}, "added_tokens": []}, f)
         here = os.path.dirname(os.path.abspath(__file__))
-        done = subprocess.run([sys.executable, "-c", CONVERT_QWEN35, args.llama_cpp, here, hf_dir, args.out,
-                               args.tokenizer_from])
+        done = subprocess.run([sys.executable, "-c", CONVERT, args.llama_cpp, here, hf_dir, args.out,
+                               args.tokenizer_from, args.arch])
         if done.returncode != 0:
             raise SystemExit("convert_hf_to_gguf.py failed")
 

@@ -175,7 +175,8 @@ fn read_bandwidth() -> f64 {
 
 /// Bytes of weights one decode step must read, as stored in the GGUF: every
 /// tensor but the token embeddings, of which a step reads one row, unless
-/// the output head is tied to them; of a mixture of experts' stacked expert
+/// the output head is tied to them, and Gemma 4's per-layer token
+/// embeddings (one row too); of a mixture of experts' stacked expert
 /// tensors (`*_exps`), only the share one token's experts hold
 /// (`expert_used_count / expert_count`). None for other files.
 fn gguf_weight_bytes_per_token(path: &std::path::Path) -> Option<u64> {
@@ -195,6 +196,7 @@ fn gguf_weight_bytes_per_token(path: &std::path::Path) -> Option<u64> {
         .tensor_infos
         .iter()
         .filter(|(name, _)| tied || name.as_str() != "token_embd.weight")
+        .filter(|(name, _)| name.as_str() != "per_layer_token_embd.weight")
         .map(|(name, t)| {
             let dtype = t.ggml_dtype;
             let bytes = (t.shape.elem_count() / dtype.block_size() * dtype.type_size()) as f64;
