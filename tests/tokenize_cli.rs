@@ -87,15 +87,15 @@ fn refuses_unsupported_vocabularies_by_name() {
         "{err}"
     );
 
-    let tekken = with_metadata(
+    let chameleon = with_metadata(
         "llama-bpe",
         "tokenizer.ggml.pre",
-        Value::String("tekken".into()),
+        Value::String("chameleon".into()),
         &dir,
     );
-    let err = refusal(&tokenize(&tekken, "Hello"));
+    let err = refusal(&tokenize(&chameleon, "Hello"));
     assert!(
-        err.contains("unsupported GGUF pre-tokenizer \"tekken\""),
+        err.contains("unsupported GGUF pre-tokenizer \"chameleon\""),
         "{err}"
     );
 }
