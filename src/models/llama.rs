@@ -1454,6 +1454,45 @@ impl Model for Llama {
 mod tests {
     use super::*;
 
+    /// YaRN as gpt-oss configures it (factor 32 from 4096, base 150000,
+    /// heads of 64), with `truncate` false and true: inverse frequencies
+    /// and the cos/sin scale against transformers 5.23's
+    /// `_compute_yarn_parameters` on the same settings (pairs 9, 12 and 17
+    /// lie on the ramp, whose ends `truncate` rounds outwards).
+    #[test]
+    fn yarn_matches_transformers_with_and_without_truncation() {
+        let want = [
+            (false, [3.170569614e-2, 6.794959307e-3, 1.293186942e-4]),
+            (true, [3.162075207e-2, 7.015713956e-3, 2.279478358e-4]),
+        ];
+        for (truncate, [p9, p12, p17]) in want {
+            let json = serde_json::json!({
+                "hidden_size": 2880, "intermediate_size": 2880, "num_hidden_layers": 2,
+                "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+                "rms_norm_eps": 1e-5, "max_position_embeddings": 131072, "vocab_size": 512,
+                "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                    "original_max_position_embeddings": 4096, "beta_fast": 32.0,
+                    "beta_slow": 1.0, "truncate": truncate},
+            });
+            let (c, _) = Config::from_hf(&json.to_string()).unwrap();
+            let inv = c.inv_freq();
+            for (i, want) in [(9, p9), (12, p12), (17, p17)] {
+                let rel = (inv[i] - want).abs() / want;
+                assert!(
+                    rel < 1e-5,
+                    "truncate {truncate}, pair {i}: {} vs {want}",
+                    inv[i]
+                );
+            }
+            assert_eq!(inv[0], 1.0);
+            assert!(
+                (c.rope_scale() - 1.346_573_6).abs() < 1e-6,
+                "{}",
+                c.rope_scale()
+            );
+        }
+    }
+
     /// Phi-3.5-mini's `config.json` as published: the older "su" name, the
     /// pretrained context at the top level, no attention factor given. The
     /// served context picks the factors; the factor comes from the ratio.
