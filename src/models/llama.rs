@@ -1462,8 +1462,8 @@ mod tests {
     #[test]
     fn yarn_matches_transformers_with_and_without_truncation() {
         let want = [
-            (false, [3.170569614e-2, 6.794959307e-3, 1.293186942e-4]),
-            (true, [3.162075207e-2, 7.015713956e-3, 2.279478358e-4]),
+            (false, [3.170_57e-2, 6.794_96e-3, 1.293_19e-4]),
+            (true, [3.162_08e-2, 7.015_71e-3, 2.279_48e-4]),
         ];
         for (truncate, [p9, p12, p17]) in want {
             let json = serde_json::json!({
