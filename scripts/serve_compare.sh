@@ -35,7 +35,8 @@ run() {
     start=$(date +%s.%N)
     "$@" >/tmp/serve_compare_$label.log 2>&1 &
     pid=$!
-    trap 'kill $pid 2>/dev/null' EXIT
+    # Expanded now: $pid is local, and gone by the time the shell exits.
+    trap "kill $pid 2>/dev/null || true" EXIT
     until curl -sf "http://127.0.0.1:$port/health" >/dev/null; do
         kill -0 $pid 2>/dev/null || { echo "$label died:"; tail -5 /tmp/serve_compare_$label.log; exit 1; }
         sleep 0.2
