@@ -140,8 +140,10 @@ def texts():
     return inp.removesuffix(SEP).split(SEP)
 
 
-def llama_tokenize(bin_dir, text):
-    args = [str(bin_dir / "llama-tokenize"), "-m", str(GGUF), "--stdin", "--ids", "--no-bos",
+def llama_tokenize(bin_dir, text, gguf=GGUF):
+    """`llama-tokenize`'s ids for `text` on the vocabulary GGUF `gguf`, as
+    test-tokenizer-0 tokenizes (no BOS, special-token text as text)."""
+    args = [str(bin_dir / "llama-tokenize"), "-m", str(gguf), "--stdin", "--ids", "--no-bos",
             "--no-parse-special", "--no-escape", "--log-disable"]
     run = subprocess.run(args, input=text.encode(), capture_output=True, check=True,
                          env={"LD_LIBRARY_PATH": str(bin_dir)})

@@ -26,12 +26,12 @@ reports on how many texts they differ from the `llama-bpe` ids (the
 texts the split changes).
 """
 
-import json
 import pathlib
 import shutil
-import subprocess
 import sys
 import tempfile
+
+import make_gemma3_vocab
 
 HERE = pathlib.Path(__file__).resolve().parent
 FIXTURES = HERE.parent / "tests" / "fixtures"
@@ -71,19 +71,11 @@ def texts():
     return inp.removesuffix(SEP).split(SEP)
 
 
-def llama_tokenize(bin_dir, text):
-    args = [str(bin_dir / "llama-tokenize"), "-m", str(GGUF), "--stdin", "--ids", "--no-bos",
-            "--no-parse-special", "--no-escape", "--log-disable"]
-    run = subprocess.run(args, input=text.encode(), capture_output=True, check=True,
-                         env={"LD_LIBRARY_PATH": str(bin_dir)})
-    return json.loads(run.stdout)
-
-
 def write_vectors(bin_dir):
     bpe = pathlib.Path(f"{SOURCE}.out").read_text(encoding="utf-8").splitlines()
     lines, differ = [], 0
     for text, theirs in zip(texts(), bpe, strict=True):
-        ids = llama_tokenize(bin_dir, text)
+        ids = make_gemma3_vocab.llama_tokenize(bin_dir, text, GGUF)
         line = "".join(f" {i}" for i in ids)
         differ += line.split() != theirs.split()
         lines.append(line)

@@ -428,9 +428,12 @@ struct PerLayer {
 
 /// Where a layer's K/V come from.
 enum KvSource {
-    /// Its own projection gives keys, then values unless they are the raw
-    /// keys (`values_are_keys`).
-    Own { values_are_keys: bool },
+    /// Its own projection gives keys, normed by `k_norm`, then values
+    /// unless they are the raw keys (`values_are_keys`).
+    Own {
+        values_are_keys: bool,
+        k_norm: Tensor,
+    },
     /// An earlier layer's, this step's rows of which it reuses.
     Reused,
 }
@@ -443,7 +446,6 @@ struct Layer {
     /// Scaled by √head_dim once loaded, which cancels the kernels'
     /// 1/√head_dim.
     q_norm: Tensor,
-    k_norm: Option<Tensor>,
     o: Linear,
     post_attn_norm: Tensor,
     pre_ffn_norm: Tensor,
@@ -595,14 +597,13 @@ impl Gemma4 {
                 attn_norm: norm("attn_norm")?,
                 qkv,
                 kv: match own {
-                    true => KvSource::Own { values_are_keys },
+                    true => KvSource::Own {
+                        values_are_keys,
+                        k_norm: norm("attn_k_norm")?,
+                    },
                     false => KvSource::Reused,
                 },
                 q_norm: norm("attn_q_norm")?,
-                k_norm: match own {
-                    true => Some(norm("attn_k_norm")?),
-                    false => None,
-                },
                 o,
                 post_attn_norm: norm("post_attention_norm")?,
                 pre_ffn_norm: norm("ffn_norm")?,
@@ -753,14 +754,13 @@ impl Gemma4 {
                 attn_norm: norm("input_layernorm")?,
                 qkv: linear(&names)?,
                 kv: match own {
-                    true => KvSource::Own { values_are_keys },
+                    true => KvSource::Own {
+                        values_are_keys,
+                        k_norm: f32_tensor(&at("k_norm.weight"))?,
+                    },
                     false => KvSource::Reused,
                 },
                 q_norm: f32_tensor(&at("q_norm.weight"))?,
-                k_norm: match own {
-                    true => Some(f32_tensor(&at("k_norm.weight"))?),
-                    false => None,
-                },
                 o: linear(&[at("o_proj")])?,
                 post_attn_norm: norm("post_attention_layernorm")?,
                 pre_ffn_norm: norm("pre_feedforward_layernorm")?,
@@ -971,8 +971,11 @@ impl Model for Gemma4 {
             let h = norm(&x, &l.attn_norm)?;
             let p = l.qkv.forward(&h)?;
             let q = norm_heads(&p.narrow(1, 0, nh * hd)?, &l.q_norm, eps)?;
-            let rows = match (&l.kv, &l.k_norm) {
-                (KvSource::Own { values_are_keys }, Some(k_norm)) => {
+            let rows = match &l.kv {
+                KvSource::Own {
+                    values_are_keys,
+                    k_norm,
+                } => {
                     let kv_dim = nkv * hd;
                     let k_raw = p.narrow(1, nh * hd, kv_dim)?;
                     let v_raw = match values_are_keys {
@@ -988,7 +991,7 @@ impl Model for Gemma4 {
                     }
                     rows
                 }
-                _ => {
+                KvSource::Reused => {
                     let q = rope.apply(&q, meta.positions(), &positions, nh)?;
                     let Some(kv) = &kept[source] else {
                         candle_core::bail!("layer {i} reuses layer {source}'s K/V, not computed");
