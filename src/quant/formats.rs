@@ -11,6 +11,7 @@
 //! | Q4_0, Q5_0 | 4 / 5 bits | `d` per 32, `m = -8d` / `-16d` |
 //! | Q4_1, Q5_1 | 4 / 5 bits | `d`, `m` per 32 |
 //! | Q8_0 | 8 bits, stored `+128` | `d` per 32, `m = -128d` |
+//! | Q8_0, narrow | 5 bits, stored `+16` | as Q5_0 |
 //! | Q4_K, Q5_K | 4 / 5 bits | per 256: `d`, `e`; per 32: 6-bit `sc`, `mn`: `s = d sc`, `m = e mn` |
 //! | Q6_K | 6 bits | per 256: `d`, `e = -32d`; per 16: `sc`: `s = d sc`, `m = e sc` |
 //! | Q3_K | 3 bits (as 4) | per 256: `d`, `e = -4d`; per 16: signed 6-bit `sc` |
@@ -206,6 +207,10 @@ pub(crate) enum Format {
     Q5_0,
     Q5_1,
     Q8_0,
+    /// Q8_0 blocks whose quants all lie in `-16..=15`, held in Q5_0's
+    /// layout: 5.5 bits a weight instead of 8.5, the same values. MXFP4
+    /// experts become such blocks at load ([`super::mxfp4`]).
+    Q8_0Narrow,
     Q2K,
     Q3K,
     Q4K,
@@ -234,6 +239,19 @@ impl Geometry {
 }
 
 impl Format {
+    /// Q8_0 blocks `raw` as [`Format::Q8_0Narrow`] where every quant
+    /// fits it; any other format as it is.
+    pub(crate) fn narrowest(self, raw: &[u8]) -> Format {
+        let narrow = self == Format::Q8_0
+            && raw
+                .chunks_exact(34)
+                .all(|b| b[2..].iter().all(|&q| (-16..=15).contains(&(q as i8))));
+        match narrow {
+            true => Format::Q8_0Narrow,
+            false => self,
+        }
+    }
+
     pub(crate) fn of(dtype: GgmlDType) -> Option<Format> {
         Some(match dtype {
             GgmlDType::Q4_0 => Format::Q4_0,
@@ -257,6 +275,7 @@ impl Format {
             Format::Q5_0 => Geometry::of::<Nib5DirectD>(),
             Format::Q5_1 => Geometry::of::<Nib5Direct>(),
             Format::Q8_0 => Geometry::of::<ByteDirect>(),
+            Format::Q8_0Narrow => Geometry::of::<Nib5DirectD>(),
             Format::Q4K => Geometry::of::<NibSuper32>(),
             Format::Q5K => Geometry::of::<Nib5Super32>(),
             Format::Q6K => Geometry::of::<Nib6Super16Offset>(),
@@ -268,7 +287,12 @@ impl Format {
     /// Inputs per GGML block.
     pub(crate) fn block_inputs(self) -> usize {
         match self {
-            Format::Q4_0 | Format::Q4_1 | Format::Q5_0 | Format::Q5_1 | Format::Q8_0 => QK,
+            Format::Q4_0
+            | Format::Q4_1
+            | Format::Q5_0
+            | Format::Q5_1
+            | Format::Q8_0
+            | Format::Q8_0Narrow => QK,
             _ => QK_K,
         }
     }
@@ -280,7 +304,7 @@ impl Format {
             Format::Q4_1 => 20,
             Format::Q5_0 => 22,
             Format::Q5_1 => 24,
-            Format::Q8_0 => 34,
+            Format::Q8_0 | Format::Q8_0Narrow => 34,
             Format::Q2K => 84,
             Format::Q3K => 110,
             Format::Q4K => 144,
@@ -331,6 +355,12 @@ impl Format {
                 out.d = f(0);
                 for (q, &b) in out.q.iter_mut().zip(&raw[2..2 + QK]) {
                     *q = b ^ 0x80;
+                }
+            }
+            Format::Q8_0Narrow => {
+                out.d = f(0);
+                for (q, &b) in out.q.iter_mut().zip(&raw[2..2 + QK]) {
+                    *q = (b as i8 + 16) as u8;
                 }
             }
             Format::Q4K | Format::Q5K => {

@@ -27,6 +27,7 @@ mod act;
 pub(crate) mod formats;
 mod generic;
 mod grouped;
+pub mod mxfp4;
 mod super_scales;
 #[cfg(test)]
 mod tests;
@@ -169,6 +170,10 @@ macro_rules! with_layout {
                 type $L = formats::ByteDirect;
                 $body
             }
+            Format::Q8_0Narrow => {
+                type $L = formats::Nib5DirectD;
+                $body
+            }
             Format::Q4K => {
                 type $L = formats::NibSuper32;
                 $body
@@ -277,6 +282,7 @@ impl QuantMatrix {
         k: usize,
         raw: &[u8],
     ) -> candle_core::Result<Option<Vec<Self>>> {
+        let format = format.narrowest(raw);
         let (inputs, ggml_block) = (format.block_inputs(), format.ggml_block_bytes());
         let nb = k / inputs;
         let src_len = n * nb * ggml_block;

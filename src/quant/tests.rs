@@ -640,3 +640,50 @@ fn grouped_expert_products_match_each_expert_alone() {
         }
     }
 }
+
+/// MXFP4 experts arrive as Q8_0 blocks of small integers
+/// ([`mxfp4::gguf_to_q8_0`]): held in Q5_0's 5-bit layout, on every code
+/// path they give the product of the blocks' exact values, as candle reads
+/// them, within activation rounding.
+#[test]
+fn mxfp4_blocks_are_held_narrow_and_multiply_exactly() {
+    let mut rng = ChaCha8Rng::seed_from_u64(41);
+    for (n, k) in [(75, 576), (200, 1536)] {
+        let raw: Vec<u8> = (0..n * k / 32)
+            .flat_map(|_| {
+                let mut b = vec![rng.random_range(118..124u8)];
+                b.extend((0..16).map(|_| rng.random::<u8>()));
+                b
+            })
+            .collect();
+        let q8 = mxfp4::gguf_to_q8_0(&raw).unwrap();
+        let storage =
+            QStorage::from_data(std::borrow::Cow::Owned(q8), &Device::Cpu, GgmlDType::Q8_0)
+                .unwrap();
+        let qt = QTensor::new(storage, (n, k)).unwrap();
+        let qm = QuantMatrix::from_qtensor(&qt).unwrap().unwrap();
+        assert_eq!(qm.format, Format::Q8_0Narrow);
+        let deq: Vec<f32> = qt
+            .dequantize(&Device::Cpu)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        for m in [1, 3, 16, 33] {
+            let x = activations(&mut rng, m, k, false);
+            let e = expected(&x, &deq, m, n, k, QK);
+            let generic = run(&qm, Isa::Generic, &x, m);
+            for isa in isas() {
+                let got = run(&qm, isa, &x, m);
+                let what = format!("MXFP4 {n}x{k} m={m} {isa:?}");
+                check_against_exact(&got, &e, &mut Noise::default(), &what);
+                assert_same_sums(&got, &generic, &e, &what);
+            }
+        }
+    }
+    // A Q8_0 matrix of ordinary weights keeps its 8-bit layout.
+    let w = weights(&mut rng, 16, 64);
+    let (_, _, qm) = candle_matrix(&w, 16, 64, GgmlDType::Q8_0);
+    assert_eq!(qm.format, Format::Q8_0);
+}
