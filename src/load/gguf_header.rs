@@ -1,8 +1,12 @@
-//! Just enough of the GGUF header to say which tensor stops a file from
-//! loading: candle's reader refuses a block type it does not know without
-//! naming the tensor or the type, and users should not have to guess.
+//! Just enough of the GGUF header for what candle's reader does not do: say
+//! which tensor stops a file from loading (candle refuses a block type it
+//! does not know without naming the tensor or the type), and find the
+//! MXFP4 tensors it refuses, which wick reads itself.
 
 use std::io::{self, Read};
+
+/// GGML's id of MXFP4, gpt-oss's expert format.
+const MXFP4: u32 = 39;
 
 /// GGML's block type names by id, as llama.cpp numbers them.
 fn type_name(id: u32) -> Option<&'static str> {
@@ -43,8 +47,8 @@ fn type_name(id: u32) -> Option<&'static str> {
     })
 }
 
-/// The block types candle (and so wick) reads.
-const READABLE: [u32; 15] = [0, 1, 2, 3, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 30];
+/// The block types wick reads: candle's, and MXFP4.
+const READABLE: [u32; 16] = [0, 1, 2, 3, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 30, MXFP4];
 
 /// The first tensor whose block type wick cannot read, as one line naming
 /// it and the type; `None` if every tensor's type is readable (or the header
@@ -75,12 +79,69 @@ pub fn unreadable_tensor(r: &mut impl Read) -> Option<String> {
                 type_name(kind).map_or(format!("type {kind}"), |n| format!("{n} (type {kind})"));
             return Some(format!(
                 "tensor {name} is {what}, which wick cannot read; it reads F32, F16, BF16, \
-                 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K to Q6_K (re-quantize the file with \
+                 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to Q6_K and MXFP4 (re-quantize the file with \
                  llama-quantize, e.g. to Q4_K_M)"
             ));
         }
     }
     None
+}
+
+/// A header with MXFP4 tensors, made readable by candle: its bytes with
+/// those tensors' block type rewritten to F32 (their shapes and offsets
+/// stay right; wick reads their data itself), and their names. `None` when
+/// the header has none (or is not a GGUF header).
+pub fn mask_mxfp4(r: &mut impl Read) -> Option<(Vec<u8>, Vec<String>)> {
+    let mut h = Header {
+        r: &mut Recorder { r, bytes: Vec::new() },
+    };
+    if &h.bytes::<4>().ok()? != b"GGUF" || h.u32().ok()? < 2 {
+        return None;
+    }
+    let tensors = h.u64().ok()?;
+    let kvs = h.u64().ok()?;
+    for _ in 0..kvs {
+        h.string().ok()?;
+        let kind = h.u32().ok()?;
+        h.skip_value(kind).ok()?;
+    }
+    let mut names = Vec::new();
+    let mut types = Vec::new();
+    for _ in 0..tensors {
+        let name = h.string().ok()?;
+        let dims = h.u32().ok()?;
+        for _ in 0..dims {
+            h.u64().ok()?;
+        }
+        let at = h.r.bytes.len();
+        if h.u32().ok()? == MXFP4 {
+            names.push(name);
+            types.push(at);
+        }
+        h.u64().ok()?;
+    }
+    if names.is_empty() {
+        return None;
+    }
+    let mut bytes = std::mem::take(&mut h.r.bytes);
+    for at in types {
+        bytes[at..at + 4].copy_from_slice(&0u32.to_le_bytes());
+    }
+    Some((bytes, names))
+}
+
+/// A reader that keeps a copy of what it reads.
+struct Recorder<'a, R: Read> {
+    r: &'a mut R,
+    bytes: Vec<u8>,
+}
+
+impl<R: Read> Read for Recorder<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.r.read(buf)?;
+        self.bytes.extend_from_slice(&buf[..n]);
+        Ok(n)
+    }
 }
 
 struct Header<'a, R: Read> {
@@ -182,5 +243,26 @@ mod tests {
         assert!(!msg.contains('\n'));
         assert!(unreadable_tensor(&mut &header(&[0, 1, 14, 30])[..]).is_none());
         assert!(unreadable_tensor(&mut &b"not a gguf"[..]).is_none());
+        assert!(unreadable_tensor(&mut &header(&[0, MXFP4])[..]).is_none());
+    }
+
+    /// MXFP4 tensors' types become F32's, nothing else changes, and candle
+    /// reads the result.
+    #[test]
+    fn masks_mxfp4_tensors_for_candle() {
+        let original = header(&[0, MXFP4, 8, MXFP4]);
+        let (masked, names) = mask_mxfp4(&mut &original[..]).unwrap();
+        assert_eq!(names, ["blk.1.w", "blk.3.w"]);
+        assert_eq!(masked.len(), original.len());
+        let changed: Vec<usize> = (0..masked.len())
+            .filter(|&i| masked[i] != original[i])
+            .collect();
+        assert_eq!(changed.len(), 2, "one byte of each type field");
+        let mut file = masked.clone();
+        file.resize(file.len().next_multiple_of(32) + 4 * 32 * 4, 0);
+        let content =
+            candle_core::quantized::gguf_file::Content::read(&mut io::Cursor::new(file)).unwrap();
+        assert_eq!(content.tensor_infos.len(), 4);
+        assert!(mask_mxfp4(&mut &header(&[0, 8])[..]).is_none());
     }
 }

@@ -10,11 +10,11 @@ use anyhow::{bail, Context};
 use candle_core::quantized::gguf_file;
 use candle_core::{DType, Device};
 
-use crate::load::hf_dir;
+use crate::load::{gguf_header, hf_dir};
 use crate::load::load_progress::LoadProgress;
 use crate::models::linear::{WeightFormat, WeightSpec};
 use crate::models::registry::{self, FromGguf};
-use crate::models::{gguf_architecture, Model};
+use crate::models::{gguf_architecture, Gguf, Model};
 use crate::quant::Kernel;
 use crate::text::chat_template::ChatTemplate;
 use crate::text::tokenizer::Tokenizer;
@@ -131,30 +131,34 @@ fn cuda_error_name(text: &str) -> String {
     }
 }
 
-fn open_gguf(path: &Path) -> anyhow::Result<(gguf_file::Content, BufReader<File>)> {
+fn open_gguf(path: &Path) -> anyhow::Result<(Gguf, BufReader<File>)> {
     let file =
         File::open(path).with_context(|| format!("cannot open model file {}", path.display()))?;
     let mut reader = BufReader::new(file);
-    match gguf_file::Content::read(&mut reader) {
-        Ok(content) => Ok((content, reader)),
-        Err(e) => {
-            // candle names neither the tensor nor the type it cannot read.
-            let named = File::open(path)
-                .ok()
-                .and_then(|f| crate::load::gguf_header::unreadable_tensor(&mut BufReader::new(f)));
-            match named {
-                Some(why) => bail!("{}: {why}", path.display()),
-                None => Err(anyhow::Error::new(e)
-                    .context(format!("{} is not a readable GGUF file", path.display()))),
-            }
+    let e = match gguf_file::Content::read(&mut reader) {
+        Ok(content) => return Ok((content.into(), reader)),
+        Err(e) => e,
+    };
+    let reopen = || File::open(path).ok().map(BufReader::new);
+    // candle refuses MXFP4 (gpt-oss's experts): it reads the header with
+    // those tensors masked, and wick reads their blocks itself.
+    if let Some((header, names)) = reopen().and_then(|mut f| gguf_header::mask_mxfp4(&mut f)) {
+        if let Ok(content) = gguf_file::Content::read(&mut std::io::Cursor::new(header)) {
+            return Ok((Gguf::with_mxfp4(content, &names), reader));
         }
+    }
+    // candle names neither the tensor nor the type it cannot read.
+    match reopen().and_then(|mut f| gguf_header::unreadable_tensor(&mut f)) {
+        Some(why) => bail!("{}: {why}", path.display()),
+        None => Err(anyhow::Error::new(e)
+            .context(format!("{} is not a readable GGUF file", path.display()))),
     }
 }
 
 /// A GGUF file whose architecture wick runs, and the constructor for it.
 pub(crate) fn open_model_gguf(
     path: &Path,
-) -> anyhow::Result<(gguf_file::Content, BufReader<File>, FromGguf)> {
+) -> anyhow::Result<(Gguf, BufReader<File>, FromGguf)> {
     let (content, reader) = open_gguf(path)?;
     let arch = gguf_architecture(&content);
     let Some(build) = registry::gguf(arch) else {
@@ -245,14 +249,8 @@ fn load_gguf(path: &Path, options: &LoadOptions, device: &Device) -> anyhow::Res
         }
         None => None,
     };
-    let bytes = content
-        .tensor_infos
-        .values()
-        .map(|t| {
-            (t.shape.elem_count() / t.ggml_dtype.block_size() * t.ggml_dtype.type_size()) as u64
-        })
-        .sum();
-    let mut reader = LoadProgress::new(reader, bytes, content.tensor_infos.len());
+    let bytes = content.tensor_bytes();
+    let mut reader = LoadProgress::new(reader, bytes, content.tensor_count());
     let model = build(
         &content,
         &mut reader,

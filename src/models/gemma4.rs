@@ -34,7 +34,7 @@ use super::linear::{Linear, WeightFormat, WeightSpec};
 use super::mlp::{Activation, Mlp};
 use super::moe::{ExpertLoad, Experts, GgufLayer, Moe, MoeConfig, Routing};
 use super::rope::Rope;
-use super::{hidden_states, read_tensor, Model, ModelInfo, Output};
+use super::{hidden_states, read_tensor, Gguf, Model, ModelInfo, Output};
 use crate::attention::{paged_attention, AttnDims};
 use crate::kv::cache::{KvCache, KvDtype, KvShape};
 use crate::kv::step_meta::StepMeta;
@@ -483,7 +483,7 @@ pub struct Gemma4 {
 impl Gemma4 {
     /// From a GGUF file; `context` caps the context.
     pub fn from_gguf<R: Read + Seek>(
-        content: &gguf_file::Content,
+        content: &Gguf,
         reader: &mut R,
         spec: WeightSpec,
         context: Option<usize>,

@@ -23,7 +23,7 @@ use super::linear::{Linear, WeightSpec};
 use super::mlp::{Activation, Mlp};
 use super::moe::{ExpertLoad, GgufLayer, Moe, MoeConfig, Routing};
 use super::rope::Rope;
-use super::{gguf_architecture, hidden_states, read_tensor, Model, ModelInfo, Output};
+use super::{gguf_architecture, hidden_states, read_tensor, Gguf, Model, ModelInfo, Output};
 use crate::attention::{paged_attention, AttnDims};
 use crate::kv::cache::{KvCache, KvDtype};
 use crate::kv::step_meta::StepMeta;
@@ -936,7 +936,7 @@ pub struct Llama {
 impl Llama {
     /// From a GGUF file; `context` caps the context (`--max-model-len`).
     pub fn from_gguf<R: Read + Seek>(
-        content: &gguf_file::Content,
+        content: &Gguf,
         reader: &mut R,
         spec: WeightSpec,
         context: Option<usize>,

@@ -6,6 +6,7 @@ pub mod elementwise;
 pub mod embedding;
 pub mod ffn;
 pub mod gemma4;
+pub mod gguf;
 pub mod gpt2;
 pub mod linear;
 pub mod llama;
@@ -24,6 +25,7 @@ use crate::attention;
 pub use crate::kv::batch::{FlatBatch, LogitRows, SeqSlice};
 use crate::kv::cache::{KvCache, KvDtype, KvShape};
 use crate::kv::step_meta::{MetaBuffers, StepMeta};
+pub use gguf::{read_tensor, Gguf};
 use moe::ExpertLoad;
 
 /// What the engine needs to know about a loaded model.
@@ -93,26 +95,6 @@ pub fn gguf_architecture(content: &gguf_file::Content) -> &str {
         .get("general.architecture")
         .and_then(|v| v.to_string().ok())
         .map_or("", String::as_str)
-}
-
-/// GGUF tensor `name` from `reader`, an error naming the tensor and its
-/// block type (or saying the file lacks it).
-pub fn read_tensor<R: std::io::Read + std::io::Seek>(
-    content: &gguf_file::Content,
-    reader: &mut R,
-    name: &str,
-    device: &Device,
-) -> anyhow::Result<candle_core::quantized::QTensor> {
-    let kind = content
-        .tensor_infos
-        .get(name)
-        .map(|i| format!("{:?}", i.ggml_dtype));
-    content
-        .tensor(reader, name, device)
-        .map_err(|e| match kind {
-            Some(kind) => anyhow::anyhow!("tensor {name} ({kind}): {e}"),
-            None => anyhow::anyhow!("the file has no tensor {name}"),
-        })
 }
 
 /// The final norm `norm` of the hidden rows `x` (the residual stream after

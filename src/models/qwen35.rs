@@ -54,7 +54,7 @@ use super::linear::{Linear, WeightSpec};
 use super::mlp::{Activation, Mlp};
 use super::moe::{ExpertLoad, GgufLayer, Moe, MoeConfig, Routing};
 use super::rope::Rope;
-use super::{hidden_states, read_tensor, Model, ModelInfo, Output, SeqSlice};
+use super::{hidden_states, read_tensor, Gguf, Model, ModelInfo, Output, SeqSlice};
 use crate::attention::{paged_attention, AttnDims};
 use crate::kv::cache::{KvCache, KvDtype};
 use crate::kv::state_store::StateStore;
@@ -810,7 +810,7 @@ impl Qwen35 {
     /// context. A multi-token-prediction block, if the file has one, is
     /// not read.
     pub fn from_gguf<R: Read + Seek>(
-        content: &gguf_file::Content,
+        content: &Gguf,
         reader: &mut R,
         spec: WeightSpec,
         context: Option<usize>,

@@ -19,7 +19,6 @@
 
 use std::io::{Read, Seek};
 
-use candle_core::quantized::gguf_file;
 use candle_core::Device;
 use candle_nn::VarBuilder;
 
@@ -28,7 +27,7 @@ use super::gpt2::Gpt2;
 use super::linear::WeightSpec;
 use super::llama::Llama;
 use super::qwen35::Qwen35;
-use super::Model;
+use super::{Gguf, Model};
 
 /// A GGUF file's reader, as the constructors take it.
 pub trait ReadSeek: Read + Seek {}
@@ -38,7 +37,7 @@ impl<T: Read + Seek> ReadSeek for T {}
 /// Builds a model from a GGUF file's metadata and reader; the `usize` caps
 /// its context (`--max-model-len`).
 pub type FromGguf = fn(
-    &gguf_file::Content,
+    &Gguf,
     &mut dyn ReadSeek,
     WeightSpec,
     Option<usize>,
@@ -240,7 +239,7 @@ pub static FAMILIES: &[Family] = &[
 ];
 
 fn llama_gguf(
-    content: &gguf_file::Content,
+    content: &Gguf,
     mut reader: &mut dyn ReadSeek,
     spec: WeightSpec,
     context: Option<usize>,
@@ -267,7 +266,7 @@ fn llama_hf(
 }
 
 fn gemma4_gguf(
-    content: &gguf_file::Content,
+    content: &Gguf,
     mut reader: &mut dyn ReadSeek,
     spec: WeightSpec,
     context: Option<usize>,
@@ -294,7 +293,7 @@ fn gemma4_hf(
 }
 
 fn qwen35_gguf(
-    content: &gguf_file::Content,
+    content: &Gguf,
     mut reader: &mut dyn ReadSeek,
     spec: WeightSpec,
     context: Option<usize>,
