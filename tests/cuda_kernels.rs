@@ -206,7 +206,7 @@ fn run_case(dev: &Device, case: Case, seed: u64) {
             unreachable!()
         };
         let q = qkv.to_dtype(case.act).unwrap().to_device(dev).unwrap();
-        cuda::write_and_attend_into(&q, k, v, &gpu_meta, dims, &out).unwrap();
+        cuda::write_and_attend_into(&q, k, v, &gpu_meta, dims, None, &out).unwrap();
         let diff = max_diff(&out, &want);
         assert!(
             diff <= case.tol,

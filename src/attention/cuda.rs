@@ -31,13 +31,15 @@ pub fn supports(head_dim: usize) -> bool {
 }
 
 /// Writes this step's K/V rows of `qkv` into the pools, then attends:
-/// `[T, num_heads * head_dim]` in `qkv`'s dtype.
+/// `[T, num_heads * head_dim]` in `qkv`'s dtype. `sinks`: as
+/// [`super::paged_attention`]'s.
 pub fn write_and_attend(
     qkv: &Tensor,
     k_pool: &Tensor,
     v_pool: &Tensor,
     meta: &StepMeta,
     dims: AttnDims,
+    sinks: Option<&Tensor>,
 ) -> Result<Tensor> {
     let candle_core::Device::Cuda(dev) = qkv.device() else {
         candle_core::bail!("the CUDA attention kernel needs its input on a CUDA device");
@@ -65,7 +67,7 @@ pub fn write_and_attend(
         BackpropOp::none(),
         false,
     );
-    write_and_attend_into(qkv, k_pool, v_pool, meta, dims, &out)?;
+    write_and_attend_into(qkv, k_pool, v_pool, meta, dims, sinks, &out)?;
     Ok(out)
 }
 
@@ -83,6 +85,7 @@ pub fn write_and_attend_into(
     v_pool: &Tensor,
     meta: &StepMeta,
     dims: AttnDims,
+    sinks: Option<&Tensor>,
     out: &Tensor,
 ) -> Result<()> {
     let Some((packed, at)) = meta.kernel() else {
@@ -96,6 +99,23 @@ pub fn write_and_attend_into(
     let (v_s, _) = v_pool.storage_and_layout();
     let (m_s, m_l) = packed.storage_and_layout();
     let (o_s, o_l) = out.storage_and_layout();
+    // The kernels take a pointer either way: without sinks, one to a
+    // value they never read (`has_sinks` is 0).
+    let has_sinks = i32::from(sinks.is_some());
+    let sinks = match sinks {
+        Some(s) if s.dims() == [dims.num_heads] && s.dtype() == DType::F32 => s.contiguous()?,
+        Some(s) => candle_core::bail!(
+            "attention sinks are {:?} {:?}, not [{}] f32",
+            s.dims(),
+            s.dtype(),
+            dims.num_heads
+        ),
+        None => Tensor::zeros(1, DType::F32, qkv.device())?,
+    };
+    let (s_s, s_l) = sinks.storage_and_layout();
+    let (Storage::Cuda(s), Some((s_from, s_to))) = (&*s_s, s_l.contiguous_offsets()) else {
+        candle_core::bail!("the attention sinks must be contiguous on the CUDA device");
+    };
     let (Storage::Cuda(q), Storage::Cuda(k), Storage::Cuda(v), Storage::Cuda(m), Storage::Cuda(o)) =
         (&*q_s, &*k_s, &*v_s, &*m_s, &*o_s)
     else {
@@ -110,6 +130,7 @@ pub fn write_and_attend_into(
     };
     let step = Step {
         meta: m.as_cuda_slice::<u32>()?.slice(m_from..m_to),
+        sinks: (s.as_cuda_slice::<f32>()?.slice(s_from..s_to), has_sinks),
         at,
         dims,
         rows: meta.num_tokens(),
@@ -174,6 +195,8 @@ impl<T: DeviceRepr + WithDType + CudaDType> Elem for T {}
 /// One layer's launch parameters.
 struct Step<'a> {
     meta: CudaView<'a, u32>,
+    /// The heads' sinks, and 1 if there are any (0: a placeholder).
+    sinks: (CudaView<'a, f32>, i32),
     at: KernelSections,
     dims: AttnDims,
     rows: usize,
@@ -286,6 +309,7 @@ impl Step<'_> {
             .arg(&window)
             .arg(&scale)
             .arg(&part_len);
+        b.arg(&self.sinks.0).arg(&self.sinks.1);
         b.arg(out).arg(&part_ml).arg(&part_acc);
         // Attention: a block per (row, KV head and subgroup of at most
         // MAX_GROUP query heads, part of the row's keys), WARPS warps each
@@ -332,6 +356,9 @@ impl Step<'_> {
         //   `qkv` rows `stride` wide, as for the write; `num_heads` is a
         //   multiple of `num_kv_heads` (see `write_and_attend`), so the
         //   grid's KV heads and subgroups address heads below `num_heads`.
+        // - with `has_sinks`, `sinks` holds `num_heads` f32 (checked in
+        //   `write_and_attend_into`) and the kernel reads `sinks[head]` for
+        //   the heads above; without, it reads nothing of it.
         // - `out` holds `rows * num_heads * hd` values (checked in
         //   `write_and_attend_into`); with `parts > 1` the part buffers hold
         //   `rows * num_heads * parts` states (`split_len`).
@@ -352,6 +379,8 @@ impl Step<'_> {
             .arg(&part_acc)
             .arg(&parts_arg)
             .arg(&hd_arg)
+            .arg(&self.sinks.0)
+            .arg(&self.sinks.1)
             .arg(out);
         let cfg = LaunchConfig {
             grid_dim: (self.rows as u32, d.num_heads as u32, 1),
@@ -365,7 +394,8 @@ impl Step<'_> {
         // `part_ml[((r * num_heads + h) * parts + p) * 2 ..]` and
         // `part_acc[((r * num_heads + h) * parts + p) * hd + d]` for
         // `p < parts`, inside the `rows * num_heads * parts` states the
-        // attend launch just wrote (the stream orders the two), and writes
+        // attend launch just wrote (the stream orders the two), and
+        // `sinks[h]` with `has_sinks`; it writes
         // `out[(r * num_heads + h) * hd + d]`, inside `out`'s
         // `rows * num_heads * hd` values.
         unsafe { b.launch(cfg) }.w().map(|_| ())

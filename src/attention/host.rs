@@ -180,6 +180,7 @@ pub(super) fn attend<T: KvElem>(
     v_pool: Pool<T>,
     seqs: &[SeqSlice],
     dims: AttnDims,
+    sinks: Option<&[f32]>,
 ) -> Vec<f32> {
     let q_dim = dims.num_heads * dims.head_dim;
     let threads = rayon::current_num_threads();
@@ -236,7 +237,9 @@ pub(super) fn attend<T: KvElem>(
             .iter_mut()
             .flat_map(std::mem::take)
             .collect();
-        merge(&mut parts, dims.head_dim);
+        let group = dims.group();
+        let sinks = sinks.map(|s| &s[kv_head * group..(kv_head + 1) * group]);
+        merge(&mut parts, dims.head_dim, sinks);
         let s = &seqs[si];
         for (r, chunk) in parts[0].out.chunks_exact(group_dim).enumerate() {
             let row = s.start + first + r;
@@ -268,12 +271,16 @@ struct Partial {
 /// Combines one row block's span partials, in span order, into each
 /// query's attention output, left in the first part's `out`. A single span
 /// gives `out * (1 / sum)` exactly, as attention over the whole context did
-/// before spans.
-fn merge(parts: &mut [Partial], hd: usize) {
+/// before spans. `sinks` are the sinks of the block's query group, one per
+/// head (queries are `[rows][group]`): each joins its head's max and sum.
+fn merge(parts: &mut [Partial], hd: usize, sinks: Option<&[f32]>) {
     let (first, rest) = parts.split_first_mut().expect("a row block has a span");
     for q in 0..first.max.len() {
+        let sink = sinks.map(|s| s[q % s.len()]);
         let max = rest.iter().fold(first.max[q], |m, p| m.max(p.max[q]));
-        let mut sum = first.sum[q] * fast_exp(first.max[q] - max);
+        let max = sink.map_or(max, |s| max.max(s));
+        let mut sum =
+            first.sum[q] * fast_exp(first.max[q] - max) + sink.map_or(0.0, |s| fast_exp(s - max));
         for p in rest.iter() {
             sum += p.sum[q] * fast_exp(p.max[q] - max);
         }

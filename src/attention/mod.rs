@@ -80,12 +80,27 @@ impl AttnDims {
 /// `qkv`: `[T, qkv_width]`, each row its token's query, key and value heads
 /// (RoPE applied), as the fused projection produces them: the host kernel
 /// reads them in place. Returns `[T, num_heads * head_dim]`.
+///
+/// `sinks` (gpt-oss's), `[num_heads]` f32 on the model's device: a learned
+/// logit per query head that joins each softmax as one more score (its max
+/// and its sum) with no value, so a head can attend to nothing.
 pub fn paged_attention(
     qkv: &Tensor,
     cache: &mut LayerCache,
     meta: &StepMeta,
     dims: AttnDims,
+    sinks: Option<&Tensor>,
 ) -> Result<Tensor> {
+    if let Some(s) = sinks {
+        if s.dims() != [dims.num_heads] || s.dtype() != DType::F32 {
+            candle_core::bail!(
+                "attention sinks are {:?} {:?}, not [{}] f32",
+                s.dims(),
+                s.dtype(),
+                dims.num_heads
+            );
+        }
+    }
     let seqs = meta.seqs();
     let (t, width) = qkv.dims2()?;
     if width != dims.qkv_width() {
@@ -108,6 +123,8 @@ pub fn paged_attention(
                 .contiguous_offsets()
                 .ok_or_else(|| candle_core::Error::Msg("attention input not contiguous".into()))?;
             let rows = &cpu.as_slice::<f32>()?[from..to];
+            let sinks = sinks.map(|s| s.to_vec1::<f32>()).transpose()?;
+            let sinks = sinks.as_deref();
             /// Writes this step's K/V, then attends; scales are empty for
             /// unscaled storage.
             fn run<T: host::KvElem>(
@@ -116,6 +133,7 @@ pub fn paged_attention(
                 rows: &[f32],
                 seqs: &[SeqSlice],
                 dims: AttnDims,
+                sinks: Option<&[f32]>,
             ) -> Vec<f32> {
                 host::write(
                     host::PoolMut {
@@ -142,17 +160,18 @@ pub fn paged_attention(
                     },
                     seqs,
                     dims,
+                    sinks,
                 )
             }
             let out = match (k_pool, v_pool) {
                 (HostPool::F16(kp), HostPool::F16(vp)) => {
-                    run((kp, &mut []), (vp, &mut []), rows, seqs, dims)
+                    run((kp, &mut []), (vp, &mut []), rows, seqs, dims, sinks)
                 }
                 (HostPool::F32(kp), HostPool::F32(vp)) => {
-                    run((kp, &mut []), (vp, &mut []), rows, seqs, dims)
+                    run((kp, &mut []), (vp, &mut []), rows, seqs, dims, sinks)
                 }
                 (HostPool::Int8(kp, ks), HostPool::Int8(vp, vs)) => {
-                    run((kp, ks), (vp, vs), rows, seqs, dims)
+                    run((kp, ks), (vp, vs), rows, seqs, dims, sinks)
                 }
                 _ => candle_core::bail!("K and V pools of different dtypes"),
             };
@@ -160,7 +179,7 @@ pub fn paged_attention(
         }
         #[cfg(feature = "cuda")]
         LayerCache::Tensor { k, v } if meta.kernel().is_some() => {
-            cuda::write_and_attend(&qkv.contiguous()?, k, v, meta, dims)
+            cuda::write_and_attend(&qkv.contiguous()?, k, v, meta, dims, sinks)
         }
         LayerCache::Tensor {
             k: k_pool,
@@ -171,7 +190,7 @@ pub fn paged_attention(
             let q = qkv.narrow(1, 0, k_at)?.contiguous()?;
             let k = qkv.narrow(1, k_at, kv_dim)?.contiguous()?;
             let v = qkv.narrow(1, v_at, kv_dim)?.contiguous()?;
-            attend_tensor(&q, &k, &v, k_pool, v_pool, meta, dims)
+            attend_tensor(&q, &k, &v, (k_pool, v_pool), meta, dims, sinks)
         }
     }
 }
@@ -180,10 +199,10 @@ fn attend_tensor(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    k_pool: &Tensor,
-    v_pool: &Tensor,
+    (k_pool, v_pool): (&Tensor, &Tensor),
     meta: &StepMeta,
     dims: AttnDims,
+    sinks: Option<&Tensor>,
 ) -> Result<Tensor> {
     let (hd, nh, group) = (dims.head_dim, dims.num_heads, dims.group());
     let kv_dim = dims.num_kv_heads * hd;
@@ -224,7 +243,19 @@ fn attend_tensor(
         if let Some(mask) = meta.mask_t(i, dims.window.is_some())? {
             att = att.broadcast_add(&mask)?;
         }
-        let att = candle_nn::ops::softmax_last_dim(&att)?;
+        let att = match sinks {
+            None => candle_nn::ops::softmax_last_dim(&att)?,
+            // The sink as one more column of scores, dropped after the
+            // softmax.
+            Some(sinks) => {
+                let column = sinks
+                    .reshape((nh, 1, 1))?
+                    .broadcast_as((nh, s.len, 1))?
+                    .to_dtype(att.dtype())?;
+                candle_nn::ops::softmax_last_dim(&Tensor::cat(&[&att, &column], 2)?.contiguous()?)?
+                    .narrow(2, 0, ctx)?
+            }
+        };
         outs.push(
             att.matmul(&vs)?
                 .transpose(0, 1)?
@@ -259,8 +290,15 @@ mod tests {
 
     /// Plain causal attention over one whole sequence with scalar loops: an
     /// independent reference, no cache and no candle ops. With a window,
-    /// position i sees `i + 1 - window..=i`.
-    fn reference(q: &Tensor, k: &Tensor, v: &Tensor, dims: AttnDims) -> Tensor {
+    /// position i sees `i + 1 - window..=i`; a head's sink is one more
+    /// score with no value.
+    fn reference(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        dims: AttnDims,
+        sinks: Option<&[f32]>,
+    ) -> Tensor {
         let (q, k, v) = (
             q.to_vec2::<f32>().unwrap(),
             k.to_vec2::<f32>().unwrap(),
@@ -282,8 +320,13 @@ mod tests {
                             / (hd as f32).sqrt()
                     })
                     .collect();
-                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let z: f32 = scores.iter().map(|s| (s - max).exp()).sum();
+                let sink = sinks.map(|s| s[h]);
+                let max = scores
+                    .iter()
+                    .copied()
+                    .chain(sink)
+                    .fold(f32::NEG_INFINITY, f32::max);
+                let z: f32 = scores.iter().chain(&sink).map(|s| (s - max).exp()).sum();
                 for (j, s) in scores.iter().enumerate() {
                     let p = (s - max).exp() / z;
                     for d in 0..hd {
@@ -344,7 +387,7 @@ mod tests {
             for dtype in [KvDtype::F16, KvDtype::F32, KvDtype::Int8] {
                 let [a, b] = &pools.each_ref().map(|pool| {
                     pool.install(|| {
-                        check_paged_against_dense(block_size, head_dim, lens, dtype, None)
+                        check_paged_against_dense(block_size, head_dim, lens, dtype, None, false)
                     })
                 });
                 assert!(a == b, "rows differ with the threads' cut of the work");
@@ -360,13 +403,30 @@ mod tests {
     fn paged_matches_dense_within_a_sliding_window() {
         for window in [3, 9, 35] {
             for dtype in [KvDtype::F16, KvDtype::Int8] {
-                check_paged_against_dense(4, 16, [31, 14], dtype, Some(window));
-                check_paged_against_dense(32, 24, [70, 40], dtype, Some(window));
+                check_paged_against_dense(4, 16, [31, 14], dtype, Some(window), false);
+                check_paged_against_dense(32, 24, [70, 40], dtype, Some(window), false);
             }
         }
         // Windows within one span and across spans, over contexts of several.
         for window in [100, 300] {
-            check_paged_against_dense(16, 16, [600, 300], KvDtype::F16, Some(window));
+            check_paged_against_dense(16, 16, [600, 300], KvDtype::F16, Some(window), false);
+        }
+    }
+
+    /// gpt-oss's attention sinks, with and without a window, over one span
+    /// and several, on both storages: one head's sink exceeds every score,
+    /// so the sink sets its max.
+    #[test]
+    fn paged_matches_dense_with_sinks() {
+        for (block_size, head_dim, lens, window) in [
+            (4, 16, [11, 6], None),
+            (16, 16, [41, 30], Some(9)),
+            (16, 16, [600, 300], None),
+            (16, 16, [600, 300], Some(128)),
+        ] {
+            for dtype in [KvDtype::F16, KvDtype::F32] {
+                check_paged_against_dense(block_size, head_dim, lens, dtype, window, true);
+            }
         }
     }
 
@@ -376,6 +436,7 @@ mod tests {
         lens: [usize; 2],
         dtype: KvDtype,
         window: Option<usize>,
+        with_sinks: bool,
     ) -> Vec<Vec<f32>> {
         let dims = AttnDims {
             num_heads: 6,
@@ -431,9 +492,16 @@ mod tests {
                     .unwrap()
             }
         };
+        let sinks: Vec<f32> = (0..dims.num_heads)
+            .map(|h| [-1.5, 0.3, 8.0, -0.2, 1.1, 0.0][h % 6])
+            .collect();
+        let sinks = with_sinks.then_some(sinks);
+        let sinks_t = sinks
+            .as_ref()
+            .map(|s| Tensor::new(s.as_slice(), &Device::Cpu).unwrap());
         let expected: Vec<Tensor> = full
             .iter()
-            .map(|(q, k, v)| reference(q, &stored(k), &stored(v), dims))
+            .map(|(q, k, v)| reference(q, &stored(k), &stored(v), dims, sinks.as_deref()))
             .collect();
 
         // The host kernel's output for each sequence, for comparing runs.
@@ -476,7 +544,8 @@ mod tests {
                 let cat = |xs: &[Tensor]| Tensor::cat(xs, 0).unwrap();
                 let qkv = Tensor::cat(&[cat(&qs), cat(&ks), cat(&vs)], 1).unwrap();
                 let meta = step_meta(&mut bufs, &batch, &cache, window, &Device::Cpu).unwrap();
-                let out = paged_attention(&qkv, cache.layer_mut(0), &meta, dims).unwrap();
+                let out = paged_attention(&qkv, cache.layer_mut(0), &meta, dims, sinks_t.as_ref())
+                    .unwrap();
                 for (si, s) in batch.seqs.iter().enumerate() {
                     got[si].push(out.narrow(0, s.start, s.len).unwrap());
                 }

@@ -72,13 +72,17 @@ __device__ void write_kv(const Q* __restrict__ qkv, int qkv_stride, int k_at, in
 // of `part_len` keys over blockIdx.z (flash-decoding): each part then writes
 // its unnormalised state to `part_ml` / `part_acc`, and `combine` merges the
 // parts. With one part the block writes the output row itself.
+//
+// `sinks` (when `has_sinks`): a logit per query head that joins the softmax
+// once, with no value (gpt-oss). It enters where the softmax is finished:
+// here with one part, else in `combine`.
 template <typename Q, typename KV, int EPL>
 __device__ void attend(const Q* __restrict__ qkv, int qkv_stride, const KV* __restrict__ k_pool,
                        const KV* __restrict__ v_pool, const uint32_t* __restrict__ meta, int seqs,
                        int row_seq, int table_field, int num_heads, int num_kv_heads,
                        int block_size, int window, float scale, int part_len,
-                       Q* __restrict__ out, float* __restrict__ part_ml,
-                       float* __restrict__ part_acc) {
+                       const float* __restrict__ sinks, int has_sinks, Q* __restrict__ out,
+                       float* __restrict__ part_ml, float* __restrict__ part_acc) {
     constexpr int HD = EPL * 32;
     const int row = blockIdx.x, part = blockIdx.z, parts = gridDim.z;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -153,14 +157,15 @@ __device__ void attend(const Q* __restrict__ qkv, int qkv_stride, const KV* __re
 #pragma unroll
         for (int e = 0; e < EPL; e++) s_acc[warp][lane * EPL + e] = acc[g][e];
         __syncthreads();
-        float big = -INFINITY;
+        const int head = head0 + g;
+        const bool sink = has_sinks && parts == 1;
+        float big = sink ? sinks[head] : -INFINITY;
 #pragma unroll
         for (int w = 0; w < WARPS; w++) big = fmaxf(big, s_ml[w][0]);
-        float sum = 0.f;
+        float sum = sink ? __expf(sinks[head] - big) : 0.f;
 #pragma unroll
         for (int w = 0; w < WARPS; w++)
             if (s_ml[w][0] > -INFINITY) sum += s_ml[w][1] * __expf(s_ml[w][0] - big);
-        const int head = head0 + g;
         for (int d = threadIdx.x; d < HD; d += blockDim.x) {
             float x = 0.f;
 #pragma unroll
@@ -186,12 +191,14 @@ __device__ void attend(const Q* __restrict__ qkv, int qkv_stride, const KV* __re
 // its column of every part: the parts' maxima and sums are few and cached.
 template <typename Q>
 __device__ void combine(const float* __restrict__ part_ml, const float* __restrict__ part_acc,
-                        int parts, int head_dim, Q* __restrict__ out) {
+                        int parts, int head_dim, const float* __restrict__ sinks,
+                        int has_sinks, Q* __restrict__ out) {
     const size_t rh = (size_t)blockIdx.x * gridDim.y + blockIdx.y;
     const float* ml = part_ml + rh * parts * 2;
-    float big = -INFINITY;
+    const float sink = has_sinks ? sinks[blockIdx.y] : -INFINITY;
+    float big = sink;
     for (int p = 0; p < parts; p++) big = fmaxf(big, ml[2 * p]);
-    float sum = 0.f, x = 0.f;
+    float sum = has_sinks ? __expf(sink - big) : 0.f, x = 0.f;
     for (int p = 0; p < parts; p++) {
         if (ml[2 * p] == -INFINITY) continue; // a part past the row's range
         const float w = __expf(ml[2 * p] - big);
@@ -205,11 +212,11 @@ __device__ void combine(const float* __restrict__ part_ml, const float* __restri
     extern "C" __global__ void __launch_bounds__(WARPS * 32)                                  \
         NAME(const Q* qkv, int qkv_stride, const KV* k_pool, const KV* v_pool,                \
              const uint32_t* meta, int seqs, int row_seq, int table_field, int num_heads,     \
-             int num_kv_heads, int block_size, int window, float scale, int part_len, Q* out, \
-             float* part_ml, float* part_acc) {                                               \
+             int num_kv_heads, int block_size, int window, float scale, int part_len,         \
+             const float* sinks, int has_sinks, Q* out, float* part_ml, float* part_acc) {    \
         attend<Q, KV, EPL>(qkv, qkv_stride, k_pool, v_pool, meta, seqs, row_seq, table_field, \
-                           num_heads, num_kv_heads, block_size, window, scale, part_len, out, \
-                           part_ml, part_acc);                                                \
+                           num_heads, num_kv_heads, block_size, window, scale, part_len,      \
+                           sinks, has_sinks, out, part_ml, part_acc);                         \
     }
 
 #define WRITE_KV(NAME, Q, KV)                                                                \
@@ -232,8 +239,9 @@ __device__ void combine(const float* __restrict__ part_ml, const float* __restri
     FOR_HEAD_DIMS(Q, __half, QN, f16)                       \
     FOR_HEAD_DIMS(Q, __nv_bfloat16, QN, bf16)               \
     extern "C" __global__ void paged_combine_##QN(          \
-        const float* part_ml, const float* part_acc, int parts, int head_dim, Q* out) { \
-        combine<Q>(part_ml, part_acc, parts, head_dim, out);                            \
+        const float* part_ml, const float* part_acc, int parts, int head_dim,           \
+        const float* sinks, int has_sinks, Q* out) {                                    \
+        combine<Q>(part_ml, part_acc, parts, head_dim, sinks, has_sinks, out);          \
     }
 
 FOR_POOLS(float, f32)

@@ -93,7 +93,10 @@ pub fn unreadable_tensor(r: &mut impl Read) -> Option<String> {
 /// the header has none (or is not a GGUF header).
 pub fn mask_mxfp4(r: &mut impl Read) -> Option<(Vec<u8>, Vec<String>)> {
     let mut h = Header {
-        r: &mut Recorder { r, bytes: Vec::new() },
+        r: &mut Recorder {
+            r,
+            bytes: Vec::new(),
+        },
     };
     if &h.bytes::<4>().ok()? != b"GGUF" || h.u32().ok()? < 2 {
         return None;

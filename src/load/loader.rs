@@ -10,8 +10,8 @@ use anyhow::{bail, Context};
 use candle_core::quantized::gguf_file;
 use candle_core::{DType, Device};
 
-use crate::load::{gguf_header, hf_dir};
 use crate::load::load_progress::LoadProgress;
+use crate::load::{gguf_header, hf_dir};
 use crate::models::linear::{WeightFormat, WeightSpec};
 use crate::models::registry::{self, FromGguf};
 use crate::models::{gguf_architecture, Gguf, Model};
@@ -156,9 +156,7 @@ fn open_gguf(path: &Path) -> anyhow::Result<(Gguf, BufReader<File>)> {
 }
 
 /// A GGUF file whose architecture wick runs, and the constructor for it.
-pub(crate) fn open_model_gguf(
-    path: &Path,
-) -> anyhow::Result<(Gguf, BufReader<File>, FromGguf)> {
+pub(crate) fn open_model_gguf(path: &Path) -> anyhow::Result<(Gguf, BufReader<File>, FromGguf)> {
     let (content, reader) = open_gguf(path)?;
     let arch = gguf_architecture(&content);
     let Some(build) = registry::gguf(arch) else {

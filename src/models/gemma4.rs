@@ -1006,7 +1006,7 @@ impl Model for Gemma4 {
                 block_size: cache.layout().block_size,
                 window: c.sliding[i].then_some(c.sliding_window),
             };
-            let attn = paged_attention(&rows, cache.layer_mut(source), meta, dims)?;
+            let attn = paged_attention(&rows, cache.layer_mut(source), meta, dims, None)?;
             x = elementwise::add(&x, &norm(&l.o.forward(&attn)?, &l.post_attn_norm)?)?;
             let h = norm(&x, &l.pre_ffn_norm)?;
             let mut y = l.mlp.forward(&h)?;

@@ -214,7 +214,7 @@ impl Model for Gpt2 {
             + self.wpe.index_select(&meta.positions_t()?, 0)?)?;
         for (i, b) in self.blocks.iter().enumerate() {
             let qkv = b.qkv.forward(&b.ln_1.forward(&x)?)?;
-            let attn = paged_attention(&qkv, cache.layer_mut(i), meta, dims)?;
+            let attn = paged_attention(&qkv, cache.layer_mut(i), meta, dims, None)?;
             x = elementwise::add(&x, &b.attn_proj.forward(&attn)?)?;
             x = elementwise::add(&x, &b.mlp.forward(&b.ln_2.forward(&x)?)?)?;
         }

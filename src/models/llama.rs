@@ -1423,7 +1423,7 @@ impl Model for Llama {
                 window: c.sliding_window.filter(|_| local),
                 ..dims
             };
-            let attn = paged_attention(&qkv, cache.layer_mut(i), meta, dims)?;
+            let attn = paged_attention(&qkv, cache.layer_mut(i), meta, dims, None)?;
             x = elementwise::add(&x, &post_norm(b.o.forward(&attn)?, &b.post_attn_norm)?)?;
             let h = candle_nn::ops::rms_norm(&x, &b.ffn_norm, eps)?;
             x = elementwise::add(&x, &post_norm(b.ffn.forward(&h)?, &b.post_ffn_norm)?)?;

@@ -663,7 +663,7 @@ impl FullAttention {
             1,
         )?;
         let qkv = rope.apply(&qkv, meta.positions(), positions, nh + nkv)?;
-        let attn = paged_attention(&qkv, cache.layer_mut(self.kv_layer), meta, dims)?;
+        let attn = paged_attention(&qkv, cache.layer_mut(self.kv_layer), meta, dims, None)?;
         let gate = candle_nn::ops::sigmoid(&y.narrow(1, width, nh * hd)?.contiguous()?)?;
         self.o.forward(&(attn * gate)?)
     }
