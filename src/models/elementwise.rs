@@ -97,18 +97,30 @@ pub enum Act {
     Silu,
     /// GeGLU with GELU's tanh approximation (Gemma's `gelu_pytorch_tanh`).
     GeluTanh,
+    /// gpt-oss's clamped SwiGLU: [`swiglu_oai`].
+    SwigluOai,
 }
+
+/// gpt-oss's SwiGLU limit and sigmoid slope (fixed in its code and in
+/// llama.cpp's).
+pub const SWIGLU_LIMIT: f32 = 7.0;
+const SWIGLU_ALPHA: f32 = 1.702;
 
 /// A gated MLP's activation over a stacked gate/up projection,
 /// `act(gate) * up`. `x`: `[rows, 2 * f]` with gate first. Returns
 /// `[rows, f]`.
 pub fn glu(x: &Tensor, act: Act) -> Result<Tensor> {
+    let f = x.dim(1)? / 2;
     match (x.device().is_cpu() && x.dtype() == DType::F32, act) {
         (true, _) => x.contiguous()?.apply_op1_no_bwd(&Glu(act)),
         (false, Act::Silu) => candle_nn::ops::swiglu(x),
-        (false, Act::GeluTanh) => {
-            let f = x.dim(1)? / 2;
-            x.narrow(1, 0, f)?.gelu()? * x.narrow(1, f, f)?
+        (false, Act::GeluTanh) => x.narrow(1, 0, f)?.gelu()? * x.narrow(1, f, f)?,
+        (false, Act::SwigluOai) => {
+            let lim = SWIGLU_LIMIT as f64;
+            let g = x.narrow(1, 0, f)?.minimum(lim)?;
+            let u = x.narrow(1, f, f)?.clamp(-lim, lim)?;
+            let s = candle_nn::ops::sigmoid(&(&g * SWIGLU_ALPHA as f64)?)?;
+            (g * s)? * (u + 1.0)?
         }
     }
 }
@@ -133,6 +145,15 @@ pub(super) fn gelu_tanh(x: f32) -> f32 {
     x / (1.0 + exp_rounded(-2.0 * u))
 }
 
+/// `min(g, 7) σ(1.702 min(g, 7)) (clamp(u, ±7) + 1)`, gpt-oss's gated
+/// activation, its sigmoid written as silu's.
+#[inline]
+pub(super) fn swiglu_oai(g: f32, u: f32) -> f32 {
+    let g = g.min(SWIGLU_LIMIT);
+    let u = u.clamp(-SWIGLU_LIMIT, SWIGLU_LIMIT);
+    g / (1.0 + exp_rounded(-SWIGLU_ALPHA * g)) * (u + 1.0)
+}
+
 /// Output values per parallel task of `glu`: a decode step's few rows are
 /// split too, since one thread alone over a 9-row verification step's
 /// activations showed as 8% of a speculative decoding profile.
@@ -154,15 +175,16 @@ impl CustomOp1 for Glu {
         // A function item per activation, not a pointer, so that each loop
         // is compiled with its activation inlined and vectorized.
         let out = match self.0 {
-            Act::Silu => gated(x, rows, width / 2, silu),
-            Act::GeluTanh => gated(x, rows, width / 2, gelu_tanh),
+            Act::Silu => gated(x, rows, width / 2, |g, u| silu(g) * u),
+            Act::GeluTanh => gated(x, rows, width / 2, |g, u| gelu_tanh(g) * u),
+            Act::SwigluOai => gated(x, rows, width / 2, swiglu_oai),
         };
         Ok((CpuStorage::F32(out), Shape::from((rows, width / 2))))
     }
 }
 
-/// `act(gate) * up` for each of `rows` rows of `[gate (f) | up (f)]`.
-fn gated(x: &[f32], rows: usize, f: usize, act: impl Fn(f32) -> f32 + Sync) -> Vec<f32> {
+/// `act(gate, up)` for each of `rows` rows of `[gate (f) | up (f)]`.
+fn gated(x: &[f32], rows: usize, f: usize, act: impl Fn(f32, f32) -> f32 + Sync) -> Vec<f32> {
     written(rows * f, GLU_CHUNK, |i, o| {
         let mut at = i * GLU_CHUNK;
         let mut o = &mut o[..];
@@ -172,7 +194,7 @@ fn gated(x: &[f32], rows: usize, f: usize, act: impl Fn(f32) -> f32 + Sync) -> V
             let (gate, up) = x[row * 2 * f..(row + 1) * 2 * f].split_at(f);
             let (head, rest) = o.split_at_mut(n);
             for (o, (&g, &u)) in head.iter_mut().zip(gate[col..].iter().zip(&up[col..])) {
-                o.write(act(g) * u);
+                o.write(act(g, u));
             }
             (o, at) = (rest, at + n);
         }
@@ -218,7 +240,7 @@ mod tests {
     fn glu_matches_its_references() {
         for ((rows, f), act) in [(1, 24), (3, 24), (9, 1000), (3, 5000)]
             .into_iter()
-            .flat_map(|r| [(r, Act::Silu), (r, Act::GeluTanh)])
+            .flat_map(|r| [(r, Act::Silu), (r, Act::GeluTanh), (r, Act::SwigluOai)])
         {
             let data: Vec<f32> = (0..rows * 2 * f)
                 .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.35)
@@ -248,6 +270,23 @@ mod tests {
                         let want = 0.5 * gate * (1.0 + u.tanh()) * up;
                         let err = (g as f64 - want).abs() / want.abs().max(1e-3);
                         assert!(err < 1e-5, "gelu({gate}) * {up}: {g} against {want}");
+                    }
+                }
+                // Against its formula in f64, and the other-device path.
+                Act::SwigluOai => {
+                    for (i, &g) in got.iter().enumerate() {
+                        let row = &data[(i / f) * 2 * f..];
+                        let (gate, up) = (row[i % f] as f64, row[f + i % f] as f64);
+                        let gate = gate.min(7.0);
+                        let want = gate / (1.0 + (-1.702 * gate).exp()) * (up.clamp(-7.0, 7.0) + 1.0);
+                        let err = (g as f64 - want).abs() / want.abs().max(1e-3);
+                        assert!(err < 1e-5, "swiglu_oai({gate}, {up}): {g} against {want}");
+                    }
+                    let x = x.to_dtype(DType::F64).unwrap();
+                    let other = glu(&x, act).unwrap().to_dtype(DType::F32).unwrap();
+                    let other = other.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                    for (g, o) in got.iter().zip(&other) {
+                        assert!((g - o).abs() <= 1e-5 * o.abs().max(1e-3), "{g} vs {o}");
                     }
                 }
             }

@@ -527,7 +527,7 @@ impl Gemma4 {
             let w = |n: &str| format!("{p}.{n}.weight");
             let experts = match (&config.moe, &load) {
                 (Some(moe), Some(load)) => {
-                    let found = |n: &str| has(&w(n));
+                    let found = |n: &str| has(&format!("{p}.{n}"));
                     let layer = GgufLayer {
                         prefix: &p,
                         has: &found,
@@ -731,6 +731,7 @@ impl Gemma4 {
                             spec,
                         )?,
                         act: Act::GeluTanh,
+                        bias: None,
                         expert_scale: None,
                         shared: None,
                         layer: i,

@@ -6,7 +6,9 @@
 //! settings. So are the mixtures of experts built on those layers: Mixtral
 //! (Mistral's), Qwen2-MoE (Qwen2's, with a shared expert), Qwen3-MoE
 //! (Qwen3's) and OLMoE (q/k norms over whole projections), whose blocks
-//! take a [`Moe`] feed-forward in place of the MLP.
+//! take a [`Moe`] feed-forward in place of the MLP. So is gpt-oss: biased
+//! projections, attention sinks, sliding-window attention on every other
+//! layer, YaRN, and experts with biases and a clamped SwiGLU.
 
 use std::io::{Read, Seek};
 use std::sync::Arc;
@@ -60,11 +62,12 @@ pub struct Config {
     /// A checkpoint's RMSNorms scale by `offset + w`: Gemma's 1 (llama.cpp's
     /// converter adds it into a GGUF's weights), else 0.
     pub norm_offset: f32,
-    /// Gemma 3's local layers: each token attends to at most this many
-    /// positions (itself included), with RoPE at `local_rope_theta`.
+    /// Gemma 3's and gpt-oss's local layers: each token attends to at
+    /// most this many positions (itself included), with unscaled RoPE at
+    /// `local_rope_theta` where set (Gemma's), else the global layers'.
     pub sliding_window: Option<usize>,
     pub local_layers: Vec<usize>,
-    pub local_rope_theta: f32,
+    pub local_rope_theta: Option<f32>,
     /// Gemma's `tanh(logits / cap) * cap`, where set.
     pub final_logit_softcap: Option<f32>,
     /// The attention's scale where it is not `head_dim^-1/2`: Gemma's
@@ -285,6 +288,8 @@ struct HfConfig {
     sliding_window: Option<usize>,
     /// Qwen's: whether `sliding_window` applies at all.
     use_sliding_window: Option<bool>,
+    /// gpt-oss's SwiGLU clamp, which wick fixes at its release's 7.
+    swiglu_limit: Option<f32>,
     /// SmolLM3's: per layer, 1 where it applies RoPE, 0 where not.
     no_rope_layers: Option<Vec<u8>>,
     /// Phi-4-mini's: the fraction of each head that RoPE rotates.
@@ -366,10 +371,13 @@ enum GgufArch {
     /// Granite-MoE: Granite's with experts (and an ungated shared expert
     /// where the file has one).
     GraniteMoe,
+    /// gpt-oss: biases, sinks, every other layer sliding-window, YaRN,
+    /// experts with biases and a clamped SwiGLU.
+    GptOss,
 }
 
 impl GgufArch {
-    const ALL: [GgufArch; 12] = [
+    const ALL: [GgufArch; 13] = [
         GgufArch::Llama,
         GgufArch::Qwen2,
         GgufArch::Qwen3,
@@ -382,6 +390,7 @@ impl GgufArch {
         GgufArch::Mistral3,
         GgufArch::Granite,
         GgufArch::GraniteMoe,
+        GgufArch::GptOss,
     ];
 
     /// The file's architecture, or an error for one this forward does not
@@ -409,6 +418,7 @@ impl GgufArch {
             GgufArch::Mistral3 => "mistral3",
             GgufArch::Granite => "granite",
             GgufArch::GraniteMoe => "granitemoe",
+            GgufArch::GptOss => "gpt-oss",
         }
     }
 
@@ -417,7 +427,11 @@ impl GgufArch {
     fn renormalizes_experts(self) -> bool {
         matches!(
             self,
-            GgufArch::Llama | GgufArch::Qwen3Moe | GgufArch::Mistral3 | GgufArch::GraniteMoe
+            GgufArch::Llama
+                | GgufArch::Qwen3Moe
+                | GgufArch::Mistral3
+                | GgufArch::GraniteMoe
+                | GgufArch::GptOss
         )
     }
 }
@@ -472,7 +486,9 @@ impl Config {
                     beta_fast: md_f32("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
                     beta_slow: md_f32("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
                     attn_factor,
-                    truncate: true,
+                    // The file has no key for it: llama.cpp always rounds,
+                    // gpt-oss's reference (transformers, OpenAI's) does not.
+                    truncate: arch != GgufArch::GptOss,
                 }))
             }
             Ok(kind) => anyhow::bail!(
@@ -497,19 +513,21 @@ impl Config {
             Err(_) => content.tensor_infos["token_embd.weight"].shape.dims()[0],
         };
         let gemma = arch == GgufArch::Gemma3;
+        let gpt_oss = arch == GgufArch::GptOss;
         let sliding_window = match md("attention.sliding_window") {
-            Ok(w) if gemma && w.to_u32()? > 0 => Some(w.to_u32()? as usize),
+            Ok(w) if (gemma || gpt_oss) && w.to_u32()? > 0 => Some(w.to_u32()? as usize),
             _ => None,
         };
         // llama.cpp's rule: a list of flags, or a period whose last layer
-        // is global (6 unless the file says).
+        // is global (6 unless the file says; gpt-oss's 2).
         let local_layers = match (sliding_window, md("attention.sliding_window_pattern")) {
             (None, _) => Vec::new(),
             (Some(_), Ok(gguf_file::Value::Array(flags))) => (0..num_layers)
                 .filter(|&i| flags.get(i).is_some_and(|f| f.to_bool().unwrap_or(false)))
                 .collect(),
             (Some(_), period) => {
-                let n = period.map_or(Ok(6), |p| p.to_u32())? as usize;
+                let default = if gpt_oss { 2 } else { 6 };
+                let n = period.map_or(Ok(default), |p| p.to_u32())? as usize;
                 (0..num_layers).filter(|i| i % n < n - 1).collect()
             }
         };
@@ -556,9 +574,10 @@ impl Config {
             no_rope_layers,
             max_context: context_length,
             vocab_size,
-            act: match gemma {
-                true => Act::GeluTanh,
-                false => Act::Silu,
+            act: match arch {
+                GgufArch::Gemma3 => Act::GeluTanh,
+                GgufArch::GptOss => Act::SwigluOai,
+                _ => Act::Silu,
             },
             embed_scale: match gemma {
                 true => Some((hidden_size as f32).sqrt()),
@@ -567,7 +586,10 @@ impl Config {
             norm_offset: 0.0,
             sliding_window,
             local_layers,
-            local_rope_theta: md_f32("rope.freq_base_swa")?.unwrap_or(10_000.0),
+            local_rope_theta: match gemma {
+                true => Some(md_f32("rope.freq_base_swa")?.unwrap_or(10_000.0)),
+                false => md_f32("rope.freq_base_swa")?,
+            },
             final_logit_softcap: md_f32("final_logit_softcapping")?,
             // As llama.cpp: Gemma 3 27B (62 layers) scales by hidden / heads.
             attn_scale: match gemma && num_layers == 62 {
@@ -594,7 +616,14 @@ impl Config {
         let c: HfConfig = serde_json::from_value(v)?;
         let tied = wrapper_tied.unwrap_or(c.tie_word_embeddings);
         let gemma = c.model_type == "gemma3_text";
+        let gpt_oss = c.model_type == "gpt_oss";
+        if let Some(limit) = c.swiglu_limit.filter(|&l| l != elementwise::SWIGLU_LIMIT) {
+            anyhow::bail!("swiglu_limit {limit} is not supported (only gpt-oss's 7)");
+        }
+        // Layers that attend within `sliding_window`, by `layer_types`.
+        let windowed = gemma || gpt_oss;
         let act = match c.hidden_activation.as_deref().or(c.hidden_act.as_deref()) {
+            _ if gpt_oss => Act::SwigluOai,
             None | Some("silu") => Act::Silu,
             Some("gelu_pytorch_tanh") => Act::GeluTanh,
             Some(act) => anyhow::bail!(
@@ -619,8 +648,10 @@ impl Config {
                         // Mixtral and Granite-MoE always renormalize (Granite
                         // takes a softmax over the top k logits, the same);
                         // the others say.
-                        renormalize: matches!(c.model_type.as_str(), "mixtral" | "granitemoe")
-                            || c.norm_topk_prob.unwrap_or(false),
+                        renormalize: matches!(
+                            c.model_type.as_str(),
+                            "mixtral" | "granitemoe" | "gpt_oss"
+                        ) || c.norm_topk_prob.unwrap_or(false),
                     },
                     dense_layers: (0..c.num_hidden_layers)
                         .filter(|i| only.contains(i) || (i + 1) % step != 0)
@@ -631,11 +662,14 @@ impl Config {
         let (mut rope_theta, mut partial) = (c.rope_theta, c.partial_rotary_factor.unwrap_or(1.0));
         let mut params = c.rope_parameters.clone().or(c.rope_scaling.clone());
         // Gemma 3 under transformers 5: one set per layer type.
-        let mut local_theta = c.rope_local_base_freq.unwrap_or(10_000.0);
+        let mut local_theta = match gemma {
+            true => Some(c.rope_local_base_freq.unwrap_or(10_000.0)),
+            false => None,
+        };
         if let Some(obj) = params.as_mut().and_then(|p| p.as_object_mut()) {
             if let Some(mut local) = obj.remove("sliding_attention") {
                 if let Some(t) = local.get("rope_theta").and_then(|t| t.as_f64()) {
-                    local_theta = t as f32;
+                    local_theta = Some(t as f32);
                 }
                 if let Some(o) = local.as_object_mut() {
                     o.remove("rope_theta");
@@ -706,7 +740,7 @@ impl Config {
             // it, sliding-window attention is full attention, so the
             // context stops there rather than attend wrongly past it.
             // Gemma's local layers attend within theirs.
-            max_context: match (gemma, c.sliding_window, c.use_sliding_window) {
+            max_context: match (windowed, c.sliding_window, c.use_sliding_window) {
                 (false, Some(w), None | Some(true)) => w.min(c.max_position_embeddings),
                 _ => c.max_position_embeddings,
             },
@@ -720,8 +754,8 @@ impl Config {
                 true => 1.0,
                 false => 0.0,
             },
-            sliding_window: c.sliding_window.filter(|_| gemma),
-            local_layers: match (gemma, &c.layer_types, c.sliding_window_pattern) {
+            sliding_window: c.sliding_window.filter(|_| windowed),
+            local_layers: match (windowed, &c.layer_types, c.sliding_window_pattern) {
                 (false, _, _) => Vec::new(),
                 (true, Some(types), _) => (0..c.num_hidden_layers)
                     .filter(|&i| types.get(i).is_some_and(|t| t == "sliding_attention"))
@@ -763,11 +797,11 @@ impl Config {
         }
     }
 
-    /// The local layers' RoPE: `local_rope_theta`, unscaled.
-    fn local_inv_freq(&self) -> Vec<f32> {
+    /// The local layers' own RoPE, unscaled at `theta`.
+    fn local_inv_freq(&self, theta: f32) -> Vec<f32> {
         let dim = self.rope_dim as f32;
         (0..self.rope_dim / 2)
-            .map(|i| 1.0 / self.local_rope_theta.powf(2.0 * i as f32 / dim))
+            .map(|i| 1.0 / theta.powf(2.0 * i as f32 / dim))
             .collect()
     }
 
@@ -908,6 +942,8 @@ struct Block {
     /// Qwen3's per-head RMSNorm weights for the query and key heads.
     qk_norm: Option<(Tensor, Tensor)>,
     o: Linear,
+    /// gpt-oss's attention sinks, `[heads]` f32.
+    sinks: Option<Tensor>,
     /// Gemma's norms on the attention's and the MLP's outputs.
     post_attn_norm: Option<Tensor>,
     ffn_norm: Tensor,
@@ -924,7 +960,7 @@ pub struct Llama {
     norm: Tensor,
     lm_head: Linear,
     rope: Rope,
-    /// Gemma 3's local layers' RoPE.
+    /// Gemma 3's local layers' own RoPE.
     local_rope: Option<Rope>,
     /// Rows routed to each expert, for a mixture of experts.
     expert_load: Option<Arc<ExpertLoad>>,
@@ -1026,20 +1062,17 @@ impl Llama {
             let ffn = match (&config.moe, has("ffn_gate_inp")) {
                 (Some(moe), true) => {
                     let load = expert_load.clone().expect("a MoE config has a load");
-                    let found = |n: &str| has(n);
+                    let found = |n: &str| content.has(&format!("{p}.{n}"));
                     let gguf = GgufLayer {
                         prefix: &p,
                         has: &found,
                         spec,
                         device,
                     };
-                    Ffn::Experts(Moe::from_gguf(
-                        &gguf,
-                        &mut qt,
-                        moe.experts,
-                        moe.routing,
-                        (i, load),
-                    )?)
+                    let mut moe =
+                        Moe::from_gguf(&gguf, &mut qt, moe.experts, moe.routing, (i, load))?;
+                    moe.act = config.act;
+                    Ffn::Experts(moe)
                 }
                 _ => {
                     let gate_up = match has("ffn_gate") {
@@ -1065,17 +1098,25 @@ impl Llama {
                     false => Ok(None),
                 }
             };
-            let (post_attn_norm, post_ffn_norm) =
-                (optional("post_attention_norm")?, optional("post_ffw_norm")?);
+            // A file without `ffn_norm` (gpt-oss's) names the norm before
+            // the FFN `post_attention_norm`; Gemma's is after attention.
+            let (post_attn_norm, ffn_norm) = match has("ffn_norm") {
+                true => (optional("post_attention_norm")?, optional("ffn_norm")?),
+                false => (None, optional("post_attention_norm")?),
+            };
+            let need = |t: Option<Tensor>, name: &str| {
+                t.ok_or_else(|| anyhow::anyhow!("the file has no tensor {p}.{name}.weight"))
+            };
             blocks.push(Block {
-                attn_norm: qt(&format!("{p}.attn_norm.weight"))?.dequantize(device)?,
+                attn_norm: need(optional("attn_norm")?, "attn_norm")?,
                 qkv,
                 qk_norm,
                 o,
+                sinks: optional("attn_sinks")?,
                 post_attn_norm,
-                ffn_norm: qt(&format!("{p}.ffn_norm.weight"))?.dequantize(device)?,
+                ffn_norm: need(ffn_norm, "ffn_norm")?,
                 ffn,
-                post_ffn_norm,
+                post_ffn_norm: optional("post_ffw_norm")?,
             });
         }
         let norm = qt("output_norm.weight")?.dequantize(device)?;
@@ -1182,14 +1223,10 @@ impl Llama {
                         true => sparse,
                         false => mlp.clone(),
                     };
-                    Ffn::Experts(Moe::from_hf(
-                        &vb,
-                        &at,
-                        moe.experts,
-                        moe.routing,
-                        (i, load),
-                        spec,
-                    )?)
+                    let mut moe =
+                        Moe::from_hf(&vb, &at, moe.experts, moe.routing, (i, load), spec)?;
+                    moe.act = config.act;
+                    Ffn::Experts(moe)
                 }
                 _ => Ffn::Dense(Mlp::new(
                     match fused("mlp.gate_up_proj") {
@@ -1208,6 +1245,10 @@ impl Llama {
                 },
                 qk_norm,
                 o: linear(&attn, &["o_proj"])?,
+                sinks: match vb.contains_tensor(&format!("{attn}.sinks")) {
+                    true => Some(f32_tensor(&format!("{attn}.sinks"))?),
+                    false => None,
+                },
                 post_attn_norm,
                 ffn_norm,
                 ffn,
@@ -1260,9 +1301,9 @@ impl Llama {
                 device,
             )
         };
-        let local_rope = match config.local_layers.is_empty() {
-            true => None,
-            false => Some(rope(&config.local_inv_freq(), 1.0)?),
+        let local_rope = match (config.local_layers.is_empty(), config.local_rope_theta) {
+            (false, Some(theta)) => Some(rope(&config.local_inv_freq(theta), 1.0)?),
+            _ => None,
         };
         let rope = rope(&config.inv_freq(), config.rope_scale())?;
         // The attention scales by the head size's 1/√d: a different scalar
@@ -1423,7 +1464,7 @@ impl Model for Llama {
                 window: c.sliding_window.filter(|_| local),
                 ..dims
             };
-            let attn = paged_attention(&qkv, cache.layer_mut(i), meta, dims, None)?;
+            let attn = paged_attention(&qkv, cache.layer_mut(i), meta, dims, b.sinks.as_ref())?;
             x = elementwise::add(&x, &post_norm(b.o.forward(&attn)?, &b.post_attn_norm)?)?;
             let h = candle_nn::ops::rms_norm(&x, &b.ffn_norm, eps)?;
             x = elementwise::add(&x, &post_norm(b.ffn.forward(&h)?, &b.post_ffn_norm)?)?;

@@ -18,7 +18,7 @@ use candle_core::quantized::{GgmlDType, QStorage, QTensor};
 use candle_core::{DType, Device, Result, Tensor};
 use candle_nn::VarBuilder;
 
-use super::elementwise::{self, gelu_tanh, silu, Act};
+use super::elementwise::{self, gelu_tanh, silu, swiglu_oai, Act};
 use super::linear::{Linear, WeightFormat, WeightSpec};
 use super::mlp::{Activation, Mlp};
 use crate::quant::{matmul_grouped, GroupedJob, QuantMatrix};
@@ -169,6 +169,37 @@ impl Experts {
     }
 }
 
+/// Per expert, the biases of its gate, up and down projections
+/// (gpt-oss's): `[ff]`, `[ff]` and `[hidden]` each.
+pub struct ExpertBias {
+    pub gate: Vec<Vec<f32>>,
+    pub up: Vec<Vec<f32>>,
+    pub down: Vec<Vec<f32>>,
+}
+
+impl ExpertBias {
+    /// From `[experts, ff]`, `[experts, ff]` and `[experts, hidden]`
+    /// tensors.
+    pub fn new([gate, up, down]: [Tensor; 3]) -> Result<Self> {
+        let rows = |t: Tensor| t.to_dtype(DType::F32)?.to_vec2::<f32>();
+        Ok(ExpertBias {
+            gate: rows(gate)?,
+            up: rows(up)?,
+            down: rows(down)?,
+        })
+    }
+
+    fn check(&self, experts: usize) -> Result<()> {
+        if [&self.gate, &self.up, &self.down]
+            .iter()
+            .any(|b| b.len() != experts)
+        {
+            candle_core::bail!("expert biases not of {experts} experts");
+        }
+        Ok(())
+    }
+}
+
 /// A shared expert (Qwen2-MoE's): an MLP every row goes through, its output
 /// scaled by `sigmoid(gate · x)`.
 pub struct SharedExpert {
@@ -215,8 +246,11 @@ pub struct Moe {
     pub router: Linear,
     pub routing: Routing,
     pub experts: Experts,
-    /// The experts' gate activation: SiLU, or Gemma 4's tanh GELU.
+    /// The experts' gate activation: SiLU, Gemma 4's tanh GELU, or
+    /// gpt-oss's clamped SwiGLU.
     pub act: Act,
+    /// gpt-oss's expert biases.
+    pub bias: Option<ExpertBias>,
     /// Gemma 4's: each expert's routing weight is multiplied by its own
     /// scale.
     pub expert_scale: Option<Vec<f32>>,
@@ -230,7 +264,8 @@ pub struct Moe {
 pub struct GgufLayer<'a> {
     /// `blk.{i}`.
     pub prefix: &'a str,
-    /// Whether the layer has tensor `{prefix}.{name}.weight`.
+    /// Whether the layer has tensor `{prefix}.{name}` (`name` as
+    /// `ffn_up_shexp.weight`).
     pub has: &'a dyn Fn(&str) -> bool,
     pub spec: WeightSpec,
     pub device: &'a Device,
@@ -248,7 +283,8 @@ impl Moe {
     /// stacked experts `ffn_{gate,up,down}_exps` (or gate and up fused in
     /// `ffn_gate_up_exps`), and a shared expert
     /// (`ffn_{gate,up,down}_shexp`, gated by `ffn_gate_inp_shexp`) where the
-    /// file has one. `tensor` reads a tensor by its full name; `(layer,
+    /// file has one; the router's and the experts' biases where it has them
+    /// (gpt-oss). `tensor` reads a tensor by its full name; `(layer,
     /// load)` is where this layer counts its routing.
     pub fn from_gguf(
         l: &GgufLayer,
@@ -268,7 +304,7 @@ impl Moe {
             Linear::stacked(ws, spec, device)
                 .map_err(|e| anyhow::anyhow!("{p}.{}: {e}", names.join("+")))
         };
-        let shared = match (l.has)("ffn_up_shexp") {
+        let shared = match (l.has)("ffn_up_shexp.weight") {
             false => None,
             true => {
                 let mlp = Mlp::new(
@@ -277,7 +313,7 @@ impl Moe {
                     Activation::Glu(Act::Silu),
                 );
                 // `[hidden]` in the file.
-                let gate = match (l.has)("ffn_gate_inp_shexp") {
+                let gate = match (l.has)("ffn_gate_inp_shexp.weight") {
                     true => {
                         let w = get("ffn_gate_inp_shexp")?.dequantize(device)?;
                         let w = w.reshape((1, w.elem_count()))?;
@@ -292,7 +328,27 @@ impl Moe {
         // quantizer keep it F32) whatever `--weights` says: which experts a
         // row takes is a discontinuous choice that rounding should not move.
         let router = Linear::new(get("ffn_gate_inp")?, WeightFormat::Native.into(), device)?;
-        let (gate, up) = match (l.has)("ffn_gate_up_exps") {
+        let router = match (l.has)("ffn_gate_inp.bias") {
+            true => router.with_bias(tensor(&format!("{p}.ffn_gate_inp.bias"))?.dequantize(device)?)?,
+            false => router,
+        };
+        let bias = match (l.has)("ffn_down_exps.bias") {
+            true => {
+                let mut b = |n: &str| -> anyhow::Result<Tensor> {
+                    Ok(tensor(&format!("{p}.{n}.bias"))?.dequantize(&Device::Cpu)?)
+                };
+                let b = ExpertBias::new([
+                    b("ffn_gate_exps")?,
+                    b("ffn_up_exps")?,
+                    b("ffn_down_exps")?,
+                ])?;
+                b.check(experts)?;
+                Some(b)
+            }
+            false => None,
+        };
+        let mut get = |n: &str| tensor(&format!("{p}.{n}.weight"));
+        let (gate, up) = match (l.has)("ffn_gate_up_exps.weight") {
             true => split_gate_up(&get("ffn_gate_up_exps")?, device)?,
             false => (get("ffn_gate_exps")?, get("ffn_up_exps")?),
         };
@@ -309,6 +365,7 @@ impl Moe {
             routing,
             experts: stacked,
             act: Act::Silu,
+            bias,
             expert_scale: None,
             shared,
             layer,
@@ -321,8 +378,9 @@ impl Moe {
     /// (`experts.{e}.`, Mixtral's `w1`/`w3`/`w2` or the others'
     /// `gate_proj`/`up_proj`/`down_proj`; transformers 5 fuses them in
     /// memory but saves them so) or stacked (Granite's `input_linear`, gate
-    /// and up, and `output_linear`), and a shared expert (`shared_expert`,
-    /// gated by `shared_expert_gate`) where it has one.
+    /// and up, and `output_linear`; gpt-oss's [`gpt_oss_experts`]), and a
+    /// shared expert (`shared_expert`, gated by `shared_expert_gate`) where
+    /// it has one.
     pub fn from_hf(
         vb: &VarBuilder,
         at: &str,
@@ -334,6 +392,7 @@ impl Moe {
         routing.check(experts)?;
         let get = |name: &str| vb.get_unchecked(&format!("{at}.{name}"));
         let has = |name: &str| vb.contains_tensor(&format!("{at}.{name}"));
+        let gpt_oss = has("experts.gate_up_proj") || has("experts.gate_up_proj_blocks");
         let [gate, up, down] = match has("input_linear.weight") {
             // Granite-MoE: each expert's gate and up rows (gate first) in one
             // `[experts, 2 * ff, hidden]` tensor, its down in another.
@@ -393,23 +452,42 @@ impl Moe {
                 })
             }
         };
+        let (stacked, bias) = match gpt_oss {
+            true => {
+                let (e, b) = gpt_oss_experts(vb, at, spec)?;
+                (e, Some(b))
+            }
+            false => (Experts::from_dense(gate?, up?, down?, spec)?, None),
+        };
+        if stacked.count() != experts {
+            candle_core::bail!("{at} has {} experts, its config {experts}", stacked.count());
+        }
+        if let Some(b) = &bias {
+            b.check(experts)?;
+        }
+        // Granite's `router.layer`, gpt-oss's `router` (with a bias), the
+        // others' `gate`.
+        let router = ["router.layer", "router", "gate"]
+            .into_iter()
+            .find(|r| has(&format!("{r}.weight")))
+            .unwrap_or("gate");
+        let f32_tensor = |n: &str| vb.get_unchecked_dtype(&format!("{at}.{router}.{n}"), DType::F32);
+        let router_bias = match has(&format!("{router}.bias")) {
+            true => Some(f32_tensor("bias")?),
+            false => None,
+        };
         Ok(Moe {
             // In f32 whatever `--weights` and `--dtype` say, as a GGUF's
             // router is.
             router: Linear::dense(
-                vb.get_unchecked_dtype(
-                    &match has("router.layer.weight") {
-                        true => format!("{at}.router.layer.weight"),
-                        false => format!("{at}.gate.weight"),
-                    },
-                    DType::F32,
-                )?,
-                None,
+                f32_tensor("weight")?,
+                router_bias,
                 WeightFormat::Native.into(),
             )?,
             routing,
-            experts: Experts::from_dense(gate?, up?, down?, spec)?,
+            experts: stacked,
             act: Act::Silu,
+            bias,
             expert_scale: None,
             shared,
             layer,
@@ -445,11 +523,16 @@ impl Moe {
         let out = match &self.experts {
             Experts::Quant { gate, up, down } => {
                 let xs = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+                let ws: [&[QuantMatrix]; 3] = [gate, up, down];
+                let bias = self.bias.as_ref();
                 let out = match self.act {
-                    Act::Silu => grouped_forward(&xs, hidden, &groups, [gate, up, down], silu),
-                    Act::GeluTanh => {
-                        grouped_forward(&xs, hidden, &groups, [gate, up, down], gelu_tanh)
-                    }
+                    Act::Silu => grouped_forward(&xs, hidden, &groups, ws, bias, |g, u| {
+                        silu(g) * u
+                    }),
+                    Act::GeluTanh => grouped_forward(&xs, hidden, &groups, ws, bias, |g, u| {
+                        gelu_tanh(g) * u
+                    }),
+                    Act::SwigluOai => grouped_forward(&xs, hidden, &groups, ws, bias, swiglu_oai),
                 };
                 Tensor::from_vec(out, (t, hidden), x.device())?
             }
@@ -463,8 +546,16 @@ impl Moe {
                 {
                     let idx = Tensor::new(rows.as_slice(), x.device())?;
                     let w = Tensor::new(groups.weights[e].as_slice(), x.device())?.unsqueeze(1)?;
-                    let h = gate_up[e].forward(&x.index_select(&idx, 0)?)?;
-                    let y = down[e].forward(&elementwise::glu(&h, self.act)?)?;
+                    let mut h = gate_up[e].forward(&x.index_select(&idx, 0)?)?;
+                    if let Some(b) = &self.bias {
+                        let row = [b.gate[e].as_slice(), &b.up[e]].concat();
+                        h = h.broadcast_add(&Tensor::new(row, x.device())?.to_dtype(h.dtype())?)?;
+                    }
+                    let mut y = down[e].forward(&elementwise::glu(&h, self.act)?)?;
+                    if let Some(b) = &self.bias {
+                        let row = Tensor::new(b.down[e].as_slice(), x.device())?;
+                        y = y.broadcast_add(&row.to_dtype(y.dtype())?)?;
+                    }
                     out = out.index_add(&idx, &y.broadcast_mul(&w)?, 0)?;
                 }
                 out
@@ -482,6 +573,77 @@ impl Moe {
             }
         }
     }
+}
+
+/// gpt-oss's experts at `at` of a checkpoint: gate and up in one
+/// `gate_up_proj` whose outputs interleave them (gate even, up odd), down in
+/// `down_proj`, each with a bias. OpenAI's release holds the projections in
+/// MXFP4 (`*_blocks` `[experts, out, in / 32, 16]` and `*_scales`
+/// `[experts, out, in / 32]`), read as Q8_0 stacks of the same values
+/// ([`crate::quant::mxfp4`]); re-saved checkpoints hold them dense, as
+/// `[experts, in, out]`.
+fn gpt_oss_experts(vb: &VarBuilder, at: &str, spec: WeightSpec) -> Result<(Experts, ExpertBias)> {
+    let name = |n: &str| format!("{at}.experts.{n}");
+    let get = |n: &str| vb.get_unchecked(&name(n));
+    // Per expert, the rows `first, first + step, ...` of `[experts, rows, k]`.
+    let rows = |t: &Tensor, first: usize, step: usize| -> Result<Tensor> {
+        let (e, r, k) = t.dims3()?;
+        t.reshape((e, r / step, step, k))?.narrow(2, first, 1)?.squeeze(2)
+    };
+    let bias = get("gate_up_proj_bias")?;
+    let (e, two_ff) = bias.dims2()?;
+    let bias = bias.reshape((e, two_ff, 1))?;
+    let bias = ExpertBias::new([
+        rows(&bias, 0, 2)?.squeeze(2)?,
+        rows(&bias, 1, 2)?.squeeze(2)?,
+        get("down_proj_bias")?,
+    ])?;
+    let device = vb.device();
+    if !vb.contains_tensor(&name("gate_up_proj_blocks")) {
+        let gate_up = get("gate_up_proj")?.transpose(1, 2)?;
+        let down = get("down_proj")?.transpose(1, 2)?;
+        let each = |t: Tensor| -> Result<Vec<Tensor>> {
+            (0..t.dim(0)?).map(|x| t.get(x)?.contiguous()).collect()
+        };
+        let (gate, up) = (each(rows(&gate_up, 0, 2)?)?, each(rows(&gate_up, 1, 2)?)?);
+        return Ok((Experts::from_dense(gate, up, each(down)?, spec)?, bias));
+    }
+    let stack = |n: &str, first: usize, step: usize| -> Result<QTensor> {
+        let blocks = vb.get_unchecked_dtype(&name(&format!("{n}_blocks")), DType::U8)?;
+        let scales = vb.get_unchecked_dtype(&name(&format!("{n}_scales")), DType::U8)?;
+        let (e, r, nb, _) = blocks.dims4()?;
+        if blocks.dim(3)? != 16 || scales.dims() != [e, r, nb] || r % step != 0 {
+            candle_core::bail!(
+                "{} are {:?} with scales {:?}, not MXFP4 blocks",
+                name(n),
+                blocks.dims(),
+                scales.dims()
+            );
+        }
+        let (blocks, scales) = (
+            blocks.flatten_all()?.to_vec1::<u8>()?,
+            scales.flatten_all()?.to_vec1::<u8>()?,
+        );
+        let mut q8 = Vec::with_capacity(e * r / step * nb * 34);
+        for x in 0..e {
+            for row in (first..r).step_by(step) {
+                let b = (x * r + row) * nb;
+                let q = crate::quant::mxfp4::hf_to_q8_0(&blocks[16 * b..16 * (b + nb)], &scales[b..b + nb])
+                    .map_err(candle_core::Error::Msg)?;
+                q8.extend(q);
+            }
+        }
+        QTensor::new(
+            QStorage::from_data(Cow::Owned(q8), device, GgmlDType::Q8_0)?,
+            (e, r / step, nb * 32),
+        )
+    };
+    let stacks = [
+        stack("gate_up_proj", 0, 2)?,
+        stack("gate_up_proj", 1, 2)?,
+        stack("down_proj", 0, 1)?,
+    ];
+    Ok((Experts::from_gguf(stacks, spec, device)?, bias))
 }
 
 /// The `[n, k]` matrices of a stacked `[experts, n, k]` quantized tensor:
@@ -554,14 +716,16 @@ fn route(scores: &[f32], t: usize, experts: usize, r: Routing) -> Result<Groups>
     Ok(groups)
 }
 
-/// The experts' gated MLPs (`act` on the gate) over their groups, on
-/// wick's kernels, summed into `[t, hidden]` by the routing weights.
+/// The experts' gated MLPs (`act` of gate and up) over their groups, on
+/// wick's kernels, biased where they have biases, summed into `[t, hidden]`
+/// by the routing weights.
 fn grouped_forward(
     xs: &[f32],
     hidden: usize,
     groups: &Groups,
     [gate, up, down]: [&[QuantMatrix]; 3],
-    act: impl Fn(f32) -> f32,
+    bias: Option<&ExpertBias>,
+    act: impl Fn(f32, f32) -> f32,
 ) -> Vec<f32> {
     let active: Vec<usize> = (0..groups.rows.len())
         .filter(|&e| !groups.rows[e].is_empty())
@@ -601,9 +765,19 @@ fn grouped_forward(
         }
         matmul_grouped(&mut jobs);
     }
-    for (g, u) in g.iter_mut().zip(&u) {
-        for (g, &u) in g.iter_mut().zip(u) {
-            *g = act(*g) * u;
+    /// Adds `bias` to every row of `rows`.
+    fn add_rows(rows: &mut [f32], bias: &[f32]) {
+        for row in rows.chunks_exact_mut(bias.len()) {
+            row.iter_mut().zip(bias).for_each(|(x, b)| *x += b);
+        }
+    }
+    for ((&e, g), u) in active.iter().zip(g.iter_mut()).zip(u.iter_mut()) {
+        if let Some(b) = bias {
+            add_rows(g, &b.gate[e]);
+            add_rows(u, &b.up[e]);
+        }
+        for (g, &u) in g.iter_mut().zip(u.iter()) {
+            *g = act(*g, u);
         }
     }
     let mut ys: Vec<Vec<f32>> = active
@@ -622,6 +796,11 @@ fn grouped_forward(
             })
             .collect();
         matmul_grouped(&mut jobs);
+    }
+    if let Some(b) = bias {
+        for (&e, y) in active.iter().zip(ys.iter_mut()) {
+            add_rows(y, &b.down[e]);
+        }
     }
     let mut out = vec![0.0f32; xs.len()];
     for (&e, y) in active.iter().zip(&ys) {

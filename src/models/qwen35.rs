@@ -919,11 +919,7 @@ impl Qwen35 {
             let h = c.hidden_size;
             let ffn = match (&c.moe, &expert_load) {
                 (Some(moe), Some(load)) => {
-                    let has = |n: &str| {
-                        content
-                            .tensor_infos
-                            .contains_key(&format!("{p}.{n}.weight"))
-                    };
+                    let has = |n: &str| content.has(&format!("{p}.{n}"));
                     let gguf = GgufLayer {
                         prefix: &p,
                         has: &has,

@@ -108,6 +108,17 @@ pub static FAMILIES: &[Family] = &[
         }),
     },
     Family {
+        models: "gpt-oss-20b, gpt-oss-120b",
+        gguf: Some(Format {
+            names: &["gpt-oss"],
+            load: llama_gguf,
+        }),
+        hf: Some(Format {
+            names: &["gpt_oss"],
+            load: llama_hf,
+        }),
+    },
+    Family {
         models: "Qwen2, Qwen2.5",
         gguf: Some(Format {
             names: &["qwen2"],
