@@ -50,6 +50,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 import tokenizers  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
 from tokenizers import decoders, models, pre_tokenizers, trainers  # noqa: E402
 from transformers import (  # noqa: E402
     AutoTokenizer,
@@ -65,6 +66,8 @@ from transformers import (  # noqa: E402
     GraniteMoeConfig,
     GraniteMoeForCausalLM,
     GPT2LMHeadModel,
+    GptOssConfig,
+    GptOssForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     Ministral3Config,
@@ -294,6 +297,8 @@ def check_routing(model, prompts, continuations):
             return layer.block_sparse_moe.router
         if hasattr(layer, "router"):
             return layer.router
+        if hasattr(layer.mlp, "router"):
+            return layer.mlp.router
         return layer.mlp.gate
 
     handles = [router(layer).register_forward_hook(hook) for layer in model.model.layers]
@@ -335,7 +340,9 @@ ONLY = set(sys.argv[1:])
 
 
 def build(name, make_model, tokenizer, chat, seed, std, extra=None, norm_center=1.0,
-          edit_config=None, tweak=None, **save_args):
+          edit_config=None, tweak=None, rewrite=None, load_args=None, **save_args):
+    """`rewrite(model, out)` changes the saved files (the weights' form), and
+    `load_args` are what transformers needs to reload them."""
     if ONLY and name not in ONLY:
         return
     out = ROOT / name
@@ -361,9 +368,11 @@ def build(name, make_model, tokenizer, chat, seed, std, extra=None, norm_center=
     tokenizer.save_pretrained(out, save_jinja_files=False)
     assert not (out / "chat_template.jinja").exists()
     (out / "reference.json").write_text(json.dumps(ref))
+    if rewrite:
+        rewrite(model, out)
 
     # The saved directory must reproduce the reference on its own.
-    reloaded = type(model).from_pretrained(out).eval()
+    reloaded = type(model).from_pretrained(out, **(load_args or {})).eval()
     tok_config = json.loads((out / "tokenizer_config.json").read_text())
     if reloaded.config.model_type in ("qwen2", "qwen3_5_moe_text"):
         # For model_types qwen2 and qwen3_5_moe_text (alone of these),
@@ -385,13 +394,90 @@ def build(name, make_model, tokenizer, chat, seed, std, extra=None, norm_center=
     for case in ref["tokenizer"]:
         assert tok(case["text"])["input_ids"] == case["ids"], case["text"]
     assert tok("")["input_ids"] == ref["add_special_tokens_adds"]
-    assert tok_config.get("chat_template") == (CHATML if chat else None)
+    assert tok_config.get("chat_template") == tokenizer.chat_template
     for case in ref.get("chat", []):
         prompt = tok.apply_chat_template(case["messages"], add_generation_prompt=True, tokenize=False)
         assert prompt == case["prompt"]
         assert tok(prompt, add_special_tokens=False)["input_ids"] == case["ids"]
     size = sum(f.stat().st_size for f in out.iterdir())
     print(f"{name}: {size / 1e6:.2f} MB, vocab {len(tokenizer)}, min greedy gap {ref['greedy_min_gap']:.4f}")
+
+
+# gpt-oss's E2M1 values (the nibble's bit 3 is the sign).
+FP4 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+                    -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def mxfp4(w):
+    """`w` `[experts, out, in]` in MXFP4 as OpenAI's checkpoints hold it:
+    per 32 inputs an E8M0 exponent byte (`_scales`, value 2^(s - 127),
+    chosen as GGML's quantizer does: floor(log2(amax)) - 2, as 6 = 1.5 x 4
+    is E2M1's largest) and 16 bytes of nibbles (`_blocks`, byte j holding
+    inputs 2j (low) and 2j + 1 (high)), each the nearest E2M1 value. Returns
+    blocks, scales and the values they hold."""
+    e, rows, cols = w.shape
+    g = w.reshape(e, rows, cols // 32, 32)
+    amax = g.abs().amax(-1)
+    exp = torch.where(amax > 0, torch.floor(torch.log2(amax)) - 2, torch.full_like(amax, -127))
+    scale = torch.exp2(exp)
+    nearest = (g.unsqueeze(-1) - scale[..., None, None] * FP4).abs().argmin(-1).to(torch.uint8)
+    blocks = nearest[..., 0::2] | (nearest[..., 1::2] << 4)
+    values = (FP4[nearest.long()] * scale[..., None]).reshape(e, rows, cols)
+    return blocks.contiguous(), (exp + 127).to(torch.uint8).contiguous(), values
+
+
+def gpt_oss_mxfp4(model):
+    """Rounds each layer's experts to MXFP4 (their values become what the
+    blocks hold, so the reference is the quantized model's), keeping the
+    blocks for `gpt_oss_rewrite`."""
+    model.mxfp4_blocks = {}
+    for i, layer in enumerate(model.model.layers):
+        experts = layer.mlp.experts
+        for n in ("gate_up_proj", "down_proj"):
+            p = getattr(experts, n)
+            # Parameters are [experts, in, out]; blocks run along the inputs.
+            blocks, scales, values = mxfp4(p.data.transpose(1, 2).contiguous())
+            p.copy_(values.transpose(1, 2))
+            at = f"model.layers.{i}.mlp.experts.{n}"
+            model.mxfp4_blocks[at + "_blocks"] = blocks
+            model.mxfp4_blocks[at + "_scales"] = scales
+
+
+def gpt_oss_rewrite(model, out):
+    """The saved checkpoint as OpenAI's release holds it: the experts'
+    matrices as MXFP4 blocks and scales, and `quantization_config` saying
+    so (everything else in the checkpoint's dtype)."""
+    (path,) = out.glob("*.safetensors")
+    weights = {n: t for n, t in load_file(path).items()
+               if not n.endswith(("experts.gate_up_proj", "experts.down_proj"))}
+    weights.update(model.mxfp4_blocks)
+    save_file(dict(sorted(weights.items())), path, metadata={"format": "pt"})
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"] = {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                   "model.embed_tokens", "lm_head"],
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+HARMONY_TOKENS = ["<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>",
+                  "<|channel|>", "<|start|>", "<|end|>", "<|message|>", "<|call|>"]
+
+
+def harmony_tokenizer():
+    """gpt-oss's tokenizer in small: the trained vocabulary with its
+    harmony special tokens, `<|return|>` as EOS, and its real chat template
+    (llama.cpp's copy of openai/gpt-oss-120b's)."""
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=train_tokenizer(HARMONY_TOKENS),
+        bos_token="<|startoftext|>",
+        eos_token="<|return|>",
+        pad_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+    )
+    tok.chat_template = (ROOT / "chat_templates" / "openai-gpt-oss-120b.jinja").read_text()
+    return tok
 
 
 def chat_tokenizer():
@@ -668,6 +754,37 @@ def main():
                Gemma4ForCausalLM),
         llama_tok, chat=True, seed=54, std=0.15, extra=moe_extra,
         tweak=lambda model: [layer.router.proj.weight.mul_(16.0) for layer in model.model.layers],
+    )
+    # gpt-oss as OpenAI's release holds it: 4 layers, 64 wide, 4 heads of
+    # 16 over 2 KV heads, biases on q/k/v/o, a learned sink per head (drawn
+    # N(0, 1)), the even layers attending within a 4-token window, YaRN
+    # (factor 32 from 4096, unrounded as gpt-oss sets it, so cos and sin
+    # scale by 1.35); each MLP 4 experts of 64 with biases, the top 2 by
+    # biased router logits, softmax over those 2, and the clamped SwiGLU.
+    # The experts' matrices are MXFP4 in the checkpoint (`*_blocks`,
+    # `*_scales`, `quantization_config`), their values rounded to it before
+    # the reference is taken. The tokenizer has harmony's special tokens and
+    # the real template, whose prompts carry the day's date, so no chat
+    # references are stored.
+    harmony = harmony_tokenizer()
+    build(
+        "gpt-oss-tiny",
+        lambda: GptOssForCausalLM(GptOssConfig(
+            vocab_size=len(harmony), hidden_size=64, intermediate_size=64, head_dim=16,
+            num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+            num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
+            max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=False,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                             "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                             "original_max_position_embeddings": 4096},
+            bos_token_id=harmony.bos_token_id, eos_token_id=harmony.eos_token_id,
+            pad_token_id=harmony.pad_token_id,
+        )),
+        harmony, chat=False, seed=63, std=0.15, extra=moe_extra,
+        tweak=lambda model: ([layer.self_attn.sinks.normal_() for layer in model.model.layers],
+                             gpt_oss_mxfp4(model)),
+        rewrite=gpt_oss_rewrite,
+        load_args={"quantization_config": transformers.Mxfp4Config(dequantize=True)},
     )
     # Mixtures of experts: every layer's MLP is 8 SwiGLU experts of 32, of
     # which a softmax router picks 2 per token. The inputs route several

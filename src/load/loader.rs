@@ -155,6 +155,11 @@ fn open_gguf(path: &Path) -> anyhow::Result<(Gguf, BufReader<File>)> {
     }
 }
 
+/// A GGUF file's header (its metadata and tensors), as the loader reads it.
+pub fn read_gguf_header(path: &Path) -> anyhow::Result<Gguf> {
+    Ok(open_gguf(path)?.0)
+}
+
 /// A GGUF file whose architecture wick runs, and the constructor for it.
 pub(crate) fn open_model_gguf(path: &Path) -> anyhow::Result<(Gguf, BufReader<File>, FromGguf)> {
     let (content, reader) = open_gguf(path)?;

@@ -278,7 +278,8 @@ mod tests {
                         let row = &data[(i / f) * 2 * f..];
                         let (gate, up) = (row[i % f] as f64, row[f + i % f] as f64);
                         let gate = gate.min(7.0);
-                        let want = gate / (1.0 + (-1.702 * gate).exp()) * (up.clamp(-7.0, 7.0) + 1.0);
+                        let want =
+                            gate / (1.0 + (-1.702 * gate).exp()) * (up.clamp(-7.0, 7.0) + 1.0);
                         let err = (g as f64 - want).abs() / want.abs().max(1e-3);
                         assert!(err < 1e-5, "swiglu_oai({gate}, {up}): {g} against {want}");
                     }

@@ -155,8 +155,10 @@ impl Linear {
     }
 
     /// From a dense `[out, in]` matrix (safetensors checkpoints): kept in its
-    /// dtype, or re-quantized to Q8_0 for wick's kernels with
-    /// `WeightFormat::Q8_0` on the CPU. Other formats describe GGUF weights.
+    /// dtype, or converted to f32 or bf16 as `--weights` says (for a
+    /// checkpoint that also holds quantized weights, gpt-oss's MXFP4
+    /// experts, which those formats dequantize), or re-quantized to Q8_0
+    /// for wick's kernels with `WeightFormat::Q8_0` on the CPU.
     pub fn dense(w: Tensor, bias: Option<Tensor>, spec: WeightSpec) -> Result<Self> {
         // Q8_0 blocks are 32 inputs long: a narrower matrix (Gemma 4's
         // per-layer projections) stays as it is, as llama-quantize leaves
@@ -175,9 +177,11 @@ impl Linear {
                 let q = QTensor::quantize(&w.to_dtype(DType::F32)?, GgmlDType::Q8_0)?;
                 Weights::Candle(QMatMul::from_qtensor(q)?)
             }
-            other => candle_core::bail!(
-                "--weights {other:?} applies to GGUF files; safetensors weights take \
-                 --weights native (with --dtype) or q8_0"
+            WeightFormat::F32 => Weights::Dense(w.to_dtype(DType::F32)?),
+            WeightFormat::Bf16 => Weights::Dense(w.to_dtype(DType::BF16)?),
+            WeightFormat::Candle => candle_core::bail!(
+                "--weights candle applies to GGUF files; safetensors weights take \
+                 --weights native (with --dtype), f32, bf16 or q8_0"
             ),
         };
         let bias = bias.map(|b| b.to_dtype(DType::F32)).transpose()?;

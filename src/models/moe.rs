@@ -329,7 +329,9 @@ impl Moe {
         // row takes is a discontinuous choice that rounding should not move.
         let router = Linear::new(get("ffn_gate_inp")?, WeightFormat::Native.into(), device)?;
         let router = match (l.has)("ffn_gate_inp.bias") {
-            true => router.with_bias(tensor(&format!("{p}.ffn_gate_inp.bias"))?.dequantize(device)?)?,
+            true => {
+                router.with_bias(tensor(&format!("{p}.ffn_gate_inp.bias"))?.dequantize(device)?)?
+            }
             false => router,
         };
         let bias = match (l.has)("ffn_down_exps.bias") {
@@ -337,11 +339,8 @@ impl Moe {
                 let mut b = |n: &str| -> anyhow::Result<Tensor> {
                     Ok(tensor(&format!("{p}.{n}.bias"))?.dequantize(&Device::Cpu)?)
                 };
-                let b = ExpertBias::new([
-                    b("ffn_gate_exps")?,
-                    b("ffn_up_exps")?,
-                    b("ffn_down_exps")?,
-                ])?;
+                let b =
+                    ExpertBias::new([b("ffn_gate_exps")?, b("ffn_up_exps")?, b("ffn_down_exps")?])?;
                 b.check(experts)?;
                 Some(b)
             }
@@ -471,7 +470,8 @@ impl Moe {
             .into_iter()
             .find(|r| has(&format!("{r}.weight")))
             .unwrap_or("gate");
-        let f32_tensor = |n: &str| vb.get_unchecked_dtype(&format!("{at}.{router}.{n}"), DType::F32);
+        let f32_tensor =
+            |n: &str| vb.get_unchecked_dtype(&format!("{at}.{router}.{n}"), DType::F32);
         let router_bias = match has(&format!("{router}.bias")) {
             true => Some(f32_tensor("bias")?),
             false => None,
@@ -526,12 +526,12 @@ impl Moe {
                 let ws: [&[QuantMatrix]; 3] = [gate, up, down];
                 let bias = self.bias.as_ref();
                 let out = match self.act {
-                    Act::Silu => grouped_forward(&xs, hidden, &groups, ws, bias, |g, u| {
-                        silu(g) * u
-                    }),
-                    Act::GeluTanh => grouped_forward(&xs, hidden, &groups, ws, bias, |g, u| {
-                        gelu_tanh(g) * u
-                    }),
+                    Act::Silu => {
+                        grouped_forward(&xs, hidden, &groups, ws, bias, |g, u| silu(g) * u)
+                    }
+                    Act::GeluTanh => {
+                        grouped_forward(&xs, hidden, &groups, ws, bias, |g, u| gelu_tanh(g) * u)
+                    }
                     Act::SwigluOai => grouped_forward(&xs, hidden, &groups, ws, bias, swiglu_oai),
                 };
                 Tensor::from_vec(out, (t, hidden), x.device())?
@@ -588,7 +588,9 @@ fn gpt_oss_experts(vb: &VarBuilder, at: &str, spec: WeightSpec) -> Result<(Exper
     // Per expert, the rows `first, first + step, ...` of `[experts, rows, k]`.
     let rows = |t: &Tensor, first: usize, step: usize| -> Result<Tensor> {
         let (e, r, k) = t.dims3()?;
-        t.reshape((e, r / step, step, k))?.narrow(2, first, 1)?.squeeze(2)
+        t.reshape((e, r / step, step, k))?
+            .narrow(2, first, 1)?
+            .squeeze(2)
     };
     let bias = get("gate_up_proj_bias")?;
     let (e, two_ff) = bias.dims2()?;
@@ -628,8 +630,11 @@ fn gpt_oss_experts(vb: &VarBuilder, at: &str, spec: WeightSpec) -> Result<(Exper
         for x in 0..e {
             for row in (first..r).step_by(step) {
                 let b = (x * r + row) * nb;
-                let q = crate::quant::mxfp4::hf_to_q8_0(&blocks[16 * b..16 * (b + nb)], &scales[b..b + nb])
-                    .map_err(candle_core::Error::Msg)?;
+                let q = crate::quant::mxfp4::hf_to_q8_0(
+                    &blocks[16 * b..16 * (b + nb)],
+                    &scales[b..b + nb],
+                )
+                .map_err(candle_core::Error::Msg)?;
                 q8.extend(q);
             }
         }
