@@ -20,8 +20,14 @@ pub struct Message {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
     /// An assistant turn's thinking, apart from its content (templates of
-    /// thinking models may show it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// thinking models may show it). Read also under transformers' other
+    /// names for it.
+    #[serde(
+        default,
+        alias = "thinking",
+        alias = "reasoning",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub reasoning_content: Option<String>,
     /// The calls an assistant turn made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -75,6 +81,25 @@ impl From<&ChatMessage> for Message {
             tool_calls: None,
             tool_call_id: None,
             name: None,
+        }
+    }
+}
+
+/// A turn as transformers hands it to a template: its reasoning also as
+/// `thinking`, first, which gpt-oss's template reads.
+#[derive(Serialize)]
+pub(super) struct TemplateTurn<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    thinking: Option<&'a str>,
+    #[serde(flatten)]
+    message: &'a Message,
+}
+
+impl<'a> From<&'a Message> for TemplateTurn<'a> {
+    fn from(message: &'a Message) -> Self {
+        TemplateTurn {
+            thinking: message.reasoning_content.as_deref(),
+            message,
         }
     }
 }
