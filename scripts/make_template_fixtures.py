@@ -220,14 +220,14 @@ CASES = {
         TOOLS,
         True,
     ),
-    # gpt-oss's template reads an earlier turn's thinking as `thinking` (wick
-    # renames reasoning_content to it for that template, as llama.cpp does)
-    # and shows it only before a call whose answer has not come yet.
+    # gpt-oss's template reads a turn's reasoning as `thinking` (transformers
+    # passes it under both names) and shows it only before a call whose
+    # answer has not come yet.
     "thinking_before_a_call": (
         [
             SYSTEM,
             ASK_WEATHER,
-            {"role": "assistant", "thinking": "The user wants Zürich's weather.", "tool_calls": [WEATHER_CALL]},
+            {"role": "assistant", "reasoning_content": "The user wants Zürich's weather.", "tool_calls": [WEATHER_CALL]},
             WEATHER_RESULT,
         ],
         TOOLS,
@@ -236,7 +236,7 @@ CASES = {
     "thinking_before_a_call_then_answer": (
         [
             ASK_WEATHER,
-            {"role": "assistant", "thinking": "The user wants Zürich's weather.", "tool_calls": [WEATHER_CALL]},
+            {"role": "assistant", "reasoning_content": "The user wants Zürich's weather.", "tool_calls": [WEATHER_CALL]},
             WEATHER_RESULT,
             {"role": "assistant", "content": "21.5 °C and clear."},
             {"role": "user", "content": "Thanks!"},

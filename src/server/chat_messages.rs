@@ -126,6 +126,21 @@ fn message(m: &ChatRequestMessage, at: &str) -> Result<Message, ApiError> {
     })
 }
 
+/// A conversation for a harmony template (gpt-oss): an assistant turn
+/// that thought and then called tools keeps its thinking and drops its
+/// content, as llama.cpp hands it over. The template writes that turn's
+/// thinking before the call (until an answer follows), and refuses a turn
+/// with both.
+pub fn harmony_conversation(messages: Vec<Message>) -> Vec<Message> {
+    messages
+        .into_iter()
+        .map(|m| match (&m.reasoning_content, &m.tool_calls) {
+            (Some(_), Some(calls)) if !calls.is_empty() => Message { content: None, ..m },
+            _ => m,
+        })
+        .collect()
+}
+
 /// The conversation with `""` as the content of turns that have none (an
 /// assistant turn that only calls tools), as vLLM hands them over: for
 /// templates that add every turn's content, which transformers' absent
@@ -264,6 +279,41 @@ mod tests {
             let want: Vec<Message> = serde_json::from_value(want).unwrap();
             assert_eq!(convert(wire).unwrap(), want, "case {name}");
         }
+    }
+
+    /// gpt-oss's template takes a turn's thinking or its content before a
+    /// call, not both: a turn that thought, said something and called a
+    /// tool is rendered with its thinking alone, as llama.cpp renders it.
+    #[test]
+    fn harmony_turns_that_thought_and_called_keep_the_thought() {
+        let text = std::fs::read_to_string(format!("{FIXTURES}/expected.json")).unwrap();
+        let expected: Value = serde_json::from_str(&text).unwrap();
+        let case = &expected["cases"]["thinking_before_a_call"];
+        let want = expected["renders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| {
+                r["template"] == "openai-gpt-oss-120b.jinja"
+                    && r["case"] == "thinking_before_a_call"
+            })
+            .unwrap()["text"]
+            .as_str()
+            .unwrap();
+        let mut wire = case["messages"].clone();
+        wire[2]["content"] = json!("Let me check.");
+        let messages = convert(wire).unwrap();
+        let source =
+            std::fs::read_to_string(format!("{FIXTURES}/openai-gpt-oss-120b.jinja")).unwrap();
+        let now: chrono::NaiveDateTime = expected["now"].as_str().unwrap().parse().unwrap();
+        let template = ChatTemplate::new(source, "<|startoftext|>".into(), "<|return|>".into())
+            .unwrap()
+            .with_clock(move || now);
+        let tools = Some(&case["tools"]);
+        let both = template.render_with_tools(&messages, tools, true);
+        assert!(both.is_err(), "{both:?}");
+        let got = template.render_with_tools(&harmony_conversation(messages), tools, true);
+        assert_eq!(got.unwrap(), want);
     }
 
     #[test]

@@ -20,14 +20,8 @@ pub struct Message {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
     /// An assistant turn's thinking, apart from its content (templates of
-    /// thinking models may show it). Read also under transformers' other
-    /// names for it.
-    #[serde(
-        default,
-        alias = "thinking",
-        alias = "reasoning",
-        skip_serializing_if = "Option::is_none"
-    )]
+    /// thinking models may show it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
     /// The calls an assistant turn made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
