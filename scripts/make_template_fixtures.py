@@ -17,7 +17,8 @@ loopcontrols extension; `tojson` as `json.dumps` with ensure_ascii=False and
 its indent, separators and sort_keys options; `raise_exception` raising
 TemplateError; `strftime_now` formatting the current local time. As
 `apply_chat_template` does, message keys whose value is None are dropped and
-`tools` and `documents` are passed as None when absent. The clock is fixed
+`tools` and `documents` are passed as None when absent, and a turn's
+reasoning is passed as both `reasoning_content` and `thinking`. The clock is fixed
 at NOW so the fixtures are reproducible; the Rust test injects the same
 time. transformers' `{% generation %}` tag, and its narrowed `dict` and
 `namespace` globals (jinja2's own, refusing underscore names), are left out:
@@ -58,6 +59,7 @@ TEMPLATES = {
     "Qwen-Qwen2.5-7B-Instruct.jinja": ("", "<|im_end|>"),
     "Qwen-Qwen3-0.6B.jinja": ("", "<|im_end|>"),
     "microsoft-Phi-3.5-mini-instruct.jinja": ("<s>", "<|endoftext|>"),
+    "openai-gpt-oss-120b.jinja": ("<|startoftext|>", "<|return|>"),
 }
 
 WEATHER = {
@@ -218,6 +220,30 @@ CASES = {
         TOOLS,
         True,
     ),
+    # gpt-oss's template reads a turn's reasoning as `thinking` (transformers
+    # passes it under both names) and shows it only before a call whose
+    # answer has not come yet.
+    "thinking_before_a_call": (
+        [
+            SYSTEM,
+            ASK_WEATHER,
+            {"role": "assistant", "reasoning_content": "The user wants Zürich's weather.", "tool_calls": [WEATHER_CALL]},
+            WEATHER_RESULT,
+        ],
+        TOOLS,
+        True,
+    ),
+    "thinking_before_a_call_then_answer": (
+        [
+            ASK_WEATHER,
+            {"role": "assistant", "reasoning_content": "The user wants Zürich's weather.", "tool_calls": [WEATHER_CALL]},
+            WEATHER_RESULT,
+            {"role": "assistant", "content": "21.5 °C and clear."},
+            {"role": "user", "content": "Thanks!"},
+        ],
+        TOOLS,
+        True,
+    ),
     "roles_not_alternating": (
         [{"role": "user", "content": "One."}, {"role": "user", "content": "Two."}],
         None,
@@ -292,6 +318,10 @@ SNIPPET_MESSAGES = [{"role": "user", "content": "hi"}]
 SNIPPET_TOKENS = ("<s>", "</s>")
 
 
+# The names a turn's reasoning may come under, the first the one templates read.
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
 def strftime_now(fmt):
     return NOW.strftime(fmt)
 
@@ -312,9 +342,19 @@ def environment():
     return env
 
 
+def alias_reasoning(message):
+    """A turn's reasoning under each name templates read it by, as
+    transformers' `_alias_reasoning_fields` passes it: `thinking` (gpt-oss)
+    first, `reasoning_content` where it was or last."""
+    reasoning = next((message[k] for k in REASONING_FIELDS if message.get(k) is not None), None)
+    if reasoning is None:
+        return message
+    return {"thinking": reasoning, **message, "reasoning_content": reasoning}
+
+
 def render(env, source, messages, tools, add_generation_prompt, tokens):
     """The text, or the error: `raised` when the template called raise_exception."""
-    messages = [{k: v for k, v in m.items() if v is not None} for m in messages]
+    messages = [alias_reasoning({k: v for k, v in m.items() if v is not None}) for m in messages]
     try:
         text = env.from_string(source).render(
             messages=messages,

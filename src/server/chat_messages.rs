@@ -126,6 +126,61 @@ fn message(m: &ChatRequestMessage, at: &str) -> Result<Message, ApiError> {
     })
 }
 
+/// A conversation for a harmony template (gpt-oss), as it can render it.
+/// An assistant turn that thought and then called tools keeps its
+/// thinking and drops its content, as llama.cpp hands it over: the
+/// template writes that thinking before the call (until an answer
+/// follows), and refuses a turn with both. A turn with several calls
+/// becomes one turn per call, each followed by its results (matched by
+/// `tool_call_id`; unmatched ones after the last call): the template
+/// renders only a turn's first call, and names each result after the call
+/// before it.
+pub fn harmony_conversation(messages: Vec<Message>) -> Vec<Message> {
+    let mut out = Vec::with_capacity(messages.len());
+    let mut rest = messages.into_iter().peekable();
+    while let Some(mut m) = rest.next() {
+        if m.reasoning_content.is_some() && m.tool_calls.as_ref().is_some_and(|c| !c.is_empty()) {
+            m.content = None;
+        }
+        let calls = match m.tool_calls.take() {
+            Some(calls) if calls.len() > 1 => calls,
+            calls => {
+                out.push(Message {
+                    tool_calls: calls,
+                    ..m
+                });
+                continue;
+            }
+        };
+        let mut results = Vec::new();
+        while let Some(r) = rest.next_if(|r| r.role == "tool") {
+            results.push(r);
+        }
+        for (i, call) in calls.into_iter().enumerate() {
+            let turn = match i {
+                0 => m.clone(),
+                _ => Message {
+                    content: None,
+                    reasoning_content: None,
+                    ..m.clone()
+                },
+            };
+            let id = call.id.clone();
+            out.push(Message {
+                tool_calls: Some(vec![call]),
+                ..turn
+            });
+            let (answers, others): (Vec<_>, Vec<_>) = results
+                .into_iter()
+                .partition(|r: &Message| id.is_some() && r.tool_call_id == id);
+            out.extend(answers);
+            results = others;
+        }
+        out.extend(results);
+    }
+    out
+}
+
 /// The conversation with `""` as the content of turns that have none (an
 /// assistant turn that only calls tools), as vLLM hands them over: for
 /// templates that add every turn's content, which transformers' absent
@@ -264,6 +319,93 @@ mod tests {
             let want: Vec<Message> = serde_json::from_value(want).unwrap();
             assert_eq!(convert(wire).unwrap(), want, "case {name}");
         }
+    }
+
+    /// gpt-oss's template takes a turn's thinking or its content before a
+    /// call, not both: a turn that thought, said something and called a
+    /// tool is rendered with its thinking alone, as llama.cpp renders it.
+    #[test]
+    fn harmony_turns_that_thought_and_called_keep_the_thought() {
+        let text = std::fs::read_to_string(format!("{FIXTURES}/expected.json")).unwrap();
+        let expected: Value = serde_json::from_str(&text).unwrap();
+        let case = &expected["cases"]["thinking_before_a_call"];
+        let want = expected["renders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| {
+                r["template"] == "openai-gpt-oss-120b.jinja"
+                    && r["case"] == "thinking_before_a_call"
+            })
+            .unwrap()["text"]
+            .as_str()
+            .unwrap();
+        let mut wire = case["messages"].clone();
+        wire[2]["content"] = json!("Let me check.");
+        let messages = convert(wire).unwrap();
+        let source =
+            std::fs::read_to_string(format!("{FIXTURES}/openai-gpt-oss-120b.jinja")).unwrap();
+        let now: chrono::NaiveDateTime = expected["now"].as_str().unwrap().parse().unwrap();
+        let template = ChatTemplate::new(source, "<|startoftext|>".into(), "<|return|>".into())
+            .unwrap()
+            .with_clock(move || now);
+        let tools = Some(&case["tools"]);
+        let both = template.render_with_tools(&messages, tools, true);
+        assert!(both.is_err(), "{both:?}");
+        let got = template.render_with_tools(&harmony_conversation(messages), tools, true);
+        assert_eq!(got.unwrap(), want);
+    }
+
+    /// Two calls in one turn: gpt-oss's template would render the first
+    /// alone and name both results after it; each goes in as its own turn,
+    /// followed by its result.
+    #[test]
+    fn harmony_calls_go_in_one_by_one_with_their_results() {
+        let call = |id: &str, name: &str| {
+            json!({"id": id, "type": "function",
+                   "function": {"name": name, "arguments": "{}"}})
+        };
+        let messages = convert(json!([
+            {"role": "user", "content": "Weather and time?"},
+            {"role": "assistant", "reasoning_content": "Both.",
+             "tool_calls": [call("a", "get_weather"), call("b", "get_time")]},
+            {"role": "tool", "tool_call_id": "b", "content": "09:07"},
+            {"role": "tool", "tool_call_id": "a", "content": "sunny"},
+            {"role": "tool", "tool_call_id": "c", "content": "stray"},
+        ]))
+        .unwrap();
+        let out = harmony_conversation(messages);
+        let shape: Vec<(&str, Option<&str>, Option<&str>)> = out
+            .iter()
+            .map(|m| {
+                let called = m.tool_calls.as_ref().map(|c| c[0].function.name.as_str());
+                (
+                    m.role.as_str(),
+                    called.or(m.tool_call_id.as_deref()),
+                    m.reasoning_content.as_deref(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            shape,
+            [
+                ("user", None, None),
+                ("assistant", Some("get_weather"), Some("Both.")),
+                ("tool", Some("a"), None),
+                ("assistant", Some("get_time"), None),
+                ("tool", Some("b"), None),
+                ("tool", Some("c"), None),
+            ]
+        );
+        let source =
+            std::fs::read_to_string(format!("{FIXTURES}/openai-gpt-oss-120b.jinja")).unwrap();
+        let template = ChatTemplate::new(source, String::new(), String::new()).unwrap();
+        let text = template.render_with_tools(&out, None, true).unwrap();
+        assert!(
+            text.contains("<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>\"sunny\"")
+                && text.contains("<|start|>functions.get_time to=assistant<|channel|>commentary<|message|>\"09:07\""),
+            "{text}"
+        );
     }
 
     #[test]

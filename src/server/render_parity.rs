@@ -34,6 +34,18 @@ const PIECES: [&str; 11] = [
     "",
 ];
 
+/// gpt-oss's harmony: thinking, a preamble and a call, cut inside markers.
+const HARMONY: [&str; 8] = [
+    "<|chan",
+    "nel|>analysis<|message|>Let me",
+    " check.<|e",
+    "nd|><|start|>assistant<|channel|>commentary<|message|>Sure",
+    ", checking.<|end|><|start|>assistant to=functions.get_wea",
+    "ther<|channel|>commentary <|constrain|>json<|message|>{\"ci",
+    "ty\": \"Paris\"}",
+    "",
+];
+
 fn usage() -> Usage {
     Usage {
         prompt_tokens: 3,
@@ -60,15 +72,15 @@ impl Seen {
     }
 }
 
-/// `PIECES` through `plan`'s parser and `r`, as `respond` runs them: the
+/// `pieces` through `plan`'s parser and `r`, as `respond` runs them: the
 /// events a stream sends, and the whole response made of them.
-async fn render<R: Render>(mut r: R, plan: &GenerationPlan) -> (Vec<Value>, Value)
+async fn render<R: Render>(mut r: R, plan: &GenerationPlan, pieces: &[&str]) -> (Vec<Value>, Value)
 where
     R::Event: Serialize,
 {
     let mut p = parser(plan, "");
     let mut events = r.open();
-    for d in deltas(&PIECES, FinishReason::Stop) {
+    for d in deltas(pieces, FinishReason::Stop) {
         events.extend(r.step(0, p.push(d), &usage));
     }
     events.extend(r.finish(usage()));
@@ -193,7 +205,6 @@ fn responses(events: &[Value], whole: &Value) -> (Seen, Seen) {
 
 #[tokio::test]
 async fn every_api_shows_the_same_reply() {
-    let reply = plan(Some(false), hermes(), true);
     let expected = Seen {
         reasoning: "Let me check.".into(),
         text: "Sure, checking.".into(),
@@ -202,21 +213,51 @@ async fn every_api_shows_the_same_reply() {
             ("now".into(), json!({})),
         ],
     };
+    every_api_shows(&plan(Some(false), hermes(), true), &PIECES, &expected).await;
 
+    // Harmony's reply ends at its call.
+    let harmony = GenerationPlan {
+        harmony: true,
+        ..plan(None, ToolMode::Harmony, true)
+    };
+    let one_call = Seen {
+        calls: expected.calls[..1].to_vec(),
+        ..expected
+    };
+    every_api_shows(&harmony, &HARMONY, &one_call).await;
+
+    // Completions read neither thinking nor calls: the text as written.
+    let plan = plan(None, ToolMode::Off, true);
+    let builder = CompletionBuilder::new(&plan, &test_tokenizer(), 1);
+    let chunks = Chunks::new(builder, Envelope::new("cmpl-1".into(), "m"), &plan);
+    let (events, whole) = render(chunks, &plan, &PIECES).await;
+    let streamed: String = events
+        .iter()
+        .filter_map(|c| c["choices"].get(0))
+        .map(|c| c["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(streamed, PIECES.concat());
+    assert_eq!(whole["choices"][0]["text"], PIECES.concat());
+    assert_eq!(whole["choices"][0]["finish_reason"], "stop");
+}
+
+/// `pieces` read by `reply`'s plan show `expected` through chat, Messages
+/// and Responses, streamed and whole.
+async fn every_api_shows(reply: &GenerationPlan, pieces: &[&str], expected: &Seen) {
     let chunks = Chunks::new(
-        ChatBuilder::new(&reply, 1),
+        ChatBuilder::new(reply, 1),
         Envelope::new("chatcmpl-1".into(), "m"),
-        &reply,
+        reply,
     );
-    let (events, whole) = render(chunks, &reply).await;
+    let (events, whole) = render(chunks, reply, pieces).await;
     assert_eq!(
         chat(&events, &whole),
         (expected.clone(), expected.clone()),
         "chat"
     );
 
-    let blocks = Blocks::new(&reply, "msg_1".into(), "m".into());
-    let (events, whole) = render(blocks, &reply).await;
+    let blocks = Blocks::new(reply, "msg_1".into(), "m".into());
+    let (events, whole) = render(blocks, reply, pieces).await;
     assert_eq!(
         messages(&events, &whole),
         (expected.clone(), expected.clone()),
@@ -230,24 +271,10 @@ async fn every_api_shows_the_same_reply() {
         CallIds::OpenAi,
         None,
     );
-    let (events, whole) = render(builder, &reply).await;
+    let (events, whole) = render(builder, reply, pieces).await;
     assert_eq!(
         responses(&events, &whole),
         (expected.clone(), expected.clone()),
         "responses"
     );
-
-    // Completions read neither thinking nor calls: the text as written.
-    let plan = plan(None, ToolMode::Off, true);
-    let builder = CompletionBuilder::new(&plan, &test_tokenizer(), 1);
-    let chunks = Chunks::new(builder, Envelope::new("cmpl-1".into(), "m"), &plan);
-    let (events, whole) = render(chunks, &plan).await;
-    let streamed: String = events
-        .iter()
-        .filter_map(|c| c["choices"].get(0))
-        .map(|c| c["text"].as_str().unwrap())
-        .collect();
-    assert_eq!(streamed, PIECES.concat());
-    assert_eq!(whole["choices"][0]["text"], PIECES.concat());
-    assert_eq!(whole["choices"][0]["finish_reason"], "stop");
 }

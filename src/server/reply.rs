@@ -1,6 +1,7 @@
 //! One choice's reply, read once for every API: its thinking told from its
 //! answer (the reasoning parser), then the answer's tool calls (the
-//! tool-call parser of the request's tool plan). [`ReplyParser`] turns each
+//! tool-call parser of the request's tool plan); or, for a harmony reply
+//! (gpt-oss), all three by the harmony parser. [`ReplyParser`] turns each
 //! engine delta into [`ReplyEvent`]s, which chat, completions, Messages
 //! and Responses only render; what they would all do alike (dropping calls
 //! past the first without `parallel_tool_calls`, counting calls and
@@ -11,8 +12,10 @@ use std::sync::Arc;
 
 use crate::engine::output::{Delta, TokenLogprob};
 use crate::engine::sequence::FinishReason;
+use crate::server::tools::ToolMode;
 use crate::server::validation::GenerationPlan;
 use crate::server::ModelState;
+use crate::text::harmony::{Event, HarmonyParser};
 use crate::text::reasoning::{self, Piece, ReasoningParser};
 use crate::text::stop::StopStrings;
 use crate::text::tool_parser::{ToolCallParser, ToolEvent};
@@ -72,7 +75,21 @@ pub fn token_text(model: Arc<ModelState>) -> TokenText {
     })
 }
 
+/// What one delta's text said, and how it bears on counting thinking tokens.
+struct Read {
+    said: Vec<Event>,
+    /// It showed thinking.
+    thought: bool,
+    /// It showed answer text or calls.
+    answered: bool,
+    /// Whether the model is thinking after it, where it says.
+    in_reasoning: Option<bool>,
+}
+
 pub struct ReplyParser {
+    /// A harmony reply (gpt-oss) is read by this alone; other replies by
+    /// the reasoning parser, then the tool parser.
+    harmony: Option<HarmonyParser>,
     thinking: Option<ReasoningParser>,
     tools: Option<ToolCallParser>,
     parallel: bool,
@@ -89,6 +106,9 @@ impl ReplyParser {
     /// A parser of one choice of the request `plan` runs.
     pub fn new(plan: &GenerationPlan, token_text: TokenText) -> Self {
         ReplyParser {
+            harmony: plan
+                .harmony
+                .then(|| HarmonyParser::new(plan.tools.mode == ToolMode::Harmony)),
             thinking: plan.reasoning.map(ReasoningParser::new),
             tools: plan.tools.parser(),
             parallel: plan.tools.parallel,
@@ -104,42 +124,21 @@ impl ReplyParser {
         let last = d.finish.is_some();
         // Read before the text is handed on, so no delta's text is copied.
         let stop_sequence = if last { self.matched_stop(&d) } else { None };
-        let pieces = reasoning::split(self.thinking.as_mut(), d.text, last);
-        if d.token.is_some() {
-            let thought = pieces.iter().any(|p| matches!(p, Piece::Reasoning(_)));
-            let answered = pieces
-                .iter()
-                .any(|p| matches!(p, Piece::Content(t) if !t.is_empty()));
-            if thought || (self.in_reasoning && !answered) {
-                self.reasoning_tokens += 1;
-            }
+        let read = self.read(d.text, last);
+        if d.token.is_some() && (read.thought || (self.in_reasoning && !read.answered)) {
+            self.reasoning_tokens += 1;
+        }
+        if let Some(now) = read.in_reasoning {
+            self.in_reasoning = now;
         }
         let mut events = Vec::new();
-        for piece in pieces {
-            match piece {
-                Piece::Reasoning(text) => {
-                    self.in_reasoning = true;
-                    events.push(ReplyEvent::Reasoning(text));
-                }
-                Piece::Content(text) => {
-                    if !text.is_empty() {
-                        self.in_reasoning = false;
-                    }
-                    match &mut self.tools {
-                        None => events.push(ReplyEvent::Text(text)),
-                        Some(parser) => {
-                            let found = parser.push(&text);
-                            self.calls_of(found, &mut events);
-                        }
-                    }
-                }
+        for said in read.said {
+            match said {
+                Event::Reasoning(text) => events.push(ReplyEvent::Reasoning(text)),
+                Event::Answer(found) => self.calls_of(found, &mut events),
             }
         }
         if let Some(reason) = d.finish {
-            if let Some(parser) = &mut self.tools {
-                let found = parser.finish();
-                self.calls_of(found, &mut events);
-            }
             events.push(ReplyEvent::Finish(Finish {
                 stop_sequence,
                 reason,
@@ -154,24 +153,84 @@ impl ReplyParser {
         }
     }
 
-    /// The tool parser's events as reply events; without parallel calls,
-    /// calls after the first are dropped.
-    fn calls_of(&mut self, found: Vec<ToolEvent>, out: &mut Vec<ReplyEvent>) {
-        for ev in found {
-            out.push(match ev {
-                ToolEvent::Content(text) => ReplyEvent::Text(text),
-                ToolEvent::Start { index, .. } | ToolEvent::Arguments { index, .. }
-                    if index > 0 && !self.parallel =>
-                {
-                    continue
-                }
-                ToolEvent::Start { index, name } => {
-                    self.calls = index + 1;
-                    ReplyEvent::ToolCallStart { index, name }
-                }
-                ToolEvent::Arguments { index, text } => ReplyEvent::ToolCallArgs { index, text },
-            });
+    /// One delta's text as thinking and answer (text and calls), in order:
+    /// by the harmony parser, or split by the reasoning parser with the
+    /// answer read by the tool parser. `last` settles what they held back.
+    fn read(&mut self, text: String, last: bool) -> Read {
+        if let Some(harmony) = &mut self.harmony {
+            let mut said = harmony.push(&text);
+            if last {
+                said.extend(harmony.finish());
+            }
+            let answered = |e: &Event| match e {
+                Event::Reasoning(_) => false,
+                Event::Answer(ToolEvent::Content(t)) => !t.is_empty(),
+                Event::Answer(_) => true,
+            };
+            return Read {
+                thought: said.iter().any(|e| matches!(e, Event::Reasoning(_))),
+                answered: said.iter().any(answered),
+                in_reasoning: said
+                    .iter()
+                    .rev()
+                    .find(|e| matches!(e, Event::Reasoning(_)) || answered(e))
+                    .map(|e| matches!(e, Event::Reasoning(_))),
+                said,
+            };
         }
+        let pieces = reasoning::split(self.thinking.as_mut(), text, last);
+        let mut read = Read {
+            thought: false,
+            answered: false,
+            in_reasoning: None,
+            said: Vec::new(),
+        };
+        for piece in pieces {
+            match piece {
+                Piece::Reasoning(text) => {
+                    read.thought = true;
+                    read.in_reasoning = Some(true);
+                    read.said.push(Event::Reasoning(text));
+                }
+                Piece::Content(text) => {
+                    if !text.is_empty() {
+                        read.answered = true;
+                        read.in_reasoning = Some(false);
+                    }
+                    match &mut self.tools {
+                        None => read.said.push(Event::Answer(ToolEvent::Content(text))),
+                        Some(parser) => read
+                            .said
+                            .extend(parser.push(&text).into_iter().map(Event::Answer)),
+                    }
+                }
+            }
+        }
+        if last {
+            if let Some(parser) = &mut self.tools {
+                read.said
+                    .extend(parser.finish().into_iter().map(Event::Answer));
+            }
+        }
+        read
+    }
+
+    /// An answer event as a reply event; without parallel calls, calls
+    /// after the first are dropped.
+    fn calls_of(&mut self, ev: ToolEvent, out: &mut Vec<ReplyEvent>) {
+        out.push(match ev {
+            ToolEvent::Content(text) => ReplyEvent::Text(text),
+            ToolEvent::Start { index, .. } | ToolEvent::Arguments { index, .. }
+                if index > 0 && !self.parallel =>
+            {
+                return
+            }
+            ToolEvent::Start { index, name } => {
+                self.calls = index + 1;
+                ReplyEvent::ToolCallStart { index, name }
+            }
+            ToolEvent::Arguments { index, text } => ReplyEvent::ToolCallArgs { index, text },
+        });
     }
 
     /// Which stop sequence ended the reply, if one did. The engine shows
@@ -231,6 +290,7 @@ pub mod testing {
                 ..ToolPlan::none()
             },
             reasoning,
+            harmony: false,
         }
     }
 
@@ -311,6 +371,59 @@ mod tests {
                 stop_sequence: None,
                 reasoning_tokens: 2
             }))
+        );
+    }
+
+    /// A harmony reply: its thinking, its answer, and a call; the tokens
+    /// of its thinking (headers between it and the answer included) are
+    /// counted as thinking.
+    #[test]
+    fn harmony_replies_are_read_whole() {
+        let harmony = |mode| GenerationPlan {
+            harmony: true,
+            ..plan(None, mode, true)
+        };
+        let pieces = [
+            "<|channel|>analysis<|message|>Hm",
+            ".<|end|>",
+            "<|start|>assistant<|channel|>final<|message|>",
+            "Ok",
+        ];
+        let all = events(&harmony(ToolMode::Off), &pieces);
+        assert_eq!(
+            all,
+            [
+                ReplyEvent::Reasoning("Hm".into()),
+                ReplyEvent::Reasoning(".".into()),
+                ReplyEvent::Text("Ok".into()),
+                ReplyEvent::Finish(Finish {
+                    reason: FinishReason::Stop,
+                    calls: 0,
+                    stop_sequence: None,
+                    reasoning_tokens: 3
+                })
+            ]
+        );
+        let call = ["<|channel|>commentary to=functions.a <|constrain|>json<|message|>{}"];
+        let all = events(&harmony(ToolMode::Harmony), &call);
+        assert_eq!(
+            all[..2],
+            [
+                ReplyEvent::ToolCallStart {
+                    index: 0,
+                    name: "a".into()
+                },
+                ReplyEvent::ToolCallArgs {
+                    index: 0,
+                    text: "{}".into()
+                }
+            ]
+        );
+        // Without tools (or with `tool_choice: "none"`) a call is dropped.
+        let all = events(&harmony(ToolMode::Off), &call);
+        assert!(
+            matches!(all[..], [ReplyEvent::Finish(Finish { calls: 0, .. })]),
+            "{all:?}"
         );
     }
 

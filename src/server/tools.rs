@@ -4,7 +4,8 @@
 //! - `none`: the tools still reach the template (as vLLM does), the reply
 //!   is read as plain text.
 //! - `auto` (the default with tools): the reply is read in the format the
-//!   model's chat template teaches ([`ToolFormat::detect`]). A template
+//!   model's chat template teaches ([`ToolFormat::detect`]), or as harmony
+//!   (gpt-oss). A template
 //!   with no known format gets wick's generic one, as llama.cpp does: the
 //!   tools are described in a system message ([`generic_conversation`]),
 //!   and decoding is constrained to either a JSON list of calls (as for
@@ -23,6 +24,7 @@ use crate::server::error::ApiError;
 use crate::server::protocol::{ChatCompletionRequest, ToolChoice};
 use crate::server::unsupported;
 use crate::text::chat_template::Message;
+use crate::text::harmony;
 use crate::text::tool_parser::{ToolCallParser, ToolFormat};
 
 /// Most tools one request may give, as at OpenAI.
@@ -35,6 +37,10 @@ pub enum ToolMode {
     Auto(ToolFormat),
     /// `auto` on a template with no tool format: a call list or text.
     Generic,
+    /// `auto` on a harmony template (gpt-oss): calls are messages to
+    /// `functions.NAME`, read with the rest of the reply by the harmony
+    /// parser.
+    Harmony,
     Required,
     Named(String),
 }
@@ -101,7 +107,7 @@ impl ToolPlan {
     /// A reader of one choice's reply, when it may hold calls.
     pub fn parser(&self) -> Option<ToolCallParser> {
         match &self.mode {
-            ToolMode::Off => None,
+            ToolMode::Off | ToolMode::Harmony => None,
             ToolMode::Auto(format) => Some(ToolCallParser::new(*format)),
             ToolMode::Generic | ToolMode::Required => {
                 Some(ToolCallParser::new(ToolFormat::JsonList))
@@ -281,6 +287,9 @@ fn needs_tools() -> ApiError {
 }
 
 fn auto(template: &str) -> ToolMode {
+    if harmony::template_speaks_harmony(template) {
+        return ToolMode::Harmony;
+    }
     ToolFormat::detect(template).map_or(ToolMode::Generic, ToolMode::Auto)
 }
 
@@ -502,6 +511,25 @@ mod tests {
         ] {
             let e = plan(&request(extra.clone()), "no tool format here").unwrap_err();
             assert_eq!(e.param.as_deref(), Some(param), "{extra}: {}", e.message);
+        }
+    }
+
+    /// `auto` on a harmony template (gpt-oss): its calls are read with the
+    /// rest of the reply, by the harmony parser, and nothing constrains them.
+    #[test]
+    fn auto_on_a_harmony_template() {
+        let template = "<|start|>assistant<|channel|>final<|message|>";
+        for extra in [
+            json!({"tools": weather()}),
+            json!({"tools": weather(), "tool_choice": "auto"}),
+        ] {
+            let p = plan(&request(extra), template).unwrap();
+            assert_eq!(
+                (p.mode.clone(), p.grammar.clone()),
+                (ToolMode::Harmony, None)
+            );
+            assert!(p.parser().is_none());
+            assert_eq!(p.ids, CallIds::OpenAi);
         }
     }
 

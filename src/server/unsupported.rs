@@ -94,6 +94,26 @@ pub fn reasoning_effort(effort: &str, template_reads: bool, name: &str) -> Resul
     Ok(())
 }
 
+/// The efforts gpt-oss was trained with: its template writes any value
+/// into the prompt, but others would be text the model never saw there.
+pub const HARMONY_REASONING_EFFORTS: [&str; 3] = ["low", "medium", "high"];
+
+/// `reasoning_effort`, already one of OpenAI's values, for a harmony
+/// template (gpt-oss).
+pub fn harmony_reasoning_effort(effort: &str, name: &str) -> Result<(), ApiError> {
+    if HARMONY_REASONING_EFFORTS.contains(&effort) {
+        return Ok(());
+    }
+    Err(ApiError::unsupported_value(
+        name,
+        format!(
+            "reasoning_effort must be one of {} for this model (gpt-oss's harmony format), \
+             got {effort:?}",
+            HARMONY_REASONING_EFFORTS.join(", ")
+        ),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -132,6 +152,16 @@ mod tests {
         let e = modalities(Some(&["text".into(), "audio".into()])).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("modalities"));
         assert!(e.message.contains("audio"), "{}", e.message);
+    }
+
+    #[test]
+    fn harmony_takes_the_efforts_gpt_oss_knows() {
+        for effort in HARMONY_REASONING_EFFORTS {
+            harmony_reasoning_effort(effort, "reasoning_effort").unwrap();
+        }
+        let e = harmony_reasoning_effort("none", "reasoning.effort").unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("reasoning.effort"));
+        assert!(e.message.contains("\"none\""), "{}", e.message);
     }
 
     #[test]

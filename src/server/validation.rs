@@ -22,6 +22,7 @@ use crate::server::protocol::{
 use crate::server::tools::{self, ToolMode, ToolPlan};
 use crate::server::unsupported;
 use crate::text::chat_template::ChatTemplate;
+use crate::text::harmony;
 use crate::text::reasoning::ReasoningParser;
 use crate::text::tokenizer::Tokenizer;
 
@@ -76,6 +77,11 @@ pub struct GenerationPlan {
     /// leaves the model inside one. Its output is then split into
     /// reasoning and answer.
     pub reasoning: Option<bool>,
+    /// Chat with a harmony template (gpt-oss) whose output is free: the
+    /// reply is read as harmony messages (reasoning, answer and calls).
+    /// Output constrained to JSON (`response_format`, a forced call) is
+    /// read as that JSON.
+    pub harmony: bool,
 }
 
 /// Parses a request body. Invalid JSON is a 400 without `param`; a missing or
@@ -554,6 +560,7 @@ pub fn validate_completion(
         prompt_texts,
         tools: ToolPlan::none(),
         reasoning: None,
+        harmony: false,
     })
 }
 
@@ -609,6 +616,10 @@ pub fn validate_chat(
         )
     })?;
     let mut messages = chat_messages::conversation(&req.messages, names.messages)?;
+    let speaks_harmony = harmony::template_speaks_harmony(template.source());
+    if speaks_harmony {
+        messages = chat_messages::harmony_conversation(messages);
+    }
     let mut tools = tools::plan(req, template.source()).map_err(|e| match legacy {
         true => legacy_functions::in_old_terms(e),
         false => e,
@@ -680,6 +691,7 @@ pub fn validate_chat(
     check_context(ids.len(), max_tokens, ctx, "messages").map_err(named)?;
     let forced = tools.grammar.clone().map(|g| (g, "tool_choice"));
     params.constraint = common.constraint(forced, ctx)?;
+    let harmony = speaks_harmony && params.constraint.is_none();
     if let Some(p) = &req.prediction {
         params.prediction = prediction(p, &params, ctx)?;
     }
@@ -696,6 +708,7 @@ pub fn validate_chat(
         tools,
         reasoning: ReasoningParser::template_thinks(template.source())
             .then(|| ReasoningParser::prompt_opens_block(&rendered)),
+        harmony,
     })
 }
 
@@ -723,6 +736,9 @@ fn template_kwargs(
     };
     let effort_name = req.names.reasoning_effort;
     unsupported::reasoning_effort(effort, template.reads("reasoning_effort"), effort_name)?;
+    if harmony::template_speaks_harmony(template.source()) {
+        unsupported::harmony_reasoning_effort(effort, effort_name)?;
+    }
     let mut kwargs = kwargs.unwrap_or_default();
     match kwargs.get("reasoning_effort") {
         Some(other) if other.as_str() != Some(effort) => Err(ApiError::bad_request(

@@ -3,6 +3,7 @@
 
 pub mod chat_template;
 pub mod detokenizer;
+pub mod harmony;
 pub mod reasoning;
 pub mod stop;
 pub mod stream;

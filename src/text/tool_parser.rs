@@ -504,7 +504,7 @@ fn emit_content(out: &mut Vec<ToolEvent>, text: String) {
 }
 
 /// Bytes at the end of `text` that begin `marker` (so might be its start).
-fn partial_suffix(text: &str, marker: &str) -> usize {
+pub(crate) fn partial_suffix(text: &str, marker: &str) -> usize {
     (1..marker.len().min(text.len() + 1))
         .rev()
         .find(|&n| {

@@ -43,6 +43,7 @@ use crate::server::respond::respond;
 use crate::server::unsupported;
 use crate::server::validation::{validate_chat, GenerationPlan, ModelContext};
 use crate::server::AppState;
+use crate::text::harmony;
 use crate::text::reasoning::ReasoningParser;
 
 /// `POST /v1/messages`.
@@ -275,7 +276,11 @@ impl Prompt<'_> {
         };
         unsupported::refuse(&t.unknown, "thinking")?;
         let template = ctx.chat_template;
-        let thinks = template.is_some_and(|t| ReasoningParser::template_thinks(t.source()));
+        // gpt-oss always thinks, in harmony's analysis channel.
+        let thinks = template.is_some_and(|t| {
+            ReasoningParser::template_thinks(t.source())
+                || harmony::template_speaks_harmony(t.source())
+        });
         let switch = template.is_some_and(|t| t.reads("enable_thinking"));
         let enable = match t.kind.as_str() {
             "enabled" => true,

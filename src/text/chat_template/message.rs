@@ -78,3 +78,22 @@ impl From<&ChatMessage> for Message {
         }
     }
 }
+
+/// A turn as transformers hands it to a template: its reasoning also as
+/// `thinking`, first, which gpt-oss's template reads.
+#[derive(Serialize)]
+pub(super) struct TemplateTurn<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    thinking: Option<&'a str>,
+    #[serde(flatten)]
+    message: &'a Message,
+}
+
+impl<'a> From<&'a Message> for TemplateTurn<'a> {
+    fn from(message: &'a Message) -> Self {
+        TemplateTurn {
+            thinking: message.reasoning_content.as_deref(),
+            message,
+        }
+    }
+}

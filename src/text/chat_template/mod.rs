@@ -3,7 +3,8 @@
 //! Templates are written for Hugging Face transformers' `apply_chat_template`,
 //! which renders them with Python Jinja2 in a sandbox with `trim_blocks`,
 //! `lstrip_blocks` and loop controls, and adds `raise_exception`,
-//! `strftime_now` and its own `tojson`. The environment here mirrors that,
+//! `strftime_now` and its own `tojson`, and passes a turn's reasoning both
+//! as `reasoning_content` and as `thinking`. The environment here mirrors that,
 //! with Python's string and dict methods (minijinja-contrib's pycompat) and
 //! Python's way of printing values, so templates render byte for byte as
 //! they do there (checked in `tests/chat_templates.rs` against Jinja2).
@@ -20,6 +21,7 @@ use anyhow::Context;
 use chrono::NaiveDateTime;
 use minijinja::{Environment, Error, ErrorKind, Value};
 
+use message::TemplateTurn;
 pub use message::{ChatMessage, FunctionCall, Message, ToolCall};
 
 const TEMPLATE_NAME: &str = "chat";
@@ -142,10 +144,11 @@ impl ChatTemplate {
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(RenderError::Failed)?;
+        let turns: Vec<TemplateTurn> = messages.iter().map(TemplateTurn::from).collect();
         // transformers passes `tools` and `documents` as None when absent:
         // defined, so `tools is defined` holds and `tools is not none` decides.
         let ctx = minijinja::context! {
-            messages => messages,
+            messages => turns,
             tools => tools,
             documents => (),
             add_generation_prompt => add_generation_prompt,

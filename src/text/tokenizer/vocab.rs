@@ -240,6 +240,8 @@ impl Vocab {
             }
         }
 
+        harmony_markers(&tokens, &mut kinds, &mut eog);
+
         let name = match content.metadata.get("general.name") {
             Some(Value::String(s)) => s.to_lowercase(),
             _ => String::new(),
@@ -317,6 +319,28 @@ impl Vocab {
                 _ => Vec::new(),
             })
             .collect()
+    }
+}
+
+/// gpt-oss's harmony vocabulary (and Solar Open's kin): a message ends at
+/// `<|end|>`, but the reply goes on with the next message, so, as llama.cpp
+/// does, `<|end|>` is no end of generation where `<|return|>` and `<|call|>`
+/// (or `<|calls|>` and `<|flush|>`) end replies. The markers a reply is read
+/// by become user-defined, as llama.cpp makes them so its output shows
+/// them (wick renders every special token's text anyway).
+fn harmony_markers(tokens: &[String], kinds: &mut [Kind], eog: &mut Vec<u32>) {
+    let ends = |text: &str| eog.iter().any(|&id| tokens[id as usize] == text);
+    let harmony = ends("<|end|>")
+        && (ends("<|call|>") || ends("<|calls|>"))
+        && (ends("<|return|>") || ends("<|flush|>"));
+    for (id, text) in tokens.iter().enumerate() {
+        let marker = ["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"];
+        if marker.contains(&text.as_str()) || (harmony && text == "<|end|>") {
+            kinds[id] = Kind::UserDefined;
+        }
+    }
+    if harmony {
+        eog.retain(|&id| tokens[id as usize] != "<|end|>");
     }
 }
 
@@ -483,6 +507,41 @@ mod tests {
         assert_eq!(vocab.tokens[128247], "</s>");
         assert_eq!(vocab.kinds[128247], Kind::Normal);
         assert_eq!(vocab.eog, [151643, 151645, 151646]);
+    }
+
+    /// gpt-oss's markers: `<|end|>` goes on to the next message, so only
+    /// `<|return|>` and `<|call|>` end the reply; all are shown as text.
+    #[test]
+    fn harmony_replies_end_at_return_and_call() {
+        let mut content = vocab_fixture("qwen2");
+        let Some(Value::Array(tokens)) = content.metadata.get_mut("tokenizer.ggml.tokens") else {
+            panic!("tokens");
+        };
+        let markers = [
+            "<|return|>",
+            "<|call|>",
+            "<|end|>",
+            "<|channel|>",
+            "<|message|>",
+            "<|start|>",
+            "<|constrain|>",
+        ];
+        for (k, text) in markers.iter().enumerate() {
+            tokens[151646 + k] = Value::String(text.to_string());
+        }
+        let vocab = Vocab::read(&content).unwrap();
+        assert_eq!(vocab.eog, [151643, 128247, 151645, 151646, 151647]);
+        assert!((151648..151653).all(|id| vocab.kinds[id] == Kind::UserDefined));
+        let pieces = vocab.pieces(|_| Vec::new());
+        assert_eq!(pieces[151649], b"<|channel|>");
+
+        // `<|end|>` without `<|call|>` still ends generation.
+        let Some(Value::Array(tokens)) = content.metadata.get_mut("tokenizer.ggml.tokens") else {
+            panic!("tokens");
+        };
+        tokens[151647] = Value::String("<|not_call|>".into());
+        let vocab = Vocab::read(&content).unwrap();
+        assert_eq!(vocab.eog, [151643, 128247, 151645, 151646, 151648]);
     }
 
     #[test]

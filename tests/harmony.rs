@@ -1,0 +1,116 @@
+//! gpt-oss's chat template served: what wick does because the template
+//! speaks OpenAI's harmony format. The default model does not speak it, so
+//! its replies carry no headers and read as plain content; how harmony
+//! replies map onto reasoning, content and calls is tested where they are
+//! read (`text::harmony`, and every API's renderer in `render_parity`).
+
+mod common;
+
+use serde_json::{json, Value};
+
+use common::{chunks, post, sse, Server};
+
+const TEMPLATE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/chat_templates/openai-gpt-oss-120b.jinja"
+);
+
+fn chat(extra: Value) -> Value {
+    let mut body = json!({"messages": [{"role": "user", "content": "What is 2 + 2?"}],
+                          "max_tokens": 8, "temperature": 0});
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    body
+}
+
+fn weather() -> Value {
+    json!([{"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}])
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_harmony_template_as_served() {
+    let s = Server::start(&["--chat-template", TEMPLATE]);
+
+    // A reply without harmony's headers is content, whole and streamed.
+    let (st, whole) = post(&s, "/v1/chat/completions", chat(json!({}))).await;
+    assert_eq!(st, 200, "{whole}");
+    let message = &whole["choices"][0]["message"];
+    let content = message["content"].as_str().unwrap();
+    assert!(!content.is_empty(), "{whole}");
+    assert!(message.get("reasoning_content").is_none(), "{whole}");
+    let events = sse(&s, "/v1/chat/completions", chat(json!({"stream": true}))).await;
+    let streamed: String = chunks(&events)
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(streamed, content);
+
+    // gpt-oss's efforts reach the template; others are refused, naming
+    // the field each API calls it.
+    for effort in ["low", "medium", "high"] {
+        let (st, body) = post(
+            &s,
+            "/v1/chat/completions",
+            chat(json!({"reasoning_effort": effort})),
+        )
+        .await;
+        assert_eq!(st, 200, "{effort}: {body}");
+    }
+    let (st, body) = post(
+        &s,
+        "/v1/chat/completions",
+        chat(json!({"reasoning_effort": "none"})),
+    )
+    .await;
+    common::assert_error(st, &body, 400, Some("reasoning_effort"));
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("low, medium, high"),
+        "{body}"
+    );
+    let responses = json!({"input": "What is 2 + 2?", "max_output_tokens": 8,
+                           "reasoning": {"effort": "minimal"}});
+    let (st, body) = post(&s, "/v1/responses", responses).await;
+    common::assert_error(st, &body, 400, Some("reasoning.effort"));
+
+    // An earlier turn that thought, said something and called a tool: the
+    // template would refuse thinking beside content, so the thinking goes
+    // in alone, as llama.cpp sends it.
+    let history = json!({"tools": weather(), "messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "Let me check.", "reasoning_content": "Look it up.",
+         "tool_calls": [{"id": "call_1", "type": "function",
+                         "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "21 C"}]});
+    let (st, body) = post(&s, "/v1/chat/completions", chat(history)).await;
+    assert_eq!(st, 200, "{body}");
+
+    // Output constrained to JSON is read as that JSON.
+    let json_reply = chat(json!({"response_format": {"type": "json_object"}, "max_tokens": 64}));
+    let (st, body) = post(&s, "/v1/chat/completions", json_reply).await;
+    assert_eq!(st, 200, "{body}");
+    let content = body["choices"][0]["message"]["content"].as_str().unwrap();
+    if body["choices"][0]["finish_reason"] == "stop" {
+        let value: Value = serde_json::from_str(content).unwrap_or_else(|e| panic!("{e}: {body}"));
+        assert!(value.is_object(), "{body}");
+    }
+
+    // Anthropic's thinking: gpt-oss always thinks, so it can be enabled
+    // but not disabled.
+    let messages = |thinking: Value| {
+        json!({"max_tokens": 1025, "stop_sequences": [" "], "thinking": thinking,
+               "messages": [{"role": "user", "content": "Hi"}]})
+    };
+    let enabled = messages(json!({"type": "enabled", "budget_tokens": 1024}));
+    let (st, body) = post(&s, "/v1/messages", enabled).await;
+    assert_eq!(st, 200, "{body}");
+    let (st, body) = post(&s, "/v1/messages", messages(json!({"type": "disabled"}))).await;
+    assert_eq!(st, 400, "{body}");
+    assert!(body.to_string().contains("always thinks"), "{body}");
+}
