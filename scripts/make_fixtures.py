@@ -459,6 +459,14 @@ def gpt_oss_rewrite(model, out):
                                    "model.embed_tokens", "lm_head"],
     }
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    # Generation ends at <|return|>, <|endoftext|> and <|call|>, as the
+    # release's generation_config.json says (not at <|end|>, after which the
+    # model goes on to its next message).
+    generation = json.loads((out / "generation_config.json").read_text())
+    vocab = json.loads((out / "tokenizer.json").read_text())["added_tokens"]
+    ids = {t["content"]: t["id"] for t in vocab}
+    generation["eos_token_id"] = [ids["<|return|>"], ids["<|endoftext|>"], ids["<|call|>"]]
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
 
 
 HARMONY_TOKENS = ["<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>",

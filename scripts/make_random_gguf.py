@@ -66,7 +66,19 @@ Other shapes, by --arch:
   GiB, 30.53B parameters; 33 s and 0.4 GB of memory on 2 cores here).
   --out is the Q4_K_M file itself; --llama-quantize does not apply.
 
-The output matrix is tied to the embeddings but for qwen3moe.
+- gpt-oss: gpt-oss-20b's exact shape (GGUF arch `gpt-oss`) in the block
+  types of llama.cpp's MXFP4 release file, written directly as qwen3moe
+  is: hidden 2880, 24 layers, 64 query heads of 64 over 8 KV heads with
+  biases on q/k/v/o and a sink per head, the even layers within a
+  128-token window, YaRN (factor 32 from 4096, base 150000), 32 experts
+  of FFN 2880 with 4 used per token, in MXFP4 with F32 biases, a biased
+  F32 router, vocabulary 201088 (padded as qwen3moe's), untied output.
+  The other matrices are Q8_0 (as llama-quantize's MXFP4_MOE makes them).
+  MXFP4 blocks are random nibbles under exponent 2^-7, so weights are
+  about 0.02 in size; Q8_0 blocks random int8 with d = 0.02 / 74. About
+  12 GiB (20.9B parameters).
+
+The output matrix is tied to the embeddings but for qwen3moe and gpt-oss.
 
     pip install gguf==0.17.1 numpy
     python3 scripts/make_random_gguf.py --tokenizer-from SmolLM2-135M-Instruct.Q4_1.gguf \
@@ -74,7 +86,7 @@ The output matrix is tied to the embeddings but for qwen3moe.
     # qwen35 and gemma4 also need llama.cpp's source (convert_hf_to_gguf.py and gguf-py):
     python3 scripts/make_random_gguf.py --arch qwen35 --llama-cpp LLAMA_CPP_SRC \
         --tokenizer-from SmolLM2-135M-Instruct.Q4_1.gguf --out /tmp/qwen35-F16.gguf ...
-    # qwen3moe is written as Q4_K_M directly (~17 GiB):
+    # qwen3moe is written as Q4_K_M directly (~17 GiB), gpt-oss as MXFP4 (~12 GiB):
     python3 scripts/make_random_gguf.py --arch qwen3moe \
         --tokenizer-from SmolLM2-135M-Instruct.Q4_1.gguf --out /work/big/qwen3moe-30b-a3b-Q4_K_M.gguf
 
@@ -200,15 +212,18 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--llama-quantize", help="llama.cpp's llama-quantize, to make --types")
     ap.add_argument("--types", default="Q4_K_M,Q4_0")
-    ap.add_argument("--arch", choices=sorted([*SHAPES, "qwen35", "gemma4", "qwen3moe"]), default="llama")
+    ap.add_argument("--arch", choices=sorted([*SHAPES, "qwen35", "gemma4", "qwen3moe", "gpt-oss"]),
+                    default="llama")
     ap.add_argument("--llama-cpp", help="llama.cpp's source (convert_hf_to_gguf.py, gguf-py); --arch qwen35 and gemma4")
     args = ap.parse_args()
-    if args.arch == "qwen3moe" and args.llama_quantize:
-        raise SystemExit("--arch qwen3moe is written as Q4_K_M directly; --llama-quantize does not apply")
+    if args.arch in ("qwen3moe", "gpt-oss") and args.llama_quantize:
+        raise SystemExit(f"--arch {args.arch} is written quantized directly; --llama-quantize does not apply")
     if args.arch in ("qwen35", "gemma4"):
         write_converted(args)
     elif args.arch == "qwen3moe":
         write_qwen3moe(args)
+    elif args.arch == "gpt-oss":
+        write_gpt_oss(args)
     else:
         write_direct(args)
     print(f"wrote {args.out}")
@@ -406,8 +421,92 @@ def write_qwen3moe(args) -> None:
     w.close()
 
 
+GPT_OSS = dict(hidden=2880, layers=24, heads=64, kv_heads=8, head_dim=64, experts=32,
+               experts_used=4, expert_ffn=2880, vocab=201088, rope_base=150000.0, eps=1e-5,
+               context=131072, window=128)
+
+
+def write_gpt_oss(args) -> None:
+    """gpt-oss-20b's shape in the block types of llama.cpp's MXFP4 file,
+    random blocks written tensor by tensor."""
+    c = GPT_OSS
+    hidden, layers, hd, vocab, e, ff = (c["hidden"], c["layers"], c["head_dim"], c["vocab"],
+                                       c["experts"], c["expert_ffn"])
+    q8, mx = gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.MXFP4
+    q_dim, kv_dim = c["heads"] * hd, c["kv_heads"] * hd
+    specs = [("token_embd.weight", (vocab, hidden), q8)]
+    for i in range(layers):
+        p = f"blk.{i}"
+        specs += [
+            (f"{p}.attn_norm.weight", (hidden,), None),
+            (f"{p}.attn_q.weight", (q_dim, hidden), q8),
+            (f"{p}.attn_q.bias", (q_dim,), None),
+            (f"{p}.attn_k.weight", (kv_dim, hidden), q8),
+            (f"{p}.attn_k.bias", (kv_dim,), None),
+            (f"{p}.attn_v.weight", (kv_dim, hidden), q8),
+            (f"{p}.attn_v.bias", (kv_dim,), None),
+            (f"{p}.attn_output.weight", (hidden, q_dim), q8),
+            (f"{p}.attn_output.bias", (hidden,), None),
+            (f"{p}.attn_sinks.weight", (c["heads"],), None),
+            (f"{p}.post_attention_norm.weight", (hidden,), None),
+            (f"{p}.ffn_gate_inp.weight", (e, hidden), None),
+            (f"{p}.ffn_gate_inp.bias", (e,), None),
+            (f"{p}.ffn_gate_exps.weight", (e, ff, hidden), mx),
+            (f"{p}.ffn_gate_exps.bias", (e, ff), None),
+            (f"{p}.ffn_up_exps.weight", (e, ff, hidden), mx),
+            (f"{p}.ffn_up_exps.bias", (e, ff), None),
+            (f"{p}.ffn_down_exps.weight", (e, hidden, ff), mx),
+            (f"{p}.ffn_down_exps.bias", (e, hidden), None),
+        ]
+    specs += [("output_norm.weight", (hidden,), None), ("output.weight", (vocab, hidden), q8)]
+
+    w = gguf.GGUFWriter(args.out, "gpt-oss")
+    w.add_name("random-gpt-oss-20b")
+    w.add_block_count(layers)
+    w.add_context_length(c["context"])
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(c["heads"])
+    w.add_head_count_kv(c["kv_heads"])
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_rope_freq_base(c["rope_base"])
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(32.0)
+    w.add_rope_scaling_orig_ctx_len(4096)
+    w.add_layer_norm_rms_eps(c["eps"])
+    w.add_sliding_window(c["window"])
+    w.add_expert_count(e)
+    w.add_expert_used_count(c["experts_used"])
+    w.add_expert_feed_forward_length(ff)
+    w.add_vocab_size(vocab)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_MXFP4_MOE)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    copy_tokenizer(w, args.tokenizer_from, pad_to=vocab)
+    for name, shape, qtype in specs:
+        if qtype is None:
+            w.add_tensor_info(name, shape, np.dtype(np.float32), 4 * int(np.prod(shape)))
+        else:
+            byte_shape = gguf.quant_shape_to_byte_shape(shape, qtype)
+            w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    rng = np.random.default_rng(args.seed)
+    for name, shape, qtype in specs:
+        if qtype is None:
+            if name.endswith("norm.weight"):
+                data = np.ones(shape, dtype=np.float32)
+            else:
+                data = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
+        else:
+            data = random_blocks(rng, shape, qtype)
+        w.write_tensor_data(data)
+    w.close()
+
+
 def random_blocks(rng, shape, qtype) -> np.ndarray:
-    """Random Q4_K or Q6_K blocks for a tensor of (numpy) shape, as bytes
+    """Random Q4_K, Q6_K, Q8_0 or MXFP4 blocks for a tensor of (numpy) shape, as bytes
     shaped as gguf-py's quant_shape_to_byte_shape: random quants and
     sub-scales, f16 scales set so the weights are about N(0, 0.02) in size
     (measured with gguf-py's dequantize: std 258 * d for Q4_K with
@@ -424,6 +523,12 @@ def random_blocks(rng, shape, qtype) -> np.ndarray:
         # ql (128), qh (64), 16 int8 scales, d (f16).
         blocks[:, 192:208] = rng.integers(8, 17, size=(len(blocks), 16), dtype=np.uint8)
         blocks[:, 208:210] = np.frombuffer(np.array([0.02 / 227], dtype="<f2").tobytes(), dtype=np.uint8)
+    elif qtype == gguf.GGMLQuantizationType.Q8_0:
+        # d (f16), 32 int8 quants (std 74 when uniform).
+        blocks[:, 0:2] = np.frombuffer(np.array([0.02 / 74], dtype="<f2").tobytes(), dtype=np.uint8)
+    elif qtype == gguf.GGMLQuantizationType.MXFP4:
+        # An E8M0 exponent, 16 bytes of nibbles (mean |E2M1| 1.125 doubled).
+        blocks[:, 0] = 120
     else:
         raise ValueError(f"{qtype.name} blocks not written")
     return data.reshape(byte_shape)

@@ -114,3 +114,67 @@ async fn a_harmony_template_as_served() {
     assert_eq!(st, 400, "{body}");
     assert!(body.to_string().contains("always thinks"), "{body}");
 }
+
+/// The tiny gpt-oss, as llama.cpp's converter wrote it and as its
+/// checkpoint is: harmony's markers are single tokens that decode to
+/// their text (the parser reads them there), generation ends at
+/// `<|return|>` and `<|call|>` but not at `<|end|>`, and served, its chat
+/// replies (random weights: whatever it says) come back the same whole and
+/// streamed, with no marker in their text.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tiny_gpt_oss_speaks_through_its_markers() {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let gguf = fixtures.join("gguf-tiny/gpt-oss-q8_0.gguf");
+    for path in [gguf.clone(), fixtures.join("gpt-oss-tiny")] {
+        let tok = wick::load::loader::load_tokenizer(&path).unwrap();
+        let id = |t: &str| tok.token_to_id(t).unwrap_or_else(|| panic!("no {t}"));
+        for marker in [
+            "<|start|>",
+            "<|channel|>",
+            "<|message|>",
+            "<|end|>",
+            "<|constrain|>",
+        ] {
+            assert_eq!(tok.encode(marker).unwrap(), [id(marker)], "{marker}");
+            assert_eq!(tok.decode(&[id(marker)]).unwrap(), marker);
+        }
+        let eos = tok.eos_ids();
+        assert!(
+            eos.contains(&id("<|return|>")) && eos.contains(&id("<|call|>")),
+            "{eos:?}"
+        );
+        assert!(
+            !eos.contains(&id("<|end|>")),
+            "{}: stops at <|end|>",
+            path.display()
+        );
+    }
+
+    let s = Server::start(&["--model", gguf.to_str().unwrap()]);
+    let body = json!({"messages": [{"role": "user", "content": "What is 2 + 2?"}],
+                      "max_tokens": 24, "temperature": 0});
+    let (st, whole) = post(&s, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(st, 200, "{whole}");
+    let message = &whole["choices"][0]["message"];
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    let events = sse(&s, "/v1/chat/completions", streamed).await;
+    let deltas: Vec<Value> = chunks(&events)
+        .iter()
+        .map(|c| c["choices"][0]["delta"].clone())
+        .collect();
+    let joined = |field: &str| deltas.iter().map(|d| text(&d[field])).collect::<String>();
+    assert_eq!(joined("content"), text(&message["content"]), "{whole}");
+    assert_eq!(
+        joined("reasoning_content"),
+        text(&message["reasoning_content"]),
+        "{whole}"
+    );
+    for t in [
+        text(&message["content"]),
+        text(&message["reasoning_content"]),
+    ] {
+        assert!(!t.contains("<|"), "a marker in the reply's text: {whole}");
+    }
+}
