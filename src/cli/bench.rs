@@ -9,7 +9,6 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
-use candle_core::quantized::gguf_file::Content;
 use clap::Args;
 use rayon::prelude::*;
 
@@ -180,9 +179,8 @@ fn read_bandwidth() -> f64 {
 /// tensors (`*_exps`), only the share one token's experts hold
 /// (`expert_used_count / expert_count`). None for other files.
 fn gguf_weight_bytes_per_token(path: &std::path::Path) -> Option<u64> {
-    let mut f = std::fs::File::open(path).ok()?;
-    let content = Content::read(&mut f).ok()?;
-    let tied = !content.tensor_infos.contains_key("output.weight");
+    let content = crate::load::loader::read_gguf_header(path).ok()?;
+    let tied = !content.has("output.weight");
     let arch = crate::models::gguf_architecture(&content);
     let count = |key: &str| {
         let v = content.metadata.get(&format!("{arch}.{key}"))?;
@@ -193,17 +191,12 @@ fn gguf_weight_bytes_per_token(path: &std::path::Path) -> Option<u64> {
         _ => 1.0,
     };
     let bytes = content
-        .tensor_infos
-        .iter()
-        .filter(|(name, _)| tied || name.as_str() != "token_embd.weight")
-        .filter(|(name, _)| name.as_str() != "per_layer_token_embd.weight")
-        .map(|(name, t)| {
-            let dtype = t.ggml_dtype;
-            let bytes = (t.shape.elem_count() / dtype.block_size() * dtype.type_size()) as f64;
-            match name.contains("_exps.") {
-                true => bytes * active,
-                false => bytes,
-            }
+        .tensor_sizes()
+        .filter(|&(name, _)| tied || name != "token_embd.weight")
+        .filter(|&(name, _)| name != "per_layer_token_embd.weight")
+        .map(|(name, bytes)| match name.contains("_exps.") {
+            true => bytes as f64 * active,
+            false => bytes as f64,
         })
         .sum::<f64>();
     Some(bytes as u64)

@@ -71,20 +71,25 @@ impl Gguf {
         self.content.tensor_infos.len() + self.mxfp4.len()
     }
 
+    /// Each tensor's name and bytes in the file.
+    pub fn tensor_sizes(&self) -> impl Iterator<Item = (&str, u64)> {
+        let candle = self.content.tensor_infos.iter().map(|(n, t)| {
+            let dtype = t.ggml_dtype;
+            (
+                n,
+                t.shape.elem_count() / dtype.block_size() * dtype.type_size(),
+            )
+        });
+        let mxfp4 = self
+            .mxfp4
+            .iter()
+            .map(|(n, t)| (n, t.shape.elem_count() / 32 * mxfp4::BLOCK_BYTES));
+        candle.chain(mxfp4).map(|(n, b)| (n.as_str(), b as u64))
+    }
+
     /// Bytes of tensor data in the file.
     pub fn tensor_bytes(&self) -> u64 {
-        let candle: usize = self
-            .content
-            .tensor_infos
-            .values()
-            .map(|t| t.shape.elem_count() / t.ggml_dtype.block_size() * t.ggml_dtype.type_size())
-            .sum();
-        let mxfp4: usize = self
-            .mxfp4
-            .values()
-            .map(|t| t.shape.elem_count() / 32 * mxfp4::BLOCK_BYTES)
-            .sum();
-        (candle + mxfp4) as u64
+        self.tensor_sizes().map(|(_, b)| b).sum()
     }
 }
 

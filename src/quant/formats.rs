@@ -11,7 +11,7 @@
 //! | Q4_0, Q5_0 | 4 / 5 bits | `d` per 32, `m = -8d` / `-16d` |
 //! | Q4_1, Q5_1 | 4 / 5 bits | `d`, `m` per 32 |
 //! | Q8_0 | 8 bits, stored `+128` | `d` per 32, `m = -128d` |
-//! | Q8_0, narrow | 5 bits, stored `+16` | as Q5_0 |
+//! | MXFP4 (as Q8_0 of its values) | 4-bit index `i`, `q = E2M1[i]` | `d` per 32, `m = -12d` |
 //! | Q4_K, Q5_K | 4 / 5 bits | per 256: `d`, `e`; per 32: 6-bit `sc`, `mn`: `s = d sc`, `m = e mn` |
 //! | Q6_K | 6 bits | per 256: `d`, `e = -32d`; per 16: `sc`: `s = d sc`, `m = e sc` |
 //! | Q3_K | 3 bits (as 4) | per 256: `d`, `e = -4d`; per 16: signed 6-bit `sc` |
@@ -20,7 +20,9 @@
 //! Scales stay in the file's f16 and small integers (`e` is `-dmin` or a
 //! power-of-two multiple of `d`, exact in f16), so a tile costs about the
 //! file's bytes: the kernels stay bound by memory bandwidth as they are on
-//! the file itself. Q2_K and Q3_K quants are widened to 4 bits.
+//! the file itself. Q2_K and Q3_K quants are widened to 4 bits. MXFP4's
+//! values are not evenly spaced: its 4-bit codes are kept, and the kernels
+//! look each up ([`E2M1`]) as they widen it.
 
 use candle_core::quantized::GgmlDType;
 use half::f16;
@@ -47,22 +49,32 @@ pub(crate) enum Bits {
     Nib6,
     /// Bytes (`q + 128`), 512: group `g` at `64g`.
     Byte,
+    /// [`Bits::Nib`]'s plane of MXFP4 codes, each standing for quant
+    /// `E2M1[code]` (0..=24).
+    Lut,
 }
+
+/// MXFP4's E2M1 values by code (bit 3 the sign), doubled to integers and
+/// offset by 12: 0..=24, the quants of [`Bits::Lut`].
+pub(crate) const E2M1: [u8; 16] = [12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0];
 
 impl Bits {
     pub(crate) const fn bytes(self) -> usize {
         match self {
-            Bits::Nib => 256,
+            Bits::Nib | Bits::Lut => 256,
             Bits::Nib5 => 256 + 64,
             Bits::Nib6 => 256 + 128,
             Bits::Byte => 512,
         }
     }
 
-    /// The quants' midpoint, which symmetric types (Q4_0, Q5_0, Q8_0)
-    /// subtract: their minimum is `-midpoint * d`.
+    /// The quants' midpoint, which symmetric types (Q4_0, Q5_0, Q8_0,
+    /// MXFP4) subtract: their minimum is `-midpoint * d`.
     pub(crate) const fn midpoint(self) -> f32 {
-        (self.max() + 1) as f32 / 2.0
+        match self {
+            Bits::Lut => 12.0,
+            _ => (self.max() + 1) as f32 / 2.0,
+        }
     }
 
     /// Bits of each quant above its nibble.
@@ -70,7 +82,7 @@ impl Bits {
         match self {
             Bits::Nib5 => 1,
             Bits::Nib6 => 2,
-            Bits::Nib | Bits::Byte => 0,
+            Bits::Nib | Bits::Byte | Bits::Lut => 0,
         }
     }
 
@@ -96,6 +108,7 @@ impl Bits {
             Bits::Nib5 => 31,
             Bits::Nib6 => 63,
             Bits::Byte => 255,
+            Bits::Lut => 24,
         }
     }
 }
@@ -190,6 +203,7 @@ macro_rules! layout {
 
 layout!(NibDirect, Nib, Direct);
 layout!(NibDirectD, Nib, DirectD);
+layout!(LutDirectD, Lut, DirectD);
 layout!(Nib5Direct, Nib5, Direct);
 layout!(Nib5DirectD, Nib5, DirectD);
 layout!(ByteDirect, Byte, DirectD);
@@ -207,10 +221,10 @@ pub(crate) enum Format {
     Q5_0,
     Q5_1,
     Q8_0,
-    /// Q8_0 blocks whose quants all lie in `-16..=15`, held in Q5_0's
-    /// layout: 5.5 bits a weight instead of 8.5, the same values. MXFP4
-    /// experts become such blocks at load ([`super::mxfp4`]).
-    Q8_0Narrow,
+    /// Q8_0 blocks whose quants are all doubled E2M1 values: MXFP4 as wick
+    /// reads it ([`super::mxfp4`]), held as its 4-bit codes, 4.5 bits a
+    /// weight instead of 8.5.
+    Mxfp4,
     Q2K,
     Q3K,
     Q4K,
@@ -239,15 +253,15 @@ impl Geometry {
 }
 
 impl Format {
-    /// Q8_0 blocks `raw` as [`Format::Q8_0Narrow`] where every quant
-    /// fits it; any other format as it is.
+    /// Q8_0 blocks `raw` as [`Format::Mxfp4`] where every quant is an
+    /// MXFP4 value; any other format as it is.
     pub(crate) fn narrowest(self, raw: &[u8]) -> Format {
-        let narrow = self == Format::Q8_0
+        let mxfp4 = self == Format::Q8_0
             && raw
                 .chunks_exact(34)
-                .all(|b| b[2..].iter().all(|&q| (-16..=15).contains(&(q as i8))));
-        match narrow {
-            true => Format::Q8_0Narrow,
+                .all(|b| b[2..].iter().all(|&q| e2m1_code(q as i8).is_some()));
+        match mxfp4 {
+            true => Format::Mxfp4,
             false => self,
         }
     }
@@ -275,7 +289,7 @@ impl Format {
             Format::Q5_0 => Geometry::of::<Nib5DirectD>(),
             Format::Q5_1 => Geometry::of::<Nib5Direct>(),
             Format::Q8_0 => Geometry::of::<ByteDirect>(),
-            Format::Q8_0Narrow => Geometry::of::<Nib5DirectD>(),
+            Format::Mxfp4 => Geometry::of::<LutDirectD>(),
             Format::Q4K => Geometry::of::<NibSuper32>(),
             Format::Q5K => Geometry::of::<Nib5Super32>(),
             Format::Q6K => Geometry::of::<Nib6Super16Offset>(),
@@ -292,7 +306,7 @@ impl Format {
             | Format::Q5_0
             | Format::Q5_1
             | Format::Q8_0
-            | Format::Q8_0Narrow => QK,
+            | Format::Mxfp4 => QK,
             _ => QK_K,
         }
     }
@@ -304,7 +318,7 @@ impl Format {
             Format::Q4_1 => 20,
             Format::Q5_0 => 22,
             Format::Q5_1 => 24,
-            Format::Q8_0 | Format::Q8_0Narrow => 34,
+            Format::Q8_0 | Format::Mxfp4 => 34,
             Format::Q2K => 84,
             Format::Q3K => 110,
             Format::Q4K => 144,
@@ -357,10 +371,10 @@ impl Format {
                     *q = b ^ 0x80;
                 }
             }
-            Format::Q8_0Narrow => {
+            Format::Mxfp4 => {
                 out.d = f(0);
                 for (q, &b) in out.q.iter_mut().zip(&raw[2..2 + QK]) {
-                    *q = (b as i8 + 16) as u8;
+                    *q = e2m1_code(b as i8)?;
                 }
             }
             Format::Q4K | Format::Q5K => {
@@ -450,6 +464,23 @@ impl Format {
         }
         Some(out)
     }
+}
+
+/// The MXFP4 code of doubled E2M1 value `q` (+0's, for 0): a table, as a
+/// load checks every quant of every Q8_0 matrix's first blocks (and of an
+/// MXFP4 matrix, all of them).
+fn e2m1_code(q: i8) -> Option<u8> {
+    const CODES: [u8; 256] = {
+        let mut t = [u8::MAX; 256];
+        let mut c = 16;
+        while c > 0 {
+            c -= 1;
+            // Downwards, so +0 (code 0) wins over -0 (code 8).
+            t[(E2M1[c] as i8 - 12) as u8 as usize] = c as u8;
+        }
+        t
+    };
+    Some(CODES[q as u8 as usize]).filter(|&c| c != u8::MAX)
 }
 
 /// `d * k` when f16 holds it exactly (`k` a power of two, no overflow).
@@ -640,6 +671,9 @@ fn decode_quants(bits: Bits, src: &[u8], r: usize) -> [u8; QK] {
             q[4 * c + i] = b & 0x0F;
             q[16 + 4 * c + i] = b >> 4;
         }
+    }
+    if bits == Bits::Lut {
+        q.iter_mut().for_each(|q| *q = E2M1[*q as usize]);
     }
     if bits.high_bits() > 0 {
         for g in 0..8 {

@@ -170,8 +170,8 @@ macro_rules! with_layout {
                 type $L = formats::ByteDirect;
                 $body
             }
-            Format::Q8_0Narrow => {
-                type $L = formats::Nib5DirectD;
+            Format::Mxfp4 => {
+                type $L = formats::LutDirectD;
                 $body
             }
             Format::Q4K => {

@@ -641,12 +641,12 @@ fn grouped_expert_products_match_each_expert_alone() {
     }
 }
 
-/// MXFP4 experts arrive as Q8_0 blocks of small integers
-/// ([`mxfp4::gguf_to_q8_0`]): held in Q5_0's 5-bit layout, on every code
-/// path they give the product of the blocks' exact values, as candle reads
-/// them, within activation rounding.
+/// MXFP4 experts arrive as Q8_0 blocks of doubled E2M1 values
+/// ([`mxfp4::gguf_to_q8_0`]): held as their 4-bit codes, on every code path
+/// they give the product of the blocks' exact values, as candle reads
+/// them, within activation rounding; dequantized, those values exactly.
 #[test]
-fn mxfp4_blocks_are_held_narrow_and_multiply_exactly() {
+fn mxfp4_blocks_are_held_as_codes_and_multiply_exactly() {
     let mut rng = ChaCha8Rng::seed_from_u64(41);
     for (n, k) in [(75, 576), (200, 1536)] {
         let raw: Vec<u8> = (0..n * k / 32)
@@ -662,7 +662,7 @@ fn mxfp4_blocks_are_held_narrow_and_multiply_exactly() {
                 .unwrap();
         let qt = QTensor::new(storage, (n, k)).unwrap();
         let qm = QuantMatrix::from_qtensor(&qt).unwrap().unwrap();
-        assert_eq!(qm.format, Format::Q8_0Narrow);
+        assert_eq!(qm.format, Format::Mxfp4);
         let deq: Vec<f32> = qt
             .dequantize(&Device::Cpu)
             .unwrap()
@@ -670,6 +670,11 @@ fn mxfp4_blocks_are_held_narrow_and_multiply_exactly() {
             .unwrap()
             .to_vec1()
             .unwrap();
+        let mut row = vec![0f32; k];
+        for r in [0, n / 2, n - 1] {
+            qm.dequantize_row(r, &mut row);
+            assert_eq!(row, deq[r * k..(r + 1) * k], "row {r}");
+        }
         for m in [1, 3, 16, 33] {
             let x = activations(&mut rng, m, k, false);
             let e = expected(&x, &deq, m, n, k, QK);

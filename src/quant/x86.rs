@@ -9,7 +9,7 @@
 
 use std::arch::x86_64::*;
 
-use super::formats::{Bits, Layout, Scales, QK_K};
+use super::formats::{Bits, Layout, Scales, E2M1, QK_K};
 use super::super_scales::SuperScales;
 use super::{TileJob, M_BLOCK, QK, TILE};
 
@@ -206,6 +206,12 @@ unsafe fn quants_avx512<L: Layout>(p: *const u8, j: usize) -> [__m512i; 8] {
         let v = _mm512_loadu_si512(q.add(64 * c).cast());
         w[c] = _mm512_and_si512(v, nibble);
         w[c + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble);
+    }
+    if L::BITS == Bits::Lut {
+        // Each code to its quant: one in-lane byte shuffle of the table.
+        let table = _mm512_broadcast_i32x4(_mm_loadu_si128(E2M1.as_ptr().cast()));
+        w.iter_mut()
+            .for_each(|w| *w = _mm512_shuffle_epi8(table, *w));
     }
     if L::BITS.high_bits() > 0 {
         let high = _mm512_set1_epi8(L::BITS.high_mask() as i8);
@@ -529,7 +535,9 @@ unsafe fn idot_avx2<L: Layout>(w: &[__m256i; 8], x: *const i32, sc: [__m256i; 2]
     // groups summed in i16 must not straddle a half with its own scale.
     // Constant trip counts, so the loops unroll and `w` stays in registers.
     let per_i16 = (i16::MAX as u32 / (2 * L::BITS.max() * 127)) as usize;
-    let chunk = per_i16.min(if L::HALVES { 4 } else { 8 });
+    // A power of two, so that chunks tile the 8 groups (MXFP4's quants
+    // reach 24, which would allow 5).
+    let chunk = 1 << per_i16.min(if L::HALVES { 4 } else { 8 }).ilog2();
     for c in 0..8 / chunk {
         let mut s16 = _mm256_setzero_si256();
         for (i, &w) in w[c * chunk..][..chunk].iter().enumerate() {
@@ -594,6 +602,11 @@ unsafe fn quants_avx2<L: Layout>(p: *const u8, j: usize, h: usize) -> [__m256i; 
         let v = _mm256_loadu_si256(q.add(64 * c + 32 * h).cast());
         w[c] = _mm256_and_si256(v, nibble);
         w[c + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nibble);
+    }
+    if L::BITS == Bits::Lut {
+        let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(E2M1.as_ptr().cast()));
+        w.iter_mut()
+            .for_each(|w| *w = _mm256_shuffle_epi8(table, *w));
     }
     if L::BITS.high_bits() > 0 {
         let high = _mm256_set1_epi8(L::BITS.high_mask() as i8);
