@@ -26,6 +26,7 @@
 
 use candle_core::quantized::GgmlDType;
 use half::f16;
+use rayon::prelude::*;
 
 use super::{QK, TILE};
 
@@ -258,7 +259,7 @@ impl Format {
     pub(crate) fn narrowest(self, raw: &[u8]) -> Format {
         let mxfp4 = self == Format::Q8_0
             && raw
-                .chunks_exact(34)
+                .par_chunks(34)
                 .all(|b| b[2..].iter().all(|&q| e2m1_code(q as i8).is_some()));
         match mxfp4 {
             true => Format::Mxfp4,

@@ -42,6 +42,7 @@ use std::sync::Arc;
 
 use candle_core::quantized::QTensor;
 use half::f16;
+use rayon::prelude::*;
 
 use act::{ActBlocks, QuantActs};
 use formats::{Format, Geometry};
@@ -297,20 +298,31 @@ impl QuantMatrix {
         let len = n.div_ceil(TILE) * nb * geom.block_bytes;
         let stride = len.next_multiple_of(LINE);
         let mut data = WeightBuf::zeroed(stride * count);
-        let packed = data.as_mut_slice();
-        for e in 0..count {
-            let (raw, packed) = (&raw[e * src_len..][..src_len], &mut packed[e * stride..]);
-            for row in 0..n {
-                let (t, r) = (row / TILE, row % TILE);
-                for b in 0..nb {
-                    let src = &raw[(row * nb + b) * ggml_block..][..ggml_block];
-                    let Some(decoded) = format.decode(src) else {
-                        return Ok(None);
-                    };
-                    let dst = &mut packed[(t * nb + b) * geom.block_bytes..][..geom.block_bytes];
-                    geom.encode(&decoded, r, dst);
+        // Tiles in parallel (a model's load is mostly this): each is 16 rows
+        // of one matrix, its own run of the buffer.
+        let tile_bytes = nb * geom.block_bytes;
+        let held = data
+            .as_mut_slice()
+            .par_chunks_mut(stride)
+            .zip(raw.par_chunks(src_len))
+            .flat_map(|(packed, raw)| {
+                packed[..len]
+                    .par_chunks_mut(tile_bytes)
+                    .enumerate()
+                    .map(move |(t, tile)| (t, tile, raw))
+            })
+            .try_for_each(|(t, tile, raw)| {
+                for row in t * TILE..n.min((t + 1) * TILE) {
+                    for b in 0..nb {
+                        let src = &raw[(row * nb + b) * ggml_block..][..ggml_block];
+                        let dst = &mut tile[b * geom.block_bytes..][..geom.block_bytes];
+                        geom.encode(&format.decode(src)?, row % TILE, dst);
+                    }
                 }
-            }
+                Some(())
+            });
+        if held.is_none() {
+            return Ok(None);
         }
         let data = Arc::new(data);
         Ok(Some(

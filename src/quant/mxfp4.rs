@@ -9,6 +9,7 @@
 //! hold such blocks in Q5_0's 5-bit layout, [`super::formats`]).
 
 use half::f16;
+use rayon::prelude::*;
 
 /// Bytes of a GGUF MXFP4 block: the exponent, then 16 bytes of nibbles.
 pub const BLOCK_BYTES: usize = 17;
@@ -35,15 +36,18 @@ pub fn gguf_to_q8_0(raw: &[u8]) -> Result<Vec<u8>, String> {
     if !raw.len().is_multiple_of(BLOCK_BYTES) {
         return Err(format!("{} bytes are not whole MXFP4 blocks", raw.len()));
     }
-    let mut out = Vec::with_capacity(raw.len() / BLOCK_BYTES * Q8_0_BYTES);
-    for b in raw.chunks_exact(BLOCK_BYTES) {
-        let mut q = [0i8; QK];
-        for (j, &byte) in b[1..].iter().enumerate() {
-            q[j] = VALUES[(byte & 0x0F) as usize];
-            q[j + QK / 2] = VALUES[(byte >> 4) as usize];
-        }
-        push_q8_0(&mut out, b[0], &q)?;
-    }
+    let mut out = vec![0u8; raw.len() / BLOCK_BYTES * Q8_0_BYTES];
+    // In parallel: a model's experts are billions of weights.
+    out.par_chunks_mut(Q8_0_BYTES)
+        .zip(raw.par_chunks(BLOCK_BYTES))
+        .try_for_each(|(out, b)| {
+            let mut q = [0i8; QK];
+            for (j, &byte) in b[1..].iter().enumerate() {
+                q[j] = VALUES[(byte & 0x0F) as usize];
+                q[j + QK / 2] = VALUES[(byte >> 4) as usize];
+            }
+            write_q8_0(out, b[0], &q)
+        })?;
     Ok(out)
 }
 
@@ -58,26 +62,29 @@ pub fn hf_to_q8_0(blocks: &[u8], scales: &[u8]) -> Result<Vec<u8>, String> {
             scales.len()
         ));
     }
-    let mut out = Vec::with_capacity(scales.len() * Q8_0_BYTES);
-    for (b, &e) in blocks.chunks_exact(QK / 2).zip(scales) {
-        let mut q = [0i8; QK];
-        for (j, &byte) in b.iter().enumerate() {
-            q[2 * j] = VALUES[(byte & 0x0F) as usize];
-            q[2 * j + 1] = VALUES[(byte >> 4) as usize];
-        }
-        push_q8_0(&mut out, e, &q)?;
-    }
+    let mut out = vec![0u8; scales.len() * Q8_0_BYTES];
+    out.par_chunks_mut(Q8_0_BYTES)
+        .zip(blocks.par_chunks(QK / 2).zip(scales.par_iter()))
+        .try_for_each(|(out, (b, &e))| {
+            let mut q = [0i8; QK];
+            for (j, &byte) in b.iter().enumerate() {
+                q[2 * j] = VALUES[(byte & 0x0F) as usize];
+                q[2 * j + 1] = VALUES[(byte >> 4) as usize];
+            }
+            write_q8_0(out, e, &q)
+        })?;
     Ok(out)
 }
 
-fn push_q8_0(out: &mut Vec<u8>, e: u8, q: &[i8; QK]) -> Result<(), String> {
+/// One Q8_0 block (34 bytes) of quants `q` under MXFP4 exponent `e`.
+fn write_q8_0(out: &mut [u8], e: u8, q: &[i8; QK]) -> Result<(), String> {
     // An all-zero block's exponent is arbitrary (GGML writes 0).
     let d = match q.iter().all(|&q| q == 0) {
         true => f16::ZERO,
         false => scale(e)?,
     };
-    out.extend_from_slice(&d.to_le_bytes());
-    out.extend(q.iter().map(|&q| q as u8));
+    out[..2].copy_from_slice(&d.to_le_bytes());
+    out[2..].iter_mut().zip(q).for_each(|(o, &q)| *o = q as u8);
     Ok(())
 }
 
