@@ -8,7 +8,8 @@ use super::moe::Moe;
 
 pub enum Ffn {
     Dense(Mlp),
-    Experts(Moe),
+    /// Boxed: a mixture's routing state is several times an MLP's size.
+    Experts(Box<Moe>),
 }
 
 impl Ffn {

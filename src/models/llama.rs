@@ -1072,7 +1072,7 @@ impl Llama {
                     let mut moe =
                         Moe::from_gguf(&gguf, &mut qt, moe.experts, moe.routing, (i, load))?;
                     moe.act = config.act;
-                    Ffn::Experts(moe)
+                    Ffn::Experts(Box::new(moe))
                 }
                 _ => {
                     let gate_up = match has("ffn_gate") {
@@ -1226,7 +1226,7 @@ impl Llama {
                     let mut moe =
                         Moe::from_hf(&vb, &at, moe.experts, moe.routing, (i, load), spec)?;
                     moe.act = config.act;
-                    Ffn::Experts(moe)
+                    Ffn::Experts(Box::new(moe))
                 }
                 _ => Ffn::Dense(Mlp::new(
                     match fused("mlp.gate_up_proj") {

@@ -767,14 +767,14 @@ impl Qwen35 {
             };
             let m = format!("{p}.mlp");
             let ffn = match (&c.moe, &expert_load) {
-                (Some(moe), Some(load)) => Ffn::Experts(Moe::from_hf(
+                (Some(moe), Some(load)) => Ffn::Experts(Box::new(Moe::from_hf(
                     &vb,
                     &m,
                     moe.experts,
                     moe.routing,
                     (i, load.clone()),
                     spec,
-                )?),
+                )?)),
                 _ => Ffn::Dense(Mlp::new(
                     dense(&[
                         format!("{m}.gate_proj.weight"),
@@ -928,13 +928,13 @@ impl Qwen35 {
                     };
                     let mut tensor = |name: &str| qt(name);
                     let load = (i, load.clone());
-                    Ffn::Experts(Moe::from_gguf(
+                    Ffn::Experts(Box::new(Moe::from_gguf(
                         &gguf,
                         &mut tensor,
                         moe.experts,
                         moe.routing,
                         load,
-                    )?)
+                    )?))
                 }
                 _ => Ffn::Dense(Mlp::new(
                     linear(&["ffn_gate", "ffn_up"])?,
