@@ -397,7 +397,15 @@ def write_qwen3moe(args) -> None:
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     copy_tokenizer(w, args.tokenizer_from, pad_to=vocab)
+    # The F32 tensors are ones (norms) but for the router.
+    write_random(w, specs, args.seed, lambda name: name.endswith("ffn_gate_inp.weight"))
 
+
+def write_random(w: "gguf.GGUFWriter", specs, seed: int, drawn) -> None:
+    """Writes the tensors of `specs` ((name, numpy shape, block type or None
+    for F32), in file order) after `w`'s metadata: random blocks
+    (`random_blocks`), and F32 tensors drawn N(0, 0.02) where `drawn(name)`,
+    else ones. One tensor in memory at a time."""
     for name, shape, qtype in specs:
         if qtype is None:
             w.add_tensor_info(name, shape, np.dtype(np.float32), 4 * int(np.prod(shape)))
@@ -407,16 +415,14 @@ def write_qwen3moe(args) -> None:
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-
-    rng = np.random.default_rng(args.seed)
+    rng = np.random.default_rng(seed)
     for name, shape, qtype in specs:
-        if qtype is None:
-            if name.endswith("ffn_gate_inp.weight"):
-                data = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
-            else:
-                data = np.ones(shape, dtype=np.float32)
-        else:
+        if qtype is not None:
             data = random_blocks(rng, shape, qtype)
+        elif drawn(name):
+            data = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
+        else:
+            data = np.ones(shape, dtype=np.float32)
         w.write_tensor_data(data)
     w.close()
 
@@ -483,26 +489,8 @@ def write_gpt_oss(args) -> None:
     w.add_file_type(gguf.LlamaFileType.MOSTLY_MXFP4_MOE)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     copy_tokenizer(w, args.tokenizer_from, pad_to=vocab)
-    for name, shape, qtype in specs:
-        if qtype is None:
-            w.add_tensor_info(name, shape, np.dtype(np.float32), 4 * int(np.prod(shape)))
-        else:
-            byte_shape = gguf.quant_shape_to_byte_shape(shape, qtype)
-            w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    rng = np.random.default_rng(args.seed)
-    for name, shape, qtype in specs:
-        if qtype is None:
-            if name.endswith("norm.weight"):
-                data = np.ones(shape, dtype=np.float32)
-            else:
-                data = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
-        else:
-            data = random_blocks(rng, shape, qtype)
-        w.write_tensor_data(data)
-    w.close()
+    # The F32 tensors are drawn (biases, sinks, router) but for the norms.
+    write_random(w, specs, args.seed, lambda name: not name.endswith("norm.weight"))
 
 
 def random_blocks(rng, shape, qtype) -> np.ndarray:

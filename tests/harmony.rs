@@ -8,21 +8,12 @@ mod common;
 
 use serde_json::{json, Value};
 
-use common::{chunks, post, sse, Server};
+use common::{chat, chunks, post, sse, Server};
 
 const TEMPLATE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/fixtures/chat_templates/openai-gpt-oss-120b.jinja"
 );
-
-fn chat(extra: Value) -> Value {
-    let mut body = json!({"messages": [{"role": "user", "content": "What is 2 + 2?"}],
-                          "max_tokens": 8, "temperature": 0});
-    body.as_object_mut()
-        .unwrap()
-        .extend(extra.as_object().unwrap().clone());
-    body
-}
 
 fn weather() -> Value {
     json!([{"type": "function", "function": {

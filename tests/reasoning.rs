@@ -7,7 +7,7 @@ mod common;
 
 use serde_json::{json, Value};
 
-use common::{chunks, post, sse, Server};
+use common::{chat, chunks, post, sse, Server};
 
 /// ChatML whose generation prompt opens a thinking block, or (with
 /// `enable_thinking: false`) writes an empty one, as Qwen3's does.
@@ -44,15 +44,6 @@ fn assert_no_reasoning_effort(st: u16, body: &Value) {
         message.contains("chat template has no reasoning effort"),
         "{body}"
     );
-}
-
-fn chat(extra: Value) -> Value {
-    let mut body = json!({"messages": [{"role": "user", "content": "What is 2 + 2?"}],
-                          "max_tokens": 8, "temperature": 0});
-    body.as_object_mut()
-        .unwrap()
-        .extend(extra.as_object().unwrap().clone());
-    body
 }
 
 #[tokio::test(flavor = "multi_thread")]

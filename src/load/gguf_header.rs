@@ -54,37 +54,16 @@ const READABLE: [u32; 16] = [0, 1, 2, 3, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 30,
 /// it and the type; `None` if every tensor's type is readable (or the header
 /// itself is not a GGUF header).
 pub fn unreadable_tensor(r: &mut impl Read) -> Option<String> {
-    let mut h = Header { r };
-    if &h.bytes::<4>().ok()? != b"GGUF" {
-        return None;
-    }
-    let _version = h.u32().ok()?;
-    let tensors = h.u64().ok()?;
-    let kvs = h.u64().ok()?;
-    for _ in 0..kvs {
-        h.string().ok()?;
-        let kind = h.u32().ok()?;
-        h.skip_value(kind).ok()?;
-    }
-    for _ in 0..tensors {
-        let name = h.string().ok()?;
-        let dims = h.u32().ok()?;
-        for _ in 0..dims {
-            h.u64().ok()?;
-        }
-        let kind = h.u32().ok()?;
-        h.u64().ok()?;
-        if !READABLE.contains(&kind) {
-            let what =
-                type_name(kind).map_or(format!("type {kind}"), |n| format!("{n} (type {kind})"));
-            return Some(format!(
-                "tensor {name} is {what}, which wick cannot read; it reads F32, F16, BF16, \
-                 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to Q6_K and MXFP4 (re-quantize the file with \
-                 llama-quantize, e.g. to Q4_K_M)"
-            ));
-        }
-    }
-    None
+    let (_, tensors) = tensor_types(r)?;
+    let t = tensors.iter().find(|t| !READABLE.contains(&t.kind))?;
+    let kind = t.kind;
+    let what = type_name(kind).map_or(format!("type {kind}"), |n| format!("{n} (type {kind})"));
+    Some(format!(
+        "tensor {} is {what}, which wick cannot read; it reads F32, F16, BF16, Q4_0, Q4_1, \
+         Q5_0, Q5_1, Q8_0, Q2_K to Q6_K and MXFP4 (re-quantize the file with llama-quantize, \
+         e.g. to Q4_K_M)",
+        t.name
+    ))
 }
 
 /// A header with MXFP4 tensors, made readable by candle: its bytes with
@@ -92,6 +71,27 @@ pub fn unreadable_tensor(r: &mut impl Read) -> Option<String> {
 /// stay right; wick reads their data itself), and their names. `None` when
 /// the header has none (or is not a GGUF header).
 pub fn mask_mxfp4(r: &mut impl Read) -> Option<(Vec<u8>, Vec<String>)> {
+    let (mut bytes, tensors) = tensor_types(r)?;
+    let mxfp4: Vec<&TensorType> = tensors.iter().filter(|t| t.kind == MXFP4).collect();
+    if mxfp4.is_empty() {
+        return None;
+    }
+    for t in &mxfp4 {
+        bytes[t.at..t.at + 4].copy_from_slice(&0u32.to_le_bytes());
+    }
+    Some((bytes, mxfp4.iter().map(|t| t.name.clone()).collect()))
+}
+
+/// A tensor's name and block type, and where the type lies in the header.
+struct TensorType {
+    name: String,
+    kind: u32,
+    at: usize,
+}
+
+/// The header's bytes (through the tensor infos) and each tensor's block
+/// type; `None` if it is not a GGUF (v2 or v3) header.
+fn tensor_types(r: &mut impl Read) -> Option<(Vec<u8>, Vec<TensorType>)> {
     let mut h = Header {
         r: &mut Recorder {
             r,
@@ -108,7 +108,6 @@ pub fn mask_mxfp4(r: &mut impl Read) -> Option<(Vec<u8>, Vec<String>)> {
         let kind = h.u32().ok()?;
         h.skip_value(kind).ok()?;
     }
-    let mut names = Vec::new();
     let mut types = Vec::new();
     for _ in 0..tensors {
         let name = h.string().ok()?;
@@ -117,20 +116,11 @@ pub fn mask_mxfp4(r: &mut impl Read) -> Option<(Vec<u8>, Vec<String>)> {
             h.u64().ok()?;
         }
         let at = h.r.bytes.len();
-        if h.u32().ok()? == MXFP4 {
-            names.push(name);
-            types.push(at);
-        }
+        let kind = h.u32().ok()?;
         h.u64().ok()?;
+        types.push(TensorType { name, kind, at });
     }
-    if names.is_empty() {
-        return None;
-    }
-    let mut bytes = std::mem::take(&mut h.r.bytes);
-    for at in types {
-        bytes[at..at + 4].copy_from_slice(&0u32.to_le_bytes());
-    }
-    Some((bytes, names))
+    Some((std::mem::take(&mut h.r.bytes), types))
 }
 
 /// A reader that keeps a copy of what it reads.

@@ -72,6 +72,16 @@ fn weights(rng: &mut ChaCha8Rng, n: usize, k: usize) -> Vec<f32> {
     w
 }
 
+/// candle's dequantization of `qt`, row-major.
+fn dequantized(qt: &QTensor) -> Vec<f32> {
+    qt.dequantize(&Device::Cpu)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
 /// A matrix quantized by candle, its dequantized weights, and our repacking.
 fn candle_matrix(
     w: &[f32],
@@ -81,13 +91,7 @@ fn candle_matrix(
 ) -> (QTensor, Vec<f32>, QuantMatrix) {
     let t = Tensor::from_slice(w, (n, k), &Device::Cpu).unwrap();
     let qt = QTensor::quantize(&t, dtype).unwrap();
-    let deq = qt
-        .dequantize(&Device::Cpu)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap();
+    let deq = dequantized(&qt);
     let qm = QuantMatrix::from_qtensor(&qt)
         .unwrap()
         .expect("supported dtype");
@@ -449,13 +453,7 @@ fn real_model_q4_1_matches_candle_qmatmul() {
     assert_eq!(qt.dtype(), GgmlDType::Q4_1);
     let (n, k) = qt.shape().dims2().unwrap();
     let qm = QuantMatrix::from_qtensor(&qt).unwrap().unwrap();
-    let deq: Vec<f32> = qt
-        .dequantize(&Device::Cpu)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap();
+    let deq = dequantized(&qt);
     let m = 5;
     let mut rng = ChaCha8Rng::seed_from_u64(6);
     let x = gaussian(&mut rng, m * k);
@@ -663,13 +661,7 @@ fn mxfp4_blocks_are_held_as_codes_and_multiply_exactly() {
         let qt = QTensor::new(storage, (n, k)).unwrap();
         let qm = QuantMatrix::from_qtensor(&qt).unwrap().unwrap();
         assert_eq!(qm.format, Format::Mxfp4);
-        let deq: Vec<f32> = qt
-            .dequantize(&Device::Cpu)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
+        let deq = dequantized(&qt);
         let mut row = vec![0f32; k];
         for r in [0, n / 2, n - 1] {
             qm.dequantize_row(r, &mut row);

@@ -153,6 +153,17 @@ pub fn teacher_forced_logits(
     out
 }
 
+/// A short greedy chat request ("What is 2 + 2?", 8 tokens) with `extra`'s
+/// fields added.
+pub fn chat(extra: Value) -> Value {
+    let mut body = serde_json::json!({"messages": [{"role": "user", "content": "What is 2 + 2?"}],
+                          "max_tokens": 8, "temperature": 0});
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    body
+}
+
 pub fn argmax(xs: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &x) in xs.iter().enumerate() {
