@@ -6,8 +6,9 @@
 //!   same steps: fresh random inputs every run (the seed is printed), pools
 //!   and outputs poisoned with NaN first, ragged batches mixing prompt
 //!   chunks and decode rows, a prefix hit, a context long enough to split
-//!   rows across blocks, sliding windows, and more query heads per KV head
-//!   than one block takes.
+//!   rows across blocks, sliding windows, more query heads per KV head
+//!   than one block takes, and attention sinks (gpt-oss's), with rows
+//!   split and not.
 //! - The greedy pick: each row's argmax against the host's, with ties,
 //!   NaN and -inf planted, vocabularies from below a warp to 262k.
 //! - Whole models: logits against transformers' from the tiny fixtures.
@@ -79,6 +80,8 @@ struct Case {
     act: DType,
     pool: DType,
     tol: f32,
+    /// A random sink logit per query head.
+    sinks: bool,
 }
 
 /// Four steps: two prompts in chunks, one of 1,500 tokens; a third
@@ -164,6 +167,11 @@ fn run_case(dev: &Device, case: Case, seed: u64) {
     };
 
     let mut rng = Lcg(seed);
+    // Sinks in [-4, 4): some above every score, some below.
+    let sinks = case.sinks.then(|| {
+        let s = rng.tensor(1, case.num_heads).flatten_all().unwrap();
+        (s * 4.0).unwrap()
+    });
     let seqs = schedule(block_size);
     let longest = seqs
         .iter()
@@ -191,7 +199,8 @@ fn run_case(dev: &Device, case: Case, seed: u64) {
             .unwrap();
         let (mut host_bufs, mut gpu_bufs) = (MetaBuffers::default(), MetaBuffers::default());
         let host_meta = step_meta(&mut host_bufs, &batch, &host, None, &Device::Cpu).unwrap();
-        let want = paged_attention(&qkv, host.layer_mut(0), &host_meta, dims).unwrap();
+        let want = paged_attention(&qkv, host.layer_mut(0), &host_meta, dims, sinks.as_ref());
+        let want = want.unwrap();
 
         let gpu_meta = step_meta(&mut gpu_bufs, &batch, &gpu, None, dev).unwrap();
         assert!(
@@ -206,7 +215,8 @@ fn run_case(dev: &Device, case: Case, seed: u64) {
             unreachable!()
         };
         let q = qkv.to_dtype(case.act).unwrap().to_device(dev).unwrap();
-        cuda::write_and_attend_into(&q, k, v, &gpu_meta, dims, None, &out).unwrap();
+        let gpu_sinks = sinks.as_ref().map(|s| s.to_device(dev).unwrap());
+        cuda::write_and_attend_into(&q, k, v, &gpu_meta, dims, gpu_sinks.as_ref(), &out).unwrap();
         let diff = max_diff(&out, &want);
         assert!(
             diff <= case.tol,
@@ -227,6 +237,7 @@ fn paged_attention_matches_the_host_kernel() {
         act: DType::F32,
         pool: DType::F32,
         tol: 1e-4,
+        sinks: false,
     };
     let mut cases = Vec::new();
     for head_dim in [32, 64, 96, 128, 256] {
@@ -273,6 +284,16 @@ fn paged_attention_matches_the_host_kernel() {
         tol: 5e-3,
         ..base
     });
+    // gpt-oss's shape: heads of 64, 8 per KV head, sinks, with and
+    // without its 128-token window (the schedule's last steps split rows).
+    for window in [None, Some(128)] {
+        cases.push(Case {
+            num_heads: 16,
+            sinks: true,
+            window,
+            ..base
+        });
+    }
     for (i, case) in cases.into_iter().enumerate() {
         run_case(&dev, case, seed.wrapping_add(i as u64));
     }
