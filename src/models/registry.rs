@@ -467,9 +467,9 @@ mod tests {
     fn refusals_list_what_the_table_runs() {
         assert_eq!(
             hf_supported(),
-            "gemma3_text, gemma4, gemma4_text, gpt2, granite, granitemoe, llama, ministral3, \
-             mistral, mistral3, mixtral, olmoe, phi3, qwen2, qwen2_moe, qwen3, qwen3_5, \
-             qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe and smollm3"
+            "gemma3_text, gemma4, gemma4_text, gpt2, gpt_oss, granite, granitemoe, llama, \
+             ministral3, mistral, mistral3, mixtral, olmoe, phi3, qwen2, qwen2_moe, qwen3, \
+             qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe and smollm3"
         );
         assert!(gguf_supported()
             .starts_with("\"llama\" (Llama 2 and 3.x, Mistral, Mixtral, TinyLlama), "));
