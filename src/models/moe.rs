@@ -73,10 +73,10 @@ pub enum Experts {
 }
 
 impl Experts {
-    /// From a GGUF's stacked `[experts, n, k]` gate, up and down tensors:
-    /// repacked for wick's kernels where they run (the CPU, the file's
-    /// format, a block type they hold), else split into a [`Linear`] per
-    /// expert.
+    /// From stacked `[experts, n, k]` quantized gate, up and down tensors (a
+    /// GGUF's, or a gpt-oss checkpoint's MXFP4 read as Q8_0): repacked for
+    /// wick's kernels where they run (the CPU, the file's format, a block
+    /// type they hold), else split into a [`Linear`] per expert.
     pub fn from_gguf(
         [gate, up, down]: [QTensor; 3],
         spec: WeightSpec,
