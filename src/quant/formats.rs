@@ -11,7 +11,7 @@
 //! | Q4_0, Q5_0 | 4 / 5 bits | `d` per 32, `m = -8d` / `-16d` |
 //! | Q4_1, Q5_1 | 4 / 5 bits | `d`, `m` per 32 |
 //! | Q8_0 | 8 bits, stored `+128` | `d` per 32, `m = -128d` |
-//! | MXFP4 (as Q8_0 of its values) | 4-bit index `i`, `q = E2M1[i]` | `d` per 32, `m = -12d` |
+//! | MXFP4 (as Q8_0 of its values) | 4-bit index `i`, `q = E2M1[i]` | `d = 2^x` per 32 as byte `x + 127`, `m = -12d` |
 //! | Q4_K, Q5_K | 4 / 5 bits | per 256: `d`, `e`; per 32: 6-bit `sc`, `mn`: `s = d sc`, `m = e mn` |
 //! | Q6_K | 6 bits | per 256: `d`, `e = -32d`; per 16: `sc`: `s = d sc`, `m = e sc` |
 //! | Q3_K | 3 bits (as 4) | per 256: `d`, `e = -4d`; per 16: signed 6-bit `sc` |
@@ -22,7 +22,8 @@
 //! file's bytes: the kernels stay bound by memory bandwidth as they are on
 //! the file itself. Q2_K and Q3_K quants are widened to 4 bits. MXFP4's
 //! values are not evenly spaced: its 4-bit codes are kept, and the kernels
-//! look each up ([`E2M1`]) as they widen it.
+//! look each up ([`E2M1`]) as they widen it; its power-of-two scale stays
+//! one exponent byte, as in the file (4.25 bits a weight).
 
 use candle_core::quantized::GgmlDType;
 use half::f16;
@@ -121,6 +122,9 @@ pub(crate) enum Scales {
     Direct,
     /// Per 32 inputs: `d[16]` f16; `m = -midpoint * d` (symmetric types).
     DirectD,
+    /// [`Scales::DirectD`] whose `d` are powers of two (or 0), each held as
+    /// its f32 exponent byte (MXFP4's E8M0 scale): `d = f32::from_bits(x << 23)`.
+    DirectExp,
     /// Per 256 inputs: `d[16]`, `e[16]` f16; per 32, 6-bit `sc` and `mn`:
     /// `sc` of sub-block `j` at `16j + r`, then `mn` in pairs of
     /// sub-blocks, `(mn[2p], mn[2p+1])` at `128 + 32p + 2r`, as one
@@ -137,15 +141,21 @@ pub(crate) enum Scales {
 impl Scales {
     pub(crate) const fn header_bytes(self) -> usize {
         match self {
+            Scales::DirectExp => TILE,
             Scales::DirectD => 2 * TILE,
             _ => 4 * TILE,
         }
     }
 
+    /// Whether the minimum is `-midpoint * d`, not stored.
+    pub(crate) const fn symmetric(self) -> bool {
+        matches!(self, Scales::DirectD | Scales::DirectExp)
+    }
+
     /// Bytes of per-sub-block scales of a block (after the header).
     pub(crate) const fn bytes(self) -> usize {
         match self {
-            Scales::Direct | Scales::DirectD => 0,
+            Scales::Direct | Scales::DirectD | Scales::DirectExp => 0,
             Scales::Super32 | Scales::Super16Offset => 16 * TILE,
             Scales::Super16 => 32 * TILE,
         }
@@ -163,7 +173,7 @@ impl Scales {
 
     /// One block spans 256 inputs, with integer scales per sub-block.
     pub(crate) const fn is_super(self) -> bool {
-        !matches!(self, Scales::Direct | Scales::DirectD)
+        !matches!(self, Scales::Direct | Scales::DirectD | Scales::DirectExp)
     }
 
     /// 32-input sub-blocks per block.
@@ -204,7 +214,7 @@ macro_rules! layout {
 
 layout!(NibDirect, Nib, Direct);
 layout!(NibDirectD, Nib, DirectD);
-layout!(LutDirectD, Lut, DirectD);
+layout!(LutDirectExp, Lut, DirectExp);
 layout!(Nib5Direct, Nib5, Direct);
 layout!(Nib5DirectD, Nib5, DirectD);
 layout!(ByteDirect, Byte, DirectD);
@@ -222,9 +232,10 @@ pub(crate) enum Format {
     Q5_0,
     Q5_1,
     Q8_0,
-    /// Q8_0 blocks whose quants are all doubled E2M1 values: MXFP4 as wick
-    /// reads it ([`super::mxfp4`]), held as its 4-bit codes, 4.5 bits a
-    /// weight instead of 8.5.
+    /// Q8_0 blocks whose quants are all doubled E2M1 values and whose
+    /// scales are powers of two: MXFP4 as wick reads it ([`super::mxfp4`]),
+    /// held as its 4-bit codes and exponent bytes, 4.25 bits a weight
+    /// instead of 8.5.
     Mxfp4,
     Q2K,
     Q3K,
@@ -254,13 +265,14 @@ impl Geometry {
 }
 
 impl Format {
-    /// Q8_0 blocks `raw` as [`Format::Mxfp4`] where every quant is an
-    /// MXFP4 value; any other format as it is.
+    /// Q8_0 blocks `raw` as [`Format::Mxfp4`] where every block is an
+    /// MXFP4 one; any other format as it is.
     pub(crate) fn narrowest(self, raw: &[u8]) -> Format {
         let mxfp4 = self == Format::Q8_0
-            && raw
-                .par_chunks(34)
-                .all(|b| b[2..].iter().all(|&q| e2m1_code(q as i8).is_some()));
+            && raw.par_chunks(34).all(|b| {
+                exponent(f16::from_le_bytes([b[0], b[1]])).is_some()
+                    && b[2..].iter().all(|&q| e2m1_code(q as i8).is_some())
+            });
         match mxfp4 {
             true => Format::Mxfp4,
             false => self,
@@ -290,7 +302,7 @@ impl Format {
             Format::Q5_0 => Geometry::of::<Nib5DirectD>(),
             Format::Q5_1 => Geometry::of::<Nib5Direct>(),
             Format::Q8_0 => Geometry::of::<ByteDirect>(),
-            Format::Mxfp4 => Geometry::of::<LutDirectD>(),
+            Format::Mxfp4 => Geometry::of::<LutDirectExp>(),
             Format::Q4K => Geometry::of::<NibSuper32>(),
             Format::Q5K => Geometry::of::<Nib5Super32>(),
             Format::Q6K => Geometry::of::<Nib6Super16Offset>(),
@@ -484,6 +496,17 @@ fn e2m1_code(q: i8) -> Option<u8> {
     Some(CODES[q as u8 as usize]).filter(|&c| c != u8::MAX)
 }
 
+/// The f32 exponent byte of `d`, a power of two or +0 (which is byte 0).
+fn exponent(d: f16) -> Option<u8> {
+    let bits = d.to_f32().to_bits();
+    (bits & 0x807F_FFFF == 0).then_some((bits >> 23) as u8)
+}
+
+/// The scale [`Scales::DirectExp`] holds as exponent byte `x`.
+pub(crate) fn exp_scale(x: u8) -> f32 {
+    f32::from_bits((x as u32) << 23)
+}
+
 /// `d * k` when f16 holds it exactly (`k` a power of two, no overflow).
 fn exact_multiple(d: f16, k: f32) -> Option<f16> {
     let m = f16::from_f32(d.to_f32() * k);
@@ -532,8 +555,12 @@ impl Default for Decoded {
 impl Geometry {
     /// Writes row `r` of one decoded GGML block into its tile-block.
     pub(crate) fn encode(&self, dec: &Decoded, r: usize, dst: &mut [u8]) {
-        dst[2 * r..2 * r + 2].copy_from_slice(&dec.d.to_le_bytes());
-        if self.scales != Scales::DirectD {
+        match self.scales {
+            // Format::narrowest saw every scale a power of two.
+            Scales::DirectExp => dst[r] = exponent(dec.d).unwrap_or_default(),
+            _ => dst[2 * r..2 * r + 2].copy_from_slice(&dec.d.to_le_bytes()),
+        }
+        if !self.scales.symmetric() {
             dst[2 * (TILE + r)..2 * (TILE + r) + 2].copy_from_slice(&dec.e.to_le_bytes());
         }
         if self.scales.is_super() {
@@ -556,10 +583,13 @@ impl Geometry {
     /// minimum per 16 inputs (equal in pairs when the layout scales per 32).
     pub(crate) fn super_row(&self, blk: &[u8], r: usize) -> SuperRow {
         let f = |at: usize| f16::from_le_bytes([blk[at], blk[at + 1]]).to_f32();
-        let d = f(2 * r);
-        let e = match self.scales {
-            Scales::DirectD => -self.bits.midpoint() * d,
-            _ => f(2 * (TILE + r)),
+        let d = match self.scales {
+            Scales::DirectExp => exp_scale(blk[r]),
+            _ => f(2 * r),
+        };
+        let e = match self.scales.symmetric() {
+            true => -self.bits.midpoint() * d,
+            false => f(2 * (TILE + r)),
         };
         let mut row = SuperRow {
             d,

@@ -172,7 +172,7 @@ macro_rules! with_layout {
                 $body
             }
             Format::Mxfp4 => {
-                type $L = formats::LutDirectD;
+                type $L = formats::LutDirectExp;
                 $body
             }
             Format::Q4K => {

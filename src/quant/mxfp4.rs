@@ -6,8 +6,13 @@
 //! MXFP4 block is exactly a Q8_0 block: those integers as its quants and
 //! half the power of two as its f16 scale. wick reads MXFP4 so, whatever
 //! runs the matrix next (candle's kernels on any device, or wick's, which
-//! hold such blocks in Q5_0's 5-bit layout, [`super::formats`]).
+//! hold such blocks as codes and exponent bytes again, [`super::formats`]).
 
+use std::borrow::Cow;
+
+use candle_core::quantized::k_quants::{BlockQ8_0, GgmlType};
+use candle_core::quantized::{GgmlDType, QStorage, QTensor};
+use candle_core::{Device, Shape};
 use half::f16;
 use rayon::prelude::*;
 
@@ -30,13 +35,41 @@ fn scale(e: u8) -> Result<f16, String> {
     }
 }
 
+/// A Q8_0 tensor of `shape` whose blocks `fill` writes, as bytes: on a CPU
+/// straight into the blocks candle holds rather than copied there, so that
+/// a big file's load stays within its weights' size.
+pub fn q8_0_tensor(
+    shape: Shape,
+    device: &Device,
+    fill: impl FnOnce(&mut [u8]) -> Result<(), String>,
+) -> candle_core::Result<QTensor> {
+    let blocks = shape.elem_count() / QK;
+    let mut q8 = vec![BlockQ8_0::zeros(); blocks];
+    let bytes = |q8: &mut [BlockQ8_0]| {
+        // SAFETY: BlockQ8_0 is repr(C), an f16 then 32 i8: 34 bytes with no
+        // padding (candle asserts its size), valid whatever they hold.
+        unsafe {
+            std::slice::from_raw_parts_mut(q8.as_mut_ptr().cast::<u8>(), q8.len() * Q8_0_BYTES)
+        }
+    };
+    fill(bytes(&mut q8)).map_err(candle_core::Error::Msg)?;
+    let storage = match device {
+        Device::Cpu => QStorage::Cpu(Box::new(q8)),
+        _ => QStorage::from_data(Cow::Borrowed(bytes(&mut q8)), device, GgmlDType::Q8_0)?,
+    };
+    QTensor::new(storage, shape)
+}
+
 /// GGUF's MXFP4 blocks (`e`, then byte `j` holding weight `j` in its low
-/// nibble and weight `j + 16` in its high one) as Q8_0 blocks.
-pub fn gguf_to_q8_0(raw: &[u8]) -> Result<Vec<u8>, String> {
-    if !raw.len().is_multiple_of(BLOCK_BYTES) {
-        return Err(format!("{} bytes are not whole MXFP4 blocks", raw.len()));
+/// nibble and weight `j + 16` in its high one) as Q8_0 blocks, into `out`.
+pub fn gguf_to_q8_0(raw: &[u8], out: &mut [u8]) -> Result<(), String> {
+    if !raw.len().is_multiple_of(BLOCK_BYTES) || out.len() != raw.len() / BLOCK_BYTES * Q8_0_BYTES {
+        return Err(format!(
+            "{} bytes are not the {} bytes of whole MXFP4 blocks",
+            raw.len(),
+            out.len() / Q8_0_BYTES * BLOCK_BYTES
+        ));
     }
-    let mut out = vec![0u8; raw.len() / BLOCK_BYTES * Q8_0_BYTES];
     // In parallel: a model's experts are billions of weights.
     out.par_chunks_mut(Q8_0_BYTES)
         .zip(raw.par_chunks(BLOCK_BYTES))
@@ -47,22 +80,20 @@ pub fn gguf_to_q8_0(raw: &[u8]) -> Result<Vec<u8>, String> {
                 q[j + QK / 2] = VALUES[(byte >> 4) as usize];
             }
             write_q8_0(out, b[0], &q)
-        })?;
-    Ok(out)
+        })
 }
 
 /// A Hugging Face checkpoint's MXFP4 (`*_blocks`: per block 16 bytes, byte
 /// `j` holding weight `2j` in its low nibble and `2j + 1` in its high one;
-/// `*_scales`: one exponent byte per block) as Q8_0 blocks.
-pub fn hf_to_q8_0(blocks: &[u8], scales: &[u8]) -> Result<Vec<u8>, String> {
-    if blocks.len() != scales.len() * QK / 2 {
+/// `*_scales`: one exponent byte per block) as Q8_0 blocks, into `out`.
+pub fn hf_to_q8_0(blocks: &[u8], scales: &[u8], out: &mut [u8]) -> Result<(), String> {
+    if blocks.len() != scales.len() * QK / 2 || out.len() != scales.len() * Q8_0_BYTES {
         return Err(format!(
             "{} bytes of MXFP4 blocks for {} scales",
             blocks.len(),
             scales.len()
         ));
     }
-    let mut out = vec![0u8; scales.len() * Q8_0_BYTES];
     out.par_chunks_mut(Q8_0_BYTES)
         .zip(blocks.par_chunks(QK / 2).zip(scales.par_iter()))
         .try_for_each(|(out, (b, &e))| {
@@ -72,8 +103,7 @@ pub fn hf_to_q8_0(blocks: &[u8], scales: &[u8]) -> Result<Vec<u8>, String> {
                 q[2 * j + 1] = VALUES[(byte >> 4) as usize];
             }
             write_q8_0(out, e, &q)
-        })?;
-    Ok(out)
+        })
 }
 
 /// One Q8_0 block (34 bytes) of quants `q` under MXFP4 exponent `e`.
@@ -127,18 +157,23 @@ mod tests {
                 hf.push(nib(2 * j) | (nib(2 * j + 1) << 4));
             }
             let want: Vec<f32> = (0..32).map(|i| ocp(nib(i), e)).collect();
-            for got in [
-                q8_values(&gguf_to_q8_0(&gguf).unwrap()),
-                q8_values(&hf_to_q8_0(&hf, &[e]).unwrap()),
-            ] {
+            let (mut from_gguf, mut from_hf) = ([0; Q8_0_BYTES], [0; Q8_0_BYTES]);
+            gguf_to_q8_0(&gguf, &mut from_gguf).unwrap();
+            hf_to_q8_0(&hf, &[e], &mut from_hf).unwrap();
+            for got in [q8_values(&from_gguf), q8_values(&from_hf)] {
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                     let tol = if e < 104 { w.abs() * 0.5 + 1e-7 } else { 0.0 };
                     assert!((g - w).abs() <= tol, "e {e} weight {i}: {g} vs {w}");
                 }
             }
         }
-        assert!(gguf_to_q8_0(&[0; 16]).is_err());
-        assert!(gguf_to_q8_0(&[255, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
-        assert!(hf_to_q8_0(&[0; 16], &[1, 2]).is_err());
+        let mut out = [0; Q8_0_BYTES];
+        assert!(gguf_to_q8_0(&[0; 16], &mut out).is_err());
+        assert!(gguf_to_q8_0(
+            &[255, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            &mut out
+        )
+        .is_err());
+        assert!(hf_to_q8_0(&[0; 16], &[1, 2], &mut out).is_err());
     }
 }

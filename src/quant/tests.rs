@@ -1,5 +1,6 @@
 use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{Device, Module, Tensor};
+use half::f16;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -639,26 +640,35 @@ fn grouped_expert_products_match_each_expert_alone() {
     }
 }
 
-/// MXFP4 experts arrive as Q8_0 blocks of doubled E2M1 values
-/// ([`mxfp4::gguf_to_q8_0`]): held as their 4-bit codes, on every code path
-/// they give the product of the blocks' exact values, as candle reads
-/// them, within activation rounding; dequantized, those values exactly.
+/// MXFP4 experts arrive as Q8_0 blocks of doubled E2M1 values under
+/// power-of-two scales ([`mxfp4::gguf_to_q8_0`]): held as their 4-bit codes
+/// and exponent bytes, on every code path they give the product of the
+/// blocks' exact values, as candle reads them, within activation rounding;
+/// dequantized, those values exactly. Some exponents are small enough that
+/// the f16 scale is subnormal or 0.
 #[test]
 fn mxfp4_blocks_are_held_as_codes_and_multiply_exactly() {
     let mut rng = ChaCha8Rng::seed_from_u64(41);
     for (n, k) in [(75, 576), (200, 1536)] {
         let raw: Vec<u8> = (0..n * k / 32)
             .flat_map(|_| {
-                let mut b = vec![rng.random_range(118..124u8)];
+                let e = match rng.random_bool(0.1) {
+                    true => rng.random_range(100..108u8),
+                    false => rng.random_range(118..124u8),
+                };
+                let mut b = vec![e];
                 b.extend((0..16).map(|_| rng.random::<u8>()));
                 b
             })
             .collect();
-        let q8 = mxfp4::gguf_to_q8_0(&raw).unwrap();
-        let storage =
-            QStorage::from_data(std::borrow::Cow::Owned(q8), &Device::Cpu, GgmlDType::Q8_0)
-                .unwrap();
-        let qt = QTensor::new(storage, (n, k)).unwrap();
+        let qt = mxfp4::q8_0_tensor((n, k).into(), &Device::Cpu, |out| {
+            mxfp4::gguf_to_q8_0(&raw, out)
+        })
+        .unwrap();
+        // One scale off a power of two, and the matrix is Q8_0 again.
+        let mut off = qt.data().unwrap().into_owned();
+        off[34 * (n * k / 64)..][..2].copy_from_slice(&f16::from_f32(3.0 / 1024.0).to_le_bytes());
+        assert_eq!(Format::Q8_0.narrowest(&off), Format::Q8_0);
         let qm = QuantMatrix::from_qtensor(&qt).unwrap().unwrap();
         assert_eq!(qm.format, Format::Mxfp4);
         let deq = dequantized(&qt);

@@ -99,10 +99,16 @@ unsafe fn rows_avx512<L: Layout, const C: usize>(job: &TileJob, i0: usize, prefe
                 *idot = _mm512_add_epi32(*idot, idot_avx512::<L>(&w, x, sc));
             }
         }
-        let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()));
-        let e = match L::SCALES {
-            Scales::DirectD => _mm512_mul_ps(d, _mm512_set1_ps(-L::BITS.midpoint())),
-            _ => _mm512_cvtph_ps(_mm256_loadu_si256(p.add(2 * TILE).cast())),
+        let d = match L::SCALES {
+            // Each exponent byte into an f32's exponent field.
+            Scales::DirectExp => _mm512_castsi512_ps(_mm512_slli_epi32::<23>(
+                _mm512_cvtepu8_epi32(_mm_loadu_si128(p.cast())),
+            )),
+            _ => _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())),
+        };
+        let e = match L::SCALES.symmetric() {
+            true => _mm512_mul_ps(d, _mm512_set1_ps(-L::BITS.midpoint())),
+            false => _mm512_cvtph_ps(_mm256_loadu_si256(p.add(2 * TILE).cast())),
         };
         for (c, acc) in acc.iter_mut().enumerate() {
             // d (Σ dx): the per-32 types' float order from before the
@@ -159,7 +165,7 @@ unsafe fn idot_avx512<L: Layout>(w: &[__m512i; 8], x: *const i32, sc: [__m512i; 
 unsafe fn scales_avx512<L: Layout>(p: *const u8, j: usize) -> [__m512i; 2] {
     let area = p.add(L::SCALES.header_bytes());
     match L::SCALES {
-        Scales::Direct | Scales::DirectD => [_mm512_setzero_si512(); 2],
+        Scales::Direct | Scales::DirectD | Scales::DirectExp => [_mm512_setzero_si512(); 2],
         Scales::Super32 => [_mm512_cvtepi8_epi32(_mm_loadu_si128(area.add(j * TILE).cast())); 2],
         Scales::Super16 | Scales::Super16Offset => {
             // Row r's pair (first half, second half) as one i32 of two i16.
@@ -478,10 +484,16 @@ unsafe fn group_avx2<L: Layout, const C: usize>(
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn block_scales_avx2<L: Layout>(p: *const u8, h: usize) -> [__m256; 2] {
-    let d = _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * h).cast()));
-    let e = match L::SCALES {
-        Scales::DirectD => _mm256_mul_ps(d, _mm256_set1_ps(-L::BITS.midpoint())),
-        _ => _mm256_cvtph_ps(_mm_loadu_si128(p.add(2 * TILE + 16 * h).cast())),
+    let d = match L::SCALES {
+        // Each exponent byte into an f32's exponent field.
+        Scales::DirectExp => _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_cvtepu8_epi32(
+            _mm_loadl_epi64(p.add(8 * h).cast()),
+        ))),
+        _ => _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * h).cast())),
+    };
+    let e = match L::SCALES.symmetric() {
+        true => _mm256_mul_ps(d, _mm256_set1_ps(-L::BITS.midpoint())),
+        false => _mm256_cvtph_ps(_mm_loadu_si128(p.add(2 * TILE + 16 * h).cast())),
     };
     [d, e]
 }
@@ -556,7 +568,7 @@ unsafe fn idot_avx2<L: Layout>(w: &[__m256i; 8], x: *const i32, sc: [__m256i; 2]
 unsafe fn scales_avx2<L: Layout>(p: *const u8, j: usize, h: usize) -> [__m256i; 2] {
     let area = p.add(L::SCALES.header_bytes());
     match L::SCALES {
-        Scales::Direct | Scales::DirectD => [_mm256_set1_epi16(1); 2],
+        Scales::Direct | Scales::DirectD | Scales::DirectExp => [_mm256_set1_epi16(1); 2],
         Scales::Super32 => {
             let v = _mm_loadl_epi64(area.add(j * TILE + 8 * h).cast());
             [_mm256_cvtepi8_epi16(_mm_unpacklo_epi8(v, v)); 2]
