@@ -8,7 +8,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::ops::Deref;
 
 use candle_core::quantized::gguf_file::Content;
-use candle_core::quantized::{GgmlDType, QStorage, QTensor};
+use candle_core::quantized::QTensor;
 use candle_core::{Device, Shape};
 
 use crate::quant::mxfp4;
@@ -132,7 +132,7 @@ fn read_mxfp4<R: Read + Seek>(
     let mut raw = vec![0u8; elems / 32 * mxfp4::BLOCK_BYTES];
     reader.seek(SeekFrom::Start(gguf.tensor_data_offset + t.offset))?;
     reader.read_exact(&mut raw)?;
-    let q8 = mxfp4::gguf_to_q8_0(&raw).map_err(anyhow::Error::msg)?;
-    let storage = QStorage::from_data(std::borrow::Cow::Owned(q8), device, GgmlDType::Q8_0)?;
-    Ok(QTensor::new(storage, t.shape.clone())?)
+    Ok(mxfp4::q8_0_tensor(t.shape.clone(), device, |out| {
+        mxfp4::gguf_to_q8_0(&raw, out)
+    })?)
 }

@@ -21,7 +21,7 @@ use candle_nn::VarBuilder;
 use super::elementwise::{self, gelu_tanh, silu, swiglu_oai, Act};
 use super::linear::{Linear, WeightFormat, WeightSpec};
 use super::mlp::{Activation, Mlp};
-use crate::quant::{matmul_grouped, GroupedJob, QuantMatrix};
+use crate::quant::{matmul_grouped, mxfp4, GroupedJob, QuantMatrix};
 
 /// How a row's expert weights come from the router's scores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,38 +74,54 @@ pub enum Experts {
 
 impl Experts {
     /// From stacked `[experts, n, k]` quantized gate, up and down tensors (a
-    /// GGUF's, or a gpt-oss checkpoint's MXFP4 read as Q8_0): repacked for
-    /// wick's kernels where they run (the CPU, the file's format, a block
-    /// type they hold), else split into a [`Linear`] per expert.
+    /// GGUF's, or a gpt-oss checkpoint's MXFP4 read as Q8_0), which
+    /// `read(i)` reads (0 gate, 1 up, 2 down): repacked for wick's kernels
+    /// where they run (the CPU, the file's format, a block type they hold),
+    /// else split into a [`Linear`] per expert.
+    ///
+    /// Each stack is repacked as soon as it is read, so that one at a time
+    /// is held in the file's form: a big file loads within little more than
+    /// its size. Where a stack turns out not to repack, all three are read
+    /// again for the split.
     pub fn from_gguf(
-        [gate, up, down]: [QTensor; 3],
+        read: &mut dyn FnMut(usize) -> Result<QTensor>,
         spec: WeightSpec,
         device: &Device,
     ) -> Result<Self> {
-        let (e, _, _) = gate.shape().dims3()?;
-        for t in [&up, &down] {
-            if t.shape().dims3()?.0 != e {
-                candle_core::bail!("expert tensors of {e} and {:?} experts", t.shape());
-            }
-        }
-        let native = match spec.format {
-            WeightFormat::Native => true,
-            WeightFormat::Q8_0 => [&gate, &up, &down]
-                .iter()
-                .all(|t| t.dtype() == GgmlDType::Q8_0),
-            _ => false,
+        let counts = |ns: [usize; 3]| match ns[1..].iter().all(|&n| n == ns[0]) {
+            true => Ok(()),
+            false => Err(candle_core::Error::Msg(format!(
+                "expert tensors of {ns:?} experts"
+            ))),
         };
-        if native && device.is_cpu() {
-            let stack = |t: &QTensor| -> Result<Option<Vec<QuantMatrix>>> {
-                QuantMatrix::stack_from_qtensor(t)?
-                    .map(|ms| ms.into_iter().map(|m| m.with_kernel(spec.kernel)).collect())
-                    .transpose()
-            };
-            if let (Some(gate), Some(up), Some(down)) = (stack(&gate)?, stack(&up)?, stack(&down)?)
-            {
+        if device.is_cpu() {
+            let mut held = Vec::with_capacity(3);
+            for i in 0..3 {
+                let t = read(i)?;
+                let native = match spec.format {
+                    WeightFormat::Native => true,
+                    WeightFormat::Q8_0 => t.dtype() == GgmlDType::Q8_0,
+                    _ => false,
+                };
+                match native {
+                    true => match QuantMatrix::stack_from_qtensor(&t)? {
+                        Some(ms) => held.push(
+                            ms.into_iter()
+                                .map(|m| m.with_kernel(spec.kernel))
+                                .collect::<Result<Vec<_>>>()?,
+                        ),
+                        None => break,
+                    },
+                    false => break,
+                }
+            }
+            if let Ok([gate, up, down]) = <[_; 3]>::try_from(held) {
+                counts([gate.len(), up.len(), down.len()])?;
                 return Ok(Experts::Quant { gate, up, down });
             }
         }
+        let (gate, up, down) = (read(0)?, read(1)?, read(2)?);
+        counts([&gate, &up, &down].map(|t| t.shape().dims().first().copied().unwrap_or(0)))?;
         let (gate, up, down) = (
             unstack(&gate, device)?,
             unstack(&up, device)?,
@@ -346,13 +362,21 @@ impl Moe {
             }
             false => None,
         };
-        let mut get = |n: &str| tensor(&format!("{p}.{n}.weight"));
-        let (gate, up) = match (l.has)("ffn_gate_up_exps.weight") {
-            true => split_gate_up(&get("ffn_gate_up_exps")?, device)?,
-            false => (get("ffn_gate_exps")?, get("ffn_up_exps")?),
+        let fused = (l.has)("ffn_gate_up_exps.weight");
+        let mut read = |i: usize| -> Result<QTensor> {
+            let mut get = |n: &str| {
+                tensor(&format!("{p}.{n}.weight"))
+                    .map_err(|e| candle_core::Error::Msg(e.to_string()))
+            };
+            match (i, fused) {
+                (0 | 1, true) => {
+                    let (gate, up) = split_gate_up(&get("ffn_gate_up_exps")?, device)?;
+                    Ok(if i == 0 { gate } else { up })
+                }
+                _ => get(["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"][i]),
+            }
         };
-        let stacks = [gate, up, get("ffn_down_exps")?];
-        let stacked = Experts::from_gguf(stacks, spec, device)
+        let stacked = Experts::from_gguf(&mut read, spec, device)
             .map_err(|e| anyhow::anyhow!("{p} experts: {e}"))?;
         anyhow::ensure!(
             stacked.count() == experts,
@@ -626,29 +650,20 @@ fn gpt_oss_experts(vb: &VarBuilder, at: &str, spec: WeightSpec) -> Result<(Exper
             blocks.flatten_all()?.to_vec1::<u8>()?,
             scales.flatten_all()?.to_vec1::<u8>()?,
         );
-        let mut q8 = Vec::with_capacity(e * r / step * nb * 34);
-        for x in 0..e {
-            for row in (first..r).step_by(step) {
-                let b = (x * r + row) * nb;
-                let q = crate::quant::mxfp4::hf_to_q8_0(
-                    &blocks[16 * b..16 * (b + nb)],
-                    &scales[b..b + nb],
-                )
-                .map_err(candle_core::Error::Msg)?;
-                q8.extend(q);
+        mxfp4::q8_0_tensor((e, r / step, nb * 32).into(), device, |out| {
+            let rows = (0..e).flat_map(|x| (first..r).step_by(step).map(move |row| x * r + row));
+            for (row, out) in rows.zip(out.chunks_exact_mut(nb * 34)) {
+                let b = row * nb;
+                mxfp4::hf_to_q8_0(&blocks[16 * b..16 * (b + nb)], &scales[b..b + nb], out)?;
             }
-        }
-        QTensor::new(
-            QStorage::from_data(Cow::Owned(q8), device, GgmlDType::Q8_0)?,
-            (e, r / step, nb * 32),
-        )
+            Ok(())
+        })
     };
-    let stacks = [
-        stack("gate_up_proj", 0, 2)?,
-        stack("gate_up_proj", 1, 2)?,
-        stack("down_proj", 0, 1)?,
-    ];
-    Ok((Experts::from_gguf(stacks, spec, device)?, bias))
+    let mut read = |i: usize| match i {
+        0 | 1 => stack("gate_up_proj", i, 2),
+        _ => stack("down_proj", 0, 1),
+    };
+    Ok((Experts::from_gguf(&mut read, spec, device)?, bias))
 }
 
 /// The `[n, k]` matrices of a stacked `[experts, n, k]` quantized tensor:
