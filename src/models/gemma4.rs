@@ -512,6 +512,13 @@ impl Gemma4 {
             .any(|i| !config.sliding[i] && !has(&format!("blk.{i}.attn_v.weight")));
         let embed_q = qt("token_embd.weight")?;
         let embed = Embedding::new(&embed_q, spec, device)?;
+        // The head before the layers, so that the table as the file holds it
+        // (`embed_q`) is dropped before they load: it would add to peak RSS.
+        let output = match has("output.weight") {
+            true => Some(qt("output.weight")?),
+            false => None,
+        };
+        let lm_head = embed.lm_head(output, embed_q, spec, device)?;
         let per_layer_inputs = match config.per_layer_input {
             0 => None,
             _ => Some(PerLayerInputs {
@@ -628,11 +635,6 @@ impl Gemma4 {
             layers.push(weights);
         }
         let norm = qt("output_norm.weight")?.dequantize(device)?;
-        let output = match has("output.weight") {
-            true => Some(qt("output.weight")?),
-            false => None,
-        };
-        let lm_head = embed.lm_head(output, embed_q, spec, device)?;
         let global_inv = config.global_inv_freq(freq_factors.as_deref());
         Ok(Self::assemble(
             config,

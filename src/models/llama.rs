@@ -1024,6 +1024,13 @@ impl Llama {
         }
         let embed_q = qt("token_embd.weight")?;
         let embed = Embedding::new(&embed_q, spec, device)?;
+        // The head before the layers, so that the table as the file holds it
+        // (`embed_q`) is dropped before they load: it would add to peak RSS.
+        let output = match content.tensor_infos.contains_key("output.weight") {
+            true => Some(qt("output.weight")?),
+            false => None,
+        };
+        let lm_head = embed.lm_head(output, embed_q, spec, device)?;
         let expert_load = expert_load(&config);
         let mut blocks = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
@@ -1120,11 +1127,6 @@ impl Llama {
             });
         }
         let norm = qt("output_norm.weight")?.dequantize(device)?;
-        let output = match content.tensor_infos.contains_key("output.weight") {
-            true => Some(qt("output.weight")?),
-            false => None,
-        };
-        let lm_head = embed.lm_head(output, embed_q, spec, device)?;
         Ok(Self::assemble(
             config,
             embed,

@@ -838,6 +838,13 @@ impl Qwen35 {
         let (hd, nh) = (c.head_dim, c.num_heads);
         let embed_q = qt("token_embd.weight")?;
         let embed = Embedding::new(&embed_q, spec, device)?;
+        // The head before the layers, so that the table as the file holds it
+        // (`embed_q`) is dropped before they load: it would add to peak RSS.
+        let output = match content.tensor_infos.contains_key("output.weight") {
+            true => Some(qt("output.weight")?),
+            false => None,
+        };
+        let lm_head = embed.lm_head(output, embed_q, spec, device)?;
         let expert_load = c
             .moe
             .as_ref()
@@ -954,11 +961,6 @@ impl Qwen35 {
             c.hidden_size,
             device,
         )?;
-        let output = match content.tensor_infos.contains_key("output.weight") {
-            true => Some(qt("output.weight")?),
-            false => None,
-        };
-        let lm_head = embed.lm_head(output, embed_q, spec, device)?;
         Ok(Self::assemble(
             c,
             embed,
