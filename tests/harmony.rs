@@ -82,7 +82,10 @@ async fn a_harmony_template_as_served() {
     let (st, body) = post(&s, "/v1/chat/completions", chat(history)).await;
     assert_eq!(st, 200, "{body}");
 
-    // Output constrained to JSON is read as that JSON.
+    // Output constrained to JSON is a harmony message, its markers written
+    // as text by a model without them, and read as that JSON: the final
+    // message's as content, a forced call's as the call, whole and
+    // streamed.
     let json_reply = chat(json!({"response_format": {"type": "json_object"}, "max_tokens": 64}));
     let (st, body) = post(&s, "/v1/chat/completions", json_reply).await;
     assert_eq!(st, 200, "{body}");
@@ -90,6 +93,44 @@ async fn a_harmony_template_as_served() {
     if body["choices"][0]["finish_reason"] == "stop" {
         let value: Value = serde_json::from_str(content).unwrap_or_else(|e| panic!("{e}: {body}"));
         assert!(value.is_object(), "{body}");
+    }
+    let city = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "Current weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"enum": ["Oslo", "Paris"]}},
+                       "required": ["city"]}}}]);
+    for choice in [
+        json!("required"),
+        json!({"type": "function", "function": {"name": "get_weather"}}),
+    ] {
+        let forced = chat(json!({"tools": city, "tool_choice": choice, "max_tokens": 64}));
+        let (st, whole) = post(&s, "/v1/chat/completions", forced.clone()).await;
+        assert_eq!(st, 200, "{whole}");
+        let c = &whole["choices"][0];
+        assert_eq!(c["finish_reason"], "tool_calls", "{choice}: {whole}");
+        let calls = c["message"]["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 1, "{whole}");
+        assert_eq!(calls[0]["function"]["name"], "get_weather", "{whole}");
+        let args = calls[0]["function"]["arguments"].as_str().unwrap();
+        let parsed: Value = serde_json::from_str(args).unwrap_or_else(|e| panic!("{e}: {whole}"));
+        assert!(
+            ["Oslo", "Paris"].contains(&parsed["city"].as_str().unwrap()),
+            "{whole}"
+        );
+        assert!(!whole.to_string().contains("<|"), "{whole}");
+        let mut streamed = forced;
+        streamed["stream"] = json!(true);
+        let events = chunks(&sse(&s, "/v1/chat/completions", streamed).await);
+        let streamed_args: String = events
+            .iter()
+            .filter_map(|c| {
+                c["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].as_str()
+            })
+            .collect();
+        assert_eq!(streamed_args, args, "{choice}");
+        let finish = events
+            .iter()
+            .find_map(|c| c["choices"][0]["finish_reason"].as_str());
+        assert_eq!(finish, Some("tool_calls"), "{choice}");
     }
 
     // Anthropic's thinking: gpt-oss always thinks, so it can be enabled
@@ -168,4 +209,54 @@ async fn a_tiny_gpt_oss_speaks_through_its_markers() {
     ] {
         assert!(!t.contains("<|"), "a marker in the reply's text: {whole}");
     }
+}
+
+/// gpt-oss with `response_format`: the reply keeps harmony's messages (an
+/// analysis first if the model wants one, then the final message), so the
+/// JSON arrives as content and any analysis as reasoning, whole and
+/// streamed alike. `<|end|>` is favoured so that an analysis ends at once
+/// (the tiny model's text is random). Forced calls are served in
+/// `a_harmony_template_as_served`: with tools, the tiny model's prompt
+/// outgrows its 256 positions.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tiny_gpt_oss_answers_in_json_when_told() {
+    let gguf = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/gguf-tiny/gpt-oss-q8_0.gguf"
+    );
+    let tok = wick::load::loader::load_tokenizer(std::path::Path::new(gguf)).unwrap();
+    let end = tok.token_to_id("<|end|>").unwrap();
+    let s = Server::start(&["--model", gguf]);
+    let answer = json!({"type": "object", "properties": {"answer": {"enum": [3, 4, 5]}},
+                        "required": ["answer"]});
+    let body = json!({"messages": [{"role": "user", "content": "What is 2 + 2?"}],
+                      "max_tokens": 40, "temperature": 0,
+                      "logit_bias": {end.to_string(): 100},
+                      "response_format": {"type": "json_schema",
+                                          "json_schema": {"name": "sum", "schema": answer}}});
+    let (st, whole) = post(&s, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(st, 200, "{whole}");
+    let choice = &whole["choices"][0];
+    assert_eq!(choice["finish_reason"], "stop", "{whole}");
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    let content = text(&choice["message"]["content"]);
+    let value: Value = serde_json::from_str(&content).unwrap_or_else(|e| panic!("{e}: {whole}"));
+    assert!(
+        [3, 4, 5].contains(&value["answer"].as_i64().unwrap()),
+        "{whole}"
+    );
+    assert!(!whole.to_string().contains("<|"), "{whole}");
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    let events = sse(&s, "/v1/chat/completions", streamed).await;
+    let deltas: Vec<Value> = chunks(&events)
+        .iter()
+        .map(|c| c["choices"][0]["delta"].clone())
+        .collect();
+    let joined = |field: &str| deltas.iter().map(|d| text(&d[field])).collect::<String>();
+    assert_eq!(joined("content"), content);
+    assert_eq!(
+        joined("reasoning_content"),
+        text(&choice["message"]["reasoning_content"])
+    );
 }

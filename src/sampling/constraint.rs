@@ -70,6 +70,21 @@ pub enum Grammar {
     /// call list, or an answer, for models whose template has no tool
     /// format of its own.
     JsonOrText(Value),
+    /// A reply in gpt-oss's harmony format: an analysis message if the
+    /// model wants one, then the JSON the request asks for, in the message
+    /// it belongs in ([`crate::text::harmony`]).
+    Harmony(HarmonyReply),
+}
+
+/// Where a harmony reply's JSON goes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HarmonyReply {
+    /// The final message, valid against this schema (read as for
+    /// [`Grammar::JsonSchema`]): a `response_format`.
+    Final(Value),
+    /// One call of one of these functions, its arguments valid against the
+    /// function's parameter schema: a required or named `tool_choice`.
+    Call(Vec<(String, Value)>),
 }
 
 impl Grammar {
@@ -79,6 +94,14 @@ impl Grammar {
         let l = &LIMITS;
         match self {
             Grammar::JsonObject => Ok(()),
+            Grammar::Harmony(HarmonyReply::Final(schema)) => {
+                Grammar::JsonSchema(schema.clone()).check_limits()
+            }
+            // As the call list of a required `tool_choice` elsewhere.
+            Grammar::Harmony(HarmonyReply::Call(fns)) => {
+                let schemas = fns.iter().map(|(_, s)| s.clone()).collect();
+                Grammar::JsonSchema(Value::Array(schemas)).check_limits()
+            }
             Grammar::JsonSchema(schema) | Grammar::JsonOrText(schema) => {
                 let bytes = serde_json::to_vec(schema)?.len();
                 if bytes > l.max_bytes {
@@ -127,19 +150,19 @@ impl Grammar {
         }
     }
 
-    fn top_level(&self) -> TopLevelGrammar {
-        // JSON as Python's json.dumps writes it, not whatever whitespace the
-        // model drifts into (a schema's own x-guidance wins).
-        let guided = |mut schema: Value| {
-            if let Some(obj) = schema.as_object_mut() {
-                obj.entry("x-guidance").or_insert(serde_json::json!({
-                    "whitespace_flexible": false,
-                    "item_separator": ", ",
-                    "key_separator": ": ",
-                }));
-            }
-            schema
-        };
+    /// `self`, a JSON grammar, as a harmony reply's final message.
+    pub fn in_harmony_final(self) -> Grammar {
+        match self {
+            // Said open, stays open ([`close_schema`]).
+            Grammar::JsonObject => Grammar::Harmony(HarmonyReply::Final(
+                serde_json::json!({"type": "object", "additionalProperties": true}),
+            )),
+            Grammar::JsonSchema(schema) => Grammar::Harmony(HarmonyReply::Final(schema)),
+            other => other,
+        }
+    }
+
+    fn top_level(&self, harmony_tokens: bool) -> TopLevelGrammar {
         match self {
             Grammar::JsonObject => {
                 TopLevelGrammar::from_json_schema(guided(serde_json::json!({"type": "object"})))
@@ -154,7 +177,79 @@ impl Grammar {
                 "start: json | text\njson: %json {}\ntext: /[^\\[{{\\s](.|\\n)*/\n",
                 guided(close_schema(schema))
             )),
+            Grammar::Harmony(reply) => {
+                TopLevelGrammar::from_lark(harmony_lark(reply, harmony_tokens))
+            }
         }
+    }
+}
+
+/// JSON as Python's json.dumps writes it, not whatever whitespace the
+/// model drifts into (a schema's own x-guidance wins).
+fn guided(mut schema: Value) -> Value {
+    if let Some(obj) = schema.as_object_mut() {
+        obj.entry("x-guidance").or_insert(serde_json::json!({
+            "whitespace_flexible": false,
+            "item_separator": ", ",
+            "key_separator": ": ",
+        }));
+    }
+    schema
+}
+
+/// harmony's markers, each a special token in gpt-oss's vocabulary.
+const HARMONY_MARKERS: [&str; 7] = [
+    "<|start|>",
+    "<|channel|>",
+    "<|message|>",
+    "<|constrain|>",
+    "<|end|>",
+    "<|call|>",
+    "<|return|>",
+];
+
+/// A harmony reply as Lark over its markers: special tokens where the
+/// vocabulary has them (`tokens`), else their text, as a model without
+/// them would write it and the harmony parser reads it. The prompt ends at
+/// `<|start|>assistant`; with marker tokens an analysis message may come
+/// first, its text free (text never matches a special token, so `<|end|>`
+/// ends it; as text it could not, and there is none). A call is written in
+/// either of the header orders gpt-oss uses (its chat template's, or
+/// `<|channel|>commentary to=...`), with or without its content type.
+fn harmony_lark(reply: &HarmonyReply, tokens: bool) -> String {
+    let json = |schema: &Value| guided(close_schema(schema));
+    let reply = match reply {
+        HarmonyReply::Final(schema) => format!(
+            "<|channel|> \"final\" <|message|> %json {} <|return|>",
+            json(schema)
+        ),
+        // Function names are letters, digits, `_` and `-` (checked with
+        // the tools), nothing a Lark string must escape.
+        HarmonyReply::Call(fns) => fns
+            .iter()
+            .map(|(name, schema)| {
+                format!(
+                    "(\" to=functions.{name}\" <|channel|> \"commentary\" \
+                     | <|channel|> \"commentary to=functions.{name}\") \
+                     content_type <|message|> %json {} <|call|>",
+                    json(schema)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n    | "),
+    };
+    let rules = "content_type: (\" \" <|constrain|>? \"json\")?\n";
+    match tokens {
+        true => format!(
+            "start: analysis? ({reply})\n{rules}\
+             analysis: <|channel|> \"analysis\" <|message|> TEXT <|end|> <|start|> \"assistant\"\n\
+             TEXT: /(.|\\n)*/\n"
+        ),
+        false => HARMONY_MARKERS
+            .iter()
+            .fold(format!("start: {reply}\n{rules}"), |l, m| {
+                l.replace(m, &format!("\"{m}\""))
+            }),
     }
 }
 
@@ -162,6 +257,8 @@ impl Grammar {
 /// requests.
 pub struct ConstraintFactory {
     factory: ParserFactory,
+    /// harmony's markers are special tokens of the vocabulary.
+    harmony_tokens: bool,
 }
 
 impl ConstraintFactory {
@@ -171,6 +268,10 @@ impl ConstraintFactory {
             .first()
             .context("the tokenizer has no EOS token")?;
         let words = token_bytes(tok)?;
+        let harmony_tokens = HARMONY_MARKERS.iter().all(|m| {
+            let special = [&[TokTrie::SPECIAL_TOKEN_MARKER][..], m.as_bytes()].concat();
+            words.contains(&special)
+        });
         let info = TokRxInfo {
             tok_bos: tok.bos_id(),
             tok_pad: tok.pad_id(),
@@ -183,7 +284,10 @@ impl ConstraintFactory {
         // parser state or grammar dump in them.
         factory.quiet();
         factory.limits_mut().verbose_errors = false;
-        Ok(ConstraintFactory { factory })
+        Ok(ConstraintFactory {
+            factory,
+            harmony_tokens,
+        })
     }
 
     /// A fresh matcher for one sequence; an invalid grammar is an error
@@ -196,7 +300,9 @@ impl ConstraintFactory {
                 .name("grammar-compile".into())
                 .stack_size(COMPILE_STACK_BYTES)
                 .spawn_scoped(scope, || -> Result<Matcher> {
-                    let parser = self.factory.create_parser(grammar.top_level())?;
+                    let parser = self
+                        .factory
+                        .create_parser(grammar.top_level(self.harmony_tokens))?;
                     let mut matcher = Matcher::new(Ok(parser));
                     matcher.compute_mask_or_eos()?;
                     match matcher.get_error() {
@@ -515,6 +621,80 @@ mod tests {
         let open = json!({"type": "object", "properties": {"a": {"type": "integer"}},
                           "additionalProperties": true});
         assert!(accepts(open, r#"{"a": 1, "b": [true]}"#));
+    }
+
+    /// gpt-oss's harmony around the JSON asked for: an analysis message or
+    /// none, then the final message or one call, in its marker tokens; the
+    /// JSON valid, and nothing else.
+    #[test]
+    fn harmony_replies_keep_their_messages() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/gpt-oss-tiny/tokenizer.json"
+        );
+        let inner = tokenizers::Tokenizer::from_file(path).unwrap();
+        let ret = inner.token_to_id("<|return|>").unwrap();
+        let tok = Tokenizer::from_hf(inner, vec![ret], None, false);
+        let factory = ConstraintFactory::new(&tok).unwrap();
+        let accepts = |g: &Grammar, text: &str| {
+            let mut c = factory.compile(g).unwrap();
+            let ids = tok.inner().encode(text, false).unwrap().get_ids().to_vec();
+            c.matcher.consume_tokens(&ids).is_ok() && c.matcher.is_accepting().unwrap()
+        };
+        let a =
+            json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]});
+        let answer = Grammar::JsonSchema(a.clone()).in_harmony_final();
+        let analysis = "<|channel|>analysis<|message|>a is 1, so:\n{\"a\"<|end|><|start|>assistant";
+        for ok in [
+            "<|channel|>final<|message|>{\"a\": 1}<|return|>".to_string(),
+            format!("{analysis}<|channel|>final<|message|>{{\"a\": 1}}<|return|>"),
+        ] {
+            assert!(accepts(&answer, &ok), "{ok}");
+        }
+        for refused in [
+            "{\"a\": 1}",
+            "<|channel|>final<|message|>{\"b\": 1}<|return|>",
+            "<|channel|>final<|message|>{\"a\": 1}<|end|>",
+            "<|channel|>commentary<|message|>{\"a\": 1}<|return|>",
+            "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>analysis<|message|>b<|end|>",
+        ] {
+            assert!(!accepts(&answer, refused), "{refused}");
+        }
+        // A vocabulary without the markers (gpt-oss's template on another
+        // model) writes them as text, and no analysis.
+        assert!(accepts_grammar(
+            &answer,
+            "<|channel|>final<|message|>{\"a\": 1}<|return|>"
+        ));
+        assert!(!accepts_grammar(
+            &answer,
+            "<|channel|>final<|message|>{\"a\": 1}"
+        ));
+        let object = Grammar::JsonObject.in_harmony_final();
+        assert!(accepts(
+            &object,
+            "<|channel|>final<|message|>{\"any\": [1]}<|return|>"
+        ));
+        let city = json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]});
+        let call = Grammar::Harmony(HarmonyReply::Call(vec![
+            ("get_weather".into(), city),
+            ("add".into(), a),
+        ]));
+        for ok in [
+            " to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Oslo\"}<|call|>".to_string(),
+            format!("{analysis}<|channel|>commentary to=functions.add <|constrain|>json<|message|>{{\"a\": 2}}<|call|>"),
+            "<|channel|>commentary to=functions.add<|message|>{\"a\": 2}<|call|>".to_string(),
+        ] {
+            assert!(accepts(&call, &ok), "{ok}");
+        }
+        for refused in [
+            " to=functions.sub<|channel|>commentary json<|message|>{\"a\": 2}<|call|>",
+            " to=functions.add<|channel|>commentary json<|message|>{\"city\": \"Oslo\"}<|call|>",
+            " to=functions.add<|channel|>commentary json<|message|>{\"a\": 2}<|return|>",
+            "<|channel|>final<|message|>{\"a\": 2}<|return|>",
+        ] {
+            assert!(!accepts(&call, refused), "{refused}");
+        }
     }
 
     /// The generic tool format: a call list valid against the schema, or

@@ -19,7 +19,7 @@ use std::collections::HashSet;
 
 use serde_json::{json, Value};
 
-use crate::sampling::constraint::Grammar;
+use crate::sampling::constraint::{Grammar, HarmonyReply};
 use crate::server::error::ApiError;
 use crate::server::protocol::{ChatCompletionRequest, ToolChoice};
 use crate::server::unsupported;
@@ -245,7 +245,18 @@ pub fn plan(req: &ChatCompletionRequest, template: &str) -> Result<ToolPlan, Api
         }
         list
     };
+    // gpt-oss writes a call as a harmony message, after its analysis if it
+    // has one: the grammar keeps that form, and the harmony parser reads it.
+    let harmony = harmony::template_speaks_harmony(template);
+    let harmony_call = |fns: Vec<usize>| {
+        let fns = fns.into_iter().map(|i| (names[i].to_string(), params(i)));
+        Some(Grammar::Harmony(HarmonyReply::Call(fns.collect())))
+    };
     let grammar = match &mode {
+        ToolMode::Required if harmony => harmony_call((0..tools.len()).collect()),
+        ToolMode::Named(name) if harmony => {
+            harmony_call(names.iter().position(|n| n == name).into_iter().collect())
+        }
         ToolMode::Required => Some(Grammar::JsonSchema(calls())),
         ToolMode::Generic => Some(Grammar::JsonOrText(calls())),
         ToolMode::Named(name) => names
@@ -253,6 +264,10 @@ pub fn plan(req: &ChatCompletionRequest, template: &str) -> Result<ToolPlan, Api
             .position(|n| n == name)
             .map(|i| Grammar::JsonSchema(params(i))),
         _ => None,
+    };
+    let mode = match mode {
+        ToolMode::Required | ToolMode::Named(_) if harmony => ToolMode::Harmony,
+        other => other,
     };
     let tools_json = (!tools.is_empty())
         .then(|| serde_json::to_value(tools))
@@ -530,6 +545,38 @@ mod tests {
             );
             assert!(p.parser().is_none());
             assert_eq!(p.ids, CallIds::OpenAi);
+        }
+    }
+
+    /// `required` or a named function on a harmony template: one call, in
+    /// a harmony message the grammar lays out, read by the harmony parser.
+    #[test]
+    fn forced_calls_on_a_harmony_template() {
+        let template = "<|start|>assistant<|channel|>final<|message|>";
+        let tools = json!([
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},
+            {"type": "function", "function": {"name": "g"}},
+        ]);
+        for (choice, fns) in [
+            (json!("required"), vec!["f", "g"]),
+            (
+                json!({"type": "function", "function": {"name": "g"}}),
+                vec!["g"],
+            ),
+        ] {
+            let p = plan(
+                &request(json!({"tools": tools, "tool_choice": choice})),
+                template,
+            )
+            .unwrap();
+            assert_eq!(p.mode, ToolMode::Harmony);
+            assert!(p.parser().is_none());
+            let Some(Grammar::Harmony(HarmonyReply::Call(got))) = p.grammar else {
+                panic!("{choice}: {:?}", p.grammar);
+            };
+            let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
+            assert_eq!(names, fns, "{choice}");
+            assert!(got.iter().all(|(_, s)| s == &json!({"type": "object"})));
         }
     }
 

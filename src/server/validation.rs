@@ -77,10 +77,8 @@ pub struct GenerationPlan {
     /// leaves the model inside one. Its output is then split into
     /// reasoning and answer.
     pub reasoning: Option<bool>,
-    /// Chat with a harmony template (gpt-oss) whose output is free: the
-    /// reply is read as harmony messages (reasoning, answer and calls).
-    /// Output constrained to JSON (`response_format`, a forced call) is
-    /// read as that JSON.
+    /// Chat with a harmony template (gpt-oss): the reply is read as harmony
+    /// messages (reasoning, answer and calls), constrained or not.
     pub harmony: bool,
 }
 
@@ -344,17 +342,23 @@ impl Common<'_> {
 
     /// The grammar the output must follow: `response_format`'s, or `forced`
     /// (a tool call; `param` names its field), compiled here, off the
-    /// scheduler thread. A bad schema is the client's error.
+    /// scheduler thread. A bad schema is the client's error. In a `harmony`
+    /// reply (gpt-oss), `response_format`'s JSON is its final message.
     fn constraint(
         &self,
         forced: Option<(Grammar, &str)>,
+        harmony: bool,
         ctx: &ModelContext,
     ) -> Result<Option<Constraint>, ApiError> {
         let format = self
             .response_format
             .map(|f| response_format(f, self.names))
             .transpose()?
-            .flatten();
+            .flatten()
+            .map(|g| match harmony {
+                true => g.in_harmony_final(),
+                false => g,
+            });
         let format_name = self.names.response_format;
         let (grammar, param) = match (format, forced) {
             (None, None) => return Ok(None),
@@ -523,7 +527,7 @@ pub fn validate_completion(
         .map_or(DEFAULT_COMPLETION_MAX_TOKENS, |m| m as usize);
     let logprobs = req.logprobs.map(|k| k as usize);
     let mut params = common.params(max_tokens, logprobs, ctx)?;
-    params.constraint = common.constraint(None, ctx)?;
+    params.constraint = common.constraint(None, false, ctx)?;
     // OpenAI's echo with logprobs scores the echoed prompt as well.
     if echo {
         params.prompt_logprobs = logprobs;
@@ -690,8 +694,7 @@ pub fn validate_chat(
     let mut params = params?;
     check_context(ids.len(), max_tokens, ctx, "messages").map_err(named)?;
     let forced = tools.grammar.clone().map(|g| (g, "tool_choice"));
-    params.constraint = common.constraint(forced, ctx)?;
-    let harmony = speaks_harmony && params.constraint.is_none();
+    params.constraint = common.constraint(forced, speaks_harmony, ctx)?;
     if let Some(p) = &req.prediction {
         params.prediction = prediction(p, &params, ctx)?;
     }
@@ -708,7 +711,7 @@ pub fn validate_chat(
         tools,
         reasoning: ReasoningParser::template_thinks(template.source())
             .then(|| ReasoningParser::prompt_opens_block(&rendered)),
-        harmony,
+        harmony: speaks_harmony,
     })
 }
 

@@ -104,8 +104,8 @@ impl HarmonyParser {
                     if !end && OPENERS.iter().any(|o| o.starts_with(text)) {
                         return false;
                     }
-                    // Not harmony at all (a reply constrained to JSON, a
-                    // model off its format): answer text as it stands.
+                    // Not harmony at all (a model off its format):
+                    // answer text as it stands.
                     self.state = State::Body(Body::Content);
                     return true;
                 }
