@@ -15,6 +15,30 @@ const TEMPLATE: &str = concat!(
     "/tests/fixtures/chat_templates/openai-gpt-oss-120b.jinja"
 );
 
+/// `body` posted to chat whole and streamed: the reply, and its stream's
+/// deltas.
+async fn whole_and_streamed(s: &Server, body: Value) -> (Value, Vec<Value>) {
+    let (st, whole) = post(s, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(st, 200, "{whole}");
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    let events = sse(s, "/v1/chat/completions", streamed).await;
+    let deltas = chunks(&events)
+        .iter()
+        .map(|c| c["choices"][0]["delta"].clone())
+        .collect();
+    (whole, deltas)
+}
+
+fn text(v: &Value) -> String {
+    v.as_str().unwrap_or_default().to_string()
+}
+
+/// The deltas' `field` text, joined.
+fn joined(deltas: &[Value], field: &str) -> String {
+    deltas.iter().map(|d| text(&d[field])).collect()
+}
+
 fn weather() -> Value {
     json!([{"type": "function", "function": {
         "name": "get_weather", "description": "Current weather in a city.",
@@ -185,21 +209,15 @@ async fn a_tiny_gpt_oss_speaks_through_its_markers() {
     let s = Server::start(&["--model", gguf.to_str().unwrap()]);
     let body = json!({"messages": [{"role": "user", "content": "What is 2 + 2?"}],
                       "max_tokens": 24, "temperature": 0});
-    let (st, whole) = post(&s, "/v1/chat/completions", body.clone()).await;
-    assert_eq!(st, 200, "{whole}");
+    let (whole, deltas) = whole_and_streamed(&s, body).await;
     let message = &whole["choices"][0]["message"];
-    let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
-    let mut streamed = body;
-    streamed["stream"] = json!(true);
-    let events = sse(&s, "/v1/chat/completions", streamed).await;
-    let deltas: Vec<Value> = chunks(&events)
-        .iter()
-        .map(|c| c["choices"][0]["delta"].clone())
-        .collect();
-    let joined = |field: &str| deltas.iter().map(|d| text(&d[field])).collect::<String>();
-    assert_eq!(joined("content"), text(&message["content"]), "{whole}");
     assert_eq!(
-        joined("reasoning_content"),
+        joined(&deltas, "content"),
+        text(&message["content"]),
+        "{whole}"
+    );
+    assert_eq!(
+        joined(&deltas, "reasoning_content"),
         text(&message["reasoning_content"]),
         "{whole}"
     );
@@ -234,11 +252,9 @@ async fn a_tiny_gpt_oss_answers_in_json_when_told() {
                       "logit_bias": {end.to_string(): 100},
                       "response_format": {"type": "json_schema",
                                           "json_schema": {"name": "sum", "schema": answer}}});
-    let (st, whole) = post(&s, "/v1/chat/completions", body.clone()).await;
-    assert_eq!(st, 200, "{whole}");
+    let (whole, deltas) = whole_and_streamed(&s, body).await;
     let choice = &whole["choices"][0];
     assert_eq!(choice["finish_reason"], "stop", "{whole}");
-    let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
     let content = text(&choice["message"]["content"]);
     let value: Value = serde_json::from_str(&content).unwrap_or_else(|e| panic!("{e}: {whole}"));
     assert!(
@@ -246,17 +262,9 @@ async fn a_tiny_gpt_oss_answers_in_json_when_told() {
         "{whole}"
     );
     assert!(!whole.to_string().contains("<|"), "{whole}");
-    let mut streamed = body;
-    streamed["stream"] = json!(true);
-    let events = sse(&s, "/v1/chat/completions", streamed).await;
-    let deltas: Vec<Value> = chunks(&events)
-        .iter()
-        .map(|c| c["choices"][0]["delta"].clone())
-        .collect();
-    let joined = |field: &str| deltas.iter().map(|d| text(&d[field])).collect::<String>();
-    assert_eq!(joined("content"), content);
+    assert_eq!(joined(&deltas, "content"), content);
     assert_eq!(
-        joined("reasoning_content"),
+        joined(&deltas, "reasoning_content"),
         text(&choice["message"]["reasoning_content"])
     );
 }
