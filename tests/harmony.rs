@@ -118,6 +118,22 @@ async fn a_harmony_template_as_served() {
         let value: Value = serde_json::from_str(content).unwrap_or_else(|e| panic!("{e}: {body}"));
         assert!(value.is_object(), "{body}");
     }
+    // Offered tools with a format: the call or the answer.
+    let either = chat(json!({"tools": weather(), "max_tokens": 64,
+                             "response_format": {"type": "json_object"}}));
+    let (st, body) = post(&s, "/v1/chat/completions", either).await;
+    assert_eq!(st, 200, "{body}");
+    let c = &body["choices"][0];
+    if c["finish_reason"] == "stop" {
+        let content = c["message"]["content"].as_str().unwrap();
+        let value: Value = serde_json::from_str(content).unwrap_or_else(|e| panic!("{e}: {body}"));
+        assert!(value.is_object(), "{body}");
+    } else if c["finish_reason"] == "tool_calls" {
+        assert_eq!(
+            c["message"]["tool_calls"][0]["function"]["name"],
+            "get_weather"
+        );
+    }
     let city = json!([{"type": "function", "function": {"name": "get_weather",
         "description": "Current weather in a city.",
         "parameters": {"type": "object", "properties": {"city": {"enum": ["Oslo", "Paris"]}},

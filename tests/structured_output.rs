@@ -357,6 +357,78 @@ async fn auto_tools_without_a_template_format_answer_in_text() {
     assert!(grew >= 25, "the replayed turns added {grew} tokens");
 }
 
+/// Tools offered (`auto`) with a `response_format`, as agent frameworks
+/// send them (openai-agents' `output_type`, pydantic-ai's `NativeOutput`):
+/// the reply is a call of a tool or the answer in the format's schema,
+/// sampled hot, whole and streamed. A forced call with a format is
+/// refused: each would decide the reply.
+#[tokio::test(flavor = "multi_thread")]
+async fn auto_tools_with_a_response_format_call_or_answer_in_its_schema() {
+    let s = Server::start(&[]);
+    let format = json!({"type": "json_schema",
+                        "json_schema": {"name": "person", "schema": person_schema()}});
+    for seed in 0..4 {
+        let body = ask(
+            json!({"seed": seed, "tools": tools(), "response_format": format,
+                              "parallel_tool_calls": false}),
+        );
+        let (st, r) = post(&s, "/v1/chat/completions", body.clone()).await;
+        assert_eq!(st, 200, "{r}");
+        let c = &r["choices"][0];
+        match c["message"]["tool_calls"].as_array() {
+            Some(calls) => {
+                assert_eq!(c["finish_reason"], "tool_calls", "{r}");
+                for call in calls {
+                    let args = call["function"]["arguments"].as_str().unwrap();
+                    let args = serde_json::from_str(args).unwrap_or_else(|e| panic!("{e}: {r}"));
+                    assert_call_valid(call["function"]["name"].as_str().unwrap(), &args);
+                }
+            }
+            None => {
+                assert_eq!(c["finish_reason"], "stop", "{r}");
+                let text = c["message"]["content"].as_str().unwrap();
+                assert_person(&serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {r}")));
+            }
+        }
+        let mut streamed = body;
+        streamed["stream"] = json!(true);
+        let events = sse(&s, "/v1/chat/completions", streamed).await;
+        let (text, finish) = streamed_content(&events);
+        if finish == "stop" {
+            assert_person(&serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")));
+        } else {
+            assert_eq!((text.as_str(), finish.as_str()), ("", "tool_calls"));
+        }
+    }
+    // The Responses API's `text.format` beside function tools.
+    let add = &tools()[1]["function"];
+    let responses = json!({"input": "Describe a person.", "max_output_tokens": 120,
+        "temperature": 1.0, "parallel_tool_calls": false,
+        "tools": [{"type": "function", "name": "add", "parameters": add["parameters"]}],
+        "text": {"format": {"type": "json_schema", "name": "person", "schema": person_schema()}}});
+    let (st, r) = post(&s, "/v1/responses", responses).await;
+    assert_eq!(st, 200, "{r}");
+    let item = r["output"].as_array().unwrap().last().unwrap().clone();
+    match item["type"].as_str() {
+        Some("function_call") => assert_call_valid(
+            "add",
+            &serde_json::from_str(item["arguments"].as_str().unwrap()).unwrap(),
+        ),
+        _ => assert_person(
+            &serde_json::from_str(item["content"][0]["text"].as_str().unwrap())
+                .unwrap_or_else(|e| panic!("{e}: {r}")),
+        ),
+    }
+    let forced =
+        ask(json!({"tools": tools(), "tool_choice": "required", "response_format": format}));
+    let (st, r) = post(&s, "/v1/chat/completions", forced).await;
+    assert_eq!(
+        (st, r["error"]["param"].clone()),
+        (400, json!("response_format")),
+        "{r}"
+    );
+}
+
 /// A greedy row without a grammar gives the same tokens alone as beside
 /// rows under one.
 #[tokio::test(flavor = "multi_thread")]

@@ -70,21 +70,26 @@ pub enum Grammar {
     /// call list, or an answer, for models whose template has no tool
     /// format of its own.
     JsonOrText(Value),
+    /// Either a JSON value valid against the first schema (a call list,
+    /// as for `JsonOrText`) or one valid against the second (the answer a
+    /// `response_format` asks for), both read as for `JsonSchema`.
+    CallsOrJson(Value, Value),
     /// A reply in gpt-oss's harmony format: an analysis message if the
     /// model wants one, then the JSON the request asks for, in the message
     /// it belongs in ([`crate::text::harmony`]).
     Harmony(HarmonyReply),
 }
 
-/// Where a harmony reply's JSON goes.
+/// What a constrained harmony reply may end in: a final message of JSON,
+/// a call, or either.
 #[derive(Debug, Clone, PartialEq)]
-pub enum HarmonyReply {
-    /// The final message, valid against this schema (read as for
-    /// [`Grammar::JsonSchema`]): a `response_format`.
-    Final(Value),
-    /// One call of one of these functions, its arguments valid against the
-    /// function's parameter schema: a required or named `tool_choice`.
-    Call(Vec<(String, Value)>),
+pub struct HarmonyReply {
+    /// The final message's schema (read as for [`Grammar::JsonSchema`]): a
+    /// `response_format`. None: the reply must be a call.
+    pub answer: Option<Value>,
+    /// Functions the reply may call instead, one call, its arguments valid
+    /// against the function's parameter schema.
+    pub calls: Vec<(String, Value)>,
 }
 
 impl Grammar {
@@ -94,13 +99,18 @@ impl Grammar {
         let l = &LIMITS;
         match self {
             Grammar::JsonObject => Ok(()),
-            Grammar::Harmony(HarmonyReply::Final(schema)) => {
-                Grammar::JsonSchema(schema.clone()).check_limits()
+            Grammar::CallsOrJson(calls, answer) => {
+                Grammar::JsonSchema(Value::Array(vec![calls.clone(), answer.clone()]))
+                    .check_limits()
             }
-            // As the call list of a required `tool_choice` elsewhere.
-            Grammar::Harmony(HarmonyReply::Call(fns)) => {
-                let schemas = fns.iter().map(|(_, s)| s.clone()).collect();
-                Grammar::JsonSchema(Value::Array(schemas)).check_limits()
+            // All schemas at once, as the call list of a required
+            // `tool_choice` elsewhere.
+            Grammar::Harmony(reply) => {
+                let schemas = reply
+                    .answer
+                    .iter()
+                    .chain(reply.calls.iter().map(|(_, s)| s));
+                Grammar::JsonSchema(Value::Array(schemas.cloned().collect())).check_limits()
             }
             Grammar::JsonSchema(schema) | Grammar::JsonOrText(schema) => {
                 let bytes = serde_json::to_vec(schema)?.len();
@@ -150,15 +160,15 @@ impl Grammar {
         }
     }
 
-    /// `self`, a JSON grammar, as a harmony reply's final message.
-    pub fn in_harmony_final(self) -> Grammar {
+    /// The schema of a `response_format`'s grammar (`JsonObject` or
+    /// `JsonSchema`), to join with calls; None for any other.
+    pub fn answer_schema(&self) -> Option<Value> {
         match self {
             // Said open, stays open ([`close_schema`]).
-            Grammar::JsonObject => Grammar::Harmony(HarmonyReply::Final(
-                serde_json::json!({"type": "object", "additionalProperties": true}),
-            )),
-            Grammar::JsonSchema(schema) => Grammar::Harmony(HarmonyReply::Final(schema)),
-            other => other,
+            Grammar::JsonObject => Some(serde_json::json!({"type": "object",
+                                                            "additionalProperties": true})),
+            Grammar::JsonSchema(schema) => Some(schema.clone()),
+            _ => None,
         }
     }
 
@@ -176,6 +186,11 @@ impl Grammar {
             Grammar::JsonOrText(schema) => TopLevelGrammar::from_lark(format!(
                 "start: json | text\njson: %json {}\ntext: /[^\\[{{\\s](.|\\n)*/\n",
                 guided(close_schema(schema))
+            )),
+            Grammar::CallsOrJson(calls, answer) => TopLevelGrammar::from_lark(format!(
+                "start: calls | answer\ncalls: %json {}\nanswer: %json {}\n",
+                guided(close_schema(calls)),
+                guided(close_schema(answer))
             )),
             Grammar::Harmony(reply) => {
                 TopLevelGrammar::from_lark(harmony_lark(reply, harmony_tokens))
@@ -218,26 +233,23 @@ const HARMONY_MARKERS: [&str; 7] = [
 /// `<|channel|>commentary to=...`), with or without its content type.
 fn harmony_lark(reply: &HarmonyReply, tokens: bool) -> String {
     let json = |schema: &Value| guided(close_schema(schema));
-    let reply = match reply {
-        HarmonyReply::Final(schema) => format!(
+    let answer = reply.answer.iter().map(|schema| {
+        format!(
             "<|channel|> \"final\" <|message|> %json {} <|return|>",
             json(schema)
-        ),
-        // Function names are letters, digits, `_` and `-` (checked with
-        // the tools), nothing a Lark string must escape.
-        HarmonyReply::Call(fns) => fns
-            .iter()
-            .map(|(name, schema)| {
-                format!(
-                    "(\" to=functions.{name}\" <|channel|> \"commentary\" \
-                     | <|channel|> \"commentary to=functions.{name}\") \
-                     content_type <|message|> %json {} <|call|>",
-                    json(schema)
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("\n    | "),
-    };
+        )
+    });
+    // Function names are letters, digits, `_` and `-` (checked with the
+    // tools), nothing a Lark string must escape.
+    let calls = reply.calls.iter().map(|(name, schema)| {
+        format!(
+            "(\" to=functions.{name}\" <|channel|> \"commentary\" \
+             | <|channel|> \"commentary to=functions.{name}\") \
+             content_type <|message|> %json {} <|call|>",
+            json(schema)
+        )
+    });
+    let reply = answer.chain(calls).collect::<Vec<_>>().join("\n    | ");
     let rules = "content_type: (\" \" <|constrain|>? \"json\")?\n";
     match tokens {
         true => format!(
@@ -643,7 +655,10 @@ mod tests {
         };
         let a =
             json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]});
-        let answer = Grammar::JsonSchema(a.clone()).in_harmony_final();
+        let answer = Grammar::Harmony(HarmonyReply {
+            answer: Some(a.clone()),
+            calls: Vec::new(),
+        });
         let analysis = "<|channel|>analysis<|message|>a is 1, so:\n{\"a\"<|end|><|start|>assistant";
         for ok in [
             "<|channel|>final<|message|>{\"a\": 1}<|return|>".to_string(),
@@ -670,16 +685,37 @@ mod tests {
             &answer,
             "<|channel|>final<|message|>{\"a\": 1}"
         ));
-        let object = Grammar::JsonObject.in_harmony_final();
+        let object = Grammar::Harmony(HarmonyReply {
+            answer: Grammar::JsonObject.answer_schema(),
+            calls: Vec::new(),
+        });
         assert!(accepts(
             &object,
             "<|channel|>final<|message|>{\"any\": [1]}<|return|>"
         ));
         let city = json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]});
-        let call = Grammar::Harmony(HarmonyReply::Call(vec![
-            ("get_weather".into(), city),
-            ("add".into(), a),
-        ]));
+        let call = Grammar::Harmony(HarmonyReply {
+            answer: None,
+            calls: vec![
+                ("get_weather".into(), city.clone()),
+                ("add".into(), a.clone()),
+            ],
+        });
+        // Either, as `auto` tools with a `response_format` ask.
+        let either = Grammar::Harmony(HarmonyReply {
+            answer: Some(a.clone()),
+            calls: vec![("get_weather".into(), city)],
+        });
+        for ok in [
+            "<|channel|>final<|message|>{\"a\": 1}<|return|>",
+            "<|channel|>commentary to=functions.get_weather<|message|>{\"city\": \"Oslo\"}<|call|>",
+        ] {
+            assert!(accepts(&either, ok), "{ok}");
+        }
+        assert!(!accepts(
+            &either,
+            "<|channel|>final<|message|>{\"city\": \"Oslo\"}<|return|>"
+        ));
         for ok in [
             " to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Oslo\"}<|call|>".to_string(),
             format!("{analysis}<|channel|>commentary to=functions.add <|constrain|>json<|message|>{{\"a\": 2}}<|call|>"),
@@ -706,6 +742,22 @@ mod tests {
                            "parameters": {"type": "object",
                                "properties": {"a": {"type": "integer"}}, "required": ["a"]}},
             "required": ["name", "parameters"]}});
+        // With a `response_format`: the calls, or the answer it asks for.
+        let answer = json!({"type": "object", "properties": {"sum": {"type": "integer"}},
+                            "required": ["sum"]});
+        let or_json = Grammar::CallsOrJson(calls.clone(), answer);
+        assert!(accepts_grammar(
+            &or_json,
+            r#"[{"name": "add", "parameters": {"a": 2}}]"#
+        ));
+        assert!(accepts_grammar(&or_json, r#"{"sum": 5}"#));
+        for refused in [
+            "Five.",
+            r#"{"a": 2}"#,
+            r#"[{"name": "sub", "parameters": {"a": 2}}]"#,
+        ] {
+            assert!(!accepts_grammar(&or_json, refused), "{refused}");
+        }
         let g = Grammar::JsonOrText(calls);
         assert!(accepts_grammar(
             &g,

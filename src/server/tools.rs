@@ -60,6 +60,10 @@ pub struct ToolPlan {
     /// The request used the deprecated `functions`: the reply is a
     /// `function_call`.
     pub legacy: bool,
+    /// The template speaks harmony (gpt-oss).
+    pub harmony: bool,
+    /// The tools' names and parameter schemas.
+    pub functions: Vec<(String, Value)>,
 }
 
 /// How call ids look. Mistral's templates refuse any id that is not 9
@@ -101,7 +105,49 @@ impl ToolPlan {
             grammar: None,
             ids: CallIds::OpenAi,
             legacy: false,
+            harmony: false,
+            functions: Vec::new(),
         }
+    }
+
+    /// What the reply is constrained to when the request also sets
+    /// `response_format` (`format`, its field `format_name`): the JSON it
+    /// asks for, or, where tools are offered with `auto`, a call or that
+    /// JSON (the generic format's call list or answer, harmony's call or
+    /// final message). A forced call (`required`, named) already decides
+    /// the reply, so the two are refused together. The grammar comes with
+    /// the field to blame for it.
+    pub fn grammar_with<'a>(
+        &self,
+        format: Option<Grammar>,
+        format_name: &'a str,
+    ) -> Result<Option<(Grammar, &'a str)>, ApiError> {
+        let Some(format) = format else {
+            return Ok(self.grammar.clone().map(|g| (g, "tool_choice")));
+        };
+        let answer = format.answer_schema();
+        let combined = match (&self.grammar, answer) {
+            (Some(Grammar::JsonOrText(calls)), Some(answer)) => {
+                Grammar::CallsOrJson(calls.clone(), answer)
+            }
+            (Some(_), _) => {
+                return Err(ApiError::bad_request(
+                    format!(
+                    "{format_name} cannot be combined with tool_choice: both constrain the output"
+                ),
+                    Some(format_name),
+                ))
+            }
+            (None, Some(answer)) if self.harmony => Grammar::Harmony(HarmonyReply {
+                answer: Some(answer),
+                calls: match self.mode {
+                    ToolMode::Harmony => self.functions.clone(),
+                    _ => Vec::new(),
+                },
+            }),
+            (None, _) => format,
+        };
+        Ok(Some((combined, format_name)))
     }
 
     /// A reader of one choice's reply, when it may hold calls.
@@ -248,15 +294,24 @@ pub fn plan(req: &ChatCompletionRequest, template: &str) -> Result<ToolPlan, Api
     // gpt-oss writes a call as a harmony message, after its analysis if it
     // has one: the grammar keeps that form, and the harmony parser reads it.
     let harmony = harmony::template_speaks_harmony(template);
-    let harmony_call = |fns: Vec<usize>| {
-        let fns = fns.into_iter().map(|i| (names[i].to_string(), params(i)));
-        Some(Grammar::Harmony(HarmonyReply::Call(fns.collect())))
+    let functions: Vec<(String, Value)> = (0..tools.len())
+        .map(|i| (names[i].to_string(), params(i)))
+        .collect();
+    let harmony_call = |calls: Vec<(String, Value)>| {
+        Some(Grammar::Harmony(HarmonyReply {
+            answer: None,
+            calls,
+        }))
     };
     let grammar = match &mode {
-        ToolMode::Required if harmony => harmony_call((0..tools.len()).collect()),
-        ToolMode::Named(name) if harmony => {
-            harmony_call(names.iter().position(|n| n == name).into_iter().collect())
-        }
+        ToolMode::Required if harmony => harmony_call(functions.clone()),
+        ToolMode::Named(name) if harmony => harmony_call(
+            functions
+                .iter()
+                .filter(|(n, _)| n == name)
+                .cloned()
+                .collect(),
+        ),
         ToolMode::Required => Some(Grammar::JsonSchema(calls())),
         ToolMode::Generic => Some(Grammar::JsonOrText(calls())),
         ToolMode::Named(name) => names
@@ -280,6 +335,8 @@ pub fn plan(req: &ChatCompletionRequest, template: &str) -> Result<ToolPlan, Api
         grammar,
         ids: CallIds::for_template(template),
         legacy: false,
+        harmony,
+        functions,
     })
 }
 
@@ -571,7 +628,11 @@ mod tests {
             .unwrap();
             assert_eq!(p.mode, ToolMode::Harmony);
             assert!(p.parser().is_none());
-            let Some(Grammar::Harmony(HarmonyReply::Call(got))) = p.grammar else {
+            let Some(Grammar::Harmony(HarmonyReply {
+                answer: None,
+                calls: got,
+            })) = p.grammar
+            else {
                 panic!("{choice}: {:?}", p.grammar);
             };
             let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();

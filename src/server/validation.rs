@@ -340,38 +340,27 @@ impl Common<'_> {
         Ok(params)
     }
 
-    /// The grammar the output must follow: `response_format`'s, or `forced`
-    /// (a tool call; `param` names its field), compiled here, off the
-    /// scheduler thread. A bad schema is the client's error. In a `harmony`
-    /// reply (gpt-oss), `response_format`'s JSON is its final message.
+    /// The grammar the output must follow: `response_format`'s, a chat's
+    /// `tools` plan's, or both joined ([`ToolPlan::grammar_with`]),
+    /// compiled here, off the scheduler thread. A bad schema is the
+    /// client's error.
     fn constraint(
         &self,
-        forced: Option<(Grammar, &str)>,
-        harmony: bool,
+        tools: Option<&ToolPlan>,
         ctx: &ModelContext,
     ) -> Result<Option<Constraint>, ApiError> {
         let format = self
             .response_format
             .map(|f| response_format(f, self.names))
             .transpose()?
-            .flatten()
-            .map(|g| match harmony {
-                true => g.in_harmony_final(),
-                false => g,
-            });
+            .flatten();
         let format_name = self.names.response_format;
-        let (grammar, param) = match (format, forced) {
-            (None, None) => return Ok(None),
-            (Some(_), Some((_, param))) => {
-                return Err(ApiError::bad_request(
-                    format!(
-                    "response_format cannot be combined with {param}: both constrain the output"
-                ),
-                    Some(format_name),
-                ))
-            }
-            (Some(g), None) => (g, format_name),
-            (None, Some((g, param))) => (g, param),
+        let planned = match tools {
+            Some(plan) => plan.grammar_with(format, format_name)?,
+            None => format.map(|g| (g, format_name)),
+        };
+        let Some((grammar, param)) = planned else {
+            return Ok(None);
         };
         // The grammar decides where the output ends.
         for (field, set) in [
@@ -527,7 +516,7 @@ pub fn validate_completion(
         .map_or(DEFAULT_COMPLETION_MAX_TOKENS, |m| m as usize);
     let logprobs = req.logprobs.map(|k| k as usize);
     let mut params = common.params(max_tokens, logprobs, ctx)?;
-    params.constraint = common.constraint(None, false, ctx)?;
+    params.constraint = common.constraint(None, ctx)?;
     // OpenAI's echo with logprobs scores the echoed prompt as well.
     if echo {
         params.prompt_logprobs = logprobs;
@@ -693,8 +682,7 @@ pub fn validate_chat(
     }
     let mut params = params?;
     check_context(ids.len(), max_tokens, ctx, "messages").map_err(named)?;
-    let forced = tools.grammar.clone().map(|g| (g, "tool_choice"));
-    params.constraint = common.constraint(forced, speaks_harmony, ctx)?;
+    params.constraint = common.constraint(Some(&tools), ctx)?;
     if let Some(p) = &req.prediction {
         params.prediction = prediction(p, &params, ctx)?;
     }
