@@ -97,12 +97,16 @@ fn keep_freed_memory() {
     }
 }
 
-/// Logs to stderr; `RUST_LOG` overrides `default_filter`.
+/// Logs to stderr; `RUST_LOG` overrides `default_filter`. Coloured only
+/// on a terminal, and not where `NO_COLOR` is set (no-color.org).
 fn init_logging(default_filter: &str, format: LogFormat) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| default_filter.into());
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
     let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal() && !no_color)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => fmt.init(),

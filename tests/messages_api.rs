@@ -292,6 +292,37 @@ async fn a_tool_round_trip() {
     }
 }
 
+/// A forced call cut off by `max_tokens`: `stop_reason` says so and the
+/// `tool_use` block's `input` is still an object, as Anthropic's type (and
+/// the AI SDK) requires. A tool asking for eager
+/// input streaming, as the AI SDK sends it, is served.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cut_off_call_still_has_an_object_input() {
+    let s = Server::start(&[]);
+    let mut tools = weather_tool();
+    tools[0]["eager_input_streaming"] = json!(true);
+    let body = json!({"max_tokens": 4, "temperature": 0, "tools": tools,
+                      "tool_choice": {"type": "tool", "name": "get_weather"},
+                      "messages": [{"role": "user", "content": "Weather in Paris?"}]});
+    let (st, r) = post(&s, body.clone()).await;
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(r["stop_reason"], "max_tokens", "{r}");
+    assert_eq!(r["content"][0]["type"], "tool_use", "{r}");
+    assert!(r["content"][0]["input"].is_object(), "{r}");
+    // Streamed, the block opens with an object and the deltas stop where
+    // the tokens did, as Anthropic's do.
+    let events = stream(&s, body).await;
+    let start = events
+        .iter()
+        .find(|(e, _)| e == "content_block_start")
+        .unwrap();
+    assert!(start.1["content_block"]["input"].is_object(), "{events:?}");
+    assert_eq!(
+        events[events.len() - 2].1["delta"]["stop_reason"],
+        "max_tokens"
+    );
+}
+
 /// A template that thinks: the thinking comes back as a `thinking` block
 /// before the text, whole and streamed (`thinking_delta`s).
 #[tokio::test(flavor = "multi_thread")]

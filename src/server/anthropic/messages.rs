@@ -148,6 +148,10 @@ pub struct Tool {
     pub kind: Option<String>,
     /// As chat's `strict`: forced calls follow the schema whatever it says.
     pub strict: Option<bool>,
+    /// Fine-grained tool streaming (the AI SDK sends it): the input
+    /// streams as `input_json_delta`s as it is generated, which wick does
+    /// for every tool.
+    pub eager_input_streaming: Option<bool>,
     pub cache_control: Option<Value>,
     #[serde(flatten)]
     pub unknown: UnknownFields,

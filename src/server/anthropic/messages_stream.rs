@@ -388,9 +388,13 @@ impl Render for Blocks {
             StreamEvent::ContentBlockStop { index } => {
                 if let ContentBlock::ToolUse { input, .. } = &mut content[index] {
                     let text = std::mem::take(&mut json[index]);
-                    // Arguments cut off by max_tokens stay as the model wrote them.
+                    // `input` is an object in Anthropic's type, so arguments
+                    // cut off by max_tokens (`stop_reason` says so) are `{}`.
                     if !text.trim().is_empty() {
-                        *input = serde_json::from_str(&text).unwrap_or(Value::String(text));
+                        *input = serde_json::from_str(&text)
+                            .ok()
+                            .filter(Value::is_object)
+                            .unwrap_or_else(|| Value::Object(Default::default()));
                     }
                 }
             }
