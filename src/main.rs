@@ -114,6 +114,18 @@ fn init_logging(default_filter: &str, format: LogFormat) {
     }
 }
 
+/// `--help` as `-h`: one line an option, their value lists inline (the
+/// details are in docs/deploy.md), under the subcommands too.
+fn short_help(cmd: clap::Command) -> clap::Command {
+    let help = clap::Arg::new("help")
+        .short('h')
+        .long("help")
+        .help("Print help")
+        .action(clap::ArgAction::HelpShort);
+    let with_help = |c: clap::Command| c.disable_help_flag(true).arg(help.clone());
+    with_help(cmd).mut_subcommands(with_help)
+}
+
 /// Errors print on one line, causes joined by `: `; the full chain and
 /// backtrace only when RUST_BACKTRACE asks for them.
 fn main() -> std::process::ExitCode {
@@ -131,7 +143,7 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> anyhow::Result<()> {
-    let matches = Cli::command().get_matches();
+    let matches = short_help(Cli::command()).get_matches();
     let command = Cli::from_arg_matches(&matches)?.command;
     // serve sets up its own logging, from its options.
     if !matches!(command, Command::Serve(_)) {

@@ -17,35 +17,27 @@ use crate::models::linear::WeightFormat;
 use crate::quant::Kernel;
 
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Model")]
 pub struct ModelArgs {
-    /// A GGUF file, a Hugging Face checkpoint directory, or a hub repo id
-    /// (ORG/NAME) found in the Hugging Face cache. Without it wick uses
-    /// SmolLM2-135M-Instruct Q4_1, fetching it into its cache ($WICK_HOME,
-    /// else ~/.cache/wick) on first use.
+    /// A GGUF file, a checkpoint directory or a cached hub repo (default: SmolLM2-135M).
     #[arg(long, env = "WICK_MODEL")]
     pub model: Option<String>,
     /// How weights are held and multiplied.
     #[arg(long, value_enum, default_value_t = WeightFormat::Native, env = "WICK_WEIGHTS")]
     pub weights: WeightFormat,
-    /// Which CPU code path multiplies weights held on wick's own kernels:
-    /// the fastest this CPU runs, or a named one (generic runs anywhere).
+    /// CPU code path for wick's kernels (generic runs anywhere).
     #[arg(long, value_enum, default_value_t = Kernel::Auto, env = "WICK_CPU_KERNEL")]
     pub cpu_kernel: Kernel,
-    /// Dtype of safetensors weights (Hugging Face checkpoints).
+    /// Dtype of a checkpoint's safetensors weights.
     #[arg(long, value_enum, default_value_t = WeightDtype::F32, env = "WICK_DTYPE")]
     pub dtype: WeightDtype,
-    /// A Jinja chat template file, used instead of the model's own (or where
-    /// it has none, e.g. GPT-2).
+    /// A Jinja chat template file, instead of the model's own.
     #[arg(long, env = "WICK_CHAT_TEMPLATE")]
     pub chat_template: Option<PathBuf>,
     /// cpu, or cuda[:N] in a build with the `cuda` feature.
     #[arg(long, default_value = "cpu", env = "WICK_DEVICE")]
     pub device: String,
-    /// A smaller model sharing the tokenizer (a GGUF file, a checkpoint
-    /// directory or a cached hub repo id) that drafts decode rows' next
-    /// tokens greedily, for the model to verify in one pass (speculative
-    /// decoding); output is unchanged. Its KV pool is a quarter of
-    /// --kv-cache-memory (of 512 MiB when that is unset).
+    /// A smaller model, same tokenizer, to draft tokens (speculative decoding).
     #[arg(long, env = "WICK_DRAFT_MODEL")]
     pub draft_model: Option<String>,
     #[command(flatten)]
@@ -53,16 +45,12 @@ pub struct ModelArgs {
 }
 
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Engine")]
 pub struct EngineArgs {
-    /// Memory for the paged KV cache, in MiB. Default: 512 on the CPU; on a
-    /// GPU, what --gpu-memory-utilization leaves once the weights are loaded
-    /// and room for activations is kept. Set, it wins on any device.
+    /// Memory for the paged KV cache, in MiB (CPU default: 512).
     #[arg(long, env = "WICK_KV_CACHE_MEMORY")]
     pub kv_cache_memory: Option<usize>,
-    /// Fraction of the GPU's total memory wick may use in all (weights,
-    /// activations and KV cache), as vLLM's option: it sizes the KV cache
-    /// where --kv-cache-memory is unset. Above 0, at most 1; unused on the
-    /// CPU.
+    /// Share of the GPU's memory wick may use in all.
     #[arg(
         long,
         default_value_t = 0.9,
@@ -76,16 +64,10 @@ pub struct EngineArgs {
     /// Most sequences decoded together.
     #[arg(long, default_value_t = 256, env = "WICK_MAX_NUM_SEQS")]
     pub max_num_seqs: usize,
-    /// Most tokens (prefill chunks plus decode rows) in one forward pass:
-    /// the hard cap under --max-step-slowdown.
+    /// Most tokens in one forward pass.
     #[arg(long, default_value_t = 512, env = "WICK_MAX_NUM_BATCHED_TOKENS")]
     pub max_num_batched_tokens: usize,
-    /// Most a step that carries prompt tokens may take, as a multiple of a
-    /// decode-only step of the running batch (measured as wick runs): decode
-    /// rows go first and prompt chunks fill what this leaves, at least a
-    /// sixteenth of --max-num-batched-tokens a step. Higher: sooner first
-    /// tokens, longer stalls of running streams. 0: no bound but
-    /// --max-num-batched-tokens.
+    /// Most a prefill-carrying step may take, in decode-only steps (0: no bound).
     #[arg(
         long,
         default_value_t = DEFAULT_MAX_STEP_SLOWDOWN,
@@ -93,20 +75,13 @@ pub struct EngineArgs {
         value_parser = parse_slowdown,
     )]
     pub max_step_slowdown: f64,
-    /// Threads for the model's kernels, sampling and grammar masks (wick's
-    /// rayon pool). Default: the physical cores wick may run on (fewer
-    /// where a CPU quota or affinity mask allows fewer), or
-    /// RAYON_NUM_THREADS where that is set.
+    /// Threads for kernels, sampling and grammar masks (default: physical cores).
     #[arg(long, env = "WICK_THREADS", value_parser = parse_threads)]
     pub threads: Option<usize>,
-    /// How K/V are cached; default f32 for f32 weights, else f16. int8
-    /// (per token and head, CPU only) takes about half f16's memory and
-    /// bandwidth, which speeds up decoding many streams.
+    /// How K/V are cached (default: f16, or f32 for f32 weights).
     #[arg(long, value_enum, env = "WICK_KV_CACHE_DTYPE")]
     pub kv_cache_dtype: Option<KvDtype>,
-    /// Compute every prompt in full instead of reusing the cached K/V of a
-    /// prefix seen before (automatic prefix caching is on by default).
-    /// Also `--no-prefix-caching=false` (how a config file states it).
+    /// Compute every prompt in full (no prefix caching).
     #[arg(
         long,
         env = "WICK_NO_PREFIX_CACHING",
@@ -117,16 +92,10 @@ pub struct EngineArgs {
         value_parser = clap::builder::BoolishValueParser::new(),
     )]
     pub no_prefix_caching: bool,
-    /// Speculative decoding: `ngram` drafts each decode row's next tokens
-    /// by prompt lookup (what followed the last few tokens where they last
-    /// occurred in the prompt or output) and verifies them in the same
-    /// forward pass. Output is what decoding without it gives; text that
-    /// repeats its context (edits, code, quotes) comes faster.
+    /// Speculative decoding: `ngram` drafts by prompt lookup.
     #[arg(long, value_enum, default_value_t = SpecMethod::None, env = "WICK_SPECULATIVE")]
     pub speculative: SpecMethod,
-    /// Most tokens drafted for one sequence in one step. Each step drafts
-    /// fewer, or none, as a sequence's drafts have been rejected and as the
-    /// batch grows: only what is expected to pay for its rows.
+    /// Most tokens drafted for one sequence in one step.
     #[arg(long, default_value_t = Speculation::default().max_draft, env = "WICK_NUM_SPECULATIVE_TOKENS", value_parser = parse_positive)]
     pub num_speculative_tokens: usize,
     /// Longest run of last tokens prompt lookup matches.

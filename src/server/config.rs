@@ -13,62 +13,48 @@ use crate::cli::ModelArgs;
 use crate::engine::pooling::Pooling;
 
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Server")]
 pub struct ServeArgs {
-    #[command(flatten)]
-    pub model: ModelArgs,
-    /// Address to bind; 0.0.0.0 exposes the server to the network.
+    /// Address to bind (0.0.0.0: the network).
     #[arg(long, default_value = "127.0.0.1", env = "WICK_HOST")]
     pub host: String,
+    /// Port to listen on.
     #[arg(long, default_value_t = 8000, env = "WICK_PORT")]
     pub port: u16,
-    /// A TOML file of these options (keys are the long names with
-    /// underscores); the command line and environment override it.
+    /// A TOML file of these options; command line and environment win.
     #[arg(long, env = "WICK_CONFIG")]
     pub config: Option<PathBuf>,
-    /// The model's names, as vLLM's option: clients may send any of them
-    /// as `model`; the first is what responses and the metrics' label say.
-    /// Repeat for several; WICK_SERVED_MODEL_NAME takes a comma-separated
-    /// list. Default: the model file's stem.
+    /// Names clients may send as `model` (the first is reported); repeatable.
     #[arg(long, env = "WICK_SERVED_MODEL_NAME", value_delimiter = ',')]
     pub served_model_name: Vec<String>,
-    /// Longest context (prompt plus completion tokens) a request may use,
-    /// below the model's own: it bounds what each sequence may take of the
-    /// KV pool. A value past the model's context is refused at start.
+    /// Longest context a request may use, below the model's own.
     #[arg(long, env = "WICK_MAX_MODEL_LEN")]
     pub max_model_len: Option<usize>,
-    /// Most sequences queued beyond the free batch slots; a request that
-    /// would queue more gets 503.
+    /// Most sequences queued beyond the batch; past it, 503.
     #[arg(long, default_value_t = 1024, env = "WICK_MAX_WAITING")]
     pub max_waiting: usize,
-    /// Largest request body in bytes; beyond it requests get 413.
+    /// Largest request body in bytes; past it, 413.
     #[arg(long, default_value_t = 8 << 20, env = "WICK_MAX_BODY_BYTES")]
     pub max_body_bytes: usize,
-    /// Largest request line plus headers in bytes; beyond it requests get 431.
+    /// Largest request line plus headers in bytes; past it, 431.
     #[arg(long, default_value_t = 32 << 10, env = "WICK_MAX_HEADER_BYTES")]
     pub max_header_bytes: usize,
-    /// Longest a generation may run, in seconds, from its arrival: then each
-    /// unfinished choice ends with finish_reason "length". Unset: no limit.
+    /// Longest a generation may run, in seconds (then finish_reason length).
     #[arg(long, env = "WICK_REQUEST_TIMEOUT_SECS")]
     pub request_timeout_secs: Option<u64>,
-    /// Seconds a client may take to send a request head (after connecting
-    /// or after its last response: idle keep-alive connections close then),
-    /// to send a whole body (else 408), or to accept what it is sent.
+    /// Seconds a client may take to send a head or body, or to read.
     #[arg(long, default_value_t = 30, env = "WICK_CLIENT_TIMEOUT_SECS")]
     pub client_timeout_secs: u64,
-    /// Most open connections. At the limit the oldest idle one is closed to
-    /// make room; with none idle, new connections get 503.
+    /// Most open connections (the oldest idle one makes room).
     #[arg(long, default_value_t = 4096, env = "WICK_MAX_CONNECTIONS")]
     pub max_connections: usize,
-    /// Seconds between SSE comments on a stream with nothing to send, so
-    /// proxies and load balancers keep it open through a long prefill.
+    /// Seconds between SSE keep-alive comments on a quiet stream.
     #[arg(long, default_value_t = 15, env = "WICK_SSE_KEEP_ALIVE_SECS")]
     pub sse_keep_alive_secs: u64,
-    /// Seconds to let in-flight requests finish after SIGINT/SIGTERM.
+    /// Seconds in-flight requests get to finish after SIGINT/SIGTERM.
     #[arg(long, default_value_t = 30, env = "WICK_SHUTDOWN_GRACE_SECS")]
     pub shutdown_grace_secs: u64,
-    /// Require `Authorization: Bearer KEY` on /v1, /tokenize, /detokenize
-    /// and /tokenizer_info (not /health or /metrics). Repeat for several keys;
-    /// WICK_API_KEY takes a comma-separated list.
+    /// Require `Authorization: Bearer KEY` on the API; repeatable.
     #[arg(
         long,
         env = "WICK_API_KEY",
@@ -76,30 +62,23 @@ pub struct ServeArgs {
         hide_env_values = true
     )]
     pub api_key: Vec<String>,
-    /// A file of API keys, one per line (blank lines and `#` comments
-    /// skipped), in addition to --api-key.
+    /// A file of API keys, one per line.
     #[arg(long, env = "WICK_API_KEY_FILE")]
     pub api_key_file: Option<PathBuf>,
-    /// Origins a browser page may call wick from (CORS), comma-separated;
-    /// `*` allows any. Default: none, so a page on another origin cannot
-    /// read wick's responses.
+    /// Origins browser pages may call from (CORS), comma-separated; `*`: any.
     #[arg(long, value_delimiter = ',', env = "WICK_ALLOWED_ORIGINS")]
     pub allowed_origins: Vec<String>,
-    /// `Host` names requests may carry, comma-separated; `*` allows any.
-    /// Default: bound to a loopback address, loopback names only (against
-    /// DNS rebinding); bound elsewhere, any.
+    /// `Host` names requests may carry, comma-separated; `*`: any.
     #[arg(long, value_delimiter = ',', env = "WICK_ALLOWED_HOSTS")]
     pub allowed_hosts: Vec<String>,
-    /// `text`, or `json`: one JSON object per log line, the access lines
-    /// included.
+    /// Log lines as text or as JSON objects.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "WICK_LOG_FORMAT")]
     pub log_format: LogFormat,
-    /// How `/v1/embeddings` pools a text's final hidden states into one
-    /// vector: `mean` over its tokens, the `last` token's (what decoder
-    /// embedding models such as Qwen3-Embedding are trained for), or the
-    /// first (`cls`).
+    /// How /v1/embeddings pools a text's hidden states into one vector.
     #[arg(long, value_enum, default_value_t = Pooling::Mean, env = "WICK_POOLING")]
     pub pooling: Pooling,
+    #[command(flatten)]
+    pub model: ModelArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
