@@ -363,15 +363,25 @@ impl Moe {
             false => None,
         };
         let fused = (l.has)("ffn_gate_up_exps.weight");
+        // A fused file's up half, split off with the gate and kept for the
+        // next read rather than read and split again.
+        let mut up = None;
         let mut read = |i: usize| -> Result<QTensor> {
             let mut get = |n: &str| {
                 tensor(&format!("{p}.{n}.weight"))
                     .map_err(|e| candle_core::Error::Msg(e.to_string()))
             };
-            match (i, fused) {
-                (0 | 1, true) => {
-                    let (gate, up) = split_gate_up(&get("ffn_gate_up_exps")?, device)?;
-                    Ok(if i == 0 { gate } else { up })
+            match (i, fused, up.take()) {
+                (1, true, Some(up)) => Ok(up),
+                (0 | 1, true, _) => {
+                    let (gate, rest) = split_gate_up(&get("ffn_gate_up_exps")?, device)?;
+                    match i {
+                        0 => {
+                            up = Some(rest);
+                            Ok(gate)
+                        }
+                        _ => Ok(rest),
+                    }
                 }
                 _ => get(["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"][i]),
             }
