@@ -20,6 +20,7 @@ pub mod cli;
 pub mod engine;
 pub mod error;
 pub mod kv;
+pub mod launch;
 pub mod load;
 pub mod models;
 pub mod quant;

@@ -1,8 +1,9 @@
-//! Launches `paged_attention.cu` (its launch shapes are explained there):
-//! for a layer, one launch writes the step's K/V into the pool by slot
-//! mapping, one attends for every row of the flat batch, and a third merges
-//! the parts where rows were split across blocks. Everything they read comes
-//! from the step's one metadata upload ([`StepMeta::kernel`]).
+//! Runs a layer's plan of `paged_attention.cu` launches
+//! ([`super::launch::plan`]) on a CUDA device: one launch writes the step's
+//! K/V into the pool by slot mapping, one attends for every row of the flat
+//! batch, and a third merges the parts where rows were split across blocks.
+//! Everything they read comes from the step's one metadata upload
+//! ([`StepMeta::kernel`]).
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
@@ -14,21 +15,13 @@ use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Result, Storage, Tensor, WithDType};
 use half::{bf16, f16};
 
+use super::launch::{plan, supports, Buf, StepShape};
 use super::AttnDims;
-use crate::kv::step_meta::{KernelSections, StepMeta, TABLE_FIELD, WINDOW_TABLE_FIELD};
+use crate::kv::step_meta::{KernelSections, StepMeta};
+use crate::launch::Arg;
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/paged_attention.ptx"));
 const MODULE: &str = "wick_paged_attention";
-/// Warps per attention block (`WARPS` in the kernel).
-const WARPS: u32 = 4;
-/// Query heads per block (`MAX_GROUP` in the kernel).
-const MAX_GROUP: usize = 8;
-
-/// Head sizes the kernel is instantiated for (32 lanes times 1, 2, 3, 4 or
-/// 8 values).
-pub fn supports(head_dim: usize) -> bool {
-    matches!(head_dim, 32 | 64 | 96 | 128 | 256)
-}
 
 /// Writes this step's K/V rows of `qkv` into the pools, then attends:
 /// `[T, num_heads * head_dim]` in `qkv`'s dtype. `sinks`: as
@@ -212,203 +205,140 @@ impl Step<'_> {
         v_pool: &CudaSlice<P>,
         out: &CudaView<Q>,
     ) -> Result<()> {
-        let d = self.dims;
-        let (q_name, p_name) = (Q::DTYPE.as_str(), P::DTYPE.as_str());
-        let func = |name: String| self.dev.get_or_load_custom_func(&name, MODULE, PTX);
-        let i = |x: usize| x as i32;
-        let (k_at, v_at) = d.kv_offsets();
-        let (stride, kv_dim) = (i(d.qkv_width()), i(d.num_kv_heads * d.head_dim));
-        let windowed = d.window.is_some();
-        let slots = i(match windowed {
-            true => self.at.window_slots,
-            false => self.at.slots,
-        });
-
-        // Cache write: one block per new row, of min(kv_dim, 256) threads
-        // striding over the row's `kv_dim` K and V values (the kernel
-        // strides by blockDim, so any width works). No shared memory.
-        let write = func(format!("paged_write_{q_name}_{p_name}"))?;
-        let mut b = write.builder();
-        let (k_at, v_at) = (i(k_at), i(v_at));
-        b.arg(qkv).arg(&stride).arg(&k_at).arg(&v_at).arg(&kv_dim);
-        b.arg(&self.meta).arg(&slots).arg(k_pool).arg(v_pool);
-        let cfg = LaunchConfig {
-            grid_dim: (self.rows as u32, 1, 1),
-            block_dim: ((d.num_kv_heads * d.head_dim).min(256) as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: the arguments match `paged_write`'s parameters in order
-        // and type (`q_name` and `p_name` pick the instantiation for `Q` and
-        // `P`; the ints are `i32`). The kernel writes `k_pool` and `v_pool`
-        // through shared references: the scheduler thread owns the pools,
-        // and the one stream orders this write before the attend launch
-        // (and any later step) reads them. Its accesses stay in bounds:
-        // - row `r < rows` reads `qkv[r * stride + k_at|v_at ..][..kv_dim]`:
-        //   `qkv` is `[rows, qkv_width]` (its width checked by
-        //   `paged_attention`, its rows the step's tokens by construction:
-        //   the model projects `meta.tokens_t()`), and
-        //   `v_at + kv_dim == qkv_width`.
-        // - `meta[slots + r]` lies in the slots section `MetaBuffers::pack` packed
-        //   with one entry per row (the window pool's section for a window
-        //   layer, which falls back to the global one only when no sequence
-        //   has a window table, i.e. the layer's pool is not split).
-        // - each slot is `block * block_size + offset` (`step_meta::slot`),
-        //   `offset < block_size`, from a table the scheduler grew to hold
-        //   the sequence's whole `context_len` before scheduling it
-        //   (`scheduler::grow`, the drafter likewise), its ids handed out by
-        //   a `BlockManager` of exactly this pool's `num_blocks`
-        //   (`Engine::new` builds both from one `KvLayout`; the window pool
-        //   and the draft pool the same way). Freed window entries are never
-        //   a new row's and are packed as block 0 regardless.
-        // - so `slot < num_blocks * block_size`, the pool's rows, each
-        //   `kv_dim` wide: `KvCache` sizes it by `KvLayout::kv_dim` from the
-        //   same model info `AttnDims` comes from (`block_size` too, read
-        //   from the cache's layout by the model).
-        unsafe { b.launch(cfg) }.w()?;
-
-        let subgroups = d.group().div_ceil(MAX_GROUP);
-        let blocks = self.rows * d.num_kv_heads * subgroups;
-        let parts = self.parts(blocks)?;
-        let part_len = i(self.max_context.div_ceil(parts));
-        let (head_rows, hd) = (self.rows * d.num_heads, d.head_dim);
-        // Split rows keep each part's (max, sum) and unnormalised values,
-        // every one written by the attention launch (one unused element
-        // each where nothing is split).
-        let split_len = |per: usize| {
-            if parts > 1 {
-                head_rows * parts * per
-            } else {
-                1
-            }
-        };
-        // SAFETY: `alloc` leaves the memory unset. With one part they are
-        // one-element placeholders the kernels never touch. With several,
-        // every block of the attend launch (all `parts` of every row and
-        // head, a part past its row's range included: it writes an empty
-        // state, max -inf) writes its `(max, sum)` and its `hd` values
-        // before `paged_combine` reads them, the stream ordering the two.
-        // Dropped at the end of this function, they are freed on the same
-        // stream (cudarc frees asynchronously, or syncs first).
-        let part_ml = unsafe { self.dev.alloc::<f32>(split_len(2))? };
-        let part_acc = unsafe { self.dev.alloc::<f32>(split_len(hd))? };
-        let attend = func(format!("paged_attend_{q_name}_{p_name}_{hd}"))?;
-        let mut b = attend.builder();
-        let table = i(match windowed {
-            true => WINDOW_TABLE_FIELD,
-            false => TABLE_FIELD,
-        });
-        let (seqs, row_seq) = (i(self.at.seqs), i(self.at.row_seq));
-        let (nh, nkv, bs) = (i(d.num_heads), i(d.num_kv_heads), i(d.block_size));
-        let window = i(d.window.unwrap_or(0));
-        let scale = 1.0 / (hd as f32).sqrt();
-        b.arg(qkv).arg(&stride).arg(k_pool).arg(v_pool);
-        b.arg(&self.meta).arg(&seqs).arg(&row_seq).arg(&table);
-        b.arg(&nh)
-            .arg(&nkv)
-            .arg(&bs)
-            .arg(&window)
-            .arg(&scale)
-            .arg(&part_len);
-        b.arg(&self.sinks.0).arg(&self.sinks.1);
-        b.arg(out).arg(&part_ml).arg(&part_acc);
-        // Attention: a block per (row, KV head and subgroup of at most
-        // MAX_GROUP query heads, part of the row's keys), WARPS warps each
-        // (exactly: the kernel strides keys and sizes its shared arrays by
-        // WARPS and is compiled with `__launch_bounds__(WARPS * 32)`). Its
-        // shared memory is static (the warps' states, about 4 KiB at head
-        // size 256), so no dynamic bytes.
-        let cfg = LaunchConfig {
-            grid_dim: (
-                self.rows as u32,
-                (d.num_kv_heads * subgroups) as u32,
-                parts as u32,
-            ),
-            block_dim: (WARPS * 32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: the arguments match `paged_attend`'s parameters in order
-        // and type (`hd`, which `write_and_attend_into` checked is one of
-        // `supports`' sizes, picks the instantiation whose `EPL * 32` is the
-        // head size the kernel indexes by). It writes `out`, `part_ml` and
-        // `part_acc` through shared references: `out` was just allocated
-        // (or is the caller's to give, as in the kernel test) and the part
-        // buffers are this function's. What it trusts, all from
-        // `MetaBuffers::pack` (`pack_kernel`) for this very batch:
-        // - `meta[row_seq + r]` is row `r`'s sequence `i < seqs.len()`, and
-        //   `meta[seqs + SEQ_FIELDS * i ..]` its descriptor: the sequences
-        //   cover the rows in order (`FlatBatch`), so `start <= r < start +
-        //   len` and the row's position `first_pos + r - start` is below
-        //   `context_len`.
-        // - the descriptor's `table` field (`TABLE_FIELD`, or
-        //   `WINDOW_TABLE_FIELD` for a window layer) is the absolute offset of
-        //   a table packed after the descriptors, holding an entry for every
-        //   block of positions `0..context_len` (the scheduler grew it so);
-        //   the kernel reads entries `j / block_size` for `j` in the row's
-        //   range `lo..=pos` only, within the row's part. A sequence without
-        //   a window table has its block table in both fields; that happens
-        //   only where the layer's pool is not split (whenever `Engine::new`
-        //   splits it, the scheduler gives every sequence a window table).
-        // - the entries are block ids below this pool's `num_blocks`, as for
-        //   the write above; a window table's freed entries lie before every
-        //   row's window (`WindowBlocks::advance` frees only those) and are
-        //   packed as block 0 anyway.
-        // - the pools are `[num_blocks * block_size, num_kv_heads * hd]` and
-        //   `qkv` rows `stride` wide, as for the write; `num_heads` is a
-        //   multiple of `num_kv_heads` (see `write_and_attend`), so the
-        //   grid's KV heads and subgroups address heads below `num_heads`.
-        // - with `has_sinks`, `sinks` holds `num_heads` f32 (checked in
-        //   `write_and_attend_into`) and the kernel reads `sinks[head]` for
-        //   the heads above; without, it reads nothing of it.
-        // - `out` holds `rows * num_heads * hd` values (checked in
-        //   `write_and_attend_into`); with `parts > 1` the part buffers hold
-        //   `rows * num_heads * parts` states (`split_len`).
-        // - the offsets fit `i32`: the packed buffer holds a step's rows and
-        //   tables, far below 2^31 entries.
-        unsafe { b.launch(cfg) }.w()?;
-        if parts == 1 {
-            return Ok(());
-        }
-
-        // Merge: a block per (row, query head), a thread per value of the
-        // head (`hd <= 256`), each reading its column of every part. No
-        // shared memory.
-        let combine = func(format!("paged_combine_{q_name}"))?;
-        let mut b = combine.builder();
-        let (parts_arg, hd_arg) = (i(parts), i(hd));
-        b.arg(&part_ml)
-            .arg(&part_acc)
-            .arg(&parts_arg)
-            .arg(&hd_arg)
-            .arg(&self.sinks.0)
-            .arg(&self.sinks.1)
-            .arg(out);
-        let cfg = LaunchConfig {
-            grid_dim: (self.rows as u32, d.num_heads as u32, 1),
-            block_dim: (hd as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: the arguments match `paged_combine`'s parameters in order
-        // and type. The grid's `y` is `num_heads`, which the kernel reads as
-        // the row stride (`gridDim.y`), and `block_dim.x == hd`, the head
-        // size it is passed: row `r`, head `h`, value `d` reads
-        // `part_ml[((r * num_heads + h) * parts + p) * 2 ..]` and
-        // `part_acc[((r * num_heads + h) * parts + p) * hd + d]` for
-        // `p < parts`, inside the `rows * num_heads * parts` states the
-        // attend launch just wrote (the stream orders the two), and
-        // `sinks[h]` with `has_sinks`; it writes
-        // `out[(r * num_heads + h) * hd + d]`, inside `out`'s
-        // `rows * num_heads * hd` values.
-        unsafe { b.launch(cfg) }.w().map(|_| ())
-    }
-
-    /// How many parts each row's keys are split into ([`super::split::parts`]).
-    fn parts(&self, blocks: usize) -> Result<usize> {
         let sms = self
             .dev
             .cuda_stream()
             .context()
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .w()? as usize;
-        Ok(super::split::parts(blocks, sms, self.max_context))
+        let shape = StepShape {
+            dims: self.dims,
+            at: self.at,
+            rows: self.rows,
+            max_context: self.max_context,
+            sms,
+            has_sinks: self.sinks.1 != 0,
+        };
+        let plan = plan(shape, Q::DTYPE, P::DTYPE);
+        // SAFETY: `alloc` leaves the memory unset. Where no row is split
+        // they are one-element placeholders the kernels never touch. Where
+        // rows are split, every block of the attend launch (all parts of
+        // every row and head, a part past its row's range included: it
+        // writes an empty state, max -inf) writes its `(max, sum)` and its
+        // `head_dim` values before `paged_combine` reads them, the stream
+        // ordering the two. Dropped at the end of this function, they are
+        // freed on the same stream (cudarc frees asynchronously, or syncs
+        // first).
+        let part_ml = unsafe { self.dev.alloc::<f32>(plan.part_ml_len)? };
+        let part_acc = unsafe { self.dev.alloc::<f32>(plan.part_acc_len)? };
+        for l in &plan.launches {
+            let func = self.dev.get_or_load_custom_func(&l.kernel, MODULE, PTX)?;
+            let mut b = func.builder();
+            for arg in &l.args {
+                match arg {
+                    Arg::Buf(Buf::Qkv) => b.arg(qkv),
+                    Arg::Buf(Buf::KPool) => b.arg(k_pool),
+                    Arg::Buf(Buf::VPool) => b.arg(v_pool),
+                    Arg::Buf(Buf::Meta) => b.arg(&self.meta),
+                    Arg::Buf(Buf::Sinks) => b.arg(&self.sinks.0),
+                    Arg::Buf(Buf::Out) => b.arg(out),
+                    Arg::Buf(Buf::PartMl) => b.arg(&part_ml),
+                    Arg::Buf(Buf::PartAcc) => b.arg(&part_acc),
+                    Arg::I32(x) => b.arg(x),
+                    Arg::U32(x) => b.arg(x),
+                    Arg::F32(x) => b.arg(x),
+                };
+            }
+            let cfg = LaunchConfig {
+                grid_dim: l.grid,
+                block_dim: l.block,
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: the plan's arguments match each kernel's parameters
+            // in order and type (its buffers by role, above: `Q` and `P`
+            // name the instantiation, `q_name` / `p_name` in the entry
+            // point; the head size, which `write_and_attend_into` checked is
+            // one of `supports`' sizes, picks the `attend` whose `EPL * 32`
+            // it indexes by; the scalars are `i32` and `f32`). The kernels
+            // write `k_pool`, `v_pool`, `out` and the part buffers through
+            // shared references: the scheduler thread owns the pools, `out`
+            // was just allocated (or is the caller's to give, as in the
+            // kernel test), the part buffers are this function's, and the
+            // one stream orders the launches among themselves and before
+            // any later step. None uses dynamic shared memory. Their
+            // accesses stay in bounds:
+            //
+            // `paged_write`, row `r < rows`:
+            // - reads `qkv[r * stride + k_at|v_at ..][..kv_dim]`: `qkv` is
+            //   `[rows, qkv_width]` (its width checked by `paged_attention`,
+            //   its rows the step's tokens by construction: the model
+            //   projects `meta.tokens_t()`), and `v_at + kv_dim ==
+            //   qkv_width`.
+            // - `meta[slots + r]` lies in the slots section
+            //   `MetaBuffers::pack` packed with one entry per row (the
+            //   window pool's section for a window layer, which falls back
+            //   to the global one only when no sequence has a window table,
+            //   i.e. the layer's pool is not split).
+            // - each slot is `block * block_size + offset`
+            //   (`step_meta::slot`), `offset < block_size`, from a table the
+            //   scheduler grew to hold the sequence's whole `context_len`
+            //   before scheduling it (`scheduler::grow`, the drafter
+            //   likewise), its ids handed out by a `BlockManager` of exactly
+            //   this pool's `num_blocks` (`Engine::new` builds both from one
+            //   `KvLayout`; the window pool and the draft pool the same
+            //   way). Freed window entries are never a new row's and are
+            //   packed as block 0 regardless.
+            // - so `slot < num_blocks * block_size`, the pool's rows, each
+            //   `kv_dim` wide: `KvCache` sizes it by `KvLayout::kv_dim` from
+            //   the same model info `AttnDims` comes from (`block_size` too,
+            //   read from the cache's layout by the model).
+            //
+            // `paged_attend`, trusting what `MetaBuffers::pack`
+            // (`pack_kernel`) packed for this very batch:
+            // - `meta[row_seq + r]` is row `r`'s sequence `i < seqs.len()`,
+            //   and `meta[seqs + SEQ_FIELDS * i ..]` its descriptor: the
+            //   sequences cover the rows in order (`FlatBatch`), so `start <=
+            //   r < start + len` and the row's position `first_pos + r -
+            //   start` is below `context_len`.
+            // - the descriptor's `table` field (`TABLE_FIELD`, or
+            //   `WINDOW_TABLE_FIELD` for a window layer) is the absolute
+            //   offset of a table packed after the descriptors, holding an
+            //   entry for every block of positions `0..context_len` (the
+            //   scheduler grew it so); the kernel reads entries `j /
+            //   block_size` for `j` in the row's range `lo..=pos` only,
+            //   within the row's part. A sequence without a window table has
+            //   its block table in both fields; that happens only where the
+            //   layer's pool is not split (whenever `Engine::new` splits it,
+            //   the scheduler gives every sequence a window table).
+            // - the entries are block ids below this pool's `num_blocks`, as
+            //   for the write; a window table's freed entries lie before
+            //   every row's window (`WindowBlocks::advance` frees only those)
+            //   and are packed as block 0 anyway.
+            // - the pools and `qkv` are as for the write; `num_heads` is a
+            //   multiple of `num_kv_heads` (see `write_and_attend`), so the
+            //   grid's KV heads and subgroups address heads below
+            //   `num_heads`.
+            // - with `has_sinks`, `sinks` holds `num_heads` f32 (checked in
+            //   `write_and_attend_into`) and the kernel reads `sinks[head]`
+            //   for the heads above; without, it reads nothing of it.
+            // - `out` holds `rows * num_heads * head_dim` values (checked in
+            //   `write_and_attend_into`); with split rows the part buffers
+            //   hold `rows * num_heads * parts` states (`Plan::part_ml_len`,
+            //   `part_acc_len`).
+            // - the offsets fit `i32`: the packed buffer holds a step's rows
+            //   and tables, far below 2^31 entries.
+            //
+            // `paged_combine`: the grid's `y` is `num_heads`, which the
+            // kernel reads as the row stride (`gridDim.y`), and its block
+            // is `head_dim` threads, the head size it is passed: row `r`,
+            // head `h`, value `d` reads `part_ml[((r * num_heads + h) *
+            // parts + p) * 2 ..]` and `part_acc[((r * num_heads + h) * parts
+            // + p) * head_dim + d]` for `p < parts`, inside the states the
+            // attend launch just wrote, and `sinks[h]` with `has_sinks`; it
+            // writes `out[(r * num_heads + h) * head_dim + d]`, inside
+            // `out`.
+            unsafe { b.launch(cfg) }.w()?;
+        }
+        Ok(())
     }
 }

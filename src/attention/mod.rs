@@ -19,6 +19,7 @@ use crate::kv::step_meta::{MetaBuffers, StepMeta};
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod host;
+pub mod launch;
 mod split;
 
 /// `batch`'s metadata packed into `bufs` for what reads `cache` on
@@ -42,7 +43,7 @@ pub fn has_kernel(layout: &KvLayout, device: &Device) -> bool {
     if device.is_cuda() {
         return [false, true]
             .into_iter()
-            .all(|window| cuda::supports(layout.shape(window).head_dim));
+            .all(|window| launch::supports(layout.shape(window).head_dim));
     }
     let _ = (layout, device);
     false

@@ -1,6 +1,5 @@
 //! How the CUDA kernel splits rows' keys across blocks (flash-decoding):
 //! plain arithmetic, kept apart from the launch so the CPU build tests it.
-#![cfg_attr(not(feature = "cuda"), allow(dead_code))]
 
 /// A split row's parts hold at least this many keys, so that merging them
 /// costs little beside reading them.

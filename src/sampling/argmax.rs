@@ -6,6 +6,7 @@
 
 use candle_core::{DType, Result, Tensor};
 
+use crate::launch::{Arg, Launch};
 use crate::vec_math::{max_of, position_of};
 
 /// The lowest id among the largest logits; NaN is never picked (a row of
@@ -25,6 +26,35 @@ pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {
     Ok(logits.to_vec2::<f32>()?.iter().map(|r| argmax(r)).collect())
 }
 
+/// `argmax.cu`'s buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Buf {
+    /// Contiguous f32 `[rows, vocab]`.
+    Logits,
+    /// `rows` u32.
+    Out,
+}
+
+/// `THREADS` in the kernel.
+const THREADS: u32 = 512;
+
+/// The launch that picks each of `rows` rows' argmax: one block of exactly
+/// THREADS threads per row (the kernel strides by THREADS and sizes its
+/// static shared arrays, THREADS / 32 pairs, by it, not by blockDim); no
+/// dynamic shared memory. `vocab` must fit a u32.
+pub fn launch(rows: usize, vocab: usize) -> Launch<Buf> {
+    Launch {
+        kernel: "argmax_rows_f32".into(),
+        grid: (rows as u32, 1, 1),
+        block: (THREADS, 1, 1),
+        args: vec![
+            Arg::Buf(Buf::Logits),
+            Arg::U32(vocab as u32),
+            Arg::Buf(Buf::Out),
+        ],
+    }
+}
+
 #[cfg(feature = "cuda")]
 mod cuda {
     use candle_core::backend::BackendStorage;
@@ -33,10 +63,11 @@ mod cuda {
     use candle_core::op::BackpropOp;
     use candle_core::{CudaStorage, Result, Storage, Tensor};
 
+    use super::Buf;
+    use crate::launch::Arg;
+
     const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/argmax.ptx"));
     const MODULE: &str = "wick_argmax";
-    /// `THREADS` in the kernel.
-    const THREADS: u32 = 512;
 
     /// `logits`: contiguous f32 `[rows, vocab]` on a CUDA device.
     pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {
@@ -58,16 +89,21 @@ mod cuda {
         // id, so all `rows` elements are written before `to_vec1` reads them
         // (the same stream orders the copy after the launch).
         let out = unsafe { dev.alloc::<u32>(rows)? };
-        let func = dev.get_or_load_custom_func("argmax_rows_f32", MODULE, PTX)?;
+        let launch = super::launch(rows, vocab);
+        let func = dev.get_or_load_custom_func(&launch.kernel, MODULE, PTX)?;
         let mut b = func.builder();
-        let vocab = vocab as u32;
-        b.arg(&input).arg(&vocab).arg(&out);
-        // One block of exactly THREADS threads per row (the kernel strides
-        // by THREADS and sizes its static shared arrays, THREADS / 32 pairs,
-        // by it, not by blockDim); no dynamic shared memory.
+        for arg in &launch.args {
+            match arg {
+                Arg::Buf(Buf::Logits) => b.arg(&input),
+                Arg::Buf(Buf::Out) => b.arg(&out),
+                Arg::U32(x) => b.arg(x),
+                Arg::I32(x) => b.arg(x),
+                Arg::F32(x) => b.arg(x),
+            };
+        }
         let cfg = LaunchConfig {
-            grid_dim: (rows as u32, 1, 1),
-            block_dim: (THREADS, 1, 1),
+            grid_dim: launch.grid,
+            block_dim: launch.block,
             shared_mem_bytes: 0,
         };
         // SAFETY: the arguments match `argmax_rows_f32(const float*, uint32_t,
