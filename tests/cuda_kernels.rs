@@ -1,6 +1,9 @@
-//! wick's CUDA kernels against the CPU path, on a GPU. Built with
-//! `--features cuda` (CI builds it where no GPU exists); each test skips,
-//! saying so, where no CUDA device opens.
+//! wick's CUDA kernels against the CPU path: on the host build of the
+//! kernels (`crates/cuda-host`) in every run, and, built with `--features
+//! cuda`, on a GPU too where one opens (those skip, saying so, where none
+//! does). Both run the launch plans the GPU path runs
+//! (`attention::launch::plan`, `sampling::argmax::launch`), so the host
+//! build checks the grids and argument lists as well as the kernels.
 //!
 //! - Paged attention and the cache write, against the host kernel on the
 //!   same steps: fresh random inputs every run (the seed is printed), pools
@@ -8,23 +11,33 @@
 //!   chunks and decode rows, a prefix hit, a context long enough to split
 //!   rows across blocks, sliding windows, more query heads per KV head
 //!   than one block takes, and attention sinks (gpt-oss's), with rows
-//!   split and not.
+//!   split and not. The host build runs a shorter long prompt (its fibers
+//!   take microseconds a warp shuffle) and a GPU of few multiprocessors,
+//!   so that rows split there too.
 //! - The greedy pick: each row's argmax against the host's, with ties,
 //!   NaN and -inf planted, vocabularies from below a warp to 262k.
-//! - Whole models: logits against transformers' from the tiny fixtures.
-#![cfg(feature = "cuda")]
+//! - The emulator itself: a kernel missing a `__syncthreads` fails under
+//!   it, and so do a warp shuffle naming a lane that returned and a barrier
+//!   only some threads reach; its warp shuffles against CUDA's rules.
+//! - Whole models on a GPU: logits against transformers' from the tiny
+//!   fixtures.
 
 mod common;
 
+use std::ffi::c_void;
+
 use candle_core::{DType, Device, Tensor};
-use wick::attention::{cuda, paged_attention, step_meta, AttnDims};
-use wick::kv::cache::{KvCache, KvDtype, KvLayout, LayerCache};
+use half::{bf16, f16};
+use wick::attention::launch::{plan, Buf, StepShape};
+use wick::attention::{paged_attention, step_meta, AttnDims};
+use wick::kv::cache::{KvCache, KvDtype, KvLayout};
 use wick::kv::step_meta::MetaBuffers;
-use wick::load::loader::{load, LoadOptions};
+use wick::launch::{Arg, Launch};
 use wick::models::{FlatBatch, LogitRows};
 use wick::sampling::argmax::argmax;
-use wick::sampling::argmax::argmax_rows;
+use wick_cuda_host::Value;
 
+#[cfg(feature = "cuda")]
 fn gpu() -> Option<Device> {
     match Device::new_cuda(0) {
         Ok(d) => Some(d),
@@ -76,7 +89,7 @@ struct Case {
     num_heads: usize,
     num_kv_heads: usize,
     window: Option<usize>,
-    /// Activations and the GPU pool's dtype.
+    /// Activations and the kernel's pool's dtype.
     act: DType,
     pool: DType,
     tol: f32,
@@ -84,24 +97,53 @@ struct Case {
     sinks: bool,
 }
 
-/// Four steps: two prompts in chunks, one of 1,500 tokens; a third
+/// Where the kernels run, and how long the schedule's long prompt is there.
+#[derive(Clone)]
+enum Target {
+    /// The host build, as a GPU of `HOST_SMS` multiprocessors.
+    Host,
+    #[cfg(feature = "cuda")]
+    Gpu(Device),
+}
+
+/// Few enough that the host build's decode rows split into parts.
+const HOST_SMS: usize = 8;
+
+impl Target {
+    fn long_prompt(&self) -> usize {
+        match self {
+            Target::Host => 96,
+            #[cfg(feature = "cuda")]
+            Target::Gpu(_) => 1500,
+        }
+    }
+}
+
+/// Five steps: two prompts in chunks, one of `long` tokens; a third
 /// sequence whose first block is the first's (a prefix hit); then decode
 /// rows, the last steps few enough that rows are split across blocks.
-fn schedule(block_size: usize) -> Vec<Seq> {
+fn schedule(block_size: usize, long: usize) -> Vec<Seq> {
     let blocks =
         |from: u32, n: usize| -> Vec<u32> { (0..n as u32).map(|i| from + 3 * i).collect() };
-    let long = blocks(1, 1504usize.div_ceil(block_size));
+    let long_table = blocks(1, (long + 4).div_ceil(block_size));
     let short = blocks(0, 2 + 48usize.div_ceil(block_size));
     let mut hit = vec![short[0]];
     hit.extend(blocks(2, 40usize.div_ceil(block_size)));
+    let third = long / 3;
     vec![
         Seq {
             table: short,
             steps: vec![0..20, 20..37, 37..38, 38..39, 39..40],
         },
         Seq {
-            table: long,
-            steps: vec![0..512, 512..1024, 1024..1500, 1500..1501, 1501..1502],
+            table: long_table,
+            steps: vec![
+                0..third,
+                third..2 * third,
+                2 * third..long,
+                long..long + 1,
+                long + 1..long + 2,
+            ],
         },
         Seq {
             table: hit,
@@ -126,7 +168,99 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
         .unwrap()
 }
 
-fn run_case(dev: &Device, case: Case, seed: u64) {
+/// A buffer of the host build, in one of the kernels' dtypes.
+enum HostBuf {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+}
+
+impl HostBuf {
+    fn nan(dtype: DType, n: usize) -> Self {
+        match dtype {
+            DType::F32 => Self::F32(vec![f32::NAN; n]),
+            DType::F16 => Self::F16(vec![f16::NAN; n]),
+            DType::BF16 => Self::BF16(vec![bf16::NAN; n]),
+            other => panic!("no kernel takes {other:?}"),
+        }
+    }
+
+    /// `t`'s values, converted to `dtype`.
+    fn of(t: &Tensor, dtype: DType) -> Self {
+        let t = t.to_dtype(dtype).unwrap().flatten_all().unwrap();
+        match dtype {
+            DType::F32 => Self::F32(t.to_vec1().unwrap()),
+            DType::F16 => Self::F16(t.to_vec1().unwrap()),
+            DType::BF16 => Self::BF16(t.to_vec1().unwrap()),
+            other => panic!("no kernel takes {other:?}"),
+        }
+    }
+
+    fn ptr(&mut self) -> *mut c_void {
+        match self {
+            Self::F32(v) => v.as_mut_ptr().cast(),
+            Self::F16(v) => v.as_mut_ptr().cast(),
+            Self::BF16(v) => v.as_mut_ptr().cast(),
+        }
+    }
+
+    fn to_f32(&self) -> Vec<f32> {
+        match self {
+            Self::F32(v) => v.clone(),
+            Self::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            Self::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
+        }
+    }
+}
+
+/// Runs `launch` on the host build, each buffer argument resolved by `buf`.
+/// Panics with the emulator's message (kernel, block, seed) and `what`.
+fn run_on_host<B: Copy>(
+    launch: &Launch<B>,
+    seed: u64,
+    mut buf: impl FnMut(B) -> *mut c_void,
+    what: &str,
+) {
+    let args: Vec<Value> = launch
+        .args
+        .iter()
+        .map(|a| match *a {
+            Arg::Buf(b) => Value::Ptr(buf(b)),
+            Arg::I32(x) => Value::I32(x),
+            Arg::U32(x) => Value::U32(x),
+            Arg::F32(x) => Value::F32(x),
+        })
+        .collect();
+    let (g, b) = (launch.grid, launch.block);
+    // SAFETY: the plan's arguments are the kernel's parameters in order and
+    // type (the same list the GPU path pushes), and `buf` gives buffers of
+    // the sizes the plan assumes for the step (see each caller).
+    unsafe {
+        wick_cuda_host::launch(
+            &launch.kernel,
+            [g.0, g.1, g.2],
+            [b.0, b.1, b.2],
+            seed,
+            &args,
+        )
+    }
+    .unwrap_or_else(|e| panic!("{what}: {e}"));
+}
+
+/// The kernel's side of one case: its pools, kept across the steps.
+enum Pools {
+    /// `packer`, a tensor pool on the CPU, only packs each step for the
+    /// kernel: the kernel's pools are `k` and `v`.
+    Host {
+        packer: KvCache,
+        k: HostBuf,
+        v: HostBuf,
+    },
+    #[cfg(feature = "cuda")]
+    Gpu(KvCache),
+}
+
+fn run_case(target: &Target, case: Case, seed: u64) {
     let block_size = 16;
     let dims = AttnDims {
         num_heads: case.num_heads,
@@ -144,26 +278,34 @@ fn run_case(dev: &Device, case: Case, seed: u64) {
         dtype,
         window_kv: None,
     };
-    // The host pool holds exactly what the GPU pool does: f16 for f16, and
-    // f32 for values that are exact there (f32, or bf16 activations into a
-    // bf16 pool).
+    // The host pool holds exactly what the kernel's pool does: f16 for f16,
+    // and f32 for values that are exact there (f32, or bf16 activations into
+    // a bf16 pool).
     let host_dtype = match case.pool {
         DType::F16 => KvDtype::F16,
         _ => KvDtype::F32,
     };
     let mut host = KvCache::new(layout(host_dtype), &Device::Cpu, false).unwrap();
-    let mut gpu = KvCache::new(layout(KvDtype::F32), dev, false).unwrap();
     let rows = 3 * 96 * block_size;
-    let nan = |cols| {
-        Tensor::full(f32::NAN, (rows, cols), dev)
-            .unwrap()
-            .to_dtype(case.pool)
-            .unwrap()
-    };
     let kv_dim = case.num_kv_heads * case.head_dim;
-    *gpu.layer_mut(0) = LayerCache::Tensor {
-        k: nan(kv_dim),
-        v: nan(kv_dim),
+    let mut pools = match target {
+        Target::Host => Pools::Host {
+            packer: KvCache::new(layout(KvDtype::F32), &Device::Cpu, true).unwrap(),
+            k: HostBuf::nan(case.pool, rows * kv_dim),
+            v: HostBuf::nan(case.pool, rows * kv_dim),
+        },
+        #[cfg(feature = "cuda")]
+        Target::Gpu(dev) => {
+            let mut gpu = KvCache::new(layout(KvDtype::F32), dev, false).unwrap();
+            let nan = || {
+                Tensor::full(f32::NAN, (rows, kv_dim), dev)
+                    .unwrap()
+                    .to_dtype(case.pool)
+                    .unwrap()
+            };
+            *gpu.layer_mut(0) = wick::kv::cache::LayerCache::Tensor { k: nan(), v: nan() };
+            Pools::Gpu(gpu)
+        }
     };
 
     let mut rng = Lcg(seed);
@@ -172,7 +314,8 @@ fn run_case(dev: &Device, case: Case, seed: u64) {
         let s = rng.tensor(1, case.num_heads).flatten_all().unwrap();
         (s * 4.0).unwrap()
     });
-    let seqs = schedule(block_size);
+    let seqs = schedule(block_size, target.long_prompt());
+    let mut split = false;
     let longest = seqs
         .iter()
         .map(|s| s.steps.last().unwrap().end)
@@ -190,44 +333,105 @@ fn run_case(dev: &Device, case: Case, seed: u64) {
             );
         }
         let t = batch.tokens.len();
-        // Activations as the GPU sees them, in f32 for the host.
+        // Activations as the kernel sees them, in f32 for the host.
         let qkv = rng
             .tensor(t, dims.qkv_width())
             .to_dtype(case.act)
             .unwrap()
             .to_dtype(DType::F32)
             .unwrap();
-        let (mut host_bufs, mut gpu_bufs) = (MetaBuffers::default(), MetaBuffers::default());
+        let mut host_bufs = MetaBuffers::default();
         let host_meta = step_meta(&mut host_bufs, &batch, &host, None, &Device::Cpu).unwrap();
         let want = paged_attention(&qkv, host.layer_mut(0), &host_meta, dims, sinks.as_ref());
         let want = want.unwrap();
 
-        let gpu_meta = step_meta(&mut gpu_bufs, &batch, &gpu, None, dev).unwrap();
-        assert!(
-            gpu_meta.kernel().is_some(),
-            "{case:?}: not packed for the kernel"
-        );
-        let out = Tensor::full(f32::NAN, (t, dims.num_heads * dims.head_dim), dev)
-            .unwrap()
-            .to_dtype(case.act)
-            .unwrap();
-        let LayerCache::Tensor { k, v } = gpu.layer_mut(0) else {
-            unreachable!()
+        let mut bufs = MetaBuffers::default();
+        let what = format!("{case:?} seed {seed} step {step}");
+        let got = match &mut pools {
+            Pools::Host { packer, k, v } => {
+                let meta = bufs.pack(&batch, packer, None, &Device::Cpu, true).unwrap();
+                let (packed, at) = meta.kernel().expect("packed for the kernel");
+                let mut packed: Vec<u32> = packed.to_vec1().unwrap();
+                let max_context = meta.seqs().iter().map(|s| s.context_len()).max().unwrap();
+                let shape = StepShape {
+                    dims,
+                    at,
+                    rows: t,
+                    max_context,
+                    sms: HOST_SMS,
+                    has_sinks: sinks.is_some(),
+                };
+                let plan = plan(shape, case.act, case.pool);
+                split |= plan.launches.len() == 3;
+                let mut q = HostBuf::of(&qkv, case.act);
+                let mut sink_values: Vec<f32> = match &sinks {
+                    Some(s) => s.to_vec1().unwrap(),
+                    None => vec![0.0],
+                };
+                let mut out = HostBuf::nan(case.act, t * dims.num_heads * dims.head_dim);
+                let mut part_ml = vec![f32::NAN; plan.part_ml_len];
+                let mut part_acc = vec![f32::NAN; plan.part_acc_len];
+                for (i, l) in plan.launches.iter().enumerate() {
+                    let buf = |b| match b {
+                        Buf::Qkv => q.ptr(),
+                        Buf::KPool => k.ptr(),
+                        Buf::VPool => v.ptr(),
+                        Buf::Meta => packed.as_mut_ptr().cast(),
+                        Buf::Sinks => sink_values.as_mut_ptr().cast(),
+                        Buf::Out => out.ptr(),
+                        Buf::PartMl => part_ml.as_mut_ptr().cast(),
+                        Buf::PartAcc => part_acc.as_mut_ptr().cast(),
+                    };
+                    run_on_host(l, seed.wrapping_add(i as u64), buf, &what);
+                }
+                Tensor::from_vec(out.to_f32(), want.dims(), &Device::Cpu).unwrap()
+            }
+            #[cfg(feature = "cuda")]
+            Pools::Gpu(gpu) => {
+                let Target::Gpu(dev) = target else {
+                    unreachable!()
+                };
+                let meta = step_meta(&mut bufs, &batch, gpu, None, dev).unwrap();
+                assert!(
+                    meta.kernel().is_some(),
+                    "{case:?}: not packed for the kernel"
+                );
+                let out = Tensor::full(f32::NAN, (t, dims.num_heads * dims.head_dim), dev)
+                    .unwrap()
+                    .to_dtype(case.act)
+                    .unwrap();
+                let wick::kv::cache::LayerCache::Tensor { k, v } = gpu.layer_mut(0) else {
+                    unreachable!()
+                };
+                let q = qkv.to_dtype(case.act).unwrap().to_device(dev).unwrap();
+                let gpu_sinks = sinks.as_ref().map(|s| s.to_device(dev).unwrap());
+                wick::attention::cuda::write_and_attend_into(
+                    &q,
+                    k,
+                    v,
+                    &meta,
+                    dims,
+                    gpu_sinks.as_ref(),
+                    &out,
+                )
+                .unwrap();
+                out
+            }
         };
-        let q = qkv.to_dtype(case.act).unwrap().to_device(dev).unwrap();
-        let gpu_sinks = sinks.as_ref().map(|s| s.to_device(dev).unwrap());
-        cuda::write_and_attend_into(&q, k, v, &gpu_meta, dims, gpu_sinks.as_ref(), &out).unwrap();
-        let diff = max_diff(&out, &want);
+        let diff = max_diff(&got, &want);
         assert!(
             diff <= case.tol,
-            "{case:?} seed {seed} step {step}: max diff {diff} from the host kernel"
+            "{what}: max diff {diff} from the host kernel"
         );
     }
+    assert!(
+        split || !matches!(target, Target::Host),
+        "{case:?}: no step split its rows on the host build"
+    );
 }
 
-#[test]
-fn paged_attention_matches_the_host_kernel() {
-    let Some(dev) = gpu() else { return };
+/// Every case on `target`.
+fn attention_cases(target: &Target) {
     let seed = fresh_seed();
     let base = Case {
         head_dim: 64,
@@ -265,7 +469,7 @@ fn paged_attention_matches_the_host_kernel() {
     // Windows shorter than a block, across blocks, and past a split part;
     // ten query heads per KV head (two blocks each); one KV head per query
     // head.
-    for window in [5, 40, 700] {
+    for window in [5, 40, target.long_prompt() / 2] {
         cases.push(Case {
             window: Some(window),
             ..base
@@ -295,22 +499,52 @@ fn paged_attention_matches_the_host_kernel() {
         });
     }
     for (i, case) in cases.into_iter().enumerate() {
-        run_case(&dev, case, seed.wrapping_add(i as u64));
+        run_case(target, case, seed.wrapping_add(i as u64));
     }
 }
 
-/// Whole models with head sizes the kernel serves (Qwen3's q/k norms,
-/// Gemma 3's sliding windows and soft cap) against transformers' logits,
-/// in f32.
+#[test]
+fn paged_attention_on_the_host_build_matches_the_host_kernel() {
+    attention_cases(&Target::Host);
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn paged_attention_on_the_gpu_matches_the_host_kernel() {
+    let Some(dev) = gpu() else { return };
+    attention_cases(&Target::Gpu(dev));
+}
+
+/// Every row's pick of `logits` (f32 `[rows, vocab]` on the host) on
+/// `target`.
+fn argmax_on(target: &Target, logits: &Tensor, seed: u64) -> Vec<u32> {
+    match target {
+        Target::Host => {
+            let (rows, vocab) = logits.dims2().unwrap();
+            let mut data: Vec<f32> = logits.flatten_all().unwrap().to_vec1().unwrap();
+            let mut out = vec![u32::MAX; rows];
+            let launch = wick::sampling::argmax::launch(rows, vocab);
+            let buf = |b| match b {
+                wick::sampling::argmax::Buf::Logits => data.as_mut_ptr().cast(),
+                wick::sampling::argmax::Buf::Out => out.as_mut_ptr().cast(),
+            };
+            run_on_host(&launch, seed, buf, &format!("{rows} rows of {vocab}"));
+            out
+        }
+        #[cfg(feature = "cuda")]
+        Target::Gpu(dev) => {
+            wick::sampling::argmax::argmax_rows(&logits.to_device(dev).unwrap()).unwrap()
+        }
+    }
+}
+
 /// Fresh random rows every run (the seed is printed); in each row in turn a
 /// tie for the largest value planted around it, NaN planted (at id 0 too),
 /// every value -inf, every value NaN. f32 and bf16 logits, the latter
 /// against the host's pick of the same bf16 values. Runs of the same size
 /// follow one another, so a row the kernel left unwritten would show a
-/// stale id.
-#[test]
-fn argmax_matches_the_host() {
-    let Some(dev) = gpu() else { return };
+/// stale id (on the host build, the poison it starts with).
+fn argmax_cases(target: &Target) {
     let seed = fresh_seed();
     let mut rng = Lcg(seed);
     let id =
@@ -342,21 +576,197 @@ fn argmax_matches_the_host() {
         }
         let cpu = Tensor::from_vec(data, (rows, vocab), &Device::Cpu).unwrap();
         for dtype in [DType::F32, DType::BF16] {
-            let on_host = cpu.to_dtype(dtype).unwrap();
-            let want: Vec<u32> = on_host
-                .to_dtype(DType::F32)
-                .unwrap()
+            let values = cpu.to_dtype(dtype).unwrap().to_dtype(DType::F32).unwrap();
+            let want: Vec<u32> = values
                 .to_vec2::<f32>()
                 .unwrap()
                 .iter()
                 .map(|r| argmax(r))
                 .collect();
-            let got = argmax_rows(&on_host.to_device(&dev).unwrap()).unwrap();
+            let got = argmax_on(target, &values, seed);
             assert_eq!(got, want, "{rows} rows of {vocab}, {dtype:?}, seed {seed}");
         }
     }
 }
 
+#[test]
+fn argmax_on_the_host_build_matches_the_host() {
+    argmax_cases(&Target::Host);
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn argmax_on_the_gpu_matches_the_host() {
+    let Some(dev) = gpu() else { return };
+    argmax_cases(&Target::Gpu(dev));
+}
+
+/// Runs one of the emulator's self-test kernels (`selftest.cu`) over one
+/// block of `threads`.
+fn selftest(name: &str, threads: u32, seed: u64, args: &[Value]) -> Result<(), String> {
+    // SAFETY: each caller passes the kernel's parameters in order, its
+    // buffers at least `threads` long.
+    unsafe { wick_cuda_host::launch(name, [1, 1, 1], [threads, 1, 1], seed, args) }
+}
+
+/// The emulator's point: a kernel missing a barrier fails under it. Each
+/// thread writes its value to shared memory and reads its neighbour's;
+/// without the barrier, some thread runs before its neighbour has written
+/// in any order the emulator picks, and reads the poison.
+#[test]
+fn a_missing_syncthreads_fails_under_the_emulator() {
+    for threads in [32u32, 64, 128, 1024] {
+        for seed in 0..8 {
+            let mut input: Vec<f32> = (0..threads).map(|t| t as f32).collect();
+            let want: Vec<f32> = (0..threads).map(|t| ((t + 1) % threads) as f32).collect();
+            for sync in [1, 0] {
+                let mut out = vec![f32::NAN; threads as usize];
+                let args = [
+                    Value::Ptr(input.as_mut_ptr().cast()),
+                    Value::Ptr(out.as_mut_ptr().cast()),
+                    Value::I32(sync),
+                ];
+                selftest("selftest_neighbour", threads, seed, &args).unwrap();
+                match sync {
+                    1 => assert_eq!(out, want, "{threads} threads, seed {seed}"),
+                    _ => assert!(
+                        out.iter().any(|x| x.is_nan()),
+                        "{threads} threads, seed {seed}: no barrier, yet every read saw its write"
+                    ),
+                }
+            }
+        }
+    }
+}
+
+/// A warp reduction after half the warp returned, and a barrier half the
+/// block skips: each fails the launch, naming kernel, block and seed.
+#[test]
+fn a_shuffle_or_barrier_some_threads_never_reach_fails_the_launch() {
+    let mut out = vec![0f32; 64];
+    let e = selftest(
+        "selftest_early_return",
+        32,
+        7,
+        &[Value::Ptr(out.as_mut_ptr().cast()), Value::I32(16)],
+    )
+    .unwrap_err();
+    assert!(
+        e.contains("selftest_early_return") && e.contains("seed 7") && e.contains("has ended"),
+        "{e}"
+    );
+    // All 32 lanes there: the sum of 0..32.
+    selftest(
+        "selftest_early_return",
+        32,
+        7,
+        &[Value::Ptr(out.as_mut_ptr().cast()), Value::I32(32)],
+    )
+    .unwrap();
+    assert!(out[..32].iter().all(|&x| x == 496.0), "{out:?}");
+
+    let e = selftest(
+        "selftest_divergent_barrier",
+        64,
+        3,
+        &[Value::Ptr(out.as_mut_ptr().cast()), Value::I32(16)],
+    )
+    .unwrap_err();
+    assert!(
+        e.contains("no thread can go on") && e.contains("__syncthreads"),
+        "{e}"
+    );
+    // A full mask in a warp of 16 lanes (a block of 48 threads).
+    let mut ints = vec![0i32; 48];
+    let mut outs = vec![0i32; 48];
+    let e = selftest(
+        "selftest_warp",
+        48,
+        1,
+        &[
+            Value::Ptr(ints.as_mut_ptr().cast()),
+            Value::Ptr(outs.as_mut_ptr().cast()),
+            Value::U32(u32::MAX),
+            Value::I32(3),
+            Value::I32(1),
+            Value::I32(32),
+        ],
+    )
+    .unwrap_err();
+    assert!(e.contains("its warp has 16 lanes"), "{e}");
+    assert!(selftest("no_such_kernel", 32, 0, &[]).is_err());
+}
+
+/// The warp shuffles and the ballot against CUDA's rules, written out here:
+/// `width` splits the warp into segments; `idx` reads lane `arg % width`
+/// of the segment; `up` / `down` read `arg` lanes before / after within the
+/// segment, else keep their own value; `xor` reads `lane ^ arg`, keeping
+/// its own value where that lies in a later segment. A lane the mask leaves
+/// out neither calls nor is read (reading it is undefined: the poison).
+#[test]
+fn warp_shuffles_follow_cuda() {
+    const POISON: i32 = -1;
+    let input: Vec<i32> = (0..32).map(|l| 100 + l).collect();
+    for mask in [u32::MAX, 0x0000_ffff, 0xf0f0_f0f0] {
+        for (op, arg, width) in [
+            (0, 5, 32),
+            (0, 37, 32),
+            (0, 3, 8),
+            (1, 1, 32),
+            (1, 3, 8),
+            (2, 1, 32),
+            (2, 2, 4),
+            (3, 1, 32),
+            (3, 16, 32),
+            (3, 4, 8),
+            (3, 8, 4),
+            (4, 0, 32),
+        ] {
+            let mut ins: Vec<i32> = match op {
+                4 => (0..32).map(|l| l % 3).collect(),
+                _ => input.clone(),
+            };
+            let mut out = vec![i32::MIN; 32];
+            let args = [
+                Value::Ptr(ins.as_mut_ptr().cast()),
+                Value::Ptr(out.as_mut_ptr().cast()),
+                Value::U32(mask),
+                Value::I32(op),
+                Value::I32(arg),
+                Value::I32(width),
+            ];
+            selftest("selftest_warp", 32, 11, &args).unwrap();
+            for (lane, &got) in out.iter().enumerate() {
+                if mask >> lane & 1 == 0 {
+                    assert_eq!(got, i32::MIN, "lane {lane} is not in mask {mask:#x}");
+                    continue;
+                }
+                let w = width as usize;
+                let (first, a) = (lane / w * w, arg as usize);
+                let src = match op {
+                    0 => first + a % w,
+                    1 if lane - first >= a => lane - a,
+                    2 if lane + a < first + w => lane + a,
+                    3 if (lane ^ a) < first + w => lane ^ a,
+                    _ => lane,
+                };
+                let want = match op {
+                    4 => (0..32)
+                        .filter(|&l| mask >> l & 1 == 1 && ins[l] != 0)
+                        .fold(0u32, |b, l| b | 1 << l) as i32,
+                    _ if mask >> src & 1 == 0 => POISON,
+                    _ => input[src],
+                };
+                assert_eq!(
+                    got, want,
+                    "op {op} arg {arg} width {width} mask {mask:#x}, lane {lane}"
+                );
+            }
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
 #[test]
 fn models_on_the_gpu_match_transformers() {
     let Some(dev) = gpu() else { return };
@@ -365,11 +775,11 @@ fn models_on_the_gpu_match_transformers() {
             .join("tests/fixtures")
             .join(name);
         let r = common::transformers_ref::read_reference(&dir.join("reference.json"));
-        let options = LoadOptions {
+        let options = wick::load::loader::LoadOptions {
             context: r.serve_context,
             ..Default::default()
         };
-        let loaded = load(&dir, &options, &dev).unwrap();
+        let loaded = wick::load::loader::load(&dir, &options, &dev).unwrap();
         assert!(
             wick::attention::has_kernel(
                 &KvLayout {

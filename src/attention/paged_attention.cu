@@ -20,6 +20,11 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+// The host build (crates/cuda-host) registers each entry point by name.
+#ifndef WICK_KERNEL
+#define WICK_KERNEL(name)
+#endif
+
 #define WARPS 4
 #define MAX_GROUP 8
 #define SEQ_FIELDS 5
@@ -217,14 +222,16 @@ __device__ void combine(const float* __restrict__ part_ml, const float* __restri
         attend<Q, KV, EPL>(qkv, qkv_stride, k_pool, v_pool, meta, seqs, row_seq, table_field, \
                            num_heads, num_kv_heads, block_size, window, scale, part_len,      \
                            sinks, has_sinks, out, part_ml, part_acc);                         \
-    }
+    }                                                                                         \
+    WICK_KERNEL(NAME)
 
 #define WRITE_KV(NAME, Q, KV)                                                                \
     extern "C" __global__ void NAME(const Q* qkv, int qkv_stride, int k_at, int v_at,        \
                                     int kv_dim, const uint32_t* meta, int slots, KV* k_pool, \
                                     KV* v_pool) {                                            \
         write_kv<Q, KV>(qkv, qkv_stride, k_at, v_at, kv_dim, meta, slots, k_pool, v_pool);   \
-    }
+    }                                                                                        \
+    WICK_KERNEL(NAME)
 
 #define FOR_HEAD_DIMS(Q, KV, QN, KVN)                  \
     ATTEND(paged_attend_##QN##_##KVN##_32, Q, KV, 1)   \
@@ -242,7 +249,8 @@ __device__ void combine(const float* __restrict__ part_ml, const float* __restri
         const float* part_ml, const float* part_acc, int parts, int head_dim,           \
         const float* sinks, int has_sinks, Q* out) {                                    \
         combine<Q>(part_ml, part_acc, parts, head_dim, sinks, has_sinks, out);          \
-    }
+    }                                                                                   \
+    WICK_KERNEL(paged_combine_##QN)
 
 FOR_POOLS(float, f32)
 FOR_POOLS(__half, f16)

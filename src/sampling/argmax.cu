@@ -14,6 +14,11 @@
 #include <math.h>
 #include <stdint.h>
 
+// The host build (crates/cuda-host) registers each entry point by name.
+#ifndef WICK_KERNEL
+#define WICK_KERNEL(name)
+#endif
+
 #define THREADS 512
 #define NONE 0xffffffffu
 
@@ -57,3 +62,4 @@ extern "C" __global__ void argmax_rows_f32(const float* __restrict__ logits, uin
         if (lane == 0) out[blockIdx.x] = i == NONE ? 0 : i;
     }
 }
+WICK_KERNEL(argmax_rows_f32)

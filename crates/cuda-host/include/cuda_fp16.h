@@ -1,0 +1,3 @@
+// The host build's stand-in for CUDA's header: `__half` is in wick_cuda.h.
+#pragma once
+#include "wick_cuda.h"
