@@ -8,7 +8,11 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const KERNELS: &[&str] = &["src/attention/paged_attention.cu", "src/sampling/argmax.cu"];
+const KERNELS: &[&str] = &[
+    "src/attention/paged_attention.cu",
+    "src/sampling/argmax.cu",
+    "src/sampling/sampler.cu",
+];
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");

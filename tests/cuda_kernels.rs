@@ -35,6 +35,9 @@ use wick::kv::step_meta::MetaBuffers;
 use wick::launch::{Arg, Launch};
 use wick::models::{FlatBatch, LogitRows};
 use wick::sampling::argmax::argmax;
+use wick::sampling::device::{self, DeviceRow};
+use wick::sampling::params::SamplingParams;
+use wick::sampling::sampler::Sampler;
 use wick_cuda_host::Value;
 
 #[cfg(feature = "cuda")]
@@ -599,6 +602,186 @@ fn argmax_on_the_host_build_matches_the_host() {
 fn argmax_on_the_gpu_matches_the_host() {
     let Some(dev) = gpu() else { return };
     argmax_cases(&Target::Gpu(dev));
+}
+
+/// What the device sampler returned for one row.
+#[derive(Debug, PartialEq)]
+struct Drawn {
+    id: u32,
+    logprob: Option<f32>,
+    top: Vec<(u32, f32)>,
+}
+
+/// Samples `logits` (f32 `[rows, vocab]` on the host) under `rows` on
+/// `target`, through the launch the GPU path runs.
+fn device_sample(
+    target: &Target,
+    logits: &[f32],
+    vocab: usize,
+    rows: &[DeviceRow],
+    seed: u64,
+) -> Vec<Drawn> {
+    let n = rows.len();
+    let max_top = rows.iter().filter_map(|r| r.logprobs).max().unwrap_or(0);
+    let mut params = device::pack(rows);
+    let mut input = logits.to_vec();
+    let mut work = vec![f32::NAN; n * vocab];
+    let mut ids = vec![u32::MAX - 1; n];
+    let mut logprobs = vec![f32::INFINITY; n];
+    let mut top = vec![u32::MAX - 1; (n * max_top * 2).max(1)];
+    match target {
+        Target::Host => {
+            let launch = device::launch(n, vocab, max_top);
+            let buf = |b| match b {
+                device::Buf::Logits => input.as_mut_ptr().cast(),
+                device::Buf::Work => work.as_mut_ptr().cast(),
+                device::Buf::Params => params.as_mut_ptr().cast(),
+                device::Buf::Ids => ids.as_mut_ptr().cast(),
+                device::Buf::Logprobs => logprobs.as_mut_ptr().cast(),
+                device::Buf::Top => top.as_mut_ptr().cast::<c_void>(),
+            };
+            run_on_host(&launch, seed, buf, &format!("{n} rows of {vocab}"));
+        }
+        #[cfg(feature = "cuda")]
+        Target::Gpu(dev) => {
+            let t = Tensor::from_slice(&input, (n, vocab), dev).unwrap();
+            let out = wick::sampling::device::cuda::sample_rows(&t, rows).unwrap();
+            return out
+                .into_iter()
+                .map(|s| Drawn {
+                    id: s.id,
+                    logprob: s.logprob,
+                    top: s.top_logprobs,
+                })
+                .collect();
+        }
+    }
+    (0..n)
+        .map(|r| Drawn {
+            id: ids[r],
+            logprob: rows[r].logprobs.map(|_| logprobs[r]),
+            top: (0..rows[r].logprobs.unwrap_or(0))
+                .map(|k| top[(r * max_top + k) * 2..][..2].to_vec())
+                .filter(|p| p[0] != u32::MAX)
+                .map(|p| (p[0], f32::from_bits(p[1])))
+                .collect(),
+        })
+        .collect()
+}
+
+/// 64 seeded requests, each drawing three tokens from its row of logits
+/// by the host's `Sampler::sample` and by the device sampler with the keys
+/// its twin sampler draws: the same token in every draw, and logprobs
+/// within 1e-3. The requests mix greedy and sampled, top-k (1, a few, more
+/// than the vocabulary), top-p, min-p, the three penalties (on rows whose
+/// prompt holds their likeliest ids, some rows all negative),
+/// `logit_bias` (a forced and a banned token), `min_tokens` banning the
+/// likeliest ids, grammar masks, top logprobs, and logits rounded to
+/// tenths so that ties sit at the top-k and top-p boundaries.
+fn sampling_cases(target: &Target) {
+    let seed = fresh_seed();
+    let mut rng = Lcg(seed);
+    let vocab = 3001;
+    let mut logits = Vec::new();
+    let mut rows = Vec::new();
+    let mut want = Vec::new();
+    for r in 0..64usize {
+        let shift = if r % 8 == 3 { -8.0 } else { 0.0 };
+        let mut row: Vec<f32> = (0..vocab).map(|_| rng.next() * 6.0 + shift).collect();
+        if r % 5 < 2 {
+            for v in &mut row {
+                *v = (*v * 10.0).round() / 10.0;
+            }
+        }
+        let pick = |rng: &mut Lcg| ((rng.next() + 1.0) * 0.5 * vocab as f32) as u32 % vocab as u32;
+        let mut prompt: Vec<u32> = (0..40).map(|_| pick(&mut rng)).collect();
+        if r % 2 == 1 {
+            let mut order: Vec<u32> = (0..vocab as u32).collect();
+            order.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]));
+            prompt.extend(&order[..6]);
+        }
+        let output: Vec<u32> = (0..12).map(|_| pick(&mut rng)).collect();
+        let top = argmax(&row);
+        let params = SamplingParams {
+            temperature: [0.0, 0.7, 1.0, 1.6][r % 4],
+            top_k: [0, 1, 7, 50, 300, vocab + 5][r / 4 % 6],
+            top_p: [1.0, 0.9, 0.5][r % 3],
+            min_p: [0.0, 0.0, 0.05][r / 3 % 3],
+            repetition_penalty: [1.0, 1.3][r / 2 % 2],
+            presence_penalty: [0.0, 0.5][r / 5 % 2],
+            frequency_penalty: [0.0, 0.3][r / 7 % 2],
+            logit_bias: match r % 5 {
+                1 => vec![(pick(&mut rng), 100.0), (top, -100.0)].into(),
+                3 => vec![(pick(&mut rng), 1.5)].into(),
+                _ => vec![].into(),
+            },
+            logprobs: [None, Some(0), Some(3), None, Some(5)][r % 5],
+            min_tokens: if r % 6 == 5 { 20 } else { 0 },
+            stop_token_ids: vec![top, pick(&mut rng)].into(),
+            seed: Some(seed ^ r as u64),
+            ..Default::default()
+        };
+        let allowed = (r % 4 == 2).then(|| {
+            let mut words = vec![0u32; vocab.div_ceil(32)];
+            for id in 0..vocab {
+                if rng.next() > -0.5 {
+                    words[id / 32] |= 1 << (id % 32);
+                }
+            }
+            words
+        });
+        let mut host = Sampler::new(&params);
+        host.set_eos_ids(&[7]);
+        let mut twin = Sampler::new(&params);
+        twin.set_eos_ids(&[7]);
+        let mut masked = row.clone();
+        if let Some(words) = &allowed {
+            for (id, l) in masked.iter_mut().enumerate() {
+                if words[id / 32] >> (id % 32) & 1 == 0 {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+        for _ in 0..3 {
+            want.push(host.sample(&mut masked.clone(), &prompt, &output));
+            rows.push(twin.device_row(&prompt, &output, allowed.clone()));
+            logits.extend(&row);
+        }
+    }
+    let got = device_sample(target, &logits, vocab, &rows, seed);
+    for (r, (g, w)) in got.iter().zip(&want).enumerate() {
+        let what = format!(
+            "row {r} ({:?}), seed {seed}",
+            DeviceRow {
+                allowed: None,
+                ..rows[r].clone()
+            }
+        );
+        assert_eq!(g.id, w.id, "{what}");
+        match (g.logprob, w.logprob) {
+            (Some(a), Some(b)) => assert!((a - b).abs() < 1e-3, "{what}: logprob {a} vs {b}"),
+            (a, b) => assert_eq!(a.is_some(), b.is_some(), "{what}"),
+        }
+        assert_eq!(g.top.len(), w.top_logprobs.len(), "{what}");
+        for (a, b) in g.top.iter().zip(&w.top_logprobs) {
+            assert!(
+                a.0 == b.0 && (a.1 - b.1).abs() < 1e-3,
+                "{what}: top {a:?} vs {b:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn device_sampling_on_the_host_build_matches_the_host_sampler() {
+    sampling_cases(&Target::Host);
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn device_sampling_on_the_gpu_matches_the_host_sampler() {
+    let Some(dev) = gpu() else { return };
+    sampling_cases(&Target::Gpu(dev));
 }
 
 /// Runs one of the emulator's self-test kernels (`selftest.cu`) over one

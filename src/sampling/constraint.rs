@@ -437,6 +437,21 @@ impl Constraint {
 pub struct TokenMask(SimpleVob);
 
 impl TokenMask {
+    /// The allowed ids of a row of `vocab` logits as bits, bit `i % 32` of
+    /// word `i / 32` (ids past the mask: disallowed), for the device
+    /// sampler.
+    pub fn allowed_bits(&self, vocab: usize) -> Vec<u32> {
+        let mut words = vec![0u32; vocab.div_ceil(32)];
+        let known = self.0.len().min(vocab);
+        for (w, &bits) in words.iter_mut().zip(self.0.as_slice()) {
+            *w = bits;
+        }
+        for id in known..words.len() * 32 {
+            words[id / 32] &= !(1 << (id % 32));
+        }
+        words
+    }
+
     /// Sets every disallowed logit to -inf (ids past the vocabulary too:
     /// a model's head may be padded).
     pub fn apply(&self, logits: &mut [f32]) {

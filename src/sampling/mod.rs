@@ -4,7 +4,9 @@
 
 pub mod argmax;
 pub mod constraint;
+pub mod device;
 pub mod params;
 pub mod race;
 pub mod sampler;
 pub mod schema_rules;
+pub mod token;

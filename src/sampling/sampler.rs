@@ -19,13 +19,16 @@
 //! Steps 2–5 modify the caller's logits in place.
 
 use std::cmp::Ordering;
+use std::collections::BTreeMap;
 
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::sampling::argmax::argmax;
+use crate::sampling::device::DeviceRow;
 use crate::sampling::params::SamplingParams;
 use crate::sampling::race::race;
+pub use crate::sampling::token::SampledToken;
 use crate::vec_math::{exp_into, fast_exp, max_of};
 
 /// Temperatures below this are greedy, as in vLLM: dividing by a near-zero
@@ -36,30 +39,6 @@ const GREEDY_TEMPERATURE: f32 = 1e-5;
 /// first, growing 4x while their mass falls short. LLM distributions are
 /// usually peaked, so the vocabulary is rarely sorted whole.
 const NUCLEUS_CHUNK: usize = 64;
-
-/// One sampled token with its logprobs under the raw logits.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SampledToken {
-    pub id: u32,
-    /// Log-softmax of the raw logits at `id`, when logprobs were requested
-    /// (a pass over the vocabulary that greedy decoding otherwise skips).
-    pub logprob: Option<f32>,
-    /// The `logprobs` most likely tokens under the raw logits with their
-    /// logprobs, most likely first (ties: lowest id first). Empty unless
-    /// requested; the chosen token is included only if it is among them.
-    pub top_logprobs: Vec<(u32, f32)>,
-}
-
-impl SampledToken {
-    /// A token without logprobs.
-    pub fn plain(id: u32) -> Self {
-        SampledToken {
-            id,
-            logprob: None,
-            top_logprobs: Vec::new(),
-        }
-    }
-}
 
 /// Samples the tokens of one request; owns that request's RNG so seeded
 /// requests are reproducible whatever else the batch contains.
@@ -186,6 +165,53 @@ impl Sampler {
         self.pick(logits, Some(key))
     }
 
+    /// This row's sampling for the device sampler ([`device`](super::device)):
+    /// what [`Sampler::sample`] would apply after `prompt_tokens` and
+    /// `output_tokens`, under the grammar's `allowed` bits, with the key it
+    /// would draw, drawn now as it would be.
+    pub fn device_row(
+        &mut self,
+        prompt_tokens: &[u32],
+        output_tokens: &[u32],
+        allowed: Option<Vec<u32>>,
+    ) -> DeviceRow {
+        let p = &self.params;
+        let mut seen: BTreeMap<u32, (bool, u32)> = BTreeMap::new();
+        if p.repetition_penalty != 1.0 {
+            for &id in prompt_tokens.iter().chain(output_tokens) {
+                seen.entry(id).or_default().0 = true;
+            }
+        }
+        if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+            for &id in output_tokens {
+                seen.entry(id).or_default().1 += 1;
+            }
+        }
+        let key = match p.temperature < GREEDY_TEMPERATURE {
+            true => 0,
+            false => self.rng.next_u64(),
+        };
+        let p = &self.params;
+        DeviceRow {
+            temperature: p.temperature,
+            top_k: p.top_k,
+            top_p: p.top_p,
+            min_p: p.min_p,
+            repetition_penalty: p.repetition_penalty,
+            presence_penalty: p.presence_penalty,
+            frequency_penalty: p.frequency_penalty,
+            key,
+            logprobs: p.logprobs,
+            bias: p.logit_bias.to_vec(),
+            penalties: seen.into_iter().map(|(id, (r, c))| (id, r, c)).collect(),
+            banned: match output_tokens.len() < p.min_tokens {
+                true => self.min_tokens_mask.clone(),
+                false => Vec::new(),
+            },
+            allowed,
+        }
+    }
+
     /// The keys the next `n` draws will take, leaving the RNG where it is.
     pub fn next_keys(&self, n: usize) -> Vec<u64> {
         let mut rng = self.rng.clone();
@@ -198,12 +224,14 @@ impl Sampler {
         if self.params.temperature < GREEDY_TEMPERATURE {
             return argmax(logits);
         }
+        // Drawn first, whatever the logits: the device sampler's rows take
+        // their keys before their logits exist (`device_row`).
+        let key = key.unwrap_or_else(|| self.rng.next_u64());
         let max = max_of(logits);
         if !max.is_finite() {
             // Everything masked, or infinite logits: degenerate but valid.
             return argmax(logits);
         }
-        let key = key.unwrap_or_else(|| self.rng.next_u64());
         match self.filter(logits, max) {
             Survivors::Dense => race(key, &self.weights, |i| i as u32) as u32,
             Survivors::Sparse => {

@@ -42,57 +42,56 @@ constexpr int warpSize = 32;
 #define __shared__ static __attribute__((section("wick_shared")))
 
 // -- Barriers and warp functions (emulator.cpp) ---------------------------
-
-void __syncthreads();
+// Each is a macro that passes its source line: the emulator requires the
+// threads meeting at one to be at the same statement, and the compiler may
+// copy a statement into several places in the machine code.
 
 namespace wick_cuda {
 
+struct Site {
+    const char* file;
+    int line;
+};
+
 enum class Warp : int { Idx, Up, Down, Xor, Sync, Ballot };
 
+void barrier(Site site);
+
 // A rendezvous of the lanes in `mask` of the calling thread's warp at one
-// call site: each lane gives `value`, and gets what `op` and `arg` select.
-uint32_t warp_op(unsigned mask, uint32_t value, Warp op, int arg, int width);
+// statement: each lane gives `value`, and gets what `op` and `arg` select.
+uint32_t warp_op(Site site, unsigned mask, uint32_t value, Warp op, int arg, int width);
 
 template <typename T>
-__forceinline__ T shfl(unsigned mask, T value, Warp op, int arg, int width) {
+__forceinline__ T shfl(Site site, unsigned mask, T value, Warp op, int arg, int width = 32) {
     static_assert(sizeof(T) == 4 || sizeof(T) == 8, "a shuffle moves 4 or 8 bytes");
     uint32_t words[sizeof(T) / 4];
     memcpy(words, &value, sizeof(T));
-    for (auto& w : words) w = warp_op(mask, w, op, arg, width);
+    for (auto& w : words) w = warp_op(site, mask, w, op, arg, width);
     memcpy(&value, words, sizeof(T));
     return value;
 }
 
+__forceinline__ void syncwarp(Site site, unsigned mask = 0xffffffffu) {
+    warp_op(site, mask, 0, Warp::Sync, 0, 32);
+}
+
+__forceinline__ unsigned ballot(Site site, unsigned mask, int predicate) {
+    return warp_op(site, mask, predicate != 0, Warp::Ballot, 0, 32);
+}
+
 }  // namespace wick_cuda
 
-template <typename T>
-__forceinline__ T __shfl_sync(unsigned mask, T v, int src, int width = warpSize) {
-    return wick_cuda::shfl(mask, v, wick_cuda::Warp::Idx, src, width);
-}
-template <typename T>
-__forceinline__ T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = warpSize) {
-    return wick_cuda::shfl(mask, v, wick_cuda::Warp::Up, (int)delta, width);
-}
-template <typename T>
-__forceinline__ T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = warpSize) {
-    return wick_cuda::shfl(mask, v, wick_cuda::Warp::Down, (int)delta, width);
-}
-template <typename T>
-__forceinline__ T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = warpSize) {
-    return wick_cuda::shfl(mask, v, wick_cuda::Warp::Xor, lane_mask, width);
-}
-__forceinline__ void __syncwarp(unsigned mask = 0xffffffffu) {
-    wick_cuda::warp_op(mask, 0, wick_cuda::Warp::Sync, 0, warpSize);
-}
-__forceinline__ unsigned __ballot_sync(unsigned mask, int predicate) {
-    return wick_cuda::warp_op(mask, predicate != 0, wick_cuda::Warp::Ballot, 0, warpSize);
-}
-__forceinline__ int __any_sync(unsigned mask, int predicate) {
-    return __ballot_sync(mask, predicate) != 0;
-}
-__forceinline__ int __all_sync(unsigned mask, int predicate) {
-    return __ballot_sync(mask, predicate) == mask;
-}
+#define WICK_SITE (wick_cuda::Site{__FILE__, __LINE__})
+#define __syncthreads() wick_cuda::barrier(WICK_SITE)
+#define __shfl_sync(mask, v, ...) wick_cuda::shfl(WICK_SITE, mask, v, wick_cuda::Warp::Idx, __VA_ARGS__)
+#define __shfl_up_sync(mask, v, ...) wick_cuda::shfl(WICK_SITE, mask, v, wick_cuda::Warp::Up, __VA_ARGS__)
+#define __shfl_down_sync(mask, v, ...) \
+    wick_cuda::shfl(WICK_SITE, mask, v, wick_cuda::Warp::Down, __VA_ARGS__)
+#define __shfl_xor_sync(mask, v, ...) wick_cuda::shfl(WICK_SITE, mask, v, wick_cuda::Warp::Xor, __VA_ARGS__)
+#define __syncwarp(...) wick_cuda::syncwarp(WICK_SITE, ##__VA_ARGS__)
+#define __ballot_sync(mask, predicate) wick_cuda::ballot(WICK_SITE, mask, predicate)
+#define __any_sync(mask, predicate) (wick_cuda::ballot(WICK_SITE, mask, predicate) != 0)
+#define __all_sync(mask, predicate) (wick_cuda::ballot(WICK_SITE, mask, predicate) == (unsigned)(mask))
 
 // -- Atomics ---------------------------------------------------------------
 // Fibers switch only at barriers and warp functions, and blocks run one at
@@ -125,12 +124,29 @@ __forceinline__ float __expf(float x) { return expf(x); }
 __forceinline__ float __logf(float x) { return logf(x); }
 __forceinline__ float __fdividef(float a, float b) { return a / b; }
 __forceinline__ float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+// Explicitly rounded operations (never contracted into an FMA by nvcc).
+__forceinline__ float __fadd_rn(float a, float b) { return a + b; }
+__forceinline__ float __fsub_rn(float a, float b) { return a - b; }
+__forceinline__ float __fmul_rn(float a, float b) { return a * b; }
+__forceinline__ float __fdiv_rn(float a, float b) { return a / b; }
+__forceinline__ float __frcp_rn(float a) { return 1.0f / a; }
 __forceinline__ int min(int a, int b) { return a < b ? a : b; }
 __forceinline__ int max(int a, int b) { return a > b ? a : b; }
 __forceinline__ unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 __forceinline__ unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
 __forceinline__ long long min(long long a, long long b) { return a < b ? a : b; }
 __forceinline__ long long max(long long a, long long b) { return a > b ? a : b; }
+
+__forceinline__ unsigned __float_as_uint(float f) {
+    unsigned u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+__forceinline__ float __uint_as_float(unsigned u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 
 // -- Half types --------------------------------------------------------------
 // The bits, converted with round-to-nearest-even as CUDA's `__float2half`

@@ -11,9 +11,9 @@
 //   an integer) before each block.
 // - A warp function waits for every lane its mask names, and fails the
 //   launch if one of them has ended, waits at a barrier, is not in the
-//   block, or meets it at another call site or with another mask. A lane
+//   block, or meets it at another statement or with another mask. A lane
 //   that reads a lane outside the mask gets the poison value.
-// - `__syncthreads` waits for every thread of the block, at one call site;
+// - `__syncthreads` waits for every thread of the block, at one statement;
 //   if no thread can run and they are not all there, the launch fails and
 //   says where each thread waits.
 //
@@ -49,7 +49,12 @@ extern "C" char __stop_wick_shared[] __attribute__((weak));
 
 namespace {
 
+using wick_cuda::Site;
 using wick_cuda::Warp;
+
+bool same(Site a, Site b) {
+    return a.line == b.line && (a.file == b.file || strcmp(a.file, b.file) == 0);
+}
 
 enum class State { Ready, Barrier, Warp, Exited };
 
@@ -58,9 +63,9 @@ struct Fiber {
     bool started = false;
     State state = State::Ready;
     uint3 idx{};
-    // Where it waits (a return address: one call site of a barrier or a
-    // warp function), and, at a warp function, what it asked for.
-    const void* site = nullptr;
+    // Where it waits (the statement of a barrier or a warp function), and,
+    // at a warp function, what it asked for.
+    Site site{"", 0};
     unsigned mask = 0;
     Warp op = Warp::Sync;
     int arg = 0, width = 0;
@@ -163,11 +168,18 @@ const char* op_name(Warp op) {
     return "a warp function";
 }
 
+// `file:line`, the file without its directories.
+std::string at(Site s) {
+    const char* name = strrchr(s.file, '/');
+    return format("%s:%d", name ? name + 1 : s.file, s.line);
+}
+
 std::string mismatch(const Fiber& a, const Fiber& b) {
     return format("threads %u and %u of one warp meet at different warp functions: %s "
-                  "(mask 0x%08x) and %s (mask 0x%08x)%s",
-                  tid_of(&a), tid_of(&b), op_name(a.op), a.mask, op_name(b.op), b.mask,
-                  a.site != b.site ? " at different call sites" : "");
+                  "(mask 0x%08x, ",
+                  tid_of(&a), tid_of(&b), op_name(a.op), a.mask) +
+           at(a.site) + format(") and %s (mask 0x%08x, ", op_name(b.op), b.mask) + at(b.site) +
+           ")";
 }
 
 // Why a thread waiting at a warp function cannot go on, where a lane its
@@ -184,7 +196,7 @@ std::string stuck_warp(const Launch& l) {
             if (where != nullptr)
                 return format("thread %u waits at %s (mask 0x%08x) for thread %u, which %s", tid,
                               op_name(f.op), f.mask, tid_of(&g), where);
-            if (g.state == State::Warp && (g.mask != f.mask || g.site != f.site))
+            if (g.state == State::Warp && (g.mask != f.mask || !same(g.site, f.site)))
                 return mismatch(f, g);
         }
     }
@@ -193,19 +205,13 @@ std::string stuck_warp(const Launch& l) {
 
 // Where each thread is, as runs of consecutive threads in the same place.
 std::string describe(const Launch& l) {
-    std::vector<const void*> sites;
     auto where = [&](const Fiber& f) -> std::string {
         switch (f.state) {
             case State::Ready: return "ready";
             case State::Exited: return "ended";
-            case State::Barrier:
-            case State::Warp: {
-                size_t k = 0;
-                while (k < sites.size() && sites[k] != f.site) k++;
-                if (k == sites.size()) sites.push_back(f.site);
-                if (f.state == State::Barrier) return format("at __syncthreads #%zu", k + 1);
-                return format("at %s #%zu (mask 0x%08x)", op_name(f.op), k + 1, f.mask);
-            }
+            case State::Barrier: return "at __syncthreads (" + at(f.site) + ")";
+            case State::Warp:
+                return format("at %s (mask 0x%08x, ", op_name(f.op), f.mask) + at(f.site) + ")";
         }
         return "";
     };
@@ -219,7 +225,7 @@ std::string describe(const Launch& l) {
         out += w;
         t = u;
     }
-    return out + " (#k: distinct call sites)";
+    return out;
 }
 
 // Runs the block in `blockIdx`; false (with `l.error`) if it failed.
@@ -237,14 +243,12 @@ bool run_block(Launch& l) {
         if (!l.error.empty()) return false;
         // Nobody can run: the block is done, or at a barrier, or stuck.
         unsigned ended = 0, waiting = 0;
-        const void* site = nullptr;
         bool one_site = true;
         for (const Fiber& f : l.fibers) {
             if (f.state == State::Exited) ended++;
             if (f.state != State::Barrier) continue;
+            one_site = one_site && (waiting == 0 || same(f.site, l.fibers[0].site));
             waiting++;
-            one_site = one_site && (site == nullptr || site == f.site);
-            site = f.site;
         }
         if (ended == l.threads) return true;
         if (waiting == l.threads && one_site) {
@@ -262,17 +266,17 @@ bool run_block(Launch& l) {
 
 }  // namespace
 
-void __syncthreads() {
+void wick_cuda::barrier(Site site) {
     Fiber* f = L->current;
     f->state = State::Barrier;
-    f->site = __builtin_return_address(0);
+    f->site = site;
     park(f);
 }
 
-uint32_t wick_cuda::warp_op(unsigned mask, uint32_t value, Warp op, int arg, int width) {
+uint32_t wick_cuda::warp_op(Site site, unsigned mask, uint32_t value, Warp op, int arg,
+                            int width) {
     Launch& l = *L;
     Fiber* f = l.current;
-    const void* site = __builtin_return_address(0);
     const unsigned tid = tid_of(f), lane = tid % 32, base = tid - lane;
     if (!(mask >> lane & 1))
         fail(format("thread %u calls %s with mask 0x%08x, which leaves out its own lane %u",
@@ -299,7 +303,7 @@ uint32_t wick_cuda::warp_op(unsigned mask, uint32_t value, Warp op, int arg, int
         uint32_t ballot = 0;
         for (unsigned m = mask; m; m &= m - 1) {
             const Fiber& g = l.fibers[base + __builtin_ctz(m)];
-            if (g.site != site || g.mask != mask || g.op != op || g.width != width)
+            if (!same(g.site, site) || g.mask != mask || g.op != op || g.width != width)
                 fail(mismatch(*f, g));
             if (g.in != 0) ballot |= 1u << __builtin_ctz(m);
         }
