@@ -332,7 +332,7 @@ fn tensor_kv_fallback_matches_the_cpu_kernel() {
 /// the CPU: the picks must be the host's argmax of the same rows.
 #[test]
 fn rows_picked_on_the_device_are_the_hosts_argmax() {
-    use wick::engine::model_runner::{LogitRow, ModelRunner};
+    use wick::engine::model_runner::{LogitRow, ModelRunner, Pick};
 
     let loaded = common::load_default(WeightFormat::Native);
     let tok = &loaded.tokenizer;
@@ -360,14 +360,20 @@ fn rows_picked_on_the_device_are_the_hosts_argmax() {
     let n = batch.logit_rows().len();
     let mut flags = vec![true; n];
     flags[1] = false;
-    let (host, _) = runner(false).run(&batch, &flags).unwrap();
+    let picks = |flags: &[bool]| -> Vec<Pick> {
+        flags
+            .iter()
+            .map(|&f| if f { Pick::Argmax } else { Pick::Whole })
+            .collect()
+    };
+    let (host, _) = runner(false).run(&batch, &picks(&flags)).unwrap();
     assert!(
         host.iter().all(|r| matches!(r, LogitRow::Logits(_))),
         "the CPU's own path"
     );
-    let (whole, _) = runner(true).run(&batch, &vec![false; n]).unwrap();
+    let (whole, _) = runner(true).run(&batch, &picks(&vec![false; n])).unwrap();
     for flags in [flags, vec![true; n]] {
-        let (picked, _) = runner(true).run(&batch, &flags).unwrap();
+        let (picked, _) = runner(true).run(&batch, &picks(&flags)).unwrap();
         assert_eq!(picked.len(), n);
         for (r, (got, want)) in picked.iter().zip(&whole).enumerate() {
             match (flags[r], got) {

@@ -18,7 +18,7 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::engine::block_manager::BlockManager;
-use crate::engine::model_runner::{LogitRow, ModelRunner};
+use crate::engine::model_runner::{LogitRow, ModelRunner, Pick};
 use crate::engine::sequence::{SeqId, Sequence};
 use crate::engine::speculation::{DraftRun, MODEL_DRAFT};
 use crate::engine::step_plan::RowPlan;
@@ -135,11 +135,16 @@ impl Drafter {
                     }
                 }
             }
-            let picks: Vec<bool> = run
+            let picks: Vec<Pick> = run
                 .iter()
                 .map(|&r| &rows[r])
                 .filter(|(row, _)| !row.draft.is_empty())
-                .map(|(_, seq)| seq.sampler.argmax_only(seq.output().len() + j))
+                .map(
+                    |(_, seq)| match seq.sampler.argmax_only(seq.output().len() + j) {
+                        true => Pick::Argmax,
+                        false => Pick::Whole,
+                    },
+                )
                 .collect();
             let logits = match self.runner.run(&batch, &picks) {
                 Ok((logits, _)) => logits,
@@ -194,6 +199,8 @@ impl Drafter {
 fn propose(seq: &mut Sequence, row: LogitRow, proposed: &[u32], key: u64) -> u32 {
     match row {
         LogitRow::Argmax(id) => id,
+        // Never: the draft model's rows are picked whole or as argmax.
+        LogitRow::Sampled(token) => token.id,
         LogitRow::Logits(mut row) => {
             let (prompt, output) = seq.tokens.split_at(seq.prompt_len);
             let output = [output, proposed].concat();

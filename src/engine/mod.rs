@@ -509,11 +509,12 @@ impl Engine {
         if !plan.is_empty() {
             let batch = plan.batch(self.scheduler.running());
             let mut rows = self.scheduler.rows(&plan.rows);
+            let picks = sample::picks(&mut rows, self.runner.samples_on_device());
             // Inside the rayon pool, the kernels' parallel calls are cheap
             // forks rather than a cross-thread hand-off each.
             let runner = &mut self.runner;
             let (out, masks) = rayon::join(
-                || runner.execute(&plan, &batch),
+                || runner.execute(&batch, &picks),
                 || sample::grammar_masks(&mut rows),
             );
             let outputs = (out.rows).map(|(logits, hidden)| {

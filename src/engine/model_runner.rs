@@ -7,12 +7,13 @@ use std::time::{Duration, Instant};
 use candle_core::Tensor;
 
 use crate::attention;
-use crate::engine::step_plan::StepPlan;
 use crate::error::panic_message;
 use crate::kv::cache::KvCache;
 use crate::kv::step_meta::MetaBuffers;
 use crate::models::{FlatBatch, Model};
 use crate::sampling::argmax::{argmax, argmax_rows};
+use crate::sampling::device::DeviceRow;
+use crate::sampling::sampler::SampledToken;
 
 /// One `Vec<f32>` per row.
 pub type Rows = Vec<Vec<f32>>;
@@ -25,15 +26,32 @@ pub enum LogitRow {
     /// ([`crate::sampling::sampler::Sampler::argmax_only`]), picked on the
     /// device so that the row never crosses to the host.
     Argmax(u32),
+    /// The token the device sampled for the row ([`Pick::Sample`]).
+    Sampled(SampledToken),
 }
 
 impl LogitRow {
+    /// The row's argmax; a sampled row's token.
     pub fn argmax(&self) -> u32 {
         match self {
             LogitRow::Logits(row) => argmax(row),
             LogitRow::Argmax(id) => *id,
+            LogitRow::Sampled(t) => t.id,
         }
     }
+}
+
+/// Where a logits row is read.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Pick {
+    /// Whole, on the host.
+    Whole,
+    /// Only its argmax: picked on the device where the runner picks there,
+    /// else the row comes back whole.
+    Argmax,
+    /// Sampled on a CUDA device under this row's sampling
+    /// ([`ModelRunner::samples_on_device`]); only the token comes back.
+    Sample(DeviceRow),
 }
 
 /// What a step's forward came to, and how long it took.
@@ -72,11 +90,18 @@ impl ModelRunner {
         &self.cache
     }
 
-    /// Runs a step's batch ([`StepPlan::batch`]) for `plan`, timing it; a
-    /// failed forward, or a panic inside it, is the step's error.
-    pub fn execute(&mut self, plan: &StepPlan, batch: &FlatBatch) -> RunnerOutput {
+    /// Whether rows may be sampled on the device ([`Pick::Sample`]): on a
+    /// CUDA device.
+    pub fn samples_on_device(&self) -> bool {
+        self.model.device().is_cuda()
+    }
+
+    /// Runs a step's batch (`StepPlan::batch`), each logits row read as
+    /// `picks` says, timing it; a failed forward, or a panic inside it, is
+    /// the step's error.
+    pub fn execute(&mut self, batch: &FlatBatch, picks: &[Pick]) -> RunnerOutput {
         let start = Instant::now();
-        let result = catch_unwind(AssertUnwindSafe(|| self.run(batch, &plan.argmax())));
+        let result = catch_unwind(AssertUnwindSafe(|| self.run(batch, picks)));
         let rows = match result {
             Ok(Ok(rows)) => Ok(rows),
             Ok(Err(e)) => Err(e.to_string()),
@@ -91,13 +116,13 @@ impl ModelRunner {
         }
     }
 
-    /// Runs the batch; returns the logits of [`FlatBatch::logit_rows`], where
-    /// `argmax[r]` says row `r` needs only its argmax, and the final hidden
-    /// states of [`FlatBatch::hidden_rows`].
+    /// Runs the batch; returns the logits of [`FlatBatch::logit_rows`], row
+    /// `r` read as `picks[r]` says, and the final hidden states of
+    /// [`FlatBatch::hidden_rows`].
     pub fn run(
         &mut self,
         batch: &FlatBatch,
-        argmax: &[bool],
+        picks: &[Pick],
     ) -> candle_core::Result<(Vec<LogitRow>, Rows)> {
         let (model, cache) = (self.model.as_ref(), &mut self.cache);
         let window = model.info().sliding_window;
@@ -107,49 +132,81 @@ impl ModelRunner {
             Some(h) => h.to_vec2::<f32>()?,
             None => Vec::new(),
         };
-        Ok((self.logit_rows(&out.logits, argmax)?, hidden))
+        Ok((self.logit_rows(&out.logits, picks)?, hidden))
     }
 
-    /// Brings back whole only the rows that need more than their argmax,
-    /// when picking on the device.
-    fn logit_rows(&self, logits: &Tensor, argmax: &[bool]) -> candle_core::Result<Vec<LogitRow>> {
-        let whole = |t: &Tensor| -> candle_core::Result<Vec<LogitRow>> {
-            Ok(t.to_vec2::<f32>()?
-                .into_iter()
-                .map(LogitRow::Logits)
-                .collect())
+    /// Brings back whole only the rows read whole: argmax rows are picked
+    /// on the device (where the runner picks there), and sampled rows
+    /// sampled there.
+    fn logit_rows(&self, logits: &Tensor, picks: &[Pick]) -> candle_core::Result<Vec<LogitRow>> {
+        if picks.len() != logits.dim(0)? {
+            candle_core::bail!("{} picks for {} logits rows", picks.len(), logits.dim(0)?);
+        }
+        #[derive(PartialEq)]
+        enum Where {
+            Host,
+            Argmax,
+            Sample,
+        }
+        let place = |p: &Pick| match p {
+            Pick::Argmax if self.pick_on_device => Where::Argmax,
+            Pick::Sample(_) => Where::Sample,
+            _ => Where::Host,
         };
-        if !self.pick_on_device || !argmax.contains(&true) {
-            return whole(logits);
-        }
-        if argmax.len() != logits.dim(0)? {
-            candle_core::bail!(
-                "{} argmax flags for {} logits rows",
-                argmax.len(),
-                logits.dim(0)?
-            );
-        }
-        if !argmax.contains(&false) {
-            return Ok(argmax_rows(logits)?
-                .into_iter()
-                .map(LogitRow::Argmax)
-                .collect());
-        }
-        let select = |pick: bool| -> candle_core::Result<Tensor> {
-            let rows: Vec<u32> = (0..argmax.len() as u32)
-                .filter(|&r| argmax[r as usize] == pick)
+        // The rows read one way, as a tensor of their own (none: no rows).
+        let select = |w: Where| -> candle_core::Result<Option<Tensor>> {
+            let rows: Vec<u32> = (0..picks.len() as u32)
+                .filter(|&r| place(&picks[r as usize]) == w)
                 .collect();
-            logits.index_select(&Tensor::new(rows, logits.device())?, 0)
+            match rows.len() {
+                0 => Ok(None),
+                n if n == picks.len() => Ok(Some(logits.clone())),
+                _ => Ok(Some(
+                    logits.index_select(&Tensor::new(rows, logits.device())?, 0)?,
+                )),
+            }
         };
-        let mut ids = argmax_rows(&select(true)?)?.into_iter();
-        let mut rows = whole(&select(false)?)?.into_iter();
-        argmax
+        let mut whole = match select(Where::Host)? {
+            Some(t) => t.to_vec2::<f32>()?,
+            None => Vec::new(),
+        }
+        .into_iter();
+        let mut ids = match select(Where::Argmax)? {
+            Some(t) => argmax_rows(&t)?,
+            None => Vec::new(),
+        }
+        .into_iter();
+        let sampling: Vec<DeviceRow> = picks
             .iter()
-            .map(|&pick| match pick {
-                true => ids.next().map(LogitRow::Argmax),
-                false => rows.next(),
+            .filter_map(|p| match p {
+                Pick::Sample(row) => Some(row.clone()),
+                _ => None,
+            })
+            .collect();
+        let mut sampled = match select(Where::Sample)? {
+            Some(t) => sample_on_device(&t, &sampling)?,
+            None => Vec::new(),
+        }
+        .into_iter();
+        picks
+            .iter()
+            .map(|p| match place(p) {
+                Where::Host => whole.next().map(LogitRow::Logits),
+                Where::Argmax => ids.next().map(LogitRow::Argmax),
+                Where::Sample => sampled.next().map(LogitRow::Sampled),
             })
             .collect::<Option<_>>()
             .ok_or_else(|| candle_core::Error::Msg("a logits row short".into()))
+    }
+}
+
+/// `sampling/device.rs`'s kernel, on a CUDA device.
+fn sample_on_device(logits: &Tensor, rows: &[DeviceRow]) -> candle_core::Result<Vec<SampledToken>> {
+    #[cfg(feature = "cuda")]
+    return crate::sampling::device::cuda::sample_rows(logits, rows);
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (logits, rows);
+        candle_core::bail!("sampling on the device needs a CUDA device")
     }
 }

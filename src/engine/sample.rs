@@ -5,7 +5,7 @@
 
 use rayon::prelude::*;
 
-use crate::engine::model_runner::{LogitRow, Rows};
+use crate::engine::model_runner::{LogitRow, Pick, Rows};
 use crate::engine::sequence::{SeqId, Sequence};
 use crate::engine::step_plan::{RowOutput, RowPlan};
 use crate::models::LogitRows;
@@ -25,6 +25,31 @@ pub fn grammar_masks(rows: &mut [(&RowPlan, &mut Sequence)]) -> Vec<Mask> {
             s.params.constraint.as_mut().map(|c| (id, c.mask()))
         })
         .collect()
+}
+
+/// Where each of the step's logits rows is read ([`Pick`]): a plain greedy
+/// row's argmax on the device; with `on_device` (a CUDA device), a row that
+/// samples one token with no grammar, draft or prompt scores is sampled
+/// there (its sampler draws the row's key now); the rest come back whole.
+/// Rows under a grammar come back whole too: their masks are computed
+/// beside the forward.
+pub fn picks(rows: &mut [(&RowPlan, &mut Sequence)], on_device: bool) -> Vec<Pick> {
+    let mut picks = Vec::new();
+    for (row, seq) in rows.iter_mut() {
+        let n = row.num_logit_rows();
+        let sample_here = on_device
+            && n == 1
+            && row.ends
+            && row.draft.is_empty()
+            && !row.masked
+            && row.logit_rows() == LogitRows::Last;
+        match (row.argmax_only, sample_here) {
+            (true, _) => picks.extend(std::iter::repeat_n(Pick::Argmax, n)),
+            (false, true) => picks.push(Pick::Sample(seq.device_row())),
+            (false, false) => picks.extend(std::iter::repeat_n(Pick::Whole, n)),
+        }
+    }
+    picks
 }
 
 /// Splits the step's `logits` and `hidden` rows (in batch order) among
@@ -96,8 +121,10 @@ fn sample_one(
 ) -> Result<SampledToken, String> {
     let row = match row {
         LogitRow::Logits(row) => row,
-        // A row picked on the device has no grammar (`argmax_suffices`).
+        // A row picked or sampled on the device has no grammar
+        // (`argmax_suffices`, `picks`).
         LogitRow::Argmax(id) => return Ok(SampledToken::plain(*id)),
+        LogitRow::Sampled(token) => return Ok(token.clone()),
     };
     let grammar_error = |e: anyhow::Error| format!("the output grammar failed: {e:#}");
     if let Some(mask) = mask {
@@ -138,6 +165,8 @@ fn verify_draft(seq: &mut Sequence, draft: &[u32], rows: &mut [LogitRow]) -> Vec
         let token = match row {
             LogitRow::Logits(row) => sampler.sample(row, prompt, &output),
             LogitRow::Argmax(id) => SampledToken::plain(*id),
+            // Never: a drafted row comes back whole or as its argmax.
+            LogitRow::Sampled(token) => token.clone(),
         };
         let holds = draft.get(i) == Some(&token.id);
         output.push(token.id);
@@ -168,8 +197,67 @@ fn score_prompt(seq: &Sequence, first: usize, rows: &[LogitRow]) -> Vec<SampledT
         .into_par_iter()
         .map(|t| match &rows[t - 1 - first] {
             LogitRow::Logits(row) => score_token(row, prompt[t], n),
-            // Never: a scoring row comes back whole (`argmax_suffices`).
-            LogitRow::Argmax(_) => SampledToken::plain(prompt[t]),
+            // Never: a scoring row comes back whole (`argmax_suffices`,
+            // `picks`).
+            LogitRow::Argmax(_) | LogitRow::Sampled(_) => SampledToken::plain(prompt[t]),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampling::params::SamplingParams;
+    use crate::sampling::sampler::Sampler;
+
+    /// A sequence whose whole prompt is this step's chunk: it samples.
+    fn prefilling(params: SamplingParams) -> Sequence {
+        let mut seq = Sequence::new(1, vec![5u32, 6, 7].into(), params, 1 << 20, &[]);
+        seq.chunk = seq.len();
+        seq
+    }
+
+    #[test]
+    fn plain_sampled_rows_are_sampled_on_the_device_with_the_key_the_host_would_draw() {
+        let sampled = SamplingParams {
+            temperature: 0.8,
+            seed: Some(9),
+            ..Default::default()
+        };
+        let scored = SamplingParams {
+            prompt_logprobs: Some(1),
+            ..sampled.clone()
+        };
+        let greedy = SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        };
+        let mut seqs = [
+            prefilling(sampled.clone()),
+            prefilling(scored),
+            prefilling(greedy),
+        ];
+        let plans: Vec<RowPlan> = seqs.iter().map(|s| RowPlan::of(s, 0)).collect();
+        let keys = Sampler::new(&sampled).next_keys(2);
+
+        let mut rows: Vec<_> = plans.iter().zip(seqs.iter_mut()).collect();
+        let off = picks(&mut rows, false);
+        // Off the device: nothing is drawn ahead.
+        assert_eq!(rows[0].1.sampler.next_keys(1), keys[..1]);
+        let on = picks(&mut rows, true);
+        let Pick::Sample(row) = &on[0] else {
+            panic!("{:?}", on[0])
+        };
+        assert_eq!((row.key, row.temperature), (keys[0], 0.8));
+        assert_eq!(
+            rows[0].1.sampler.next_keys(1),
+            keys[1..],
+            "the key is spent"
+        );
+        // The scoring row needs every row of logits; the greedy one its argmax.
+        assert_eq!(on[1..4], [Pick::Whole, Pick::Whole, Pick::Whole]);
+        assert_eq!(on[4], Pick::Argmax);
+        assert_eq!(off[0], Pick::Whole);
+        assert_eq!(off.len(), on.len());
+    }
 }

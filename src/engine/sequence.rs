@@ -10,6 +10,7 @@ use crate::engine::prompt::{BlockKeys, Prompt};
 use crate::engine::speculation::{Acceptance, DraftTally};
 use crate::kv::BlockId;
 use crate::models::LogitRows;
+use crate::sampling::device::DeviceRow;
 use crate::sampling::params::SamplingParams;
 use crate::sampling::sampler::{SampledToken, Sampler};
 
@@ -192,6 +193,13 @@ impl Sequence {
 
     pub fn output(&self) -> &[u32] {
         &self.tokens[self.prompt_len..]
+    }
+
+    /// Its next token's sampling, for the device sampler: its sampler
+    /// draws the key now, as sampling on the host would.
+    pub fn device_row(&mut self) -> DeviceRow {
+        let (prompt, output) = self.tokens.split_at(self.prompt_len);
+        self.sampler.device_row(prompt, output, None)
     }
 
     /// A decode row under a grammar: the mask it would compute this step,

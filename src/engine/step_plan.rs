@@ -134,14 +134,6 @@ impl StepPlan {
         }
         batch
     }
-
-    /// Per logits row, whether it needs only its argmax.
-    pub fn argmax(&self) -> Vec<bool> {
-        self.rows
-            .iter()
-            .flat_map(|r| std::iter::repeat_n(r.argmax_only, r.num_logit_rows()))
-            .collect()
-    }
 }
 
 /// Pairs each of `rows` with its sequence among `running`; rows are in
