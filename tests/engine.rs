@@ -377,7 +377,7 @@ fn rows_picked_on_the_device_are_the_hosts_argmax() {
         assert_eq!(picked.len(), n);
         for (r, (got, want)) in picked.iter().zip(&whole).enumerate() {
             match (flags[r], got) {
-                (true, LogitRow::Argmax(id)) => assert_eq!(*id, want.argmax(), "row {r}"),
+                (true, LogitRow::Argmax(id)) => assert_eq!(Some(*id), want.argmax(), "row {r}"),
                 (false, LogitRow::Logits(row)) => {
                     let LogitRow::Logits(want) = want else {
                         unreachable!()

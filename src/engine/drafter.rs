@@ -168,8 +168,9 @@ impl Drafter {
                 state.cached = seq.len() + j;
                 if let Some(row) = logits.next() {
                     let key = ahead[r][proposals[r].len()];
-                    let token = propose(seq, row, &proposals[r], key);
-                    proposals[r].push(token);
+                    if let Some(token) = propose(seq, row, &proposals[r], key) {
+                        proposals[r].push(token);
+                    }
                 }
             }
         }
@@ -196,15 +197,14 @@ impl Drafter {
 
 /// The token `seq`'s sampler picks from the draft model's `row`, after
 /// its output and the `proposed` tokens, drawing with `key`.
-fn propose(seq: &mut Sequence, row: LogitRow, proposed: &[u32], key: u64) -> u32 {
+fn propose(seq: &mut Sequence, row: LogitRow, proposed: &[u32], key: u64) -> Option<u32> {
     match row {
-        LogitRow::Argmax(id) => id,
-        // Never: the draft model's rows are picked whole or as argmax.
-        LogitRow::Sampled(token) => token.id,
         LogitRow::Logits(mut row) => {
             let (prompt, output) = seq.tokens.split_at(seq.prompt_len);
             let output = [output, proposed].concat();
-            seq.sampler.propose(&mut row, prompt, &output, key)
+            Some(seq.sampler.propose(&mut row, prompt, &output, key))
         }
+        // The draft model's rows are picked whole or as their argmax.
+        row => row.argmax(),
     }
 }

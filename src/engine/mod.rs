@@ -517,6 +517,7 @@ impl Engine {
                 || runner.execute(&batch, &picks),
                 || sample::grammar_masks(&mut rows),
             );
+            let out = sample::sample_held(runner, out, &masks);
             let outputs = (out.rows).map(|(logits, hidden)| {
                 rayon::scope(|_| sample::sample(rows, logits, hidden, masks))
             });

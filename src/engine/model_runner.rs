@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use candle_core::Tensor;
 
 use crate::attention;
+use crate::engine::sequence::SeqId;
 use crate::error::panic_message;
 use crate::kv::cache::KvCache;
 use crate::kv::step_meta::MetaBuffers;
@@ -28,15 +29,19 @@ pub enum LogitRow {
     Argmax(u32),
     /// The token the device sampled for the row ([`Pick::Sample`]).
     Sampled(SampledToken),
+    /// Kept on the device until its grammar's mask is known
+    /// ([`Pick::SampleMasked`], [`ModelRunner::sample_held`]).
+    Held,
 }
 
 impl LogitRow {
-    /// The row's argmax; a sampled row's token.
-    pub fn argmax(&self) -> u32 {
+    /// The row's argmax (a sampled row's token); none for a held row.
+    pub fn argmax(&self) -> Option<u32> {
         match self {
-            LogitRow::Logits(row) => argmax(row),
-            LogitRow::Argmax(id) => *id,
-            LogitRow::Sampled(t) => t.id,
+            LogitRow::Logits(row) => Some(argmax(row)),
+            LogitRow::Argmax(id) => Some(*id),
+            LogitRow::Sampled(t) => Some(t.id),
+            LogitRow::Held => None,
         }
     }
 }
@@ -52,6 +57,10 @@ pub enum Pick {
     /// Sampled on a CUDA device under this row's sampling
     /// ([`ModelRunner::samples_on_device`]); only the token comes back.
     Sample(DeviceRow),
+    /// The same under the grammar of sequence `SeqId`, whose mask is
+    /// computed beside the forward: held on the device until
+    /// [`ModelRunner::sample_held`].
+    SampleMasked(SeqId, DeviceRow),
 }
 
 /// What a step's forward came to, and how long it took.
@@ -69,6 +78,9 @@ pub struct ModelRunner {
     /// Pick argmax rows where the logits are (any device but the CPU, or
     /// the CPU taking the devices' path), rather than bringing them back.
     pick_on_device: bool,
+    /// The last step's [`Pick::SampleMasked`] rows: their logits, still on
+    /// the device, and their sequences and sampling.
+    held: Option<(Tensor, Vec<(SeqId, DeviceRow)>)>,
 }
 
 impl ModelRunner {
@@ -79,6 +91,7 @@ impl ModelRunner {
             cache,
             meta: MetaBuffers::default(),
             pick_on_device,
+            held: None,
         }
     }
 
@@ -138,7 +151,11 @@ impl ModelRunner {
     /// Brings back whole only the rows read whole: argmax rows are picked
     /// on the device (where the runner picks there), and sampled rows
     /// sampled there.
-    fn logit_rows(&self, logits: &Tensor, picks: &[Pick]) -> candle_core::Result<Vec<LogitRow>> {
+    fn logit_rows(
+        &mut self,
+        logits: &Tensor,
+        picks: &[Pick],
+    ) -> candle_core::Result<Vec<LogitRow>> {
         if picks.len() != logits.dim(0)? {
             candle_core::bail!("{} picks for {} logits rows", picks.len(), logits.dim(0)?);
         }
@@ -147,10 +164,13 @@ impl ModelRunner {
             Host,
             Argmax,
             Sample,
+            Hold,
         }
+        let on_device = self.pick_on_device;
         let place = |p: &Pick| match p {
-            Pick::Argmax if self.pick_on_device => Where::Argmax,
+            Pick::Argmax if on_device => Where::Argmax,
             Pick::Sample(_) => Where::Sample,
+            Pick::SampleMasked(..) => Where::Hold,
             _ => Where::Host,
         };
         // The rows read one way, as a tensor of their own (none: no rows).
@@ -188,15 +208,48 @@ impl ModelRunner {
             None => Vec::new(),
         }
         .into_iter();
+        let held: Vec<(SeqId, DeviceRow)> = picks
+            .iter()
+            .filter_map(|p| match p {
+                Pick::SampleMasked(id, row) => Some((*id, row.clone())),
+                _ => None,
+            })
+            .collect();
+        self.held = select(Where::Hold)?.map(|t| (t, held));
         picks
             .iter()
             .map(|p| match place(p) {
                 Where::Host => whole.next().map(LogitRow::Logits),
                 Where::Argmax => ids.next().map(LogitRow::Argmax),
                 Where::Sample => sampled.next().map(LogitRow::Sampled),
+                Where::Hold => Some(LogitRow::Held),
             })
             .collect::<Option<_>>()
             .ok_or_else(|| candle_core::Error::Msg("a logits row short".into()))
+    }
+}
+
+impl ModelRunner {
+    /// Samples the rows the last step held ([`LogitRow::Held`], in their
+    /// order), now that their grammars' masks are known: `allowed(seq,
+    /// vocab)` gives a sequence's allowed ids as bits (none where its mask
+    /// failed: that row's token is not used).
+    pub fn sample_held(
+        &mut self,
+        allowed: impl Fn(SeqId, usize) -> Option<Vec<u32>>,
+    ) -> candle_core::Result<Vec<SampledToken>> {
+        let Some((logits, held)) = self.held.take() else {
+            return Ok(Vec::new());
+        };
+        let vocab = logits.dim(1)?;
+        let rows: Vec<DeviceRow> = held
+            .into_iter()
+            .map(|(id, row)| DeviceRow {
+                allowed: allowed(id, vocab),
+                ..row
+            })
+            .collect();
+        sample_on_device(&logits, &rows)
     }
 }
 

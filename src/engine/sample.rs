@@ -5,7 +5,7 @@
 
 use rayon::prelude::*;
 
-use crate::engine::model_runner::{LogitRow, Pick, Rows};
+use crate::engine::model_runner::{LogitRow, ModelRunner, Pick, Rows, RunnerOutput};
 use crate::engine::sequence::{SeqId, Sequence};
 use crate::engine::step_plan::{RowOutput, RowPlan};
 use crate::models::LogitRows;
@@ -29,10 +29,9 @@ pub fn grammar_masks(rows: &mut [(&RowPlan, &mut Sequence)]) -> Vec<Mask> {
 
 /// Where each of the step's logits rows is read ([`Pick`]): a plain greedy
 /// row's argmax on the device; with `on_device` (a CUDA device), a row that
-/// samples one token with no grammar, draft or prompt scores is sampled
-/// there (its sampler draws the row's key now); the rest come back whole.
-/// Rows under a grammar come back whole too: their masks are computed
-/// beside the forward.
+/// samples one token with no draft or prompt scores is sampled there (its
+/// sampler draws the row's key now; under a grammar, once the mask is
+/// known: [`sample_held`]); the rest come back whole.
 pub fn picks(rows: &mut [(&RowPlan, &mut Sequence)], on_device: bool) -> Vec<Pick> {
     let mut picks = Vec::new();
     for (row, seq) in rows.iter_mut() {
@@ -41,15 +40,54 @@ pub fn picks(rows: &mut [(&RowPlan, &mut Sequence)], on_device: bool) -> Vec<Pic
             && n == 1
             && row.ends
             && row.draft.is_empty()
-            && !row.masked
             && row.logit_rows() == LogitRows::Last;
-        match (row.argmax_only, sample_here) {
-            (true, _) => picks.extend(std::iter::repeat_n(Pick::Argmax, n)),
-            (false, true) => picks.push(Pick::Sample(seq.device_row())),
-            (false, false) => picks.extend(std::iter::repeat_n(Pick::Whole, n)),
+        match (row.argmax_only, sample_here, row.masked) {
+            (true, _, _) => picks.extend(std::iter::repeat_n(Pick::Argmax, n)),
+            (false, true, false) => picks.push(Pick::Sample(seq.device_row())),
+            (false, true, true) => picks.push(Pick::SampleMasked(seq.id, seq.device_row())),
+            (false, false, _) => picks.extend(std::iter::repeat_n(Pick::Whole, n)),
         }
     }
     picks
+}
+
+/// Samples the rows `out` holds on the device for their grammars
+/// ([`LogitRow::Held`]) under `masks`, now computed, in place. A row whose
+/// mask failed is sampled without one, and [`sample`] reports the failure.
+pub fn sample_held(
+    runner: &mut ModelRunner,
+    mut out: RunnerOutput,
+    masks: &[Mask],
+) -> RunnerOutput {
+    let Ok((logits, _)) = &mut out.rows else {
+        return out;
+    };
+    if !logits.iter().any(|r| matches!(r, LogitRow::Held)) {
+        return out;
+    }
+    let allowed = |id: SeqId, vocab: usize| {
+        masks
+            .iter()
+            .find(|(seq, _)| *seq == id)
+            .and_then(|(_, m)| m.as_ref().ok())
+            .map(|m| m.allowed_bits(vocab))
+    };
+    match runner.sample_held(allowed) {
+        Ok(tokens) => {
+            let mut tokens = tokens.into_iter();
+            for row in logits.iter_mut().filter(|r| matches!(r, LogitRow::Held)) {
+                match tokens.next() {
+                    Some(t) => *row = LogitRow::Sampled(t),
+                    None => {
+                        out.rows = Err("a held row was not sampled".into());
+                        return out;
+                    }
+                }
+            }
+        }
+        Err(e) => out.rows = Err(format!("sampling on the device failed: {e}")),
+    }
+    out
 }
 
 /// Splits the step's `logits` and `hidden` rows (in batch order) among
@@ -119,17 +157,8 @@ fn sample_one(
     row: &mut LogitRow,
     mask: Option<anyhow::Result<TokenMask>>,
 ) -> Result<SampledToken, String> {
-    let row = match row {
-        LogitRow::Logits(row) => row,
-        // A row picked or sampled on the device has no grammar
-        // (`argmax_suffices`, `picks`).
-        LogitRow::Argmax(id) => return Ok(SampledToken::plain(*id)),
-        LogitRow::Sampled(token) => return Ok(token.clone()),
-    };
     let grammar_error = |e: anyhow::Error| format!("the output grammar failed: {e:#}");
-    if let Some(mask) = mask {
-        mask.map_err(grammar_error)?.apply(row);
-    }
+    let mask = mask.transpose().map_err(grammar_error)?;
     let Sequence {
         sampler,
         tokens,
@@ -138,7 +167,19 @@ fn sample_one(
         ..
     } = seq;
     let (prompt, output) = tokens.split_at(*prompt_len);
-    let token = sampler.sample(row, prompt, output);
+    let token = match row {
+        LogitRow::Logits(row) => {
+            if let Some(mask) = mask {
+                mask.apply(row);
+            }
+            sampler.sample(row, prompt, output)
+        }
+        // A row picked on the device has no grammar (`argmax_suffices`);
+        // one sampled there took its mask along (`sample_held`).
+        LogitRow::Argmax(id) => SampledToken::plain(*id),
+        LogitRow::Sampled(token) => token.clone(),
+        LogitRow::Held => return Err("the row was not sampled on the device".into()),
+    };
     if let Some(c) = &mut params.constraint {
         if !c.is_finished() {
             c.commit(token.id).map_err(grammar_error)?;
@@ -167,6 +208,7 @@ fn verify_draft(seq: &mut Sequence, draft: &[u32], rows: &mut [LogitRow]) -> Vec
             LogitRow::Argmax(id) => SampledToken::plain(*id),
             // Never: a drafted row comes back whole or as its argmax.
             LogitRow::Sampled(token) => token.clone(),
+            LogitRow::Held => break,
         };
         let holds = draft.get(i) == Some(&token.id);
         output.push(token.id);
@@ -199,7 +241,9 @@ fn score_prompt(seq: &Sequence, first: usize, rows: &[LogitRow]) -> Vec<SampledT
             LogitRow::Logits(row) => score_token(row, prompt[t], n),
             // Never: a scoring row comes back whole (`argmax_suffices`,
             // `picks`).
-            LogitRow::Argmax(_) | LogitRow::Sampled(_) => SampledToken::plain(prompt[t]),
+            LogitRow::Argmax(_) | LogitRow::Sampled(_) | LogitRow::Held => {
+                SampledToken::plain(prompt[t])
+            }
         })
         .collect()
 }
@@ -259,5 +303,17 @@ mod tests {
         assert_eq!(on[4], Pick::Argmax);
         assert_eq!(off[0], Pick::Whole);
         assert_eq!(off.len(), on.len());
+
+        // Under a grammar: held for its mask, with its sequence's id.
+        let masked = RowPlan {
+            masked: true,
+            ..plans[0].clone()
+        };
+        let mut seq = prefilling(sampled);
+        let held = picks(&mut [(&masked, &mut seq)], true);
+        assert!(
+            matches!(&held[..], [Pick::SampleMasked(1, row)] if row.key == keys[0]),
+            "{held:?}"
+        );
     }
 }
