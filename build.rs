@@ -12,6 +12,7 @@ const KERNELS: &[&str] = &[
     "src/attention/paged_attention.cu",
     "src/sampling/argmax.cu",
     "src/sampling/sampler.cu",
+    "src/models/add_rms_norm.cu",
 ];
 
 fn main() {

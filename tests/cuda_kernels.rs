@@ -33,6 +33,7 @@ use wick::attention::{paged_attention, step_meta, AttnDims};
 use wick::kv::cache::{KvCache, KvDtype, KvLayout};
 use wick::kv::step_meta::MetaBuffers;
 use wick::launch::{Arg, Launch};
+use wick::models::elementwise::NormBuf;
 use wick::models::{FlatBatch, LogitRows};
 use wick::sampling::argmax::argmax;
 use wick::sampling::device::{self, DeviceRow};
@@ -782,6 +783,90 @@ fn device_sampling_on_the_host_build_matches_the_host_sampler() {
 fn device_sampling_on_the_gpu_matches_the_host_sampler() {
     let Some(dev) = gpu() else { return };
     sampling_cases(&Target::Gpu(dev));
+}
+
+/// The fused residual add and RMSNorm against the unfused ops on the CPU
+/// (`elementwise::add_rms_norm`'s own fallback: `add`, then candle's
+/// `rms_norm`): both outputs, every dtype, widths below a block, ragged and
+/// model-sized.
+fn add_rms_norm_cases(target: &Target) {
+    let seed = fresh_seed();
+    let mut rng = Lcg(seed);
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for hidden in [64, 576, 2880, 4100] {
+            let rows = 5;
+            let x = (rng.tensor(rows, hidden) * 3.0)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let y = rng.tensor(rows, hidden).to_dtype(dtype).unwrap();
+            let w = rng
+                .tensor(1, hidden)
+                .flatten_all()
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let eps = 1e-6;
+            let (want_sum, want_out) =
+                wick::models::elementwise::add_rms_norm(&x, &y, &w, eps).unwrap();
+            let (sum, out) = match target {
+                Target::Host => {
+                    let (mut xb, mut yb, mut wb) = (
+                        HostBuf::of(&x, dtype),
+                        HostBuf::of(&y, dtype),
+                        HostBuf::of(&w, dtype),
+                    );
+                    let mut sum = HostBuf::nan(dtype, rows * hidden);
+                    let mut out = HostBuf::nan(dtype, rows * hidden);
+                    let launch =
+                        wick::models::elementwise::add_rms_norm_launch(rows, hidden, dtype, eps);
+                    let buf = |b| match b {
+                        NormBuf::X => xb.ptr(),
+                        NormBuf::Y => yb.ptr(),
+                        NormBuf::W => wb.ptr(),
+                        NormBuf::Sum => sum.ptr(),
+                        NormBuf::Out => out.ptr(),
+                    };
+                    run_on_host(&launch, seed, buf, &format!("{dtype:?} x {hidden}"));
+                    let t = |b: &HostBuf| {
+                        Tensor::from_vec(b.to_f32(), (rows, hidden), &Device::Cpu).unwrap()
+                    };
+                    (t(&sum), t(&out))
+                }
+                #[cfg(feature = "cuda")]
+                Target::Gpu(dev) => {
+                    let on = |t: &Tensor| t.to_device(dev).unwrap();
+                    wick::models::elementwise::add_rms_norm(&on(&x), &on(&y), &on(&w), eps).unwrap()
+                }
+            };
+            let f32_of = |t: &Tensor| {
+                t.to_dtype(DType::F32)
+                    .unwrap()
+                    .to_device(&Device::Cpu)
+                    .unwrap()
+            };
+            let tol = match dtype {
+                DType::F32 => 1e-5,
+                _ => 2e-2,
+            };
+            let what = format!("{dtype:?}, hidden {hidden}, seed {seed}");
+            assert_eq!(max_diff(&sum, &f32_of(&want_sum)), 0.0, "{what}: the sums");
+            let d = max_diff(&out, &f32_of(&want_out));
+            assert!(d <= tol, "{what}: the norms {d} apart");
+        }
+    }
+}
+
+#[test]
+fn add_rms_norm_on_the_host_build_matches_the_unfused_ops() {
+    add_rms_norm_cases(&Target::Host);
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn add_rms_norm_on_the_gpu_matches_the_unfused_ops() {
+    let Some(dev) = gpu() else { return };
+    add_rms_norm_cases(&Target::Gpu(dev));
 }
 
 /// Runs one of the emulator's self-test kernels (`selftest.cu`) over one

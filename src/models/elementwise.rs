@@ -2,13 +2,15 @@
 //! threads: candle's versions hand prefill-sized tensors to candle's own
 //! thread pool, whose workers then spin for a while after each op and take a
 //! core from the matmuls, and its `swiglu` makes three passes (two strided).
-//! Other devices use candle's ops.
+//! Other devices use candle's ops, and on a CUDA device the residual add
+//! and the norm after it are one launch (`add_rms_norm.cu`).
 
 use std::mem::MaybeUninit;
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
+use crate::launch::{Arg, Launch};
 use crate::vec_math::exp_rounded;
 
 /// `a + b` for f32 tensors of one shape (the residual stream).
@@ -17,6 +19,171 @@ pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     match host && a.shape() == b.shape() {
         true => a.contiguous()?.apply_op2_no_bwd(&b.contiguous()?, &Add),
         false => a + b,
+    }
+}
+
+/// `(x + y, rms_norm(x + y) * w)`: a residual add and the RMSNorm after
+/// it, for `[rows, hidden]` activations and a `[hidden]` weight. On a CUDA
+/// device, one pass (`add_rms_norm.cu`); elsewhere [`add`], then candle's
+/// `rms_norm`.
+pub fn add_rms_norm(x: &Tensor, y: &Tensor, w: &Tensor, eps: f32) -> Result<(Tensor, Tensor)> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() {
+        if let Some(fused) = cuda::add_rms_norm(x, y, w, eps)? {
+            return Ok(fused);
+        }
+    }
+    let sum = add(x, y)?;
+    let out = candle_nn::ops::rms_norm(&sum, w, eps)?;
+    Ok((sum, out))
+}
+
+/// `add_rms_norm.cu`'s buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormBuf {
+    /// `[rows, hidden]` each, in the launch's dtype.
+    X,
+    Y,
+    /// `[hidden]`.
+    W,
+    /// `[rows, hidden]` each: written.
+    Sum,
+    Out,
+}
+
+/// `THREADS` in `add_rms_norm.cu`.
+const NORM_THREADS: u32 = 256;
+
+/// The fused add and norm over `rows` rows of `hidden` values of `dtype`
+/// (f32, f16 or bf16): one block of exactly NORM_THREADS threads per row
+/// (the kernel strides by it and sizes its shared partials by it); no
+/// dynamic shared memory.
+pub fn add_rms_norm_launch(rows: usize, hidden: usize, dtype: DType, eps: f32) -> Launch<NormBuf> {
+    Launch {
+        kernel: format!("add_rms_norm_{}", dtype.as_str()),
+        grid: (rows as u32, 1, 1),
+        block: (NORM_THREADS, 1, 1),
+        args: vec![
+            Arg::Buf(NormBuf::X),
+            Arg::Buf(NormBuf::Y),
+            Arg::Buf(NormBuf::W),
+            Arg::I32(hidden as i32),
+            Arg::F32(eps),
+            Arg::Buf(NormBuf::Sum),
+            Arg::Buf(NormBuf::Out),
+        ],
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::driver::{
+        CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
+    };
+    use candle_core::cuda_backend::{CudaDType, WrapErr};
+    use candle_core::op::BackpropOp;
+    use candle_core::{CudaStorage, DType, Result, Storage, Tensor};
+    use half::{bf16, f16};
+
+    use super::{add_rms_norm_launch, NormBuf};
+    use crate::launch::Arg;
+
+    const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/add_rms_norm.ptx"));
+    const MODULE: &str = "wick_add_rms_norm";
+
+    /// The fused pass, where the inputs suit it: `x` and `y` contiguous
+    /// `[rows, hidden]` and `w` contiguous `[hidden]`, all of one dtype the
+    /// kernel takes; else `None`, for the unfused ops.
+    pub fn add_rms_norm(
+        x: &Tensor,
+        y: &Tensor,
+        w: &Tensor,
+        eps: f32,
+    ) -> Result<Option<(Tensor, Tensor)>> {
+        let Ok((rows, hidden)) = x.dims2() else {
+            return Ok(None);
+        };
+        let same = y.dims() == x.dims() && w.dims() == [hidden];
+        let typed = y.dtype() == x.dtype() && w.dtype() == x.dtype();
+        if !same || !typed || rows == 0 || hidden == 0 {
+            return Ok(None);
+        }
+        let (x, y, w) = (x.contiguous()?, y.contiguous()?, w.contiguous()?);
+        match x.dtype() {
+            DType::F32 => run::<f32>(&x, &y, &w, eps).map(Some),
+            DType::F16 => run::<f16>(&x, &y, &w, eps).map(Some),
+            DType::BF16 => run::<bf16>(&x, &y, &w, eps).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    fn view<'a, T: CudaDType + DeviceRepr>(
+        s: &'a CudaStorage,
+        t: &Tensor,
+    ) -> Result<CudaView<'a, T>> {
+        let Some((from, to)) = t.layout().contiguous_offsets() else {
+            candle_core::bail!("add_rms_norm: a non-contiguous input");
+        };
+        Ok(s.as_cuda_slice::<T>()?.slice(from..to))
+    }
+
+    fn run<T: CudaDType + DeviceRepr + candle_core::WithDType>(
+        x: &Tensor,
+        y: &Tensor,
+        w: &Tensor,
+        eps: f32,
+    ) -> Result<(Tensor, Tensor)> {
+        let (rows, hidden) = x.dims2()?;
+        let (xs, _) = x.storage_and_layout();
+        let (ys, _) = y.storage_and_layout();
+        let (ws, _) = w.storage_and_layout();
+        let (Storage::Cuda(xs), Storage::Cuda(ys), Storage::Cuda(ws)) = (&*xs, &*ys, &*ws) else {
+            candle_core::bail!("add_rms_norm: inputs on different devices");
+        };
+        let dev = xs.device().clone();
+        let n = rows * hidden;
+        // SAFETY: `alloc` leaves the memory unset; the launch below has a
+        // block per row whose threads write every one of the row's `hidden`
+        // values of both halves (`sum` and `out`) before anything reads
+        // them, the stream ordering later reads after it.
+        let both = unsafe { dev.alloc::<T>(2 * n)? };
+        // The launch borrows the halves; `both` is wrapped after it.
+        {
+            let (sum, out) = (both.slice(..n), both.slice(n..));
+            let (xv, yv, wv) = (view::<T>(xs, x)?, view::<T>(ys, y)?, view::<T>(ws, w)?);
+            let launch = add_rms_norm_launch(rows, hidden, T::DTYPE, eps);
+            let func = dev.get_or_load_custom_func(&launch.kernel, MODULE, PTX)?;
+            let mut b = func.builder();
+            for arg in &launch.args {
+                match arg {
+                    Arg::Buf(NormBuf::X) => b.arg(&xv),
+                    Arg::Buf(NormBuf::Y) => b.arg(&yv),
+                    Arg::Buf(NormBuf::W) => b.arg(&wv),
+                    Arg::Buf(NormBuf::Sum) => b.arg(&sum),
+                    Arg::Buf(NormBuf::Out) => b.arg(&out),
+                    Arg::I32(v) => b.arg(v),
+                    Arg::U32(v) => b.arg(v),
+                    Arg::F32(v) => b.arg(v),
+                };
+            }
+            let cfg = LaunchConfig {
+                grid_dim: launch.grid,
+                block_dim: launch.block,
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: the arguments match `add_rms_norm_<dtype>(const T*, const
+            // T*, const T*, int, float, T*, T*)` in order and type (`T::DTYPE`
+            // names the instantiation). Block `r < rows` reads `x` and `y` at
+            // `r * hidden..][..hidden]`, inside their contiguous `[rows, hidden]`
+            // views (shapes checked by the caller), and `w[..hidden]` (checked
+            // `[hidden]`); it writes the same range of `sum` and `out`, the two
+            // halves of the allocation above, which nothing else holds.
+            unsafe { b.launch(cfg) }.w()?;
+        }
+        let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(both, dev));
+        let both = Tensor::from_storage(storage, (2, rows, hidden), BackpropOp::none(), false);
+        Ok((both.get(0)?, both.get(1)?))
     }
 }
 

@@ -1442,8 +1442,14 @@ impl Model for Llama {
             meta.positions(),
             &self.device,
         )?;
+        // Each residual add and the norm after it are one step
+        // (`add_rms_norm`: one launch on a CUDA device): `h` is the normed
+        // input of the next attention or feed-forward.
+        let mut h = match self.blocks.first() {
+            Some(b) => candle_nn::ops::rms_norm(&x, &b.attn_norm, eps)?,
+            None => x.clone(),
+        };
         for (i, b) in self.blocks.iter().enumerate() {
-            let h = candle_nn::ops::rms_norm(&x, &b.attn_norm, eps)?;
             let qkv = b.qkv.forward(&h)?;
             let qkv = match &b.qk_norm {
                 Some(norms) => norm_heads(&qkv, norms, c)?,
@@ -1467,9 +1473,13 @@ impl Model for Llama {
                 ..dims
             };
             let attn = paged_attention(&qkv, cache.layer_mut(i), meta, dims, b.sinks.as_ref())?;
-            x = elementwise::add(&x, &post_norm(b.o.forward(&attn)?, &b.post_attn_norm)?)?;
-            let h = candle_nn::ops::rms_norm(&x, &b.ffn_norm, eps)?;
-            x = elementwise::add(&x, &post_norm(b.ffn.forward(&h)?, &b.post_ffn_norm)?)?;
+            let y = post_norm(b.o.forward(&attn)?, &b.post_attn_norm)?;
+            (x, h) = elementwise::add_rms_norm(&x, &y, &b.ffn_norm, eps)?;
+            let y = post_norm(b.ffn.forward(&h)?, &b.post_ffn_norm)?;
+            match self.blocks.get(i + 1) {
+                Some(next) => (x, h) = elementwise::add_rms_norm(&x, &y, &next.attn_norm, eps)?,
+                None => x = elementwise::add(&x, &y)?,
+            }
         }
         let hidden = hidden_states(&x, batch, &self.device, |h| {
             candle_nn::ops::rms_norm(h, &self.norm, eps)
