@@ -150,23 +150,43 @@ fn a_silent_hub_times_out_quickly() {
     );
 }
 
-/// A stand-in for the hub on a loopback port, serving the fixture as
-/// `REPO` at `REVISION` through the two calls hf-hub makes (the repo's file
-/// list, and ranged file downloads); it records the files asked for.
+/// A stand-in for the hub on a loopback port, serving files as one repo
+/// at `REVISION` through the two calls hf-hub makes (the repo's file list,
+/// and ranged file downloads); it records the files asked for.
 struct FakeHub {
     endpoint: String,
     downloads: Arc<Mutex<Vec<String>>>,
 }
 
+/// What a [`FakeHub`] serves: a repo id, and each file's name in the repo
+/// and where its bytes are.
+struct Served {
+    repo: String,
+    files: Vec<(String, PathBuf)>,
+}
+
 impl FakeHub {
+    /// The llama-tiny fixture as `REPO`.
     fn start() -> FakeHub {
+        let files = fixture_files()
+            .into_iter()
+            .map(|f| (f.clone(), fixture().join(f)))
+            .collect();
+        FakeHub::serving(REPO, files)
+    }
+
+    fn serving(repo: &str, files: Vec<(String, PathBuf)>) -> FakeHub {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let endpoint = format!("http://{}", listener.local_addr().unwrap());
         let downloads = Arc::new(Mutex::new(Vec::new()));
         let log = downloads.clone();
+        let served = Served {
+            repo: repo.to_string(),
+            files,
+        };
         std::thread::spawn(move || {
             for stream in listener.incoming().flatten() {
-                answer(stream, &log);
+                answer(stream, &log, &served);
             }
         });
         FakeHub {
@@ -182,7 +202,8 @@ impl FakeHub {
 }
 
 /// Answers one HTTP/1.1 request, then closes the connection.
-fn answer(mut stream: TcpStream, downloads: &Mutex<Vec<String>>) {
+fn answer(mut stream: TcpStream, downloads: &Mutex<Vec<String>>, served: &Served) {
+    let repo = &served.repo;
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     let mut request = String::new();
     reader.read_line(&mut request).unwrap();
@@ -201,12 +222,14 @@ fn answer(mut stream: TcpStream, downloads: &Mutex<Vec<String>>) {
         }
     }
     let file = path
-        .strip_prefix(&format!("/{REPO}/resolve/main/"))
-        .and_then(|f| Some((f.to_string(), std::fs::read(fixture().join(f)).ok()?)));
-    let (status, headers, body) = if path == format!("/api/models/{REPO}/revision/main") {
-        let siblings: Vec<_> = fixture_files()
-            .into_iter()
-            .map(|f| json!({ "rfilename": f }))
+        .strip_prefix(&format!("/{repo}/resolve/main/"))
+        .and_then(|f| served.files.iter().find(|(name, _)| name == f))
+        .and_then(|(name, at)| Some((name.clone(), std::fs::read(at).ok()?)));
+    let (status, headers, body) = if path == format!("/api/models/{repo}/revision/main") {
+        let siblings: Vec<_> = served
+            .files
+            .iter()
+            .map(|(f, _)| json!({ "rfilename": f }))
             .collect();
         let body = json!({ "sha": REVISION, "siblings": siblings });
         ("200 OK", String::new(), body.to_string().into_bytes())
@@ -345,4 +368,127 @@ fn the_cli_finds_a_repo_id_through_hf_hub_cache() {
         "{err}"
     );
     assert!(err.contains("HF_HUB_OFFLINE is set"), "{err}");
+}
+
+const GGUF_REPO: &str = "org/tiny-GGUF";
+
+/// A repo of GGUF files as they are published: one file per quantization,
+/// a vision projector, a README, and a quantization split in two parts.
+fn gguf_hub() -> FakeHub {
+    let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf-tiny");
+    let files = [
+        ("tiny-F32.gguf", "llama3-rope-f32.gguf"),
+        ("tiny-Q8_0.gguf", "llama3-rope-q8_0.gguf"),
+        ("mmproj-tiny-Q8_0.gguf", "gemma3-q8_0.gguf"),
+        (
+            "Q4_K_M/tiny-Q4_K_M-00001-of-00002.gguf",
+            "llama3-rope-q8_0.gguf",
+        ),
+        (
+            "Q4_K_M/tiny-Q4_K_M-00002-of-00002.gguf",
+            "llama3-rope-q8_0.gguf",
+        ),
+        ("README.md", "llama3-rope-f32.gguf"),
+    ];
+    FakeHub::serving(
+        GGUF_REPO,
+        files
+            .iter()
+            .map(|(name, src)| (name.to_string(), tiny.join(src)))
+            .collect(),
+    )
+}
+
+#[test]
+fn a_quant_tag_fetches_that_gguf_alone_and_then_works_offline() {
+    let hub = gguf_hub();
+    let cache = tempfile::tempdir().unwrap();
+    let arg = format!("{GGUF_REPO}:q8_0");
+    let path = resolve_in(cache.path(), &arg, &online(&hub.endpoint)).unwrap();
+    assert_eq!(hub.downloads(), ["tiny-Q8_0.gguf"]);
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        std::fs::read(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/gguf-tiny/llama3-rope-q8_0.gguf")
+        )
+        .unwrap()
+    );
+    let loaded = load(&path, &LoadOptions::default(), &Device::Cpu).unwrap();
+    assert!(loaded.model.info().num_layers > 0);
+    // Cached: found again with the hub gone, by the tag or by default.
+    assert_eq!(resolve_in(cache.path(), &arg, &Hub::Offline).unwrap(), path);
+    assert_eq!(
+        resolve_in(cache.path(), GGUF_REPO, &Hub::Offline).unwrap(),
+        path
+    );
+    // A tag the cache lacks, offline: said so.
+    let e = error(resolve_in(
+        cache.path(),
+        &format!("{GGUF_REPO}:F32"),
+        &Hub::Offline,
+    ));
+    assert!(
+        e.contains("tagged F32") && e.contains("HF_HUB_OFFLINE"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_gguf_repo_without_a_tag_takes_a_default_quant() {
+    let hub = gguf_hub();
+    let cache = tempfile::tempdir().unwrap();
+    // Q4_K_M is split, so not taken; Q4_0 is absent; Q8_0 is there. The
+    // projector is never a model.
+    let e = error(resolve_in(cache.path(), GGUF_REPO, &online(&hub.endpoint)));
+    assert!(
+        e.contains("split into 2 files") && e.contains("llama-gguf-split"),
+        "{e}"
+    );
+    let e = error(resolve_in(
+        cache.path(),
+        &format!("{GGUF_REPO}:Q5_K_M"),
+        &online(&hub.endpoint),
+    ));
+    assert!(
+        e.contains("no GGUF file tagged Q5_K_M")
+            && e.contains("tiny-Q8_0.gguf")
+            && !e.contains("mmproj"),
+        "{e}"
+    );
+    assert!(
+        hub.downloads().is_empty(),
+        "nothing fetched: {:?}",
+        hub.downloads()
+    );
+}
+
+#[test]
+fn quant_tags_are_words_of_the_file_name() {
+    use wick::load::hub::{choose_gguf, split_tag};
+    assert_eq!(
+        split_tag("org/m-GGUF:Q4_K_M"),
+        ("org/m-GGUF", Some("Q4_K_M"))
+    );
+    assert_eq!(split_tag("org/m-GGUF"), ("org/m-GGUF", None));
+    assert!(wick::load::hub::is_repo_id("org/m-GGUF:Q4_K_M"));
+    let files: Vec<String> = [
+        "m-Q4_K.gguf",
+        "m-Q4_K_M.gguf",
+        "m.Q4_0.gguf",
+        "mmproj-m-f16.gguf",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let pick = |tag| choose_gguf("org/m", &files, tag).map(|(f, _)| f);
+    assert_eq!(pick(Some("q4_k")).unwrap(), "m-Q4_K.gguf");
+    assert_eq!(pick(Some("Q4_K_M")).unwrap(), "m-Q4_K_M.gguf");
+    assert_eq!(pick(None).unwrap(), "m-Q4_K_M.gguf");
+    assert!(pick(Some("f16")).is_err(), "a projector is not a model");
+    let only: Vec<String> = vec!["model-IQ3_XXS.gguf".into()];
+    assert_eq!(
+        choose_gguf("org/m", &only, None).unwrap().0,
+        "model-IQ3_XXS.gguf"
+    );
 }

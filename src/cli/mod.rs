@@ -19,7 +19,7 @@ use crate::quant::Kernel;
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Model")]
 pub struct ModelArgs {
-    /// A GGUF file, a checkpoint directory or a cached hub repo (default: SmolLM2-135M).
+    /// A GGUF file, a checkpoint directory, ORG/NAME or ORG/NAME:Q4_K_M (default: SmolLM2-135M).
     #[arg(long, env = "WICK_MODEL")]
     pub model: Option<String>,
     /// How weights are held and multiplied.

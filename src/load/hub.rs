@@ -4,6 +4,12 @@
 //! used without touching the network; missing files are fetched from the
 //! hub when it can be reached, and otherwise the error says which files,
 //! where, and why the hub did not provide them.
+//!
+//! `--model ORG/NAME:TAG` takes one GGUF file of a repo of them, the one
+//! whose name carries the quantization tag (`Q4_K_M`, `Q8_0`, ...), as
+//! `llama-server -hf` does; `ORG/NAME` alone on such a repo (no
+//! `config.json`) takes the first of [`DEFAULT_QUANTS`] it has, and says
+//! which.
 
 use std::collections::HashSet;
 use std::ffi::OsString;
@@ -32,6 +38,10 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 /// `huggingface_hub`'s limit on a repo id's length.
 const MAX_REPO_ID_LEN: usize = 96;
 const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
+/// Quantizations taken, in this order, from a repo of GGUF files named
+/// without a tag: llama.cpp's default, then the smallest and the most
+/// accurate of the common ones.
+pub const DEFAULT_QUANTS: [&str; 3] = ["Q4_K_M", "Q4_0", "Q8_0"];
 
 /// Whether the hub may be asked for missing files.
 #[derive(Debug, Clone)]
@@ -50,6 +60,7 @@ pub enum Hub {
 /// `[A-Za-z0-9_.-]`, each part starting and ending with a letter, digit or
 /// `_`, no `--` or `..`, at most 96 characters.
 pub fn is_repo_id(arg: &str) -> bool {
+    let (arg, _) = split_tag(arg);
     let word = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
     let part_ok = |p: &str| {
         word(p.chars().next())
@@ -63,6 +74,21 @@ pub fn is_repo_id(arg: &str) -> bool {
         // A missing `dir/model.gguf` is a mistyped path, not a repo to fetch.
         && !arg.to_ascii_lowercase().ends_with(".gguf")
         && matches!(arg.split_once('/'), Some((org, name)) if part_ok(org) && part_ok(name))
+}
+
+/// `ORG/NAME:TAG` into the repo and its quantization tag.
+pub fn split_tag(arg: &str) -> (&str, Option<&str>) {
+    match arg.rsplit_once(':') {
+        Some((repo, tag))
+            if !tag.is_empty()
+                && tag
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')) =>
+        {
+            (repo, Some(tag))
+        }
+        _ => (arg, None),
+    }
 }
 
 /// An environment variable, unset when empty.
@@ -124,25 +150,36 @@ pub fn resolve(repo_id: &str) -> Result<PathBuf> {
     resolve_in(&cache_dir(), repo_id, &hub)
 }
 
-/// The snapshot directory `refs/main` names for `repo_id` in `cache`, once
-/// every file a load needs is there, fetching missing ones when `hub`
-/// allows.
-pub fn resolve_in(cache: &Path, repo_id: &str, hub: &Hub) -> Result<PathBuf> {
+/// For a checkpoint, the snapshot directory `refs/main` names for the repo
+/// of `arg` in `cache`, once every file a load needs is there; for a GGUF
+/// repo, the chosen file. Missing files are fetched when `hub` allows.
+pub fn resolve_in(cache: &Path, arg: &str, hub: &Hub) -> Result<PathBuf> {
+    let (repo_id, tag) = split_tag(arg);
     let cached = Cache::new(cache.to_path_buf()).model(repo_id.to_string());
+    let local = snapshot_files(cache, repo_id);
+    if tag.is_some() || is_gguf_repo(&local) {
+        return resolve_gguf(cache, repo_id, tag, &local, hub);
+    }
     let mut gaps = missing(&cached)?;
     if gaps.is_empty() {
         return snapshot_dir(&cached);
     }
     let why = match hub {
         Hub::Offline => "HF_HUB_OFFLINE is set, so the hub was not asked".to_string(),
-        Hub::Online { endpoint, token } => match fetch(cache, repo_id, endpoint, token) {
-            Ok(()) => {
-                gaps = missing(&cached)?;
-                if gaps.is_empty() {
-                    return snapshot_dir(&cached);
-                }
-                format!("the hub at {endpoint} did not provide them")
+        Hub::Online { endpoint, token } => match list(cache, repo_id, endpoint, token) {
+            Ok((_, info)) if is_gguf_repo(&file_names(&info)) => {
+                return resolve_gguf(cache, repo_id, None, &local, hub);
             }
+            Ok((repo, info)) => match fetch(cache, repo_id, endpoint, &repo, &info) {
+                Ok(()) => {
+                    gaps = missing(&cached)?;
+                    if gaps.is_empty() {
+                        return snapshot_dir(&cached);
+                    }
+                    format!("the hub at {endpoint} did not provide them")
+                }
+                Err(e) => format!("the hub at {endpoint} refused: {e:#}"),
+            },
             Err(e) => format!("the hub at {endpoint} could not be reached or refused: {e:#}"),
         },
     };
@@ -155,6 +192,198 @@ pub fn resolve_in(cache: &Path, repo_id: &str, hub: &Hub) -> Result<PathBuf> {
         repo_dir.display(),
         REQUIRED.join(", "),
     )
+}
+
+/// Whether `files` are a repo of GGUF files rather than a checkpoint.
+fn is_gguf_repo(files: &[String]) -> bool {
+    !files.iter().any(|f| f == REQUIRED[0]) && files.iter().any(|f| is_gguf(f))
+}
+
+/// A model GGUF, not a vision projector's.
+fn is_gguf(file: &str) -> bool {
+    let lower = file.to_ascii_lowercase();
+    lower.ends_with(".gguf") && !base_name(&lower).contains("mmproj")
+}
+
+fn base_name(file: &str) -> &str {
+    file.rsplit('/').next().unwrap_or(file)
+}
+
+/// Whether `tag` stands in `file`'s name as a word of its own (so `Q4_K`
+/// is not `Q4_K_M`), in any case.
+fn has_tag(file: &str, tag: &str) -> bool {
+    let (name, tag) = (
+        base_name(file).to_ascii_uppercase(),
+        tag.to_ascii_uppercase(),
+    );
+    let part = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+    name.match_indices(&tag).any(|(at, _)| {
+        !part(name[..at].chars().last()) && !part(name[at + tag.len()..].chars().next())
+    })
+}
+
+/// Whether `file` is one part of a GGUF split by `llama-gguf-split`.
+fn is_split_part(file: &str) -> bool {
+    let name = base_name(file).to_ascii_lowercase();
+    let Some(stem) = name.strip_suffix(".gguf") else {
+        return false;
+    };
+    let digits = |s: &str| s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit());
+    match stem.rsplit_once("-of-") {
+        Some((head, total)) => digits(total) && head.len() > 6 && digits(&head[head.len() - 5..]),
+        None => false,
+    }
+}
+
+/// The GGUF file of `files` that `tag` names (or, without one, the first
+/// of [`DEFAULT_QUANTS`] present, or the only GGUF), and the tag taken.
+pub fn choose_gguf(repo_id: &str, files: &[String], tag: Option<&str>) -> Result<(String, String)> {
+    let ggufs: Vec<&String> = files.iter().filter(|f| is_gguf(f)).collect();
+    let tagged = |t: &str| -> Vec<String> {
+        let mut found: Vec<String> = ggufs
+            .iter()
+            .filter(|f| has_tag(f, t))
+            .map(|f| f.to_string())
+            .collect();
+        found.sort();
+        found
+    };
+    let (taken, found) = match tag {
+        Some(t) => (t.to_string(), tagged(t)),
+        None => DEFAULT_QUANTS
+            .iter()
+            .map(|t| (t.to_string(), tagged(t)))
+            .find(|(_, f)| !f.is_empty())
+            .or_else(|| match ggufs[..] {
+                [only] => Some((base_name(only).to_string(), vec![only.clone()])),
+                _ => None,
+            })
+            .unwrap_or_default(),
+    };
+    let listed = || {
+        ggufs
+            .iter()
+            .map(|f| f.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match &found[..] {
+        [] => match tag {
+            Some(t) => bail!("{repo_id} has no GGUF file tagged {t}; its GGUF files: {}", listed()),
+            None => bail!(
+                "{repo_id} has no config.json and no GGUF file tagged {}; name one as                  {repo_id}:TAG (its GGUF files: {})",
+                DEFAULT_QUANTS.join(", "),
+                listed()
+            ),
+        },
+        parts if parts.iter().any(|f| is_split_part(f)) => bail!(
+            "{repo_id}:{taken} is split into {} files ({}); wick loads one GGUF file: join them \
+             with llama.cpp's `llama-gguf-split --merge FIRST OUT.gguf` and pass --model OUT.gguf",
+            parts.len(),
+            parts.join(", ")
+        ),
+        [one] => Ok((one.clone(), taken)),
+        many => bail!(
+            "{repo_id}:{taken} matches {} files ({}); name one with a longer tag",
+            many.len(),
+            many.join(", ")
+        ),
+    }
+}
+
+/// A GGUF file of `repo_id`, from the cached snapshot's files (`local`) or
+/// fetched.
+fn resolve_gguf(
+    cache: &Path,
+    repo_id: &str,
+    tag: Option<&str>,
+    local: &[String],
+    hub: &Hub,
+) -> Result<PathBuf> {
+    let cached = Cache::new(cache.to_path_buf()).model(repo_id.to_string());
+    if let Ok((file, _)) = choose_gguf(repo_id, local, tag) {
+        if let Some(path) = cached.get(&file) {
+            return Ok(path);
+        }
+    }
+    let (endpoint, token) = match hub {
+        Hub::Offline => {
+            let why = match choose_gguf(repo_id, local, tag) {
+                Ok((file, _)) => format!("{file} is not in it"),
+                Err(e) => format!("{e:#}"),
+            };
+            bail!(
+                "{repo_id}: the Hugging Face cache under {} lacks the GGUF file asked for \
+                 ({why}), and HF_HUB_OFFLINE is set, so the hub was not asked",
+                cache
+                    .join(Repo::model(repo_id.to_string()).folder_name())
+                    .display()
+            );
+        }
+        Hub::Online { endpoint, token } => (endpoint, token),
+    };
+    let (repo, info) = list(cache, repo_id, endpoint, token)?;
+    let (file, taken) = choose_gguf(repo_id, &file_names(&info), tag)?;
+    if tag.is_none() {
+        eprintln!("wick: {repo_id} names no quantization; taking {taken}: {file}");
+    }
+    eprintln!("wick: fetching {file} of {repo_id} from {endpoint}");
+    let path = repo
+        .download(&file)
+        .with_context(|| format!("downloading {file}"))?;
+    cached.create_ref(&info.sha).context("writing refs/main")?;
+    Ok(path)
+}
+
+/// The files of the snapshot `refs/main` names for `repo_id` in `cache`
+/// (none if there is none), as paths within it.
+fn snapshot_files(cache: &Path, repo_id: &str) -> Vec<String> {
+    let repo = cache.join(Repo::model(repo_id.to_string()).folder_name());
+    let Ok(revision) = std::fs::read_to_string(repo.join("refs/main")) else {
+        return Vec::new();
+    };
+    let root = repo.join("snapshots").join(revision.trim());
+    let mut files = Vec::new();
+    let mut dirs = vec![root.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if let Ok(rel) = path.strip_prefix(&root) {
+                files.push(rel.to_string_lossy().into_owned());
+            }
+        }
+    }
+    files
+}
+
+fn file_names(info: &RepoInfo) -> Vec<String> {
+    info.siblings.iter().map(|s| s.rfilename.clone()).collect()
+}
+
+/// The hub's API for `repo_id`, and its current file list.
+fn list(
+    cache: &Path,
+    repo_id: &str,
+    endpoint: &str,
+    token: &Option<String>,
+) -> Result<(hf_hub::api::sync::ApiRepo, RepoInfo)> {
+    let api = ApiBuilder::from_cache(Cache::new(cache.to_path_buf()))
+        .with_endpoint(endpoint.to_string())
+        .with_token(token.clone())
+        .with_progress(std::io::stderr().is_terminal())
+        .with_retries(0)
+        .build()?;
+    let repo = api.model(repo_id.to_string());
+    let info: RepoInfo = repo
+        .info_request()
+        .timeout(PROBE_TIMEOUT)
+        .call()
+        .with_context(|| format!("asking for {repo_id}'s files"))?
+        .into_json()
+        .context("reading the hub's list of files")?;
+    Ok((repo, info))
 }
 
 /// The snapshot directory of a complete cached checkpoint.
@@ -202,25 +431,17 @@ fn shards(index: &Path) -> Result<Vec<String>> {
     Ok(names)
 }
 
-/// Downloads into `cache` the files of the hub's current main revision that
-/// a load needs (and the optional ones it has) which its snapshot lacks,
-/// then points `refs/main` at that revision. Files of an older cached
-/// revision are not mixed in.
-fn fetch(cache: &Path, repo_id: &str, endpoint: &str, token: &Option<String>) -> Result<()> {
-    let api = ApiBuilder::from_cache(Cache::new(cache.to_path_buf()))
-        .with_endpoint(endpoint.to_string())
-        .with_token(token.clone())
-        .with_progress(std::io::stderr().is_terminal())
-        .with_retries(0)
-        .build()?;
-    let repo = api.model(repo_id.to_string());
-    let info: RepoInfo = repo
-        .info_request()
-        .timeout(PROBE_TIMEOUT)
-        .call()
-        .with_context(|| format!("asking for {repo_id}'s files"))?
-        .into_json()
-        .context("reading the hub's list of files")?;
+/// Downloads into `cache` the files of the hub's current main revision
+/// (`info`, listed by `repo`) that a load needs (and the optional ones it
+/// has) which its snapshot lacks, then points `refs/main` at that
+/// revision. Files of an older cached revision are not mixed in.
+fn fetch(
+    cache: &Path,
+    repo_id: &str,
+    endpoint: &str,
+    repo: &hf_hub::api::sync::ApiRepo,
+    info: &RepoInfo,
+) -> Result<()> {
     let listed: HashSet<&str> = info.siblings.iter().map(|s| s.rfilename.as_str()).collect();
     let snapshot = cache
         .join(Repo::model(repo_id.to_string()).folder_name())

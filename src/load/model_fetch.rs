@@ -63,7 +63,8 @@ pub fn resolve_model(arg: Option<&str>) -> Result<PathBuf> {
     } else {
         bail!(
             "model {arg} not found: pass --model PATH to a GGUF file or a Hugging Face \
-             checkpoint directory, ORG/NAME for a model in the Hugging Face cache, \
+             checkpoint directory, ORG/NAME for a model in the Hugging Face cache (ORG/NAME:TAG \
+             for one GGUF file of a repo of them), \
              or omit --model to use the default model"
         )
     }
