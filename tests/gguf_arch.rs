@@ -199,6 +199,37 @@ fn f32_gguf_logits_match_transformers() {
     }
 }
 
+/// A GGUF split by llama.cpp's `llama-gguf-split` into three parts
+/// (`gguf-tiny/split/`, `scripts/make_split_fixture.sh`), loaded from its
+/// first part: the same logits as the single file, within transformers'
+/// bound; the parts' tensors all found; a later part, or a missing one,
+/// refused by name.
+#[test]
+fn a_split_gguf_loads_from_its_first_part() {
+    let r = reference("llama-tiny/reference.json");
+    let split = fixtures().join("gguf-tiny/split");
+    let first = split.join("llama3-rope-f32-00001-of-00003.gguf");
+    let header = wick::load::loader::read_gguf_header(&first).unwrap();
+    let single = wick::load::loader::read_gguf_header(&gguf("llama3-rope", "f32")).unwrap();
+    assert_eq!(header.tensor_count(), single.tensor_count());
+    let d_split = worst_logit_diff(&r, &load_gguf(&first, &r), Some(KvDtype::F32));
+    let d_single = worst_logit_diff(
+        &r,
+        &load_gguf(&gguf("llama3-rope", "f32"), &r),
+        Some(KvDtype::F32),
+    );
+    assert_eq!(d_split, d_single, "the split file reads as the single one");
+    assert!(d_split <= 1e-4, "{d_split}");
+    let later = split.join("llama3-rope-f32-00002-of-00003.gguf");
+    let e = format!(
+        "{:#}",
+        load(&later, &LoadOptions::default(), &Device::Cpu)
+            .err()
+            .unwrap()
+    );
+    assert!(e.contains("pass the first part"), "{e}");
+}
+
 /// Phi-3's LongRoPE from the file's factor tensors and attention factor:
 /// at its full context, the long factors, as transformers uses past the
 /// pretrained context.

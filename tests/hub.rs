@@ -373,7 +373,8 @@ fn the_cli_finds_a_repo_id_through_hf_hub_cache() {
 const GGUF_REPO: &str = "org/tiny-GGUF";
 
 /// A repo of GGUF files as they are published: one file per quantization,
-/// a vision projector, a README, and a quantization split in two parts.
+/// a vision projector, a README, and a quantization split in three parts
+/// by llama.cpp (`gguf-tiny/split/`).
 fn gguf_hub() -> FakeHub {
     let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf-tiny");
     let files = [
@@ -381,12 +382,16 @@ fn gguf_hub() -> FakeHub {
         ("tiny-Q8_0.gguf", "llama3-rope-q8_0.gguf"),
         ("mmproj-tiny-Q8_0.gguf", "gemma3-q8_0.gguf"),
         (
-            "Q4_K_M/tiny-Q4_K_M-00001-of-00002.gguf",
-            "llama3-rope-q8_0.gguf",
+            "Q4_K_M/tiny-Q4_K_M-00001-of-00003.gguf",
+            "split/llama3-rope-f32-00001-of-00003.gguf",
         ),
         (
-            "Q4_K_M/tiny-Q4_K_M-00002-of-00002.gguf",
-            "llama3-rope-q8_0.gguf",
+            "Q4_K_M/tiny-Q4_K_M-00002-of-00003.gguf",
+            "split/llama3-rope-f32-00002-of-00003.gguf",
+        ),
+        (
+            "Q4_K_M/tiny-Q4_K_M-00003-of-00003.gguf",
+            "split/llama3-rope-f32-00003-of-00003.gguf",
         ),
         ("README.md", "llama3-rope-f32.gguf"),
     ];
@@ -435,16 +440,24 @@ fn a_quant_tag_fetches_that_gguf_alone_and_then_works_offline() {
 }
 
 #[test]
-fn a_gguf_repo_without_a_tag_takes_a_default_quant() {
+fn a_gguf_repo_without_a_tag_takes_a_default_quant_every_part_of_it() {
     let hub = gguf_hub();
     let cache = tempfile::tempdir().unwrap();
-    // Q4_K_M is split, so not taken; Q4_0 is absent; Q8_0 is there. The
-    // projector is never a model.
-    let e = error(resolve_in(cache.path(), GGUF_REPO, &online(&hub.endpoint)));
-    assert!(
-        e.contains("split into 2 files") && e.contains("llama-gguf-split"),
-        "{e}"
+    // Q4_K_M comes first, split in three parts: all three are fetched, and
+    // the model loads from the first. The projector is never a model.
+    let path = resolve_in(cache.path(), GGUF_REPO, &online(&hub.endpoint)).unwrap();
+    let parts: Vec<String> = (1..=3)
+        .map(|k| format!("Q4_K_M/tiny-Q4_K_M-0000{k}-of-00003.gguf"))
+        .collect();
+    assert_eq!(hub.downloads(), parts);
+    assert!(path.ends_with(&parts[0]), "{}", path.display());
+    let loaded = load(&path, &LoadOptions::default(), &Device::Cpu).unwrap();
+    assert!(loaded.model.info().num_layers > 0);
+    assert_eq!(
+        resolve_in(cache.path(), GGUF_REPO, &Hub::Offline).unwrap(),
+        path
     );
+
     let e = error(resolve_in(
         cache.path(),
         &format!("{GGUF_REPO}:Q5_K_M"),
@@ -456,11 +469,7 @@ fn a_gguf_repo_without_a_tag_takes_a_default_quant() {
             && !e.contains("mmproj"),
         "{e}"
     );
-    assert!(
-        hub.downloads().is_empty(),
-        "nothing fetched: {:?}",
-        hub.downloads()
-    );
+    assert_eq!(hub.downloads().len(), 3, "nothing more fetched");
 }
 
 #[test]
@@ -482,13 +491,23 @@ fn quant_tags_are_words_of_the_file_name() {
     .map(|s| s.to_string())
     .collect();
     let pick = |tag| choose_gguf("org/m", &files, tag).map(|(f, _)| f);
-    assert_eq!(pick(Some("q4_k")).unwrap(), "m-Q4_K.gguf");
-    assert_eq!(pick(Some("Q4_K_M")).unwrap(), "m-Q4_K_M.gguf");
-    assert_eq!(pick(None).unwrap(), "m-Q4_K_M.gguf");
+    assert_eq!(pick(Some("q4_k")).unwrap(), ["m-Q4_K.gguf"]);
+    assert_eq!(pick(Some("Q4_K_M")).unwrap(), ["m-Q4_K_M.gguf"]);
+    assert_eq!(pick(None).unwrap(), ["m-Q4_K_M.gguf"]);
     assert!(pick(Some("f16")).is_err(), "a projector is not a model");
     let only: Vec<String> = vec!["model-IQ3_XXS.gguf".into()];
     assert_eq!(
         choose_gguf("org/m", &only, None).unwrap().0,
-        "model-IQ3_XXS.gguf"
+        ["model-IQ3_XXS.gguf"]
     );
+    // Parts of a split: all of them, in order; a part missing is refused.
+    let split: Vec<String> = ["m-Q8_0-00002-of-00002.gguf", "m-Q8_0-00001-of-00002.gguf"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    assert_eq!(
+        choose_gguf("org/m", &split, Some("Q8_0")).unwrap().0,
+        ["m-Q8_0-00001-of-00002.gguf", "m-Q8_0-00002-of-00002.gguf"]
+    );
+    assert!(choose_gguf("org/m", &split[..1], Some("Q8_0")).is_err());
 }

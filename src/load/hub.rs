@@ -22,6 +22,8 @@ use hf_hub::api::sync::ApiBuilder;
 use hf_hub::api::RepoInfo;
 use hf_hub::{Cache, CacheRepo, Repo};
 
+use crate::load::gguf_split::part_of;
+
 /// Files a checkpoint cannot load without (besides its weights).
 const REQUIRED: [&str; 2] = ["config.json", "tokenizer.json"];
 /// Files used when present.
@@ -222,22 +224,14 @@ fn has_tag(file: &str, tag: &str) -> bool {
     })
 }
 
-/// Whether `file` is one part of a GGUF split by `llama-gguf-split`.
-fn is_split_part(file: &str) -> bool {
-    let name = base_name(file).to_ascii_lowercase();
-    let Some(stem) = name.strip_suffix(".gguf") else {
-        return false;
-    };
-    let digits = |s: &str| s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit());
-    match stem.rsplit_once("-of-") {
-        Some((head, total)) => digits(total) && head.len() > 6 && digits(&head[head.len() - 5..]),
-        None => false,
-    }
-}
-
 /// The GGUF file of `files` that `tag` names (or, without one, the first
-/// of [`DEFAULT_QUANTS`] present, or the only GGUF), and the tag taken.
-pub fn choose_gguf(repo_id: &str, files: &[String], tag: Option<&str>) -> Result<(String, String)> {
+/// of [`DEFAULT_QUANTS`] present, or the only GGUF), and the tag taken: one
+/// file, or every part of a split one, the first part first.
+pub fn choose_gguf(
+    repo_id: &str,
+    files: &[String],
+    tag: Option<&str>,
+) -> Result<(Vec<String>, String)> {
     let ggufs: Vec<&String> = files.iter().filter(|f| is_gguf(f)).collect();
     let tagged = |t: &str| -> Vec<String> {
         let mut found: Vec<String> = ggufs
@@ -276,13 +270,23 @@ pub fn choose_gguf(repo_id: &str, files: &[String], tag: Option<&str>) -> Result
                 listed()
             ),
         },
-        parts if parts.iter().any(|f| is_split_part(f)) => bail!(
-            "{repo_id}:{taken} is split into {} files ({}); wick loads one GGUF file: join them \
-             with llama.cpp's `llama-gguf-split --merge FIRST OUT.gguf` and pass --model OUT.gguf",
-            parts.len(),
-            parts.join(", ")
-        ),
-        [one] => Ok((one.clone(), taken)),
+        [one] if part_of(Path::new(one)).is_none() => Ok((vec![one.clone()], taken)),
+        parts if parts.iter().all(|f| part_of(Path::new(f)).is_some()) => {
+            // `found` is sorted, so the parts of one split are in order.
+            let total = part_of(Path::new(&parts[0])).map_or(0, |(_, n)| n);
+            let whole = parts.len() == total
+                && parts
+                    .iter()
+                    .enumerate()
+                    .all(|(k, f)| part_of(Path::new(f)) == Some((k + 1, total)));
+            if !whole {
+                bail!(
+                    "{repo_id}:{taken} matches parts that are not one whole split GGUF: {}",
+                    parts.join(", ")
+                );
+            }
+            Ok((parts.to_vec(), taken))
+        }
         many => bail!(
             "{repo_id}:{taken} matches {} files ({}); name one with a longer tag",
             many.len(),
@@ -301,15 +305,16 @@ fn resolve_gguf(
     hub: &Hub,
 ) -> Result<PathBuf> {
     let cached = Cache::new(cache.to_path_buf()).model(repo_id.to_string());
-    if let Ok((file, _)) = choose_gguf(repo_id, local, tag) {
-        if let Some(path) = cached.get(&file) {
-            return Ok(path);
+    if let Ok((files, _)) = choose_gguf(repo_id, local, tag) {
+        let paths: Option<Vec<PathBuf>> = files.iter().map(|f| cached.get(f)).collect();
+        if let Some(first) = paths.and_then(|p| p.into_iter().next()) {
+            return Ok(first);
         }
     }
     let (endpoint, token) = match hub {
         Hub::Offline => {
             let why = match choose_gguf(repo_id, local, tag) {
-                Ok((file, _)) => format!("{file} is not in it"),
+                Ok((files, _)) => format!("{} is not all in it", files.join(", ")),
                 Err(e) => format!("{e:#}"),
             };
             bail!(
@@ -323,16 +328,23 @@ fn resolve_gguf(
         Hub::Online { endpoint, token } => (endpoint, token),
     };
     let (repo, info) = list(cache, repo_id, endpoint, token)?;
-    let (file, taken) = choose_gguf(repo_id, &file_names(&info), tag)?;
+    let (files, taken) = choose_gguf(repo_id, &file_names(&info), tag)?;
     if tag.is_none() {
-        eprintln!("wick: {repo_id} names no quantization; taking {taken}: {file}");
+        eprintln!(
+            "wick: {repo_id} names no quantization; taking {taken}: {}",
+            files[0]
+        );
     }
-    eprintln!("wick: fetching {file} of {repo_id} from {endpoint}");
-    let path = repo
-        .download(&file)
-        .with_context(|| format!("downloading {file}"))?;
+    let mut paths = Vec::with_capacity(files.len());
+    for file in &files {
+        eprintln!("wick: fetching {file} of {repo_id} from {endpoint}");
+        paths.push(
+            repo.download(file)
+                .with_context(|| format!("downloading {file}"))?,
+        );
+    }
     cached.create_ref(&info.sha).context("writing refs/main")?;
-    Ok(path)
+    paths.into_iter().next().context("no file chosen")
 }
 
 /// The files of the snapshot `refs/main` names for `repo_id` in `cache`

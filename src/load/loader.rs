@@ -10,10 +10,11 @@ use anyhow::{bail, Context};
 use candle_core::quantized::gguf_file;
 use candle_core::{DType, Device};
 
+use crate::load::gguf_split::{self, SplitReader};
 use crate::load::load_progress::LoadProgress;
 use crate::load::{gguf_header, hf_dir};
 use crate::models::linear::{WeightFormat, WeightSpec};
-use crate::models::registry::{self, FromGguf};
+use crate::models::registry::{self, FromGguf, ReadSeek};
 use crate::models::{gguf_architecture, Gguf, Model};
 use crate::quant::Kernel;
 use crate::text::chat_template::ChatTemplate;
@@ -131,7 +132,30 @@ fn cuda_error_name(text: &str) -> String {
     }
 }
 
-fn open_gguf(path: &Path) -> anyhow::Result<(Gguf, BufReader<File>)> {
+/// A GGUF file, or the parts of a split one read as one file
+/// ([`gguf_split`]), with a reader for its tensors.
+fn open_gguf(path: &Path) -> anyhow::Result<(Gguf, Box<dyn ReadSeek>)> {
+    let Some(parts) = gguf_split::parts(path)? else {
+        let (gguf, reader) = open_one_gguf(path)?;
+        return Ok((gguf, Box::new(reader)));
+    };
+    let mut headers = Vec::with_capacity(parts.len());
+    let mut files = Vec::with_capacity(parts.len());
+    for part in &parts {
+        headers.push(open_one_gguf(part)?.0);
+        files.push(File::open(part).with_context(|| format!("cannot open {}", part.display()))?);
+    }
+    let reader = SplitReader::new(files)?;
+    let starts: Vec<u64> = (0..parts.len()).map(|k| reader.start(k)).collect();
+    let mut headers = headers.into_iter();
+    let first = headers.next().context("a split GGUF with no parts")?;
+    Ok((
+        Gguf::merge(first, headers.collect(), &starts),
+        Box::new(reader),
+    ))
+}
+
+fn open_one_gguf(path: &Path) -> anyhow::Result<(Gguf, BufReader<File>)> {
     let file =
         File::open(path).with_context(|| format!("cannot open model file {}", path.display()))?;
     let mut reader = BufReader::new(file);
@@ -161,7 +185,7 @@ pub fn read_gguf_header(path: &Path) -> anyhow::Result<Gguf> {
 }
 
 /// A GGUF file whose architecture wick runs, and the constructor for it.
-pub(crate) fn open_model_gguf(path: &Path) -> anyhow::Result<(Gguf, BufReader<File>, FromGguf)> {
+pub(crate) fn open_model_gguf(path: &Path) -> anyhow::Result<(Gguf, Box<dyn ReadSeek>, FromGguf)> {
     let (content, reader) = open_gguf(path)?;
     let arch = gguf_architecture(&content);
     let Some(build) = registry::gguf(arch) else {

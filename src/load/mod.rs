@@ -2,6 +2,7 @@
 //! cache, GGUF files and Hugging Face checkpoint directories.
 
 pub mod gguf_header;
+pub mod gguf_split;
 pub mod hf_dir;
 pub mod hub;
 pub mod load_progress;

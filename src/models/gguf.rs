@@ -62,6 +62,26 @@ impl Gguf {
         Gguf { content, mxfp4 }
     }
 
+    /// One header for a GGUF split in parts laid end to end (`starts[k]`:
+    /// where part `k` begins, `first` being part 0): the first part's
+    /// metadata, and every part's tensors with their offsets moved onto
+    /// the joined file (`load::gguf_split`).
+    pub fn merge(mut first: Gguf, rest: Vec<Gguf>, starts: &[u64]) -> Gguf {
+        let base = first.content.tensor_data_offset;
+        for (part, start) in rest.into_iter().zip(&starts[1..]) {
+            let shift = start + part.content.tensor_data_offset - base;
+            for (name, mut info) in part.content.tensor_infos {
+                info.offset += shift;
+                first.content.tensor_infos.insert(name, info);
+            }
+            for (name, mut t) in part.mxfp4 {
+                t.offset += shift;
+                first.mxfp4.insert(name, t);
+            }
+        }
+        first
+    }
+
     /// Whether the file has tensor `name`.
     pub fn has(&self, name: &str) -> bool {
         self.content.tensor_infos.contains_key(name) || self.mxfp4.contains_key(name)
