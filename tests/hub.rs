@@ -481,6 +481,13 @@ fn quant_tags_are_words_of_the_file_name() {
     );
     assert_eq!(split_tag("org/m-GGUF"), ("org/m-GGUF", None));
     assert!(wick::load::hub::is_repo_id("org/m-GGUF:Q4_K_M"));
+    // As ollama writes them.
+    assert_eq!(
+        split_tag("hf.co/org/m-GGUF:Q8_0"),
+        ("org/m-GGUF", Some("Q8_0"))
+    );
+    assert_eq!(split_tag("huggingface.co/org/m-GGUF"), ("org/m-GGUF", None));
+    assert!(wick::load::hub::is_repo_id("hf.co/org/m-GGUF:Q8_0"));
     let files: Vec<String> = [
         "m-Q4_K.gguf",
         "m-Q4_K_M.gguf",

@@ -78,8 +78,13 @@ pub fn is_repo_id(arg: &str) -> bool {
         && matches!(arg.split_once('/'), Some((org, name)) if part_ok(org) && part_ok(name))
 }
 
-/// `ORG/NAME:TAG` into the repo and its quantization tag.
+/// `ORG/NAME:TAG` into the repo and its quantization tag. The hub's
+/// address may lead, as ollama writes it (`hf.co/ORG/NAME:TAG`).
 pub fn split_tag(arg: &str) -> (&str, Option<&str>) {
+    let arg = ["https://huggingface.co/", "huggingface.co/", "hf.co/"]
+        .iter()
+        .find_map(|host| arg.strip_prefix(host))
+        .unwrap_or(arg);
     match arg.rsplit_once(':') {
         Some((repo, tag))
             if !tag.is_empty()
