@@ -7,9 +7,7 @@
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
-use candle_core::cuda_backend::cudarc::driver::{
-    CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
-};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Result, Storage, Tensor, WithDType};
@@ -18,7 +16,7 @@ use half::{bf16, f16};
 use super::launch::{plan, supports, Buf, StepShape};
 use super::AttnDims;
 use crate::kv::step_meta::{KernelSections, StepMeta};
-use crate::launch::Arg;
+use crate::launch;
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/paged_attention.ptx"));
 const MODULE: &str = "wick_paged_attention";
@@ -231,29 +229,9 @@ impl Step<'_> {
         // first).
         let part_ml = unsafe { self.dev.alloc::<f32>(plan.part_ml_len)? };
         let part_acc = unsafe { self.dev.alloc::<f32>(plan.part_acc_len)? };
+        let stream = self.dev.cuda_stream();
         for l in &plan.launches {
             let func = self.dev.get_or_load_custom_func(&l.kernel, MODULE, PTX)?;
-            let mut b = func.builder();
-            for arg in &l.args {
-                match arg {
-                    Arg::Buf(Buf::Qkv) => b.arg(qkv),
-                    Arg::Buf(Buf::KPool) => b.arg(k_pool),
-                    Arg::Buf(Buf::VPool) => b.arg(v_pool),
-                    Arg::Buf(Buf::Meta) => b.arg(&self.meta),
-                    Arg::Buf(Buf::Sinks) => b.arg(&self.sinks.0),
-                    Arg::Buf(Buf::Out) => b.arg(out),
-                    Arg::Buf(Buf::PartMl) => b.arg(&part_ml),
-                    Arg::Buf(Buf::PartAcc) => b.arg(&part_acc),
-                    Arg::I32(x) => b.arg(x),
-                    Arg::U32(x) => b.arg(x),
-                    Arg::F32(x) => b.arg(x),
-                };
-            }
-            let cfg = LaunchConfig {
-                grid_dim: l.grid,
-                block_dim: l.block,
-                shared_mem_bytes: 0,
-            };
             // SAFETY: the plan's arguments match each kernel's parameters
             // in order and type (its buffers by role, above: `Q` and `P`
             // name the instantiation, `q_name` / `p_name` in the entry
@@ -337,7 +315,20 @@ impl Step<'_> {
             // attend launch just wrote, and `sinks[h]` with `has_sinks`; it
             // writes `out[(r * num_heads + h) * head_dim + d]`, inside
             // `out`.
-            unsafe { b.launch(cfg) }.w()?;
+            unsafe {
+                launch::cuda::launch(&stream, &func, l, |b, role| {
+                    match role {
+                        Buf::Qkv => b.arg(qkv),
+                        Buf::KPool => b.arg(k_pool),
+                        Buf::VPool => b.arg(v_pool),
+                        Buf::Meta => b.arg(&self.meta),
+                        Buf::Sinks => b.arg(&self.sinks.0),
+                        Buf::Out => b.arg(out),
+                        Buf::PartMl => b.arg(&part_ml),
+                        Buf::PartAcc => b.arg(&part_acc),
+                    };
+                })?;
+            }
         }
         Ok(())
     }

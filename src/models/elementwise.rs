@@ -78,16 +78,13 @@ pub fn add_rms_norm_launch(rows: usize, hidden: usize, dtype: DType, eps: f32) -
 #[cfg(feature = "cuda")]
 mod cuda {
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{
-        CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
-    };
-    use candle_core::cuda_backend::{CudaDType, WrapErr};
+    use candle_core::cuda_backend::cudarc::driver::{CudaView, DeviceRepr, PushKernelArg};
+    use candle_core::cuda_backend::CudaDType;
     use candle_core::op::BackpropOp;
     use candle_core::{CudaStorage, DType, Result, Storage, Tensor};
     use half::{bf16, f16};
 
     use super::{add_rms_norm_launch, NormBuf};
-    use crate::launch::Arg;
 
     const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/add_rms_norm.ptx"));
     const MODULE: &str = "wick_add_rms_norm";
@@ -154,24 +151,7 @@ mod cuda {
             let (xv, yv, wv) = (view::<T>(xs, x)?, view::<T>(ys, y)?, view::<T>(ws, w)?);
             let launch = add_rms_norm_launch(rows, hidden, T::DTYPE, eps);
             let func = dev.get_or_load_custom_func(&launch.kernel, MODULE, PTX)?;
-            let mut b = func.builder();
-            for arg in &launch.args {
-                match arg {
-                    Arg::Buf(NormBuf::X) => b.arg(&xv),
-                    Arg::Buf(NormBuf::Y) => b.arg(&yv),
-                    Arg::Buf(NormBuf::W) => b.arg(&wv),
-                    Arg::Buf(NormBuf::Sum) => b.arg(&sum),
-                    Arg::Buf(NormBuf::Out) => b.arg(&out),
-                    Arg::I32(v) => b.arg(v),
-                    Arg::U32(v) => b.arg(v),
-                    Arg::F32(v) => b.arg(v),
-                };
-            }
-            let cfg = LaunchConfig {
-                grid_dim: launch.grid,
-                block_dim: launch.block,
-                shared_mem_bytes: 0,
-            };
+            let stream = dev.cuda_stream();
             // SAFETY: the arguments match `add_rms_norm_<dtype>(const T*, const
             // T*, const T*, int, float, T*, T*)` in order and type (`T::DTYPE`
             // names the instantiation). Block `r < rows` reads `x` and `y` at
@@ -179,7 +159,17 @@ mod cuda {
             // views (shapes checked by the caller), and `w[..hidden]` (checked
             // `[hidden]`); it writes the same range of `sum` and `out`, the two
             // halves of the allocation above, which nothing else holds.
-            unsafe { b.launch(cfg) }.w()?;
+            unsafe {
+                crate::launch::cuda::launch(&stream, &func, &launch, |b, role| {
+                    match role {
+                        NormBuf::X => b.arg(&xv),
+                        NormBuf::Y => b.arg(&yv),
+                        NormBuf::W => b.arg(&wv),
+                        NormBuf::Sum => b.arg(&sum),
+                        NormBuf::Out => b.arg(&out),
+                    };
+                })?;
+            }
         }
         let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(both, dev));
         let both = Tensor::from_storage(storage, (2, rows, hidden), BackpropOp::none(), false);

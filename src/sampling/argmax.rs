@@ -58,13 +58,12 @@ pub fn launch(rows: usize, vocab: usize) -> Launch<Buf> {
 #[cfg(feature = "cuda")]
 mod cuda {
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
-    use candle_core::cuda_backend::WrapErr;
+    use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
     use candle_core::op::BackpropOp;
     use candle_core::{CudaStorage, Result, Storage, Tensor};
 
     use super::Buf;
-    use crate::launch::Arg;
+    use crate::launch;
 
     const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/argmax.ptx"));
     const MODULE: &str = "wick_argmax";
@@ -91,21 +90,7 @@ mod cuda {
         let out = unsafe { dev.alloc::<u32>(rows)? };
         let launch = super::launch(rows, vocab);
         let func = dev.get_or_load_custom_func(&launch.kernel, MODULE, PTX)?;
-        let mut b = func.builder();
-        for arg in &launch.args {
-            match arg {
-                Arg::Buf(Buf::Logits) => b.arg(&input),
-                Arg::Buf(Buf::Out) => b.arg(&out),
-                Arg::U32(x) => b.arg(x),
-                Arg::I32(x) => b.arg(x),
-                Arg::F32(x) => b.arg(x),
-            };
-        }
-        let cfg = LaunchConfig {
-            grid_dim: launch.grid,
-            block_dim: launch.block,
-            shared_mem_bytes: 0,
-        };
+        let stream = dev.cuda_stream();
         // SAFETY: the arguments match `argmax_rows_f32(const float*, uint32_t,
         // uint32_t*)` in order and type. Block `r < rows` reads
         // `input[r * vocab..][..vocab]`: `input` is the contiguous
@@ -114,7 +99,14 @@ mod cuda {
         // vocabulary is far below 2^32). It writes only `out[r]`, through a
         // shared reference to the slice allocated above, which nothing else
         // holds.
-        unsafe { b.launch(cfg) }.w()?;
+        unsafe {
+            launch::cuda::launch(&stream, &func, &launch, |b, role| {
+                match role {
+                    Buf::Logits => b.arg(&input),
+                    Buf::Out => b.arg(&out),
+                };
+            })?;
+        }
         let out = Storage::Cuda(CudaStorage::wrap_cuda_slice(out, dev));
         Tensor::from_storage(out, rows, BackpropOp::none(), false).to_vec1::<u32>()
     }

@@ -133,12 +133,10 @@ pub fn launch(rows: usize, vocab: usize, max_top: usize) -> Launch<Buf> {
 #[cfg(feature = "cuda")]
 pub mod cuda {
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
-    use candle_core::cuda_backend::WrapErr;
+    use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
     use candle_core::{Result, Storage, Tensor};
 
     use super::{launch, pack, Buf, DeviceRow};
-    use crate::launch::Arg;
     use crate::sampling::token::SampledToken;
 
     const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sampler.ptx"));
@@ -187,25 +185,7 @@ pub mod cuda {
         let top = unsafe { dev.alloc::<u32>((n * max_top * 2).max(1))? };
         let plan = launch(n, vocab, max_top);
         let func = dev.get_or_load_custom_func(&plan.kernel, MODULE, PTX)?;
-        let mut b = func.builder();
-        for arg in &plan.args {
-            match arg {
-                Arg::Buf(Buf::Logits) => b.arg(&input),
-                Arg::Buf(Buf::Work) => b.arg(&work),
-                Arg::Buf(Buf::Params) => b.arg(&params),
-                Arg::Buf(Buf::Ids) => b.arg(&ids),
-                Arg::Buf(Buf::Logprobs) => b.arg(&logprobs),
-                Arg::Buf(Buf::Top) => b.arg(&top),
-                Arg::U32(x) => b.arg(x),
-                Arg::I32(x) => b.arg(x),
-                Arg::F32(x) => b.arg(x),
-            };
-        }
-        let cfg = LaunchConfig {
-            grid_dim: plan.grid,
-            block_dim: plan.block,
-            shared_mem_bytes: 0,
-        };
+        let stream = dev.cuda_stream();
         // SAFETY: the arguments match `sample_rows(const float*, float*,
         // uint32_t, const uint32_t*, uint32_t, uint32_t*, float*,
         // uint32_t*)` in order and type. Block `r < n` reads `input[r *
@@ -220,7 +200,18 @@ pub mod cuda {
         // `logprobs[r]` and `top[(r * max_top + k) * 2..][..2]` for `k <
         // max_top`, within the allocations above, which nothing else
         // holds. Its shared memory is static.
-        unsafe { b.launch(cfg) }.w()?;
+        unsafe {
+            crate::launch::cuda::launch(&stream, &func, &plan, |b, role| {
+                match role {
+                    Buf::Logits => b.arg(&input),
+                    Buf::Work => b.arg(&work),
+                    Buf::Params => b.arg(&params),
+                    Buf::Ids => b.arg(&ids),
+                    Buf::Logprobs => b.arg(&logprobs),
+                    Buf::Top => b.arg(&top),
+                };
+            })?;
+        }
         let ids = dev.clone_dtoh(&ids)?;
         let logprobs = dev.clone_dtoh(&logprobs)?;
         let top = dev.clone_dtoh(&top)?;
