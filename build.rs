@@ -13,6 +13,7 @@ const KERNELS: &[&str] = &[
     "src/sampling/argmax.cu",
     "src/sampling/sampler.cu",
     "src/models/add_rms_norm.cu",
+    "src/models/gated_delta.cu",
 ];
 
 fn main() {

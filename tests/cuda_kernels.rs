@@ -19,6 +19,8 @@
 //! - The emulator itself: a kernel missing a `__syncthreads` fails under
 //!   it, and so do a warp shuffle naming a lane that returned and a barrier
 //!   only some threads reach; its warp shuffles against CUDA's rules.
+//! - The gated delta rule (Qwen3.5's linear attention) against its CPU
+//!   twin, over steps of sequences starting and carrying on in a pool.
 //! - Whole models on a GPU: logits against transformers' from the tiny
 //!   fixtures.
 
@@ -869,6 +871,196 @@ fn add_rms_norm_on_the_gpu_matches_the_unfused_ops() {
     add_rms_norm_cases(&Target::Gpu(dev));
 }
 
+/// A step of the gated-delta test: each sequence's (slot, first position,
+/// rows).
+type DeltaStep = Vec<(u32, usize, usize)>;
+
+/// The gated delta rule (`gated_delta.cu`) against its CPU twin,
+/// `GatedDelta::run` (checked against transformers by the Qwen3.5 model
+/// tests), over three steps: two sequences start, one in a prompt of
+/// several rows and one of a single row; both carry on while a third
+/// starts in another slot; then decode rows. Shapes: the tiny fixture's
+/// heads (grouped, four taps), Qwen3.5's 128 x 128 heads (tiled value
+/// heads), and heads that split over several groups of rows, with three
+/// taps and with one. The pool starts as NaN, so a fresh sequence that
+/// read its slot, or an output left unwritten, shows.
+fn gated_delta_cases(target: &Target) {
+    use wick::models::gated_delta::{self, DeltaBuf, DeltaDims, GatedDelta};
+    let seed = fresh_seed();
+    let mut rng = Lcg(seed);
+    let shapes = [
+        (4, 2, 4, 16, 16, false),
+        (4, 1, 2, 128, 128, true),
+        (3, 2, 2, 64, 32, false),
+        (1, 1, 3, 8, 64, true),
+    ];
+    let steps: Vec<DeltaStep> = vec![
+        vec![(2, 0, 5), (0, 0, 1)],
+        vec![(2, 5, 1), (0, 1, 3), (4, 0, 2)],
+        vec![(0, 4, 1), (2, 6, 1), (4, 2, 1)],
+    ];
+    for (conv_kernel, k_heads, v_heads, k_dim, v_dim, v_heads_tiled) in shapes {
+        let d = DeltaDims {
+            conv_kernel,
+            k_heads,
+            v_heads,
+            k_dim,
+            v_dim,
+            v_heads_tiled,
+            eps: 1e-6,
+        };
+        assert!(gated_delta::supports(&d), "{d:?}");
+        let mut vals =
+            |n: usize, scale: f32| (0..n).map(|_| rng.next() * scale).collect::<Vec<_>>();
+        let conv = vals(d.conv_dim() * conv_kernel, 0.8);
+        let neg_a: Vec<f32> = vals(v_heads, 1.0).into_iter().map(|x| -x.exp()).collect();
+        let dt_bias = vals(v_heads, 1.0);
+        let norm = vals(v_dim, 1.0);
+        let delta_on = |dev: &Device| {
+            let (c, a, b, n) = (conv.clone(), neg_a.clone(), dt_bias.clone(), norm.clone());
+            GatedDelta::new(d, c, a, b, n, dev).unwrap()
+        };
+        let host_delta = delta_on(&Device::Cpu);
+        // Two layers' states per slot; this one is the second.
+        let (stride, at) = (2 * d.state_len() + 3, d.state_len() + 1);
+        let slots = 5;
+        let mut want_states = vec![vec![f32::NAN; d.state_len()]; slots];
+        #[cfg(feature = "cuda")]
+        let gpu = match target {
+            Target::Gpu(dev) => Some((
+                delta_on(dev),
+                Tensor::full(f32::NAN, (slots, stride), dev).unwrap(),
+            )),
+            Target::Host => None,
+        };
+        let mut pool = vec![f32::NAN; slots * stride];
+        for (i, step) in steps.iter().enumerate() {
+            let what = format!("{d:?}, step {i}, seed {seed}");
+            let t: usize = step.iter().map(|s| s.2).sum();
+            let width = d.in_width();
+            let rows = vals(t * width, 1.5);
+            let mut seqs = Vec::new();
+            let mut start = 0;
+            for &(slot, first_pos, len) in step {
+                seqs.push(wick::models::SeqSlice {
+                    start,
+                    len,
+                    first_pos,
+                    block_table: Vec::new(),
+                    window_table: Vec::new(),
+                    state_slot: Some(slot),
+                    logits: LogitRows::None,
+                    hidden: LogitRows::None,
+                });
+                start += len;
+            }
+            // The CPU twin, sequence by sequence.
+            let vw = d.value_width();
+            let mut want = vec![0f32; t * vw];
+            for s in &seqs {
+                let state = &mut want_states[s.state_slot.unwrap() as usize];
+                if s.first_pos == 0 {
+                    state.fill(0.0);
+                }
+                host_delta.run(
+                    &rows[s.start * width..(s.start + s.len) * width],
+                    state,
+                    &mut want[s.start * vw..(s.start + s.len) * vw],
+                );
+            }
+            let got = match target {
+                Target::Host => {
+                    let desc: Vec<u32> = seqs
+                        .iter()
+                        .flat_map(|s| {
+                            [
+                                s.start as u32,
+                                s.len as u32,
+                                s.state_slot.unwrap(),
+                                u32::from(s.first_pos == 0),
+                            ]
+                        })
+                        .collect();
+                    let (mut rows_b, mut params, mut desc) =
+                        (rows.clone(), host_delta.params(), desc);
+                    let mut mixed = vec![f32::NAN; t * d.conv_dim()];
+                    let mut out = vec![f32::NAN; t * vw];
+                    let plan = gated_delta::launches(&d, seqs.len(), stride, at).unwrap();
+                    for l in &plan {
+                        let buf = |b| -> *mut c_void {
+                            match b {
+                                DeltaBuf::Rows => rows_b.as_mut_ptr().cast(),
+                                DeltaBuf::Params => params.as_mut_ptr().cast(),
+                                DeltaBuf::Seqs => desc.as_mut_ptr().cast(),
+                                DeltaBuf::States => pool.as_mut_ptr().cast(),
+                                DeltaBuf::Mixed => mixed.as_mut_ptr().cast(),
+                                DeltaBuf::Out => out.as_mut_ptr().cast(),
+                            }
+                        };
+                        run_on_host(l, seed, buf, &what);
+                    }
+                    out
+                }
+                #[cfg(feature = "cuda")]
+                Target::Gpu(dev) => {
+                    let (delta, gpu_pool) = gpu.as_ref().unwrap();
+                    let ids: Vec<u32> = seqs.iter().map(|s| s.state_slot.unwrap()).collect();
+                    let mut states =
+                        gated_delta::StepStates::device(gpu_pool.clone(), &seqs, &ids).unwrap();
+                    let proj = Tensor::from_vec(rows.clone(), (t, width), dev).unwrap();
+                    let out = delta.forward(&proj, &seqs, &mut states, at).unwrap();
+                    pool = gpu_pool.flatten_all().unwrap().to_vec1().unwrap();
+                    out.flatten_all().unwrap().to_vec1().unwrap()
+                }
+            };
+            let diff = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(
+                    0f32,
+                    |m, x| if x.is_nan() { f32::INFINITY } else { m.max(x) },
+                );
+            assert!(diff <= 2e-4, "{what}: outputs {diff} apart");
+            for s in &seqs {
+                let slot = s.state_slot.unwrap() as usize;
+                let got = &pool[slot * stride + at..][..d.state_len()];
+                let diff = got
+                    .iter()
+                    .zip(&want_states[slot])
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(
+                        0f32,
+                        |m, x| if x.is_nan() { f32::INFINITY } else { m.max(x) },
+                    );
+                assert!(diff <= 2e-4, "{what}: slot {slot}'s state {diff} apart");
+            }
+            // The first layer's state and the slots' padding are untouched.
+            for slot in 0..slots {
+                let outside = pool[slot * stride..slot * stride + at]
+                    .iter()
+                    .chain(&pool[slot * stride + at + d.state_len()..(slot + 1) * stride]);
+                assert!(
+                    outside.clone().all(|x| x.is_nan()),
+                    "{what}: slot {slot} written outside its layer"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn gated_delta_on_the_host_build_matches_the_cpu_recurrence() {
+    gated_delta_cases(&Target::Host);
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn gated_delta_on_the_gpu_matches_the_cpu_recurrence() {
+    let Some(dev) = gpu() else { return };
+    gated_delta_cases(&Target::Gpu(dev));
+}
+
 /// Runs one of the emulator's self-test kernels (`selftest.cu`) over one
 /// block of `threads`.
 fn selftest(name: &str, threads: u32, seed: u64, args: &[Value]) -> Result<(), String> {
@@ -1038,7 +1230,15 @@ fn warp_shuffles_follow_cuda() {
 #[test]
 fn models_on_the_gpu_match_transformers() {
     let Some(dev) = gpu() else { return };
-    for name in ["qwen3-tiny", "gemma3-tiny"] {
+    // Qwen3.5's linear layers run `gated_delta.cu` over the device pool;
+    // the MoE families their experts' matmuls on the GPU.
+    for name in [
+        "qwen3-tiny",
+        "gemma3-tiny",
+        "qwen35-tiny",
+        "qwen35moe-tiny",
+        "qwen3moe-tiny",
+    ] {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures")
             .join(name);

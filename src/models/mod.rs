@@ -5,6 +5,7 @@
 pub mod elementwise;
 pub mod embedding;
 pub mod ffn;
+pub mod gated_delta;
 pub mod gemma4;
 pub mod gguf;
 pub mod gpt2;

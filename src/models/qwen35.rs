@@ -13,19 +13,15 @@
 //! projection. The KV pool has one layer per full-attention layer (about a
 //! quarter of the layers): the others keep no K/V at all.
 //!
-//! Linear-attention layers (the gated delta rule): per token, the q/k/v
-//! projection goes through a causal depthwise conv of `kernel` taps and
-//! SiLU; q and k are L2-normalized per head (q also scaled by
-//! `key_dim^-1/2`); each value head's state `S` (`[key_dim, value_dim]`)
-//! decays by `exp(g)`, `g = -exp(A_log) * softplus(a + dt_bias)`, then
-//! learns `v` at `k` with rate `beta = sigmoid(b)`:
-//! `S += k (beta (v - S^T k))^T`, and the output `S^T q` goes through an
-//! RMSNorm gated by `silu(z)`. The conv's last inputs and `S` are the
-//! sequence's recurrent state, kept in its state slot
+//! Linear-attention layers: the input projection, the gated delta rule
+//! ([`GatedDelta`]: a causal conv, then a per-head recurrent state), and
+//! the output projection. The conv's last inputs and each head's state are
+//! the sequence's recurrent state, kept in its state slot
 //! ([`crate::engine::state_slots`]) between steps: a prompt chunk carries
-//! on from where the last one stopped. The recurrence runs on the host in
-//! f32 (transformers' reference loop, token by token, sequences in
-//! parallel); on another device its inputs and outputs are copied over.
+//! on from where the last one stopped. On the CPU the slots are host
+//! memory; on a CUDA device they are one device pool, updated in place by
+//! `gated_delta.cu` (where its kernels take the heads' shape; otherwise
+//! the rows are copied to the host and back).
 //!
 //! It loads from a Hugging Face checkpoint or from a GGUF file
 //! (`general.architecture` `qwen35` or `qwen35moe`, as llama.cpp's converter
@@ -44,12 +40,12 @@ use std::sync::{Arc, Mutex};
 use candle_core::quantized::{gguf_file, QStorage, QTensor};
 use candle_core::{DType, Device, Result, Tensor};
 use candle_nn::VarBuilder;
-use rayon::prelude::*;
 use serde::Deserialize;
 
 use super::elementwise::{self, Act};
 use super::embedding::Embedding;
 use super::ffn::Ffn;
+use super::gated_delta::{self, DeltaDims, GatedDelta, StepStates};
 use super::linear::{Linear, WeightSpec};
 use super::mlp::{Activation, Mlp};
 use super::moe::{ExpertLoad, GgufLayer, Moe, MoeConfig, Routing};
@@ -57,9 +53,8 @@ use super::rope::Rope;
 use super::{hidden_states, read_tensor, Gguf, Model, ModelInfo, Output, SeqSlice};
 use crate::attention::{paged_attention, AttnDims};
 use crate::kv::cache::{KvCache, KvDtype};
-use crate::kv::state_store::StateStore;
+use crate::kv::state_store::{DeviceStates, StateStore};
 use crate::kv::step_meta::StepMeta;
-use crate::vec_math::fast_exp;
 
 /// A layer's token mixer, as `layer_types` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -357,24 +352,27 @@ impl Config {
         })
     }
 
-    fn key_width(&self) -> usize {
-        self.linear_k_heads * self.linear_k_dim
-    }
-
-    fn value_width(&self) -> usize {
-        self.linear_v_heads * self.linear_v_dim
+    /// The linear-attention layers' shape.
+    fn delta_dims(&self) -> DeltaDims {
+        DeltaDims {
+            conv_kernel: self.conv_kernel,
+            k_heads: self.linear_k_heads,
+            v_heads: self.linear_v_heads,
+            k_dim: self.linear_k_dim,
+            v_dim: self.linear_v_dim,
+            v_heads_tiled: self.v_heads_tiled,
+            eps: self.rms_norm_eps as f32,
+        }
     }
 
     /// Channels of the linear layers' conv: q, k and v.
     fn conv_dim(&self) -> usize {
-        2 * self.key_width() + self.value_width()
+        self.delta_dims().conv_dim()
     }
 
-    /// f32 of one linear layer's state: the conv's last `kernel - 1`
-    /// inputs, then each value head's `[key_dim, value_dim]` matrix.
+    /// f32 of one linear layer's state.
     fn linear_state_len(&self) -> usize {
-        (self.conv_kernel - 1) * self.conv_dim()
-            + self.linear_v_heads * self.linear_k_dim * self.linear_v_dim
+        self.delta_dims().state_len()
     }
 
     fn num_linear_layers(&self) -> usize {
@@ -382,14 +380,6 @@ impl Config {
             .iter()
             .filter(|&&k| k == LayerKind::LinearAttention)
             .count()
-    }
-
-    /// The key head that value head `h` reads.
-    fn key_head_of(&self, h: usize) -> usize {
-        match self.v_heads_tiled {
-            true => h % self.linear_k_heads,
-            false => h / (self.linear_v_heads / self.linear_k_heads),
-        }
     }
 }
 
@@ -407,13 +397,7 @@ struct FullAttention {
 struct LinearAttention {
     /// q/k/v (the conv's input), z, b and a, stacked.
     in_proj: Linear,
-    /// `[conv_dim, kernel]`.
-    conv: Vec<f32>,
-    /// `-exp(A_log)` per value head.
-    neg_a: Vec<f32>,
-    dt_bias: Vec<f32>,
-    /// The gated RMSNorm's weights, `[value_dim]` (plain w, not 1 + w).
-    norm: Vec<f32>,
+    delta: GatedDelta,
     out_proj: Linear,
     /// Where its state starts within a slot.
     state_at: usize,
@@ -441,31 +425,16 @@ pub struct Qwen35 {
     lm_head: Linear,
     rope: Rope,
     /// The recurrent states of the linear-attention layers, by slot.
-    states: Mutex<StateStore>,
+    states: Mutex<States>,
     /// Rows routed to each expert, for Qwen3.5-MoE.
     expert_load: Option<Arc<ExpertLoad>>,
 }
 
-/// `x * sigmoid(x)`, branch-free over [`fast_exp`] so that a pass over
-/// a row vectorizes: `e^-|x|` is never above 1, and `x < 0` scales by it.
-fn silu(x: f32) -> f32 {
-    let e = fast_exp(-x.abs());
-    let up = if x >= 0.0 { 1.0 } else { e };
-    x * up / (1.0 + e)
-}
-
-/// torch's softplus (beta 1, linear past 20).
-fn softplus(x: f32) -> f32 {
-    match x > 20.0 {
-        true => x,
-        false => x.exp().ln_1p(),
-    }
-}
-
-/// `x / sqrt(sum(x^2) + 1e-6)`, in place (transformers' `l2norm`).
-fn l2_normalize(x: &mut [f32], scale: f32) {
-    let inv = 1.0 / (x.iter().map(|v| v * v).sum::<f32>() + 1e-6).sqrt() * scale;
-    x.iter_mut().for_each(|v| *v *= inv);
+/// Where the slots' states live: host memory, or a pool on the GPU that
+/// `gated_delta.cu` updates in place.
+enum States {
+    Host(StateStore),
+    Device(DeviceStates),
 }
 
 /// Rows `[from, from + n)` of every `period` rows of the quantized matrix
@@ -499,131 +468,11 @@ fn every_rows(
 
 impl LinearAttention {
     /// `h`: `[T, hidden]` normed rows of the whole batch; `states`: each
-    /// sequence's slot, in batch order. Returns `[T, hidden]`.
-    fn forward(
-        &self,
-        h: &Tensor,
-        seqs: &[SeqSlice],
-        states: &mut [Vec<f32>],
-        c: &Config,
-    ) -> Result<Tensor> {
+    /// sequence's, in batch order. Returns `[T, hidden]`.
+    fn forward(&self, h: &Tensor, seqs: &[SeqSlice], states: &mut StepStates) -> Result<Tensor> {
         let proj = self.in_proj.forward(h)?;
-        let (t, width) = proj.dims2()?;
-        let rows = proj
-            .to_device(&Device::Cpu)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
-        let vw = c.value_width();
-        let mut out = vec![0f32; t * vw];
-        // Each sequence's rows of `out`, in batch order.
-        let mut parts = Vec::with_capacity(seqs.len());
-        let mut rest = out.as_mut_slice();
-        for s in seqs {
-            let (mine, tail) = rest.split_at_mut(s.len * vw);
-            parts.push(mine);
-            rest = tail;
-        }
-        let len = c.linear_state_len();
-        seqs.par_iter()
-            .zip(states.par_iter_mut())
-            .zip(parts.into_par_iter())
-            .for_each(|((s, state), out)| {
-                let state = &mut state[self.state_at..self.state_at + len];
-                let rows = &rows[s.start * width..(s.start + s.len) * width];
-                self.run(rows, width, state, out, c);
-            });
-        let out = Tensor::from_vec(out, (t, vw), h.device())?;
-        self.out_proj.forward(&out)
-    }
-
-    /// One sequence's new rows (`rows`, `width` each) through the conv and
-    /// the delta rule from `state`, which they leave as the next step's;
-    /// the gated-norm outputs go to `out`. The conv runs token by token;
-    /// then each value head runs its own recurrence over the tokens, the
-    /// heads in parallel, since they share nothing but their inputs: one
-    /// sequence (a lone stream, a long prompt) spreads over the cores.
-    fn run(&self, rows: &[f32], width: usize, state: &mut [f32], out: &mut [f32], c: &Config) {
-        let (k_taps, conv_dim) = (c.conv_kernel, c.conv_dim());
-        let (kw, vw) = (c.key_width(), c.value_width());
-        let (dk, dv, nv) = (c.linear_k_dim, c.linear_v_dim, c.linear_v_heads);
-        let t = rows.len() / width;
-        let (conv_state, s_all) = state.split_at_mut((k_taps - 1) * conv_dim);
-        // Each row's q and k (l2-normed) and v: the causal conv over the
-        // last kernel - 1 inputs and this one.
-        let mut mixed = vec![0f32; t * conv_dim];
-        let q_scale = 1.0 / (dk as f32).sqrt();
-        for (row, m) in rows
-            .chunks_exact(width)
-            .zip(mixed.chunks_exact_mut(conv_dim))
-        {
-            let x = &row[..conv_dim];
-            for (ch, m) in m.iter_mut().enumerate() {
-                let w = &self.conv[ch * k_taps..(ch + 1) * k_taps];
-                let mut acc = w[k_taps - 1] * x[ch];
-                for (j, wj) in w[..k_taps - 1].iter().enumerate() {
-                    acc += wj * conv_state[j * conv_dim + ch];
-                }
-                *m = acc;
-            }
-            m.iter_mut().for_each(|v| *v = silu(*v));
-            if k_taps > 1 {
-                conv_state.copy_within(conv_dim.., 0);
-                conv_state[(k_taps - 2) * conv_dim..].copy_from_slice(x);
-            }
-            let (q, k) = m[..2 * kw].split_at_mut(kw);
-            for (qh, kh) in q.chunks_exact_mut(dk).zip(k.chunks_exact_mut(dk)) {
-                l2_normalize(qh, q_scale);
-                l2_normalize(kh, 1.0);
-            }
-        }
-        let eps = c.rms_norm_eps as f32;
-        let heads: Vec<Vec<f32>> = s_all
-            .par_chunks_mut(dk * dv)
-            .take(nv)
-            .enumerate()
-            .map(|(h, s)| {
-                let g = c.key_head_of(h);
-                let mut outs = vec![0f32; t * dv];
-                let mut kv_mem = vec![0f32; dv];
-                let tokens = rows.chunks_exact(width).zip(mixed.chunks_exact(conv_dim));
-                for ((row, m), o) in tokens.zip(outs.chunks_exact_mut(dv)) {
-                    let qh = &m[g * dk..(g + 1) * dk];
-                    let kh = &m[kw + g * dk..kw + (g + 1) * dk];
-                    let vh = &m[2 * kw + h * dv..2 * kw + (h + 1) * dv];
-                    let z = &row[conv_dim + h * dv..conv_dim + (h + 1) * dv];
-                    let (b, a) = (row[conv_dim + vw + h], row[conv_dim + vw + nv + h]);
-                    let decay = (self.neg_a[h] * softplus(a + self.dt_bias[h])).exp();
-                    let beta = 1.0 / (1.0 + (-b).exp());
-                    s.iter_mut().for_each(|e| *e *= decay);
-                    kv_mem.fill(0.0);
-                    for (srow, &ki) in s.chunks_exact(dv).zip(kh) {
-                        kv_mem.iter_mut().zip(srow).for_each(|(m, &e)| *m += e * ki);
-                    }
-                    // kv_mem becomes the update: beta (v - S^T k).
-                    kv_mem
-                        .iter_mut()
-                        .zip(vh)
-                        .for_each(|(m, &vj)| *m = (vj - *m) * beta);
-                    for (srow, (&ki, &qi)) in s.chunks_exact_mut(dv).zip(kh.iter().zip(qh)) {
-                        for ((e, &d), o) in srow.iter_mut().zip(&kv_mem).zip(o.iter_mut()) {
-                            *e += ki * d;
-                            *o += *e * qi;
-                        }
-                    }
-                    // The RMSNorm gated by silu(z).
-                    let inv = 1.0 / (o.iter().map(|x| x * x).sum::<f32>() / dv as f32 + eps).sqrt();
-                    for ((o, &w), &zj) in o.iter_mut().zip(&self.norm).zip(z) {
-                        *o = *o * inv * w * silu(zj);
-                    }
-                }
-                outs
-            })
-            .collect();
-        for (h, outs) in heads.iter().enumerate() {
-            for (row, o) in out.chunks_exact_mut(vw).zip(outs.chunks_exact(dv)) {
-                row[h * dv..(h + 1) * dv].copy_from_slice(o);
-            }
-        }
+        let out = self.delta.forward(&proj, seqs, states, self.state_at)?;
+        self.out_proj.forward(&out.to_dtype(h.dtype())?)
     }
 }
 
@@ -752,13 +601,17 @@ impl Qwen35 {
                             &["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"]
                                 .map(|n| format!("{a}.{n}.weight")),
                         )?,
-                        conv,
-                        neg_a: host(&format!("{a}.A_log"))?
-                            .into_iter()
-                            .map(|x| -x.exp())
-                            .collect(),
-                        dt_bias: host(&format!("{a}.dt_bias"))?,
-                        norm: host(&format!("{a}.norm.weight"))?,
+                        delta: GatedDelta::new(
+                            c.delta_dims(),
+                            conv,
+                            host(&format!("{a}.A_log"))?
+                                .into_iter()
+                                .map(|x| -x.exp())
+                                .collect(),
+                            host(&format!("{a}.dt_bias"))?,
+                            host(&format!("{a}.norm.weight"))?,
+                            &device,
+                        )?,
                         out_proj: dense(&[format!("{a}.out_proj.weight")])?,
                         // Placed by `assemble`.
                         state_at: 0,
@@ -912,12 +765,16 @@ impl Qwen35 {
                     let host = |n: &str, len| host(&format!("{p}.{n}"), len);
                     Mixer::Linear(LinearAttention {
                         in_proj,
-                        // [conv_dim, kernel], as `run` reads it.
-                        conv: host("ssm_conv1d.weight", c.conv_dim() * c.conv_kernel)?,
-                        // Stored as -exp(A_log) already.
-                        neg_a: host("ssm_a", nv)?,
-                        dt_bias: host("ssm_dt.bias", nv)?,
-                        norm: host("ssm_norm.weight", c.linear_v_dim)?,
+                        delta: GatedDelta::new(
+                            c.delta_dims(),
+                            // [conv_dim, kernel], as `run` reads it.
+                            host("ssm_conv1d.weight", c.conv_dim() * c.conv_kernel)?,
+                            // Stored as -exp(A_log) already.
+                            host("ssm_a", nv)?,
+                            host("ssm_dt.bias", nv)?,
+                            host("ssm_norm.weight", c.linear_v_dim)?,
+                            device,
+                        )?,
                         out_proj: linear(&["ssm_out"])?,
                         state_at: 0,
                     })
@@ -1031,9 +888,17 @@ impl Qwen35 {
             Ffn::Experts(moe) => Some(moe.load.clone()),
             Ffn::Dense(_) => None,
         });
+        // The kernels' pool where they take the heads; else host slots,
+        // the rows copied over.
+        let on_gpu =
+            cfg!(feature = "cuda") && device.is_cuda() && gated_delta::supports(&c.delta_dims());
+        let states = match on_gpu {
+            true => States::Device(DeviceStates::new(state_len, &device)),
+            false => States::Host(StateStore::new(state_len)),
+        };
         Ok(Qwen35 {
             expert_load,
-            states: Mutex::new(StateStore::new(state_len)),
+            states: Mutex::new(states),
             config: c,
             info,
             device,
@@ -1048,6 +913,25 @@ impl Qwen35 {
     pub fn config(&self) -> &Config {
         &self.config
     }
+}
+
+/// Every sequence's state out of its host slot (`(slot, fresh)` each),
+/// all or none: on an error, what was taken goes back, since a sequence's
+/// state is lost only with the sequence.
+fn take_all(store: &mut StateStore, slots: &[(u32, bool)]) -> Result<Vec<Vec<f32>>> {
+    let mut states = Vec::with_capacity(slots.len());
+    for &(slot, fresh) in slots {
+        match store.take(slot, fresh) {
+            Ok(state) => states.push(state),
+            Err(e) => {
+                for (&(slot, _), state) in slots.iter().zip(states) {
+                    store.put(slot, state);
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(states)
 }
 
 impl Model for Qwen35 {
@@ -1089,27 +973,22 @@ impl Model for Qwen35 {
             .seqs
             .iter()
             .map(|s| {
-                s.state_slot.ok_or_else(|| {
-                    candle_core::Error::Msg(
-                        "a qwen3_5 sequence came without a recurrent-state slot".into(),
-                    )
-                })
+                s.state_slot
+                    .map(|slot| (slot, s.first_pos == 0))
+                    .ok_or_else(|| {
+                        candle_core::Error::Msg(
+                            "a qwen3_5 sequence came without a recurrent-state slot".into(),
+                        )
+                    })
             })
-            .collect::<Result<Vec<u32>>>()?;
-        let mut states = Vec::with_capacity(slots.len());
-        for (s, &slot) in batch.seqs.iter().zip(&slots) {
-            match store.take(slot, s.first_pos == 0) {
-                Ok(state) => states.push(state),
-                Err(e) => {
-                    // Put back what was taken: a sequence's state is lost
-                    // only with the sequence.
-                    for (&slot, state) in slots.iter().zip(states) {
-                        store.put(slot, state);
-                    }
-                    return Err(e);
-                }
+            .collect::<Result<Vec<(u32, bool)>>>()?;
+        let mut states = match &mut *store {
+            States::Host(store) => StepStates::Host(take_all(store, &slots)?),
+            States::Device(store) => {
+                let ids: Vec<u32> = slots.iter().map(|&(slot, _)| slot).collect();
+                StepStates::device(store.open(&slots)?, &batch.seqs, &ids)?
             }
-        }
+        };
         let mut x = self.embed.forward(meta.tokens(), &meta.tokens_t()?)?;
         let step = AttnStep {
             meta,
@@ -1122,14 +1001,20 @@ impl Model for Qwen35 {
             let h = candle_nn::ops::rms_norm(&x, &l.input_norm, eps)?;
             let mixed = match &l.mixer {
                 Mixer::Full(a) => a.forward(&h, cache, &step)?,
-                Mixer::Linear(a) => a.forward(&h, &batch.seqs, &mut states, c)?,
+                Mixer::Linear(a) => a.forward(&h, &batch.seqs, &mut states)?,
             };
             x = elementwise::add(&x, &mixed)?;
             let h = candle_nn::ops::rms_norm(&x, &l.post_norm, eps)?;
             x = elementwise::add(&x, &l.ffn.forward(&h)?)?;
         }
-        for (&slot, state) in slots.iter().zip(states) {
-            store.put(slot, state);
+        match (&mut *store, states) {
+            (States::Host(store), StepStates::Host(states)) => {
+                for (&(slot, _), state) in slots.iter().zip(states) {
+                    store.put(slot, state);
+                }
+            }
+            (States::Device(store), StepStates::Device { .. }) => store.close(&slots),
+            _ => unreachable!("the step's states are the store's kind"),
         }
         drop(store);
         let hidden = hidden_states(&x, batch, &self.device, |h| {
