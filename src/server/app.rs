@@ -40,6 +40,7 @@ use crate::server::openai::completions;
 use crate::server::openai::embeddings;
 use crate::server::openai::responses;
 use crate::server::state::{AppState, ModelState, RequestLimits};
+use crate::server::webui;
 
 /// Everything between a connection and the handlers.
 pub struct RouterConfig {
@@ -47,6 +48,8 @@ pub struct RouterConfig {
     /// `*` alone allows any origin; none, no CORS.
     pub allowed_origins: Vec<String>,
     pub allowed_hosts: AllowedHosts,
+    /// The chat page at `/`.
+    pub webui: bool,
 }
 
 pub fn router(state: Arc<AppState>, cfg: &RouterConfig) -> anyhow::Result<Router> {
@@ -85,6 +88,9 @@ pub fn router(state: Arc<AppState>, cfg: &RouterConfig) -> anyhow::Result<Router
     if !cfg.api_keys.is_empty() {
         let keys = ApiKeys::new(cfg.api_keys.clone());
         api = api.layer(middleware::from_fn_with_state(keys, auth::require_api_key));
+    }
+    if cfg.webui {
+        api = api.merge(webui::routes());
     }
     // Listed outermost first: every request gets an id before anything
     // logs, and CORS headers go on refusals (401, panics) too, so a browser
@@ -282,6 +288,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         api_keys: args.api_keys()?,
         allowed_origins: args.allowed_origins.clone(),
         allowed_hosts: AllowedHosts::new(&args.allowed_hosts, &args.host),
+        webui: !args.no_webui,
     };
     let listener = tokio::net::TcpListener::bind(addr)
         .await

@@ -71,6 +71,17 @@ pub struct ServeArgs {
     /// `Host` names requests may carry, comma-separated; `*`: any.
     #[arg(long, value_delimiter = ',', env = "WICK_ALLOWED_HOSTS")]
     pub allowed_hosts: Vec<String>,
+    /// No chat page at `/` (it answers 404).
+    #[arg(
+        long,
+        env = "WICK_NO_WEBUI",
+        num_args = 0..=1,
+        require_equals = true,
+        default_value_t = false,
+        default_missing_value = "true",
+        value_parser = clap::builder::BoolishValueParser::new(),
+    )]
+    pub no_webui: bool,
     /// Log lines as text or as JSON objects.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "WICK_LOG_FORMAT")]
     pub log_format: LogFormat,

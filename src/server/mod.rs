@@ -21,6 +21,7 @@ pub mod state;
 pub mod tools;
 pub mod unsupported;
 pub mod validation;
+pub mod webui;
 
 pub use app::serve;
 pub use state::{AppState, ModelState};
