@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use axum::extract::DefaultBodyLimit;
+use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::middleware;
 use axum::response::IntoResponse;
@@ -39,6 +40,7 @@ use crate::server::openai::chat;
 use crate::server::openai::completions;
 use crate::server::openai::embeddings;
 use crate::server::openai::responses;
+use crate::server::openapi;
 use crate::server::state::{AppState, ModelState, RequestLimits};
 use crate::server::webui;
 
@@ -54,6 +56,8 @@ pub struct RouterConfig {
 
 pub fn router(state: Arc<AppState>, cfg: &RouterConfig) -> anyhow::Result<Router> {
     let kept = responses::Kept::for_owners(cfg.api_keys.len());
+    // Built once: the same bytes for every request.
+    let openapi = axum::body::Bytes::from(openapi::document().to_string());
     let mut api = Router::new()
         .route("/v1/completions", post(completions::completions))
         .route("/v1/chat/completions", post(chat::chat_completions))
@@ -80,6 +84,10 @@ pub fn router(state: Arc<AppState>, cfg: &RouterConfig) -> anyhow::Result<Router
         .route("/metrics", get(handlers::metrics))
         .route("/tokenize", post(handlers::tokenize))
         .route("/detokenize", post(handlers::detokenize))
+        .route(
+            "/openapi.json",
+            get(move || async move { ([(CONTENT_TYPE, "application/json")], openapi) }),
+        )
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)
         .layer(DefaultBodyLimit::max(state.limits.max_body_bytes))

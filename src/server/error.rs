@@ -265,13 +265,13 @@ impl ApiError {
 
 /// `param` and `code` serialize as `null` when unset: OpenAI always sends
 /// all four keys, and some clients index them unconditionally.
-#[derive(Serialize)]
-struct ErrorBody<'a> {
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct ErrorBody<'a> {
     error: ErrorDetail<'a>,
 }
 
-#[derive(Serialize)]
-struct ErrorDetail<'a> {
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct ErrorDetail<'a> {
     message: &'a str,
     #[serde(rename = "type")]
     kind: &'a str,

@@ -12,6 +12,7 @@ pub mod http;
 pub mod legacy_functions;
 pub mod metrics;
 pub mod openai;
+pub mod openapi;
 pub mod protocol;
 #[cfg(test)]
 mod render_parity;

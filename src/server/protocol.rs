@@ -25,7 +25,7 @@ use crate::server::error::{clip, MAX_ECHO_CHARS};
 /// Completions `prompt`. Variant order matters to the untagged match: a list
 /// of integers must become `Tokens` before `TokenBatches` or `Texts` are
 /// tried, and an empty list lands in `Tokens` (rejected by validation).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 #[serde(
     untagged,
     expecting = "expected a string, a list of strings, a list of token ids or a list of lists of token ids"
@@ -38,7 +38,7 @@ pub enum Prompt {
 }
 
 /// `stop`: one string or a list of them.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 #[serde(untagged, expecting = "expected a string or a list of strings")]
 pub enum Stop {
     One(String),
@@ -58,7 +58,7 @@ impl Stop {
 /// [`MAX_METADATA_KEYS`] keys of at most [`MAX_METADATA_KEY_CHARS`]
 /// characters, each value at most [`MAX_METADATA_VALUE_CHARS`], as OpenAI
 /// bounds it.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(transparent)]
 pub struct Metadata(pub IndexMap<String, String>);
 
@@ -109,23 +109,24 @@ impl<'de> Deserialize<'de> for Metadata {
 
 /// The fields of a request object that its type does not declare, by
 /// name, in the order sent.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(transparent)]
 pub struct UnknownFields(pub serde_json::Map<String, serde_json::Value>);
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct StreamOptions {
     pub include_usage: Option<bool>,
     /// vLLM's: `usage` (so far) on every chunk.
     pub continuous_usage_stats: Option<bool>,
     /// Fields this type does not declare, refused by validation.
+    #[schema(ignore)]
     #[serde(flatten)]
     pub unknown: UnknownFields,
 }
 
 /// `POST /v1/completions`. Beyond OpenAI's fields: vLLM's `top_k`, `min_p`,
 /// `repetition_penalty`, `ignore_eos`, `min_tokens`, `stop_token_ids`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct CompletionRequest {
     pub model: Option<String>,
     pub prompt: Prompt,
@@ -163,23 +164,25 @@ pub struct CompletionRequest {
     pub cache_salt: Option<String>,
     pub response_format: Option<ResponseFormat>,
     /// Fields this type does not declare, refused by validation.
+    #[schema(ignore)]
     #[serde(flatten)]
     pub unknown: UnknownFields,
 }
 
 /// `{"type": "text"}`, `{"type": "json_object"}` or `{"type":
 /// "json_schema", "json_schema": {"name", "schema", "strict"}}`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct ResponseFormat {
     #[serde(rename = "type")]
     pub kind: String,
     pub json_schema: Option<JsonSchemaFormat>,
     /// Fields this type does not declare, refused by validation.
+    #[schema(ignore)]
     #[serde(flatten)]
     pub unknown: UnknownFields,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct JsonSchemaFormat {
     pub name: Option<String>,
     pub description: Option<String>,
@@ -187,22 +190,24 @@ pub struct JsonSchemaFormat {
     /// Output follows the schema exactly: wick always constrains it so.
     pub strict: Option<bool>,
     /// Fields this type does not declare, refused by validation.
+    #[schema(ignore)]
     #[serde(flatten)]
     pub unknown: UnknownFields,
 }
 
 /// One content part of a chat message; only `text` parts are served.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ContentPart {
     #[serde(rename = "type")]
     pub kind: String,
     pub text: Option<String>,
     /// Fields this type does not declare, refused by validation.
+    #[schema(ignore)]
     #[serde(flatten)]
     pub unknown: UnknownFields,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(untagged, expecting = "expected a string or a list of content parts")]
 pub enum MessageContent {
     Text(String),
@@ -211,13 +216,14 @@ pub enum MessageContent {
 
 /// OpenAI's predicted output: what the answer is expected to be, mostly
 /// (a file being edited, say), for decode rows to draft from.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct Prediction {
     /// Only `"content"`.
     #[serde(rename = "type")]
     pub kind: String,
     pub content: MessageContent,
     /// Fields this type does not declare, refused by validation.
+    #[schema(ignore)]
     #[serde(flatten)]
     pub unknown: UnknownFields,
 }
@@ -228,7 +234,7 @@ pub struct Prediction {
 /// result). `chat_messages` turns it into what the template sees. Built
 /// by `/v1/messages` and `/v1/responses` too; the latter keeps the turns
 /// of a conversation serialised (as sent: absent stays absent).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChatRequestMessage {
     pub role: String,
     /// Null or absent only on an assistant turn that calls tools.
@@ -255,6 +261,7 @@ pub struct ChatRequestMessage {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub annotations: Option<serde_json::Value>,
     /// Fields this type does not declare, refused by validation.
+    #[schema(ignore)]
     #[serde(flatten)]
     pub unknown: UnknownFields,
     /// Where a translated turn came from, as its client named it
@@ -264,7 +271,7 @@ pub struct ChatRequestMessage {
     pub origin: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RequestToolCall {
     pub id: String,
     /// Always `function`.
@@ -272,22 +279,24 @@ pub struct RequestToolCall {
     pub kind: String,
     pub function: RequestFunctionCall,
     /// Fields this type does not declare, refused by validation.
+    #[schema(ignore)]
     #[serde(flatten)]
     pub unknown: UnknownFields,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RequestFunctionCall {
     pub name: String,
     pub arguments: FunctionArguments,
     /// Fields this type does not declare, refused by validation.
+    #[schema(ignore)]
     #[serde(flatten)]
     pub unknown: UnknownFields,
 }
 
 /// A call's arguments: OpenAI sends the JSON object as a string; some
 /// clients send the object itself.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(untagged, expecting = "expected a string of JSON or an object")]
 pub enum FunctionArguments {
     Json(String),
@@ -297,7 +306,7 @@ pub enum FunctionArguments {
 /// `POST /v1/chat/completions`: the completions sampling fields plus chat's
 /// own. `max_completion_tokens` (OpenAI's newer name) wins over `max_tokens`.
 /// `Default` for the APIs that translate into it, setting what they carry.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct ChatCompletionRequest {
     pub model: Option<String>,
     pub messages: Vec<ChatRequestMessage>,
@@ -360,6 +369,7 @@ pub struct ChatCompletionRequest {
     /// others.
     pub reasoning_effort: Option<String>,
     /// Fields this type does not declare, refused by validation.
+    #[schema(ignore)]
     #[serde(flatten)]
     pub unknown: UnknownFields,
     /// What the client calls these fields, for errors to name them so: a
@@ -410,18 +420,19 @@ impl Default for FieldNames {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ToolDefinition {
     /// Only `"function"`.
     #[serde(rename = "type")]
     pub kind: String,
     pub function: FunctionDefinition,
     /// Fields this type does not declare, refused by validation.
+    #[schema(ignore)]
     #[serde(flatten, skip_serializing)]
     pub unknown: UnknownFields,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct FunctionDefinition {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -434,13 +445,14 @@ pub struct FunctionDefinition {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub strict: Option<bool>,
     /// Fields this type does not declare, refused by validation.
+    #[schema(ignore)]
     #[serde(flatten, skip_serializing)]
     pub unknown: UnknownFields,
 }
 
 /// `"none"`, `"auto"`, `"required"`, or `{"type": "function", "function":
 /// {"name": …}}`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 #[serde(
     untagged,
     expecting = "expected \"none\", \"auto\", \"required\" or a named function"
@@ -451,32 +463,34 @@ pub enum ToolChoice {
 }
 
 /// `"none"`, `"auto"` or `{"name": …}`: the deprecated `function_call`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 #[serde(untagged, expecting = "expected \"none\", \"auto\" or {\"name\": …}")]
 pub enum LegacyFunctionCall {
     Mode(String),
     Named(ToolChoiceFunction),
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct NamedToolChoice {
     #[serde(rename = "type")]
     pub kind: String,
     pub function: ToolChoiceFunction,
     /// Fields this type does not declare, refused by validation.
+    #[schema(ignore)]
     #[serde(flatten)]
     pub unknown: UnknownFields,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct ToolChoiceFunction {
     pub name: String,
     /// Fields this type does not declare, refused by validation.
+    #[schema(ignore)]
     #[serde(flatten)]
     pub unknown: UnknownFields,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
@@ -488,20 +502,20 @@ pub struct Usage {
     pub completion_tokens_details: Option<CompletionTokensDetails>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CompletionTokensDetails {
     pub accepted_prediction_tokens: u64,
     pub rejected_prediction_tokens: u64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PromptTokensDetails {
     /// Prompt tokens whose K/V came from the prefix cache.
     pub cached_tokens: usize,
 }
 
 /// OpenAI's legacy completions logprobs: parallel lists, one entry per token.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CompletionLogprobs {
     pub tokens: Vec<String>,
     pub token_logprobs: Vec<Option<f32>>,
@@ -521,7 +535,7 @@ impl CompletionLogprobs {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CompletionChoice {
     pub index: usize,
     pub text: String,
@@ -532,7 +546,7 @@ pub struct CompletionChoice {
 /// The envelope every generation answer shares: a whole completion or chat
 /// response, or one stream chunk. Chunks carry no `usage` except the final
 /// usage chunk.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Response<C> {
     pub id: String,
     /// `text_completion`, `chat.completion` or `chat.completion.chunk`
@@ -548,7 +562,7 @@ pub struct Response<C> {
 /// the same object for both).
 pub type CompletionResponse = Response<CompletionChoice>;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TopLogprob {
     pub token: String,
     pub logprob: f32,
@@ -556,7 +570,7 @@ pub struct TopLogprob {
     pub bytes: Vec<u8>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChatTokenLogprob {
     pub token: String,
     pub logprob: f32,
@@ -564,12 +578,12 @@ pub struct ChatTokenLogprob {
     pub top_logprobs: Vec<TopLogprob>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChatLogprobs {
     pub content: Vec<ChatTokenLogprob>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ResponseMessage {
     pub role: String,
     /// Null when the reply is only tool calls, as OpenAI sends it.
@@ -584,7 +598,7 @@ pub struct ResponseMessage {
     pub function_call: Option<ResponseFunctionCall>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ResponseToolCall {
     pub id: String,
     /// `"function"`
@@ -593,7 +607,7 @@ pub struct ResponseToolCall {
     pub function: ResponseFunctionCall,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ResponseFunctionCall {
     pub name: String,
     /// The arguments object as JSON text.
@@ -602,7 +616,7 @@ pub struct ResponseFunctionCall {
 
 /// A piece of one tool call in a stream: the first carries its `id`,
 /// `type` and name, the rest pieces of its arguments.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ToolCallDelta {
     pub index: usize,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -612,7 +626,7 @@ pub struct ToolCallDelta {
     pub function: FunctionCallDelta,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct FunctionCallDelta {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
@@ -620,7 +634,7 @@ pub struct FunctionCallDelta {
     pub arguments: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChatChoice {
     pub index: usize,
     pub message: ResponseMessage,
@@ -632,7 +646,7 @@ pub type ChatCompletionResponse = Response<ChatChoice>;
 
 /// What a chat stream chunk adds to a choice. The first carries the role,
 /// the last (with the finish reason) is empty: `{}`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChatDelta {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub role: Option<String>,
@@ -655,7 +669,7 @@ pub struct ChatDelta {
     pub function_call: Option<FunctionCallDelta>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChunkChoice {
     pub index: usize,
     pub delta: ChatDelta,
@@ -675,7 +689,7 @@ where
 }
 
 /// One entry of `GET /v1/models`; `max_model_len` is vLLM's extension.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ModelCard {
     pub id: String,
     /// `model`
@@ -685,7 +699,7 @@ pub struct ModelCard {
     pub max_model_len: usize,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ModelList {
     /// `list`
     pub object: String,
@@ -696,7 +710,7 @@ pub struct ModelList {
 /// the shape of transformers' `tokenizer_config.json`, for clients that
 /// tokenize and render chat prompts themselves (lm-eval's remote
 /// tokenizer reads `eos_token`, `bos_token`, `pad_token`, `chat_template`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TokenizerInfo {
     /// The transformers class the tokenizer corresponds to.
     pub tokenizer_class: String,
@@ -711,13 +725,15 @@ pub struct TokenizerInfo {
     /// wick decodes text as the tokenizer spells it, without transformers'
     /// clean-up of spaces before punctuation.
     pub clean_up_tokenization_spaces: bool,
-    /// Every added token by id, as transformers lists them.
+    /// Every added token by id, as transformers lists them (JSON's keys
+    /// are strings of the ids).
+    #[schema(value_type = BTreeMap<String, AddedTokenInfo>)]
     pub added_tokens_decoder: BTreeMap<u32, AddedTokenInfo>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat_template: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AddedTokenInfo {
     pub content: String,
     pub lstrip: bool,
@@ -728,7 +744,7 @@ pub struct AddedTokenInfo {
 }
 
 /// `POST /tokenize`: vLLM sends `prompt`, llama.cpp `content`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct TokenizeRequest {
     /// vLLM's clients name the model; it must be a served name.
     pub model: Option<String>,
@@ -736,29 +752,31 @@ pub struct TokenizeRequest {
     pub content: Option<String>,
     pub add_special_tokens: Option<bool>,
     /// Fields this type does not declare, refused by validation.
+    #[schema(ignore)]
     #[serde(flatten)]
     pub unknown: UnknownFields,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TokenizeResponse {
     pub tokens: Vec<u32>,
     pub count: usize,
     pub max_model_len: usize,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct DetokenizeRequest {
     pub model: Option<String>,
     pub tokens: Vec<u32>,
     /// Fields this type does not declare, refused by validation.
+    #[schema(ignore)]
     #[serde(flatten)]
     pub unknown: UnknownFields,
 }
 
 /// The text under both names: vLLM clients read `prompt`, llama.cpp's
 /// `content`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct DetokenizeResponse {
     pub prompt: String,
     pub content: String,

@@ -47,7 +47,7 @@ use crate::text::harmony;
 use crate::text::reasoning::ReasoningParser;
 
 /// `POST /v1/messages`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct MessagesRequest {
     /// Optional, unlike at Anthropic: wick serves one model; a name other
     /// than its own is a 404.
@@ -73,12 +73,13 @@ pub struct MessagesRequest {
     /// so they change nothing.
     pub cache_control: Option<Value>,
     /// Fields this type does not declare, refused.
+    #[schema(ignore)]
     #[serde(flatten)]
     pub unknown: UnknownFields,
 }
 
 /// `POST /v1/messages/count_tokens`: what shapes the prompt, no sampling.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct CountTokensRequest {
     pub model: Option<String>,
     pub messages: Vec<InputMessage>,
@@ -87,22 +88,24 @@ pub struct CountTokensRequest {
     pub tool_choice: Option<ToolChoice>,
     pub thinking: Option<Thinking>,
     pub cache_control: Option<Value>,
+    #[schema(ignore)]
     #[serde(flatten)]
     pub unknown: UnknownFields,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct InputMessage {
     /// `user` or `assistant`.
     pub role: String,
     pub content: Content,
+    #[schema(ignore)]
     #[serde(flatten)]
     pub unknown: UnknownFields,
 }
 
 /// A message's (or `system`'s, or a tool result's) content: a string or
 /// a list of content blocks.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 #[serde(untagged, expecting = "expected a string or a list of content blocks")]
 pub enum Content {
     Text(String),
@@ -112,7 +115,7 @@ pub enum Content {
 /// One content block, every kind's fields together; which of them a kind
 /// may carry is checked by kind (`text`, `tool_use`, `tool_result`,
 /// `thinking`; others are refused).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct Block {
     #[serde(rename = "type")]
     pub kind: String,
@@ -124,6 +127,7 @@ pub struct Block {
     /// `tool_result`: the call it answers, its output, and whether the
     /// tool failed.
     pub tool_use_id: Option<String>,
+    #[schema(no_recursion)]
     pub content: Option<Content>,
     pub is_error: Option<bool>,
     /// `thinking`: an earlier reply's thinking, replayed.
@@ -133,11 +137,12 @@ pub struct Block {
     pub cache_control: Option<Value>,
     /// Citations of a document: wick takes no documents.
     pub citations: Option<Value>,
+    #[schema(ignore)]
     #[serde(flatten)]
     pub unknown: UnknownFields,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct Tool {
     pub name: String,
     pub description: Option<String>,
@@ -153,35 +158,41 @@ pub struct Tool {
     /// for every tool.
     pub eager_input_streaming: Option<bool>,
     pub cache_control: Option<Value>,
+    #[schema(ignore)]
     #[serde(flatten)]
     pub unknown: UnknownFields,
 }
 
 /// `{"type": "auto" | "any" | "tool" | "none", "name",
 /// "disable_parallel_tool_use"}`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
+#[schema(as = AnthropicToolChoice)]
 pub struct ToolChoice {
     #[serde(rename = "type")]
     pub kind: String,
     pub name: Option<String>,
     pub disable_parallel_tool_use: Option<bool>,
+    #[schema(ignore)]
     #[serde(flatten)]
     pub unknown: UnknownFields,
 }
 
 /// `{"type": "enabled", "budget_tokens"}` or `{"type": "disabled"}`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct Thinking {
     #[serde(rename = "type")]
     pub kind: String,
     pub budget_tokens: Option<u32>,
+    #[schema(ignore)]
     #[serde(flatten)]
     pub unknown: UnknownFields,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
+#[schema(as = AnthropicMetadata)]
 pub struct Metadata {
     pub user_id: Option<String>,
+    #[schema(ignore)]
     #[serde(flatten)]
     pub unknown: UnknownFields,
 }

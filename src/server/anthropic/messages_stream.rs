@@ -24,7 +24,7 @@ use crate::server::validation::GenerationPlan;
 
 /// A content block of the reply; in a `content_block_start` event, as it
 /// opens (empty).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ContentBlock {
     Text {
@@ -42,7 +42,7 @@ pub enum ContentBlock {
     },
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum BlockDelta {
     TextDelta { text: String },
@@ -50,7 +50,8 @@ pub enum BlockDelta {
     InputJsonDelta { partial_json: String },
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+#[schema(as = MessageStreamEvent)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum StreamEvent {
     MessageStart {
@@ -90,7 +91,7 @@ impl StreamEvent {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct MessageDelta {
     pub stop_reason: Option<&'static str>,
     pub stop_sequence: Option<String>,
@@ -98,7 +99,7 @@ pub struct MessageDelta {
 
 /// A whole reply, and the message of `message_start` (no content yet, no
 /// stop reason).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct MessageBody {
     pub id: String,
     #[serde(rename = "type")]
@@ -115,7 +116,8 @@ pub struct MessageBody {
 /// this request, `cache_read_input_tokens` those wick's prefix cache
 /// supplied (their sum is the prompt); wick writes no cache on request, so
 /// `cache_creation_input_tokens` is 0.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[schema(as = AnthropicUsage)]
 pub struct Usage {
     pub input_tokens: usize,
     pub cache_creation_input_tokens: usize,

@@ -19,7 +19,7 @@ use crate::server::unsupported;
 use crate::server::validation::{check_model, encode};
 use crate::server::AppState;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct EmbeddingRequest {
     pub model: Option<String>,
     pub input: EmbeddingInput,
@@ -30,12 +30,13 @@ pub struct EmbeddingRequest {
     pub dimensions: Option<u64>,
     /// OpenAI's end-user id: no effect on the output.
     pub user: Option<String>,
+    #[schema(ignore)]
     #[serde(flatten)]
     pub unknown: UnknownFields,
 }
 
 /// What OpenAI takes as `input`: a text, texts, token ids, or lists of them.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum EmbeddingInput {
     Text(String),
@@ -44,7 +45,7 @@ pub enum EmbeddingInput {
     IdLists(Vec<Vec<u32>>),
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct EmbeddingResponse {
     pub object: String,
     pub data: Vec<EmbeddingData>,
@@ -52,7 +53,7 @@ pub struct EmbeddingResponse {
     pub usage: EmbeddingUsage,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct EmbeddingData {
     pub object: String,
     pub index: usize,
@@ -60,7 +61,7 @@ pub struct EmbeddingData {
     pub embedding: serde_json::Value,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct EmbeddingUsage {
     pub prompt_tokens: usize,
     pub total_tokens: usize,

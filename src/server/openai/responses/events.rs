@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 pub type Empty = [(); 0];
 
 /// The Response object.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ResponseObject {
     pub id: String,
     pub object: &'static str,
@@ -25,18 +25,18 @@ pub struct ResponseObject {
     pub usage: Option<ResponseUsage>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Failure {
     pub code: String,
     pub message: String,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Incomplete {
     pub reason: &'static str,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ResponseUsage {
     pub input_tokens: usize,
     pub input_tokens_details: InputDetails,
@@ -45,26 +45,27 @@ pub struct ResponseUsage {
     pub total_tokens: usize,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct InputDetails {
     pub cached_tokens: usize,
     pub cache_write_tokens: usize,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct OutputDetails {
     pub reasoning_tokens: usize,
 }
 
 /// An output item as the Response object and the item events show it.
 /// Each names its `type` after its `id`, so the tag is a field of its own.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum OutputItem {
     Reasoning {
         id: String,
         #[serde(rename = "type")]
         kind: &'static str,
+        #[schema(value_type = Vec<serde_json::Value>, max_items = 0)]
         summary: Empty,
         content: Vec<Part>,
         encrypted_content: Option<String>,
@@ -90,7 +91,7 @@ pub enum OutputItem {
 }
 
 /// A content part of an item.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Part {
     ReasoningText {
@@ -98,7 +99,9 @@ pub enum Part {
     },
     OutputText {
         text: String,
+        #[schema(value_type = Vec<serde_json::Value>, max_items = 0)]
         annotations: Empty,
+        #[schema(value_type = Vec<serde_json::Value>, max_items = 0)]
         logprobs: Empty,
     },
 }
@@ -114,14 +117,15 @@ impl Part {
 }
 
 /// An event of the stream, numbered.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[schema(as = ResponseStreamEvent)]
 pub struct StreamEvent {
     #[serde(flatten)]
     pub event: EventKind,
     pub sequence_number: u64,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 #[serde(tag = "type")]
 pub enum EventKind {
     #[serde(rename = "response.created")]
@@ -184,6 +188,7 @@ pub enum EventKind {
         output_index: usize,
         content_index: usize,
         delta: String,
+        #[schema(value_type = Vec<serde_json::Value>, max_items = 0)]
         logprobs: Empty,
     },
     #[serde(rename = "response.output_text.done")]
@@ -192,6 +197,7 @@ pub enum EventKind {
         output_index: usize,
         content_index: usize,
         text: String,
+        #[schema(value_type = Vec<serde_json::Value>, max_items = 0)]
         logprobs: Empty,
     },
     #[serde(rename = "response.function_call_arguments.delta")]

@@ -53,7 +53,7 @@ use crate::server::validation::{validate_chat, GenerationPlan};
 use crate::server::AppState;
 
 /// `input`: a user message's text, or a list of items.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 #[serde(untagged, expecting = "expected a string or a list of input items")]
 pub enum Input {
     Text(String),
@@ -63,7 +63,7 @@ pub enum Input {
 
 /// `POST /v1/responses`. Beyond OpenAI's fields, vLLM's sampling
 /// extensions `top_k`, `min_p`, `repetition_penalty`, `seed` and `stop`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct ResponsesRequest {
     pub model: Option<String>,
     pub input: Option<Input>,
@@ -107,22 +107,24 @@ pub struct ResponsesRequest {
     pub min_p: Option<f32>,
     pub repetition_penalty: Option<f32>,
     /// Fields this type does not declare, refused.
+    #[schema(ignore)]
     #[serde(flatten)]
     pub unknown: UnknownFields,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct TextConfig {
     pub format: Option<TextFormat>,
     /// Refused, as chat's: no template reads it.
     pub verbosity: Option<String>,
+    #[schema(ignore)]
     #[serde(flatten)]
     pub unknown: UnknownFields,
 }
 
 /// `{"type": "text"}`, `{"type": "json_object"}` or `{"type":
 /// "json_schema", "name", "schema", "description", "strict"}`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct TextFormat {
     #[serde(rename = "type")]
     pub kind: String,
@@ -130,30 +132,33 @@ pub struct TextFormat {
     pub description: Option<String>,
     pub schema: Option<Value>,
     pub strict: Option<bool>,
+    #[schema(ignore)]
     #[serde(flatten)]
     pub unknown: UnknownFields,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct ReasoningConfig {
     /// Passed as chat's `reasoning_effort` (templates that read it).
     pub effort: Option<String>,
     /// A summary of the thinking: refused, wick shows the thinking itself.
     pub summary: Option<String>,
     pub generate_summary: Option<String>,
+    #[schema(ignore)]
     #[serde(flatten)]
     pub unknown: UnknownFields,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 pub struct ResponsesStreamOptions {
     /// Random padding on stream events: wick sends none, so only false.
     pub include_obfuscation: Option<bool>,
+    #[schema(ignore)]
     #[serde(flatten)]
     pub unknown: UnknownFields,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 struct FunctionTool {
     name: String,
     description: Option<String>,
@@ -163,12 +168,13 @@ struct FunctionTool {
     defer_loading: Option<bool>,
     #[serde(rename = "type")]
     _kind: String,
+    #[schema(ignore)]
     #[serde(flatten)]
     unknown: UnknownFields,
 }
 
 /// A message item's `content`, or a function call output's `output`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 #[serde(untagged, expecting = "expected a string or a list of content parts")]
 enum ItemContent {
     Text(String),
@@ -177,7 +183,7 @@ enum ItemContent {
 
 // Some fields are declared only to be accepted.
 #[allow(dead_code)]
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 struct ContentPart {
     #[serde(rename = "type")]
     kind: String,
@@ -188,13 +194,14 @@ struct ContentPart {
     // clients: not shown to the model.
     annotations: Option<Value>,
     logprobs: Option<Value>,
+    #[schema(ignore)]
     #[serde(flatten)]
     unknown: UnknownFields,
 }
 
 // Some fields are declared only to be accepted.
 #[allow(dead_code)]
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 struct MessageItem {
     role: String,
     content: ItemContent,
@@ -204,13 +211,14 @@ struct MessageItem {
     phase: Option<String>,
     #[serde(rename = "type")]
     _kind: Option<String>,
+    #[schema(ignore)]
     #[serde(flatten)]
     unknown: UnknownFields,
 }
 
 // Some fields are declared only to be accepted.
 #[allow(dead_code)]
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 struct FunctionCallItem {
     call_id: String,
     name: String,
@@ -219,13 +227,14 @@ struct FunctionCallItem {
     status: Option<String>,
     #[serde(rename = "type")]
     _kind: String,
+    #[schema(ignore)]
     #[serde(flatten)]
     unknown: UnknownFields,
 }
 
 // Some fields are declared only to be accepted.
 #[allow(dead_code)]
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 struct FunctionCallOutputItem {
     call_id: String,
     output: ItemContent,
@@ -233,13 +242,14 @@ struct FunctionCallOutputItem {
     status: Option<String>,
     #[serde(rename = "type")]
     _kind: String,
+    #[schema(ignore)]
     #[serde(flatten)]
     unknown: UnknownFields,
 }
 
 // Some fields are declared only to be accepted.
 #[allow(dead_code)]
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
 struct ReasoningItem {
     id: Option<String>,
     summary: Option<Vec<ContentPart>>,
@@ -249,6 +259,7 @@ struct ReasoningItem {
     status: Option<String>,
     #[serde(rename = "type")]
     _kind: String,
+    #[schema(ignore)]
     #[serde(flatten)]
     unknown: UnknownFields,
 }
