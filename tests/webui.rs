@@ -109,16 +109,23 @@ async fn type_into(c: &Client, css: &str, text: &str) {
 /// Sets the open conversation's settings through the settings panel.
 async fn settings(c: &Client, max_tokens: &str, extra: &str) {
     if js(c, "return document.getElementById('settings').hidden").await == json!(true) {
-        c.find(Locator::Id("toggle-settings"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        click(c, "#toggle-settings").await;
     }
     type_into(c, "#set-max-tokens", max_tokens).await;
     type_into(c, "#set-extra", extra).await;
 }
+
+async fn click(c: &Client, css: &str) {
+    c.find(Locator::Css(css))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+}
+
+const CURRENT_TITLE: &str =
+    "return document.querySelector('#conversations .current .open').textContent";
 
 /// Types `text` in the message box and presses Enter.
 async fn say(c: &Client, text: &str) {
@@ -200,12 +207,7 @@ async fn the_page_streams_stops_keeps_and_renders_replies_as_text() {
         "{stats}"
     );
     if let Ok(path) = std::env::var("WICK_WEBUI_SCREENSHOT") {
-        c.find(Locator::Id("toggle-settings"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        click(&c, "#toggle-settings").await;
         std::fs::write(&path, c.screenshot().await.unwrap()).unwrap();
     }
 
@@ -219,20 +221,11 @@ async fn the_page_streams_stops_keeps_and_renders_replies_as_text() {
     )
     .await;
     assert_eq!(js(&c, last_answer()).await, json!(answer));
-    let title = js(
-        &c,
-        "return document.querySelector('#conversations .current .open').textContent",
-    )
-    .await;
+    let title = js(&c, CURRENT_TITLE).await;
     assert_eq!(title, json!("Write a short poem about a candle."));
 
     // Regenerate the last answer: still two turns, a new answer.
-    c.find(Locator::Css(".regenerate"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&c, ".regenerate").await;
     wait_until(
         &c,
         STREAMING,
@@ -253,19 +246,9 @@ async fn the_page_streams_stops_keeps_and_renders_replies_as_text() {
     );
 
     // Edit the user turn: the conversation restarts from it.
-    c.find(Locator::Css(".msg.user .edit-turn"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&c, ".msg.user .edit-turn").await;
     type_into(&c, ".msg.user .edit textarea", "Name three colours.").await;
-    c.find(Locator::Css(".save-edit"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&c, ".save-edit").await;
     wait_until(
         &c,
         IDLE,
@@ -285,12 +268,7 @@ async fn the_page_streams_stops_keeps_and_renders_replies_as_text() {
     // request aborted and runs nothing more.
     let aborted = "wick:request_success_total{finished_reason=\"abort\"}";
     let before = metric(&server, aborted).await;
-    c.find(Locator::Id("new-chat"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&c, "#new-chat").await;
     settings(&c, "3000", r#"{"ignore_eos": true}"#).await;
     say(&c, "Count to ten thousand.").await;
     wait_until(
@@ -332,12 +310,7 @@ async fn the_page_streams_stops_keeps_and_renders_replies_as_text() {
         json!(2)
     );
     // Settings belong to their conversation: the first kept its own.
-    c.find(Locator::Css("#conversations li:last-child .open"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&c, "#conversations li:last-child .open").await;
     let kept = "return [document.getElementById('set-max-tokens').value, document.getElementById('set-extra').value]";
     assert_eq!(js(&c, kept).await, json!(["120", ""]));
 
@@ -430,28 +403,14 @@ async fn the_page_streams_stops_keeps_and_renders_replies_as_text() {
     );
 
     // Rename, then delete, the planted conversation.
-    c.find(Locator::Css("#conversations .current .rename"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&c, "#conversations .current .rename").await;
     // The old name starts selected: typing replaces it.
     let name = c.find(Locator::Css("#conversations input")).await.unwrap();
     name.send_keys("renamed").await.unwrap();
     press(&c, Key::Enter).await;
-    let title = js(
-        &c,
-        "return document.querySelector('#conversations .current .open').textContent",
-    )
-    .await;
+    let title = js(&c, CURRENT_TITLE).await;
     assert_eq!(title, json!("renamed"));
-    c.find(Locator::Css("#conversations .current .delete"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&c, "#conversations .current .delete").await;
     c.accept_alert().await.unwrap();
     assert_eq!(
         js(
@@ -477,12 +436,7 @@ async fn the_page_streams_stops_keeps_and_renders_replies_as_text() {
         "the list to slide away",
     )
     .await;
-    c.find(Locator::Id("toggle-sidebar"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&c, "#toggle-sidebar").await;
     wait_until(
         &c,
         list_shown,
