@@ -997,15 +997,24 @@ impl Model for Qwen35 {
             dims,
             eps,
         };
-        for l in &self.layers {
-            let h = candle_nn::ops::rms_norm(&x, &l.input_norm, eps)?;
+        // Each residual add and the norm after it are one step
+        // (`add_rms_norm`: one launch on a CUDA device): `h` is the normed
+        // input of the next mixer or feed-forward.
+        let mut h = match self.layers.first() {
+            Some(l) => candle_nn::ops::rms_norm(&x, &l.input_norm, eps)?,
+            None => x.clone(),
+        };
+        for (i, l) in self.layers.iter().enumerate() {
             let mixed = match &l.mixer {
                 Mixer::Full(a) => a.forward(&h, cache, &step)?,
                 Mixer::Linear(a) => a.forward(&h, &batch.seqs, &mut states)?,
             };
-            x = elementwise::add(&x, &mixed)?;
-            let h = candle_nn::ops::rms_norm(&x, &l.post_norm, eps)?;
-            x = elementwise::add(&x, &l.ffn.forward(&h)?)?;
+            (x, h) = elementwise::add_rms_norm(&x, &mixed, &l.post_norm, eps)?;
+            let y = l.ffn.forward(&h)?;
+            match self.layers.get(i + 1) {
+                Some(next) => (x, h) = elementwise::add_rms_norm(&x, &y, &next.input_norm, eps)?,
+                None => x = elementwise::add(&x, &y)?,
+            }
         }
         match (&mut *store, states) {
             (States::Host(store), StepStates::Host(states)) => {
