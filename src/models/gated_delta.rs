@@ -18,9 +18,9 @@
 use candle_core::{DType, Device, Result, Tensor};
 use rayon::prelude::*;
 
+use super::elementwise::silu;
 use super::SeqSlice;
 use crate::launch::{Arg, Launch};
-use crate::vec_math::fast_exp;
 
 /// A linear-attention layer's shape: `k_heads` query/key heads of `k_dim`,
 /// each serving `v_heads / k_heads` value heads of `v_dim`.
@@ -72,14 +72,6 @@ impl DeltaDims {
             false => h / (self.v_heads / self.k_heads),
         }
     }
-}
-
-/// `x * sigmoid(x)`, branch-free over [`fast_exp`] so that a pass over
-/// a row vectorizes: `e^-|x|` is never above 1, and `x < 0` scales by it.
-fn silu(x: f32) -> f32 {
-    let e = fast_exp(-x.abs());
-    let up = if x >= 0.0 { 1.0 } else { e };
-    x * up / (1.0 + e)
 }
 
 /// torch's softplus (beta 1, linear past 20).
