@@ -14,6 +14,7 @@ const KERNELS: &[&str] = &[
     "src/sampling/sampler.cu",
     "src/models/add_rms_norm.cu",
     "src/models/gated_delta.cu",
+    "src/models/moe.cu",
 ];
 
 fn main() {

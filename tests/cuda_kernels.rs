@@ -21,6 +21,9 @@
 //!   only some threads reach; its warp shuffles against CUDA's rules.
 //! - The gated delta rule (Qwen3.5's linear attention) against its CPU
 //!   twin, over steps of sequences starting and carrying on in a pool.
+//! - The routed experts of a MoE block (routing, grouped expert products,
+//!   the weighted sum) against the block computed from the dequantized
+//!   weights, for every block type the kernels read.
 //! - Whole models on a GPU: logits against transformers' from the tiny
 //!   fixtures.
 
@@ -28,6 +31,7 @@ mod common;
 
 use std::ffi::c_void;
 
+use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Tensor};
 use half::{bf16, f16};
 use wick::attention::launch::{plan, Buf, StepShape};
@@ -35,7 +39,7 @@ use wick::attention::{paged_attention, step_meta, AttnDims};
 use wick::kv::cache::{KvCache, KvDtype, KvLayout};
 use wick::kv::step_meta::MetaBuffers;
 use wick::launch::{Arg, Launch};
-use wick::models::elementwise::NormBuf;
+use wick::models::elementwise::{Act, NormBuf};
 use wick::models::{FlatBatch, LogitRows};
 use wick::sampling::argmax::argmax;
 use wick::sampling::device::{self, DeviceRow};
@@ -1061,6 +1065,318 @@ fn gated_delta_on_the_gpu_matches_the_cpu_recurrence() {
     gated_delta_cases(&Target::Gpu(dev));
 }
 
+/// One MoE layer's case: the block types of gate, up and down, the
+/// activation, whether the experts have biases (gpt-oss) and routing
+/// scales (Gemma 4), whether the top k weights are renormalized.
+struct MoeCase {
+    types: [GgmlDType; 3],
+    hidden: usize,
+    ff: usize,
+    experts: usize,
+    top_k: usize,
+    act: Act,
+    bias: bool,
+    scale: bool,
+    renormalize: bool,
+}
+
+/// `moe.cu` (routing, grouped gate/up and down, the weighted sum) against
+/// the block computed here from candle's dequantization of the same
+/// weights, in f64: every block type it reads, each activation, biases,
+/// scales, renormalized or not. Steps of one row (decode) and of 21 rows,
+/// where every row's scores favour expert 0 (three tiles of it) and the
+/// last expert is never chosen (no rows). Buffers start as NaN, so a slot
+/// left out of the tiles, or an output left unwritten, shows. The load
+/// counters must count each expert's rows.
+fn moe_cases(target: &Target) {
+    use candle_core::quantized::QTensor;
+    use wick::models::moe_device::{self, MoeBuf, MoeShape};
+    let seed = fresh_seed();
+    let mut rng = Lcg(seed);
+    use GgmlDType::*;
+    let cases = [
+        MoeCase {
+            types: [Q8_0, Q8_0, Q8_0],
+            hidden: 64,
+            ff: 96,
+            experts: 8,
+            top_k: 2,
+            act: Act::Silu,
+            bias: false,
+            scale: false,
+            renormalize: true,
+        },
+        MoeCase {
+            types: [Q4K, Q5K, Q6K],
+            hidden: 256,
+            ff: 256,
+            experts: 4,
+            top_k: 2,
+            act: Act::Silu,
+            bias: false,
+            scale: false,
+            renormalize: false,
+        },
+        MoeCase {
+            types: [Q4_0, Q4_1, Q5_0],
+            hidden: 64,
+            ff: 64,
+            experts: 6,
+            top_k: 3,
+            act: Act::GeluTanh,
+            bias: false,
+            scale: true,
+            renormalize: true,
+        },
+        MoeCase {
+            types: [Q5_1, BF16, F16],
+            hidden: 96,
+            ff: 32,
+            experts: 5,
+            top_k: 1,
+            act: Act::SwigluOai,
+            bias: true,
+            scale: false,
+            renormalize: true,
+        },
+        MoeCase {
+            types: [F32, Q8_0, Q4K],
+            hidden: 32,
+            ff: 256,
+            experts: 3,
+            top_k: 2,
+            act: Act::SwigluOai,
+            bias: true,
+            scale: false,
+            renormalize: false,
+        },
+    ];
+    for c in &cases {
+        let e = c.experts;
+        // Weights of a few tenths, so quantization keeps them distinct.
+        let stacks: Vec<QTensor> = [(c.ff, c.hidden), (c.ff, c.hidden), (c.hidden, c.ff)]
+            .iter()
+            .zip(c.types)
+            .map(|(&(n, k), t)| {
+                let w = (rng.tensor(e * n, k) * 0.3)
+                    .unwrap()
+                    .reshape((e, n, k))
+                    .unwrap();
+                QTensor::quantize(&w, t).unwrap()
+            })
+            .collect();
+        let dense: Vec<Vec<f32>> = stacks
+            .iter()
+            .map(|q| {
+                let t = q.dequantize(&Device::Cpu).unwrap();
+                t.flatten_all().unwrap().to_vec1().unwrap()
+            })
+            .collect();
+        let mut vals = |n: usize, s: f32| (0..n).map(|_| rng.next() * s).collect::<Vec<f32>>();
+        let gate_up_bias = vals(e * 2 * c.ff, 0.5);
+        let down_bias = vals(e * c.hidden, 0.5);
+        let scale = vals(e, 1.0);
+        for rows in [1, 21] {
+            let what = format!("{:?}, {rows} rows, seed {seed}", c.types);
+            let x = vals(rows * c.hidden, 1.0);
+            let mut scores = vals(rows * e, 2.0);
+            if rows > 1 {
+                for r in 0..rows {
+                    scores[r * e] += 6.0;
+                    scores[r * e + e - 1] = -30.0;
+                }
+            }
+            // The block in f64: softmax, top k by score (ties to the lower
+            // expert), each chosen expert's MLP, the weighted sum.
+            let act = |g: f64, u: f64| -> f64 {
+                match c.act {
+                    Act::Silu => g / (1.0 + (-g).exp()) * u,
+                    Act::GeluTanh => {
+                        let t = (0.797_884_560_8 * (g + 0.044715 * g * g * g)).tanh();
+                        0.5 * g * (1.0 + t) * u
+                    }
+                    Act::SwigluOai => {
+                        let (g, u) = (g.min(7.0), u.clamp(-7.0, 7.0));
+                        g / (1.0 + (-1.702 * g).exp()) * (u + 1.0)
+                    }
+                }
+            };
+            let mut want = vec![0f64; rows * c.hidden];
+            let mut routed = vec![0u64; e];
+            for r in 0..rows {
+                let s = &scores[r * e..][..e];
+                let max = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+                let p: Vec<f64> = s.iter().map(|&v| (v as f64 - max).exp()).collect();
+                let mut order: Vec<usize> = (0..e).collect();
+                order.sort_by(|&a, &b| s[b].total_cmp(&s[a]).then(a.cmp(&b)));
+                let top = &order[..c.top_k];
+                let norm: f64 = match c.renormalize {
+                    true => top.iter().map(|&i| p[i]).sum(),
+                    false => p.iter().sum(),
+                };
+                let xr = &x[r * c.hidden..][..c.hidden];
+                for &ex in top {
+                    routed[ex] += 1;
+                    let mut w = p[ex] / norm;
+                    if c.scale {
+                        w *= scale[ex] as f64;
+                    }
+                    let dot = |m: &[f32], row: usize, k: usize, v: &[f64]| -> f64 {
+                        m[row * k..][..k]
+                            .iter()
+                            .zip(v)
+                            .map(|(&a, &b)| a as f64 * b)
+                            .sum()
+                    };
+                    let xv: Vec<f64> = xr.iter().map(|&v| v as f64).collect();
+                    let h: Vec<f64> = (0..c.ff)
+                        .map(|j| {
+                            let (mut g, mut u) = (
+                                dot(&dense[0], ex * c.ff + j, c.hidden, &xv),
+                                dot(&dense[1], ex * c.ff + j, c.hidden, &xv),
+                            );
+                            if c.bias {
+                                g += gate_up_bias[ex * 2 * c.ff + j] as f64;
+                                u += gate_up_bias[ex * 2 * c.ff + c.ff + j] as f64;
+                            }
+                            act(g, u)
+                        })
+                        .collect();
+                    for i in 0..c.hidden {
+                        let mut y = dot(&dense[2], ex * c.hidden + i, c.ff, &h);
+                        if c.bias {
+                            y += down_bias[ex * c.hidden + i] as f64;
+                        }
+                        want[r * c.hidden + i] += w * y;
+                    }
+                }
+            }
+            if rows > 1 {
+                assert_eq!(routed[0], rows as u64, "{what}: expert 0 takes every row");
+                assert_eq!(routed[e - 1], 0, "{what}: the last expert takes none");
+            }
+            let shape = MoeShape {
+                rows,
+                experts: e,
+                top_k: c.top_k,
+                hidden: c.hidden,
+                ff: c.ff,
+                renormalize: c.renormalize,
+                act: c.act,
+                has_bias: c.bias,
+                has_scale: c.scale,
+                types: c.types,
+            };
+            let (got, load) = match target {
+                Target::Host => {
+                    let plan = moe_device::launches(&shape).expect("a shape moe.cu takes");
+                    let bytes = |i: usize| stacks[i].data().unwrap().to_vec();
+                    let (mut g, mut u, mut d) = (bytes(0), bytes(1), bytes(2));
+                    let (mut x, mut scores, mut scale, mut gub, mut db) = (
+                        x.clone(),
+                        scores.clone(),
+                        scale.clone(),
+                        gate_up_bias.clone(),
+                        down_bias.clone(),
+                    );
+                    let slots = shape.slots();
+                    let mut plan_b = vec![u32::MAX; shape.plan_len()];
+                    let mut weights = vec![f32::NAN; slots];
+                    let mut load = vec![0u64; e];
+                    let mut hidden = vec![f32::NAN; slots * c.ff];
+                    let mut expert = vec![f32::NAN; slots * c.hidden];
+                    let mut out = vec![f32::NAN; rows * c.hidden];
+                    for l in &plan {
+                        let buf = |b| -> *mut c_void {
+                            match b {
+                                MoeBuf::Scores => scores.as_mut_ptr().cast(),
+                                MoeBuf::Scale => scale.as_mut_ptr().cast(),
+                                MoeBuf::Plan => plan_b.as_mut_ptr().cast(),
+                                MoeBuf::Weights => weights.as_mut_ptr().cast(),
+                                MoeBuf::Load => load.as_mut_ptr().cast(),
+                                MoeBuf::X => x.as_mut_ptr().cast(),
+                                MoeBuf::Gate => g.as_mut_ptr().cast(),
+                                MoeBuf::Up => u.as_mut_ptr().cast(),
+                                MoeBuf::Down => d.as_mut_ptr().cast(),
+                                MoeBuf::GateUpBias => gub.as_mut_ptr().cast(),
+                                MoeBuf::DownBias => db.as_mut_ptr().cast(),
+                                MoeBuf::Hidden => hidden.as_mut_ptr().cast(),
+                                MoeBuf::Expert => expert.as_mut_ptr().cast(),
+                                MoeBuf::Out => out.as_mut_ptr().cast(),
+                            }
+                        };
+                        run_on_host(l, seed, buf, &what);
+                    }
+                    (out, load)
+                }
+                #[cfg(feature = "cuda")]
+                Target::Gpu(dev) => {
+                    use std::sync::Arc;
+                    use wick::models::moe::{ExpertBias, ExpertLoad, Routing};
+                    use wick::models::moe_device::{DeviceExperts, ExpertStack, MoeStep};
+                    let on = |q: &QTensor| ExpertStack::from_qtensor(q, dev).unwrap().unwrap();
+                    let experts =
+                        DeviceExperts::new([on(&stacks[0]), on(&stacks[1]), on(&stacks[2])])
+                            .unwrap();
+                    let per = |v: &[f32], n: usize| -> Tensor {
+                        Tensor::from_vec(v.to_vec(), (e, n), &Device::Cpu).unwrap()
+                    };
+                    let gu = per(&gate_up_bias, 2 * c.ff);
+                    let bias = ExpertBias::new([
+                        gu.narrow(1, 0, c.ff).unwrap(),
+                        gu.narrow(1, c.ff, c.ff).unwrap(),
+                        per(&down_bias, c.hidden),
+                    ])
+                    .unwrap();
+                    let load = Arc::new(ExpertLoad::new(1, e));
+                    let step = MoeStep {
+                        routing: Routing {
+                            top_k: c.top_k,
+                            renormalize: c.renormalize,
+                        },
+                        act: c.act,
+                        bias: c.bias.then_some(&bias),
+                        expert_scale: c.scale.then_some(&scale[..]),
+                        layer: 0,
+                        load: &load,
+                    };
+                    let xs = Tensor::from_vec(x.clone(), (rows, c.hidden), dev).unwrap();
+                    let sc = Tensor::from_vec(scores.clone(), (rows, e), dev).unwrap();
+                    let out = experts.forward(&sc, &xs, &step).unwrap();
+                    let out = out.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                    (out, load.snapshot())
+                }
+            };
+            let peak = want.iter().fold(1f64, |m, v| m.max(v.abs()));
+            let diff = got
+                .iter()
+                .zip(&want)
+                .map(|(&a, &b)| (a as f64 - b).abs())
+                .fold(
+                    0f64,
+                    |m, x| if x.is_nan() { f64::INFINITY } else { m.max(x) },
+                );
+            assert!(
+                diff <= 1e-4 * peak,
+                "{what}: outputs {diff} apart (peak {peak})"
+            );
+            assert_eq!(load, routed, "{what}: rows counted per expert");
+        }
+    }
+}
+
+#[test]
+fn moe_on_the_host_build_matches_the_dequantized_block() {
+    moe_cases(&Target::Host);
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn moe_on_the_gpu_matches_the_dequantized_block() {
+    let Some(dev) = gpu() else { return };
+    moe_cases(&Target::Gpu(dev));
+}
+
 /// Runs one of the emulator's self-test kernels (`selftest.cu`) over one
 /// block of `threads`.
 fn selftest(name: &str, threads: u32, seed: u64, args: &[Value]) -> Result<(), String> {
@@ -1231,13 +1547,18 @@ fn warp_shuffles_follow_cuda() {
 fn models_on_the_gpu_match_transformers() {
     let Some(dev) = gpu() else { return };
     // Qwen3.5's linear layers run `gated_delta.cu` over the device pool;
-    // the MoE families their experts' matmuls on the GPU.
+    // the MoE families' experts run in `moe.cu` (dense checkpoints, stacked
+    // in their dtype), gpt-oss's with biases and the clamped SwiGLU.
     for name in [
         "qwen3-tiny",
         "gemma3-tiny",
         "qwen35-tiny",
         "qwen35moe-tiny",
         "qwen3moe-tiny",
+        "qwen2moe-tiny",
+        "mixtral-tiny",
+        "olmoe-tiny",
+        "gpt-oss-tiny",
     ] {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures")

@@ -11,6 +11,7 @@ const KERNELS: &[&str] = &[
     "../../src/sampling/sampler.cu",
     "../../src/models/add_rms_norm.cu",
     "../../src/models/gated_delta.cu",
+    "../../src/models/moe.cu",
     "src/selftest.cu",
 ];
 

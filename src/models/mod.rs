@@ -13,6 +13,7 @@ pub mod linear;
 pub mod llama;
 pub mod mlp;
 pub mod moe;
+pub mod moe_device;
 pub mod qwen35;
 pub mod registry;
 pub mod rope;

@@ -7,12 +7,14 @@
 //! Rows are grouped by expert, so each active expert multiplies once over
 //! all the rows routed to it, and an expert no row chose is never read. On
 //! the CPU with wick's kernels the products of all active experts run in one
-//! parallel call ([`matmul_grouped`]); elsewhere (candle's kernels, dense
-//! weights, a GPU) each active expert runs as an ordinary [`Linear`].
+//! parallel call ([`matmul_grouped`]); on a CUDA device, routing and
+//! products run in `moe.cu` ([`DeviceExperts`]) for the block types it
+//! reads; elsewhere (candle's kernels, dense weights on the CPU, other
+//! block types on a GPU) each active expert runs as an ordinary [`Linear`].
 
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use candle_core::quantized::{GgmlDType, QStorage, QTensor};
 use candle_core::{DType, Device, Result, Tensor};
@@ -21,6 +23,7 @@ use candle_nn::VarBuilder;
 use super::elementwise::{self, gelu_tanh, silu, swiglu_oai, Act};
 use super::linear::{Linear, WeightFormat, WeightSpec};
 use super::mlp::{Activation, Mlp};
+use super::moe_device::{DeviceExperts, ExpertStack, MoeStep};
 use crate::quant::{matmul_grouped, mxfp4, GroupedJob, QuantMatrix};
 
 /// How a row's expert weights come from the router's scores.
@@ -70,6 +73,8 @@ pub enum Experts {
         gate_up: Vec<Linear>,
         down: Vec<Linear>,
     },
+    /// On a CUDA device, stacked as the file holds them, for `moe.cu`.
+    Device(DeviceExperts),
 }
 
 impl Experts {
@@ -77,7 +82,8 @@ impl Experts {
     /// GGUF's, or a gpt-oss checkpoint's MXFP4 read as Q8_0), which
     /// `read(i)` reads (0 gate, 1 up, 2 down): repacked for wick's kernels
     /// where they run (the CPU, the file's format, a block type they hold),
-    /// else split into a [`Linear`] per expert.
+    /// kept stacked for `moe.cu` on a CUDA device (the file's format, a
+    /// block type it reads), else split into a [`Linear`] per expert.
     ///
     /// Each stack is repacked as soon as it is read, so that one at a time
     /// is held in the file's form: a big file loads within little more than
@@ -122,6 +128,14 @@ impl Experts {
         }
         let (gate, up, down) = (read(0)?, read(1)?, read(2)?);
         counts([&gate, &up, &down].map(|t| t.shape().dims().first().copied().unwrap_or(0)))?;
+        if device.is_cuda() && spec.format == WeightFormat::Native {
+            let [g, u, d] = [&gate, &up, &down].map(|t| ExpertStack::from_qtensor(t, device));
+            if let (Some(g), Some(u), Some(d)) = (g?, u?, d?) {
+                if let Some(d) = DeviceExperts::new([g, u, d]) {
+                    return Ok(Experts::Device(d));
+                }
+            }
+        }
         let (gate, up, down) = (
             unstack(&gate, device)?,
             unstack(&up, device)?,
@@ -141,7 +155,8 @@ impl Experts {
 
     /// From each expert's dense `[n, k]` gate, up and down matrices (a
     /// safetensors checkpoint): re-quantized to Q8_0 for wick's kernels with
-    /// `WeightFormat::Q8_0` on the CPU, else a [`Linear`] per expert.
+    /// `WeightFormat::Q8_0` on the CPU, stacked for `moe.cu` on a CUDA
+    /// device in the dtype `--weights` gives, else a [`Linear`] per expert.
     pub fn from_dense(
         gate: Vec<Tensor>,
         up: Vec<Tensor>,
@@ -149,6 +164,21 @@ impl Experts {
         spec: WeightSpec,
     ) -> Result<Self> {
         let cpu = gate.first().is_some_and(|g| g.device().is_cpu());
+        let cuda = gate.first().is_some_and(|g| g.device().is_cuda());
+        let dtype = match spec.format {
+            WeightFormat::Native => gate.first().map(|g| g.dtype()),
+            WeightFormat::F32 => Some(DType::F32),
+            WeightFormat::Bf16 => Some(DType::BF16),
+            _ => None,
+        };
+        if let (true, Some(dtype)) = (cuda, dtype) {
+            let [g, u, d] = [&gate, &up, &down].map(|ws| ExpertStack::from_dense(ws, dtype));
+            if let (Some(g), Some(u), Some(d)) = (g?, u?, d?) {
+                if let Some(d) = DeviceExperts::new([g, u, d]) {
+                    return Ok(Experts::Device(d));
+                }
+            }
+        }
         if spec.format == WeightFormat::Q8_0 && cpu {
             let q8 = |ws: Vec<Tensor>| -> Result<Vec<QuantMatrix>> {
                 ws.into_iter()
@@ -181,6 +211,7 @@ impl Experts {
         match self {
             Experts::Quant { gate, .. } => gate.len(),
             Experts::Linear { gate_up, .. } => gate_up.len(),
+            Experts::Device(d) => d.count(),
         }
     }
 }
@@ -229,6 +260,9 @@ pub struct SharedExpert {
 pub struct ExpertLoad {
     experts: usize,
     counts: Vec<AtomicU64>,
+    /// Layers whose routing runs on a CUDA device count there (`[experts]`
+    /// i64 each, added to by `moe.cu`), read when asked.
+    device: Mutex<Vec<(usize, Tensor)>>,
 }
 
 impl ExpertLoad {
@@ -236,6 +270,7 @@ impl ExpertLoad {
         ExpertLoad {
             experts,
             counts: (0..layers * experts).map(|_| AtomicU64::new(0)).collect(),
+            device: Mutex::new(Vec::new()),
         }
     }
 
@@ -247,9 +282,31 @@ impl ExpertLoad {
         self.experts
     }
 
-    /// Rows routed to `expert` of `layer` so far.
-    pub fn routed(&self, layer: usize, expert: usize) -> u64 {
-        self.counts[layer * self.experts + expert].load(Ordering::Relaxed)
+    /// Rows routed to each expert of each layer so far, `[layers *
+    /// experts]`.
+    pub fn snapshot(&self) -> Vec<u64> {
+        let mut counts: Vec<u64> = self
+            .counts
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect();
+        let device = self.device.lock().unwrap_or_else(|e| e.into_inner());
+        for (layer, t) in device.iter() {
+            // A counter that cannot be read (a device fault, which fails
+            // the step too) leaves its layer's host counts.
+            if let Ok(values) = t.to_vec1::<i64>() {
+                for (c, v) in counts[layer * self.experts..].iter_mut().zip(values) {
+                    *c += v as u64;
+                }
+            }
+        }
+        counts
+    }
+
+    /// Counts `layer`'s routing from its device counters too.
+    pub fn attach(&self, layer: usize, counts: Tensor) {
+        let mut device = self.device.lock().unwrap_or_else(|e| e.into_inner());
+        device.push((layer, counts));
     }
 
     pub fn record(&self, layer: usize, expert: usize, rows: usize) {
@@ -538,24 +595,22 @@ impl Moe {
     /// same row of `routed` (Gemma 4 routes on other values than its
     /// experts take).
     pub fn forward_routed(&self, routed: &Tensor, x: &Tensor) -> Result<Tensor> {
-        let (t, hidden) = x.dims2()?;
         let scores = self.router.forward(routed)?.to_dtype(DType::F32)?;
-        let mut groups = route(
-            &scores.flatten_all()?.to_vec1::<f32>()?,
-            t,
-            self.experts.count(),
-            self.routing,
-        )?;
-        if let Some(scale) = &self.expert_scale {
-            for (weights, &s) in groups.weights.iter_mut().zip(scale) {
-                weights.iter_mut().for_each(|w| *w *= s);
-            }
-        }
-        for (e, rows) in groups.rows.iter().enumerate() {
-            self.load.record(self.layer, e, rows.len());
-        }
         let out = match &self.experts {
+            Experts::Device(d) => {
+                let step = MoeStep {
+                    routing: self.routing,
+                    act: self.act,
+                    bias: self.bias.as_ref(),
+                    expert_scale: self.expert_scale.as_deref(),
+                    layer: self.layer,
+                    load: &self.load,
+                };
+                d.forward(&scores, x, &step)?
+            }
             Experts::Quant { gate, up, down } => {
+                let (t, hidden) = x.dims2()?;
+                let groups = self.route_host(&scores, t)?;
                 let xs = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
                 let ws: [&[QuantMatrix]; 3] = [gate, up, down];
                 let bias = self.bias.as_ref();
@@ -570,31 +625,69 @@ impl Moe {
                 };
                 Tensor::from_vec(out, (t, hidden), x.device())?
             }
-            Experts::Linear { gate_up, down } => {
-                let mut out = Tensor::zeros((t, hidden), DType::F32, x.device())?;
-                for (e, rows) in groups
-                    .rows
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, r)| !r.is_empty())
-                {
-                    let idx = Tensor::new(rows.as_slice(), x.device())?;
-                    let w = Tensor::new(groups.weights[e].as_slice(), x.device())?.unsqueeze(1)?;
-                    let mut h = gate_up[e].forward(&x.index_select(&idx, 0)?)?;
-                    if let Some(b) = &self.bias {
-                        let row = [b.gate[e].as_slice(), &b.up[e]].concat();
-                        h = h.broadcast_add(&Tensor::new(row, x.device())?.to_dtype(h.dtype())?)?;
-                    }
-                    let mut y = down[e].forward(&elementwise::glu(&h, self.act)?)?;
-                    if let Some(b) = &self.bias {
-                        let row = Tensor::new(b.down[e].as_slice(), x.device())?;
-                        y = y.broadcast_add(&row.to_dtype(y.dtype())?)?;
-                    }
-                    out = out.index_add(&idx, &y.broadcast_mul(&w)?, 0)?;
-                }
-                out
-            }
+            Experts::Linear { gate_up, down } => self.forward_linear(&scores, x, gate_up, down)?,
         };
+        self.add_shared(x, out)
+    }
+
+    /// Each of `t` rows' experts by its `scores`, routed on the host and
+    /// counted.
+    fn route_host(&self, scores: &Tensor, t: usize) -> Result<Groups> {
+        let mut groups = route(
+            &scores.flatten_all()?.to_vec1::<f32>()?,
+            t,
+            self.experts.count(),
+            self.routing,
+        )?;
+        if let Some(scale) = &self.expert_scale {
+            for (weights, &s) in groups.weights.iter_mut().zip(scale) {
+                weights.iter_mut().for_each(|w| *w *= s);
+            }
+        }
+        for (e, rows) in groups.rows.iter().enumerate() {
+            self.load.record(self.layer, e, rows.len());
+        }
+        Ok(groups)
+    }
+
+    /// The routed experts as a [`Linear`] each, over the rows routed to
+    /// them on the host.
+    fn forward_linear(
+        &self,
+        scores: &Tensor,
+        x: &Tensor,
+        gate_up: &[Linear],
+        down: &[Linear],
+    ) -> Result<Tensor> {
+        let (t, hidden) = x.dims2()?;
+        let groups = self.route_host(scores, t)?;
+        let mut out = Tensor::zeros((t, hidden), DType::F32, x.device())?;
+        for (e, rows) in groups
+            .rows
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| !r.is_empty())
+        {
+            let idx = Tensor::new(rows.as_slice(), x.device())?;
+            let w = Tensor::new(groups.weights[e].as_slice(), x.device())?.unsqueeze(1)?;
+            let mut h = gate_up[e].forward(&x.index_select(&idx, 0)?)?;
+            if let Some(b) = &self.bias {
+                let row = [b.gate[e].as_slice(), &b.up[e]].concat();
+                h = h.broadcast_add(&Tensor::new(row, x.device())?.to_dtype(h.dtype())?)?;
+            }
+            let mut y = down[e].forward(&elementwise::glu(&h, self.act)?)?;
+            if let Some(b) = &self.bias {
+                let row = Tensor::new(b.down[e].as_slice(), x.device())?;
+                y = y.broadcast_add(&row.to_dtype(y.dtype())?)?;
+            }
+            out = out.index_add(&idx, &y.broadcast_mul(&w)?, 0)?;
+        }
+        Ok(out)
+    }
+
+    /// The shared expert's output over `x`, gated where it has a gate, plus
+    /// the routed experts' `out`.
+    fn add_shared(&self, x: &Tensor, out: Tensor) -> Result<Tensor> {
         match &self.shared {
             None => Ok(out),
             Some(s) => {

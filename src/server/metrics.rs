@@ -415,10 +415,11 @@ impl Collector for ExpertTokens {
             pair.set_value(value.to_string());
             pair
         };
+        let counts = self.load.snapshot();
         for layer in 0..self.load.layers() {
             for expert in 0..self.load.experts() {
                 let mut counter = proto::Counter::default();
-                counter.set_value(self.load.routed(layer, expert) as f64);
+                counter.set_value(counts[layer * self.load.experts() + expert] as f64);
                 let mut metric = proto::Metric::default();
                 metric.set_label(vec![label("layer", layer), label("expert", expert)]);
                 metric.set_counter(counter);

@@ -212,6 +212,11 @@ __forceinline__ __nv_bfloat16 __float2bfloat16(float f) {
     return __nv_bfloat16{(uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16)};
 }
 
+__forceinline__ __half __ushort_as_half(unsigned short bits) { return __half{bits}; }
+__forceinline__ __nv_bfloat16 __ushort_as_bfloat16(unsigned short bits) {
+    return __nv_bfloat16{bits};
+}
+
 // -- Entry points ------------------------------------------------------------
 // `WICK_KERNEL(name)` after a `__global__` function registers it by name,
 // with a thunk that takes its arguments as the driver API does: an array of
