@@ -1311,40 +1311,29 @@ fn moe_cases(target: &Target) {
                 }
                 #[cfg(feature = "cuda")]
                 Target::Gpu(dev) => {
-                    use std::sync::Arc;
-                    use wick::models::moe::{ExpertBias, ExpertLoad, Routing};
-                    use wick::models::moe_device::{DeviceExperts, ExpertStack, MoeStep};
+                    use wick::models::moe_device::{DeviceExperts, ExpertStack, Extras, MoeStep};
                     let on = |q: &QTensor| ExpertStack::from_qtensor(q, dev).unwrap().unwrap();
                     let experts =
                         DeviceExperts::new([on(&stacks[0]), on(&stacks[1]), on(&stacks[2])])
                             .unwrap();
-                    let per = |v: &[f32], n: usize| -> Tensor {
-                        Tensor::from_vec(v.to_vec(), (e, n), &Device::Cpu).unwrap()
+                    let load = Tensor::zeros(e, DType::I64, dev).unwrap();
+                    let vec_on = |v: &[f32]| Tensor::new(v, dev).unwrap();
+                    let extras = Extras {
+                        bias: c.bias.then(|| (vec_on(&gate_up_bias), vec_on(&down_bias))),
+                        scale: c.scale.then(|| vec_on(&scale)),
+                        load: load.clone(),
                     };
-                    let gu = per(&gate_up_bias, 2 * c.ff);
-                    let bias = ExpertBias::new([
-                        gu.narrow(1, 0, c.ff).unwrap(),
-                        gu.narrow(1, c.ff, c.ff).unwrap(),
-                        per(&down_bias, c.hidden),
-                    ])
-                    .unwrap();
-                    let load = Arc::new(ExpertLoad::new(1, e));
                     let step = MoeStep {
-                        routing: Routing {
-                            top_k: c.top_k,
-                            renormalize: c.renormalize,
-                        },
+                        top_k: c.top_k,
+                        renormalize: c.renormalize,
                         act: c.act,
-                        bias: c.bias.then_some(&bias),
-                        expert_scale: c.scale.then_some(&scale[..]),
-                        layer: 0,
-                        load: &load,
                     };
                     let xs = Tensor::from_vec(x.clone(), (rows, c.hidden), dev).unwrap();
                     let sc = Tensor::from_vec(scores.clone(), (rows, e), dev).unwrap();
-                    let out = experts.forward(&sc, &xs, &step).unwrap();
+                    let out = experts.forward(&sc, &xs, &step, || Ok(extras)).unwrap();
                     let out = out.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-                    (out, load.snapshot())
+                    let load = load.to_vec1::<i64>().unwrap();
+                    (out, load.into_iter().map(|n| n as u64).collect())
                 }
             };
             let peak = want.iter().fold(1f64, |m, v| m.max(v.abs()));

@@ -23,7 +23,7 @@ use candle_nn::VarBuilder;
 use super::elementwise::{self, gelu_tanh, silu, swiglu_oai, Act};
 use super::linear::{Linear, WeightFormat, WeightSpec};
 use super::mlp::{Activation, Mlp};
-use super::moe_device::{DeviceExperts, ExpertStack, MoeStep};
+use super::moe_device::{DeviceExperts, ExpertStack, Extras, MoeStep};
 use crate::quant::{matmul_grouped, mxfp4, GroupedJob, QuantMatrix};
 
 /// How a row's expert weights come from the router's scores.
@@ -599,14 +599,11 @@ impl Moe {
         let out = match &self.experts {
             Experts::Device(d) => {
                 let step = MoeStep {
-                    routing: self.routing,
+                    top_k: self.routing.top_k,
+                    renormalize: self.routing.renormalize,
                     act: self.act,
-                    bias: self.bias.as_ref(),
-                    expert_scale: self.expert_scale.as_deref(),
-                    layer: self.layer,
-                    load: &self.load,
                 };
-                d.forward(&scores, x, &step)?
+                d.forward(&scores, x, &step, || self.device_extras(x.device()))?
             }
             Experts::Quant { gate, up, down } => {
                 let (t, hidden) = x.dims2()?;
@@ -628,6 +625,33 @@ impl Moe {
             Experts::Linear { gate_up, down } => self.forward_linear(&scores, x, gate_up, down)?,
         };
         self.add_shared(x, out)
+    }
+
+    /// The biases, scales and counters `moe.cu` reads, on `device`; the
+    /// counters are this layer's in the model's [`ExpertLoad`].
+    fn device_extras(&self, device: &Device) -> Result<Extras> {
+        let bias = match &self.bias {
+            Some(b) => {
+                let gate_up: Vec<f32> = (0..self.experts.count())
+                    .flat_map(|e| b.gate[e].iter().chain(&b.up[e]).copied())
+                    .collect();
+                let down: Vec<f32> = b.down.iter().flatten().copied().collect();
+                let (n1, n2) = (gate_up.len(), down.len());
+                Some((
+                    Tensor::from_vec(gate_up, n1, device)?,
+                    Tensor::from_vec(down, n2, device)?,
+                ))
+            }
+            None => None,
+        };
+        let scale = self
+            .expert_scale
+            .as_deref()
+            .map(|s| Tensor::new(s, device))
+            .transpose()?;
+        let load = Tensor::zeros(self.experts.count(), DType::I64, device)?;
+        self.load.attach(self.layer, load.clone());
+        Ok(Extras { bias, scale, load })
     }
 
     /// Each of `t` rows' experts by its `scores`, routed on the host and

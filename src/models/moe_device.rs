@@ -4,13 +4,12 @@
 //! the router's scores and the experts' GGUF blocks kept on the device.
 //! The CPU twin is `route` and `grouped_forward` in `moe.rs`.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Result, Tensor};
 
 use super::elementwise::Act;
-use super::moe::{ExpertBias, ExpertLoad, Routing};
 use crate::launch::{Arg, Launch};
 
 // `moe.cu`'s constants.
@@ -321,30 +320,30 @@ pub struct DeviceExperts {
     pub gate: ExpertStack,
     pub up: ExpertStack,
     pub down: ExpertStack,
-    /// The biases, scales and load counters on the device, made on the
-    /// first step: a family sets its scales after the block is built.
+    /// Made on the first step: a family sets its scales after the block is
+    /// built.
     extras: OnceLock<Extras>,
 }
 
-// Read by the CUDA launches only.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-struct Extras {
-    /// Gate and up (`[experts, 2 ff]`), down (`[experts, hidden]`).
-    bias: Option<(Tensor, Tensor)>,
-    scale: Option<Tensor>,
-    /// `[experts]` i64, read as u64 by the kernel and by [`ExpertLoad`].
-    load: Tensor,
+/// What the kernels read beside the weights, on the device.
+pub struct Extras {
+    /// Per expert, the gate's `ff` biases then the up's (`[experts, 2
+    /// ff]`), and the down's (`[experts, hidden]`), f32.
+    pub bias: Option<(Tensor, Tensor)>,
+    /// Each expert's routing scale, `[experts]` f32.
+    pub scale: Option<Tensor>,
+    /// The layer's rows per expert, `[experts]` i64, added to by the
+    /// routing (as u64).
+    pub load: Tensor,
 }
 
-/// What [`DeviceExperts::forward`] takes from its [`Moe`](super::moe::Moe).
-pub struct MoeStep<'a> {
-    pub routing: Routing,
+/// A step's routing: each row's top `top_k` experts by softmax,
+/// renormalized over them or not, and the experts' activation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MoeStep {
+    pub top_k: usize,
+    pub renormalize: bool,
     pub act: Act,
-    pub bias: Option<&'a ExpertBias>,
-    pub expert_scale: Option<&'a [f32]>,
-    /// The block's layer and the model's counters.
-    pub layer: usize,
-    pub load: &'a Arc<ExpertLoad>,
 }
 
 impl DeviceExperts {
@@ -367,55 +366,36 @@ impl DeviceExperts {
         self.gate.experts
     }
 
-    /// The step's shape for `rows` rows.
-    pub fn shape(&self, rows: usize, step: &MoeStep) -> MoeShape {
-        MoeShape {
+    /// The routed experts over `x` (`[rows, hidden]`), each row routed by
+    /// its `scores` (`[rows, experts]`); `extras` makes the biases, scales
+    /// and counters on the first call. Returns `[rows, hidden]` f32.
+    pub fn forward(
+        &self,
+        scores: &Tensor,
+        x: &Tensor,
+        step: &MoeStep,
+        extras: impl FnOnce() -> Result<Extras>,
+    ) -> Result<Tensor> {
+        let extras = match self.extras.get() {
+            Some(e) => e,
+            None => {
+                let e = extras()?;
+                self.extras.get_or_init(|| e)
+            }
+        };
+        let (rows, hidden) = x.dims2()?;
+        let shape = MoeShape {
             rows,
             experts: self.count(),
-            top_k: step.routing.top_k,
+            top_k: step.top_k,
             hidden: self.gate.k,
             ff: self.gate.n,
-            renormalize: step.routing.renormalize,
+            renormalize: step.renormalize,
             act: step.act,
-            has_bias: step.bias.is_some(),
-            has_scale: step.expert_scale.is_some(),
+            has_bias: extras.bias.is_some(),
+            has_scale: extras.scale.is_some(),
             types: [self.gate.dtype, self.up.dtype, self.down.dtype],
-        }
-    }
-
-    fn extras(&self, step: &MoeStep, device: &Device) -> Result<&Extras> {
-        if let Some(e) = self.extras.get() {
-            return Ok(e);
-        }
-        let experts = self.count();
-        let bias = match step.bias {
-            Some(b) => {
-                let gate_up: Vec<f32> = (0..experts)
-                    .flat_map(|e| b.gate[e].iter().chain(&b.up[e]).copied())
-                    .collect();
-                let down: Vec<f32> = b.down.iter().flatten().copied().collect();
-                let (n1, n2) = (gate_up.len(), down.len());
-                Some((
-                    Tensor::from_vec(gate_up, n1, device)?,
-                    Tensor::from_vec(down, n2, device)?,
-                ))
-            }
-            None => None,
         };
-        let scale = step
-            .expert_scale
-            .map(|s| Tensor::new(s, device))
-            .transpose()?;
-        let load = Tensor::zeros(experts, DType::I64, device)?;
-        step.load.attach(step.layer, load.clone());
-        Ok(self.extras.get_or_init(|| Extras { bias, scale, load }))
-    }
-
-    /// The routed experts over `x` (`[rows, hidden]`), each row routed by
-    /// its `scores` (`[rows, experts]`). Returns `[rows, hidden]` f32.
-    pub fn forward(&self, scores: &Tensor, x: &Tensor, step: &MoeStep) -> Result<Tensor> {
-        let (rows, hidden) = x.dims2()?;
-        let shape = self.shape(rows, step);
         if scores.dims2()? != (rows, shape.experts) || hidden != shape.hidden {
             candle_core::bail!(
                 "experts: scores {:?} and rows {:?} for {shape:?}",
@@ -426,12 +406,11 @@ impl DeviceExperts {
         let Some(plan) = launches(&shape) else {
             candle_core::bail!("experts: no kernel for {shape:?}");
         };
-        let extras = self.extras(step, x.device())?;
         #[cfg(feature = "cuda")]
         return cuda::forward(self, extras, &shape, &plan, scores, x);
         #[cfg(not(feature = "cuda"))]
         {
-            let _ = (extras, plan);
+            let _ = plan;
             candle_core::bail!("experts on a device in a build without CUDA")
         }
     }
