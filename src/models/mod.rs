@@ -17,6 +17,7 @@ pub mod moe_device;
 pub mod qwen35;
 pub mod registry;
 pub mod rope;
+pub mod siglip;
 
 use std::sync::Arc;
 
