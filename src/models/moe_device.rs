@@ -84,10 +84,23 @@ impl ExpertStack {
             return Ok(None);
         }
         let stacked = Tensor::stack(ws, 0)?.to_dtype(dtype)?.flatten_all()?;
-        let bytes = match dtype {
-            DType::F32 => bytes_of(stacked.to_vec1::<f32>()?),
-            DType::F16 => bytes_of(stacked.to_vec1::<half::f16>()?),
-            _ => bytes_of(stacked.to_vec1::<half::bf16>()?),
+        // Little-endian, as GGUF stores them.
+        let bytes: Vec<u8> = match dtype {
+            DType::F32 => stacked
+                .to_vec1::<f32>()?
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
+            DType::F16 => stacked
+                .to_vec1::<half::f16>()?
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
+            _ => stacked
+                .to_vec1::<half::bf16>()?
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
         };
         Ok(Some(ExpertStack {
             bytes: Tensor::from_slice(&bytes, bytes.len(), first.device())?,
@@ -96,38 +109,6 @@ impl ExpertStack {
             n,
             k,
         }))
-    }
-
-    /// Bytes of one row (`k` inputs).
-    pub fn row_bytes(&self) -> usize {
-        self.k / self.dtype.block_size() * self.dtype.type_size()
-    }
-}
-
-/// Little-endian bytes of `values` (f32, f16 or bf16), as GGUF stores them.
-fn bytes_of<T: ToLe>(values: Vec<T>) -> Vec<u8> {
-    values.into_iter().flat_map(|v| v.le()).collect()
-}
-
-trait ToLe {
-    fn le(self) -> Vec<u8>;
-}
-
-impl ToLe for f32 {
-    fn le(self) -> Vec<u8> {
-        self.to_le_bytes().to_vec()
-    }
-}
-
-impl ToLe for half::f16 {
-    fn le(self) -> Vec<u8> {
-        self.to_le_bytes().to_vec()
-    }
-}
-
-impl ToLe for half::bf16 {
-    fn le(self) -> Vec<u8> {
-        self.to_le_bytes().to_vec()
     }
 }
 
