@@ -444,7 +444,7 @@ fn prediction(
         ));
     }
     let text = chat_messages::text(&p.content, "prediction.content")?;
-    let mut ids = encode(&text, ctx, "prediction")?;
+    let mut ids = encode_prompt(&text, ctx, "prediction")?;
     if ids
         .first()
         .is_some_and(|&t| Some(t) == ctx.tokenizer.bos_id())
@@ -454,9 +454,38 @@ fn prediction(
     Ok(ids)
 }
 
-/// Tokenizes, after refusing text too long to fit the context without
-/// spending the time to encode it.
+/// Tokenizes text the whole way (`/tokenize`), after refusing text too
+/// long to fit the context without spending the time to encode it.
 pub(crate) fn encode(text: &str, ctx: &ModelContext, param: &str) -> Result<Vec<u32>, ApiError> {
+    Ok(encode_within(text, ctx, param, usize::MAX)?.expect("no text passes usize::MAX tokens"))
+}
+
+/// Tokenizes a prompt, refusing it as soon as it passes the context (and
+/// one BOS the chat path may drop): a conversation of many short messages
+/// is refused before most of it is encoded.
+pub(crate) fn encode_prompt(
+    text: &str,
+    ctx: &ModelContext,
+    param: &str,
+) -> Result<Vec<u32>, ApiError> {
+    encode_within(text, ctx, param, ctx.max_context + 1)?.ok_or_else(|| {
+        ApiError::context_length_exceeded(
+            format!(
+                "This model's maximum context length is {} tokens, and the {param} went past \
+                 that. Please reduce the length of the {param}.",
+                ctx.max_context
+            ),
+            Some(param),
+        )
+    })
+}
+
+fn encode_within(
+    text: &str,
+    ctx: &ModelContext,
+    param: &str,
+    limit: usize,
+) -> Result<Option<Vec<u32>>, ApiError> {
     if text.len() > ctx.tokenizer.max_text_bytes(ctx.max_context) {
         return Err(ApiError::context_length_exceeded(
             format!(
@@ -469,7 +498,7 @@ pub(crate) fn encode(text: &str, ctx: &ModelContext, param: &str) -> Result<Vec<
         ));
     }
     ctx.tokenizer
-        .encode(text)
+        .encode_within(text, limit)
         .map_err(|e| ApiError::bad_request(format!("cannot tokenize {param}: {e:#}"), Some(param)))
 }
 
@@ -491,10 +520,10 @@ pub fn validate_completion(
     check_choices(num_prompts, shape.n, ctx)?;
 
     let (prompts, texts): (Vec<Vec<u32>>, Vec<Option<&str>>) = match &req.prompt {
-        Prompt::Text(t) => (vec![encode(t, ctx, "prompt")?], vec![Some(t)]),
+        Prompt::Text(t) => (vec![encode_prompt(t, ctx, "prompt")?], vec![Some(t)]),
         Prompt::Texts(ts) => (
             ts.iter()
-                .map(|t| encode(t, ctx, "prompt"))
+                .map(|t| encode_prompt(t, ctx, "prompt"))
                 .collect::<Result<_, _>>()?,
             ts.iter().map(|t| Some(t.as_str())).collect(),
         ),
@@ -639,7 +668,7 @@ pub fn validate_chat(
         param: e.param.and(Some(names.messages.to_string())),
         ..e
     };
-    let mut ids = encode(&rendered, ctx, "messages").map_err(named)?;
+    let mut ids = encode_prompt(&rendered, ctx, "messages").map_err(named)?;
     // A template that writes BOS itself, under a tokenizer that also adds
     // it, would start with two; the model was trained on one (vLLM and
     // llama.cpp also keep one).
@@ -1269,6 +1298,19 @@ mod tests {
             assert_eq!(e.code.as_deref(), Some("context_length_exceeded"));
             assert!(e.message.contains("bytes)"), "{}", e.message);
         }
+    }
+
+    /// A conversation of many short messages, each well inside the byte
+    /// bound, is refused on its tokens as they pass the context, and
+    /// names the messages.
+    #[test]
+    fn conversations_past_the_context_are_refused() {
+        let many: Vec<Value> = (0..20_000)
+            .map(|_| json!({"role": "user", "content": "x"}))
+            .collect();
+        let e = assert_rejects(chat(json!({"messages": many})), "messages");
+        assert_eq!(e.code.as_deref(), Some("context_length_exceeded"));
+        assert!(e.message.contains("went past that"), "{}", e.message);
     }
 
     #[test]

@@ -16,7 +16,7 @@ use crate::server::handlers::{ready, tokenizing};
 use crate::server::http::json_body::JsonBody;
 use crate::server::protocol::UnknownFields;
 use crate::server::unsupported;
-use crate::server::validation::{check_model, encode};
+use crate::server::validation::{check_model, encode_prompt};
 use crate::server::AppState;
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -111,7 +111,7 @@ pub async fn embeddings(
             .into_iter()
             .map(|input| {
                 let ids = match input {
-                    Ok(text) => encode(&text, &m.context(), "input")?,
+                    Ok(text) => encode_prompt(&text, &m.context(), "input")?,
                     Err(ids) => ids,
                 };
                 match ids.is_empty() {

@@ -162,6 +162,16 @@ impl Tokenizer {
     /// special token, prepending BOS only when `add_bos` is set (and
     /// appending EOS when the GGUF asks for that).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        Ok(self
+            .encode_within(text, usize::MAX)?
+            .expect("no text passes usize::MAX tokens"))
+    }
+
+    /// [`Tokenizer::encode`], giving up (`None`) once the ids pass `limit`,
+    /// so a prompt far past the context costs about what one that fills
+    /// it does: the special tokens cut text into pieces, and no piece after
+    /// the limit is encoded.
+    pub fn encode_within(&self, text: &str, limit: usize) -> Result<Option<Vec<u32>>> {
         let mut ids: Vec<u32> = self.bos_id.filter(|_| self.add_bos).into_iter().collect();
         let fragments = match &self.specials {
             Some(specials) => specials.partition(text),
@@ -175,9 +185,12 @@ impl Tokenizer {
                 }
                 Fragment::Token(id) => ids.push(id),
             }
+            if ids.len() > limit {
+                return Ok(None);
+            }
         }
         ids.extend(self.eos_suffix);
-        Ok(ids)
+        Ok((ids.len() <= limit).then_some(ids))
     }
 
     /// Decodes `ids` to text, rendering special tokens' text too (llama.cpp's
@@ -362,6 +375,21 @@ mod tests {
     }
 
     /// The bound holds on text made of the longest pieces, the worst case.
+    /// Within its limit the bounded encoding is the whole one; one token
+    /// short of it, there is none.
+    #[test]
+    fn encode_within_gives_up_past_its_limit() {
+        let tok = test_tokenizer();
+        let text = "<|im_start|>user\nhi there<|im_end|>\n".repeat(50);
+        let all = tok.encode(&text).unwrap();
+        assert_eq!(
+            tok.encode_within(&text, all.len()).unwrap(),
+            Some(all.clone())
+        );
+        assert_eq!(tok.encode_within(&text, all.len() - 1).unwrap(), None);
+        assert_eq!(tok.encode_within(&text, 3).unwrap(), None);
+    }
+
     #[test]
     fn max_text_bytes_bounds_real_text() {
         let tok = test_tokenizer();
