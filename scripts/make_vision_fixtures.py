@@ -1,7 +1,8 @@
 """Builds the tiny random-weight vision-language checkpoints in
 tests/fixtures/ (tests/fixtures/README.md lists them).
 
-    pip install torch==2.15.0 transformers==5.23.0 safetensors==0.8.0
+    pip install torch==2.15.0 transformers==5.23.0 safetensors==0.8.0 pillow==13.0.0
+    pip install --no-deps torchvision==0.29.2
     python3 scripts/make_vision_fixtures.py
 
 - `gemma3vl-tiny/`: Gemma 3 with images (`Gemma3ForConditionalGeneration`):
@@ -94,5 +95,89 @@ def gemma3vl():
     print(f"wrote {out}: tower {list(tower.shape)}, projected {list(projected.shape)}")
 
 
+def png_bomb(path, side):
+    """A PNG whose header claims `side` x `side` RGB pixels, with one
+    compressed row of data: a decoder that trusts the header before
+    checking its size would allocate side^2 * 3 bytes."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+
+    ihdr = struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0)
+    row = zlib.compress(b"\0" * (1 + 3 * side))
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", row) + chunk(b"IEND", b"")
+    )
+
+
+def images():
+    """Small images of every format and colour mode a client may send, and
+    what transformers' Gemma 3 image processors make of each, loaded as
+    `transformers.image_utils.load_image` loads a file (EXIF orientation
+    applied, converted to RGB). The processors resize to 26 x 30 (height x
+    width, so a transposed axis shows) instead of 896 x 896, to keep the
+    reference small; the method is the same at any size.
+
+    `reference.json` holds, per image, the PIL processor's pixel values
+    (`Gemma3ImageProcessorPil`) and the torchvision one's
+    (`Gemma3ImageProcessor`, transformers' default when torchvision is
+    installed), each `[3, 26, 30]`. The two differ by one 8-bit level in
+    places: torchvision's resampling rounds its weights differently from
+    Pillow's.
+    """
+    import io
+
+    import numpy as np
+    from PIL import Image
+    from transformers.image_utils import load_image
+    from transformers.models.gemma3.image_processing_gemma3 import Gemma3ImageProcessor
+    from transformers.models.gemma3.image_processing_pil_gemma3 import (
+        Gemma3ImageProcessorPil,
+    )
+
+    out = ROOT / "images"
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(51)
+    noise = lambda h, w, c: rng.integers(0, 256, (h, w, c), dtype=np.uint8)  # noqa: E731
+    Image.fromarray(noise(37, 45, 3)).save(out / "rgb.png")
+    Image.fromarray(noise(50, 20, 3)).save(out / "tall.png")
+    Image.fromarray(noise(29, 33, 4), "RGBA").save(out / "rgba.png")
+    Image.fromarray(noise(40, 17, 1)[..., 0], "L").save(out / "gray.png")
+    Image.fromarray(noise(35, 35, 3)).save(out / "lossless.webp", lossless=True)
+    frames = [Image.fromarray(noise(30, 40, 3)).quantize(16) for _ in range(2)]
+    frames[0].save(out / "two_frames.gif", save_all=True, append_images=frames[1:])
+    # A smooth picture (JPEG's case), stored on its side with EXIF
+    # orientation 6: viewers, and transformers' loader, turn it upright.
+    y, x = np.mgrid[0:48, 0:64]
+    smooth = np.stack([x * 4, y * 5, (x + y) * 2], axis=-1).astype(np.uint8)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.fromarray(smooth).save(out / "rotated.jpg", quality=95, exif=exif.tobytes())
+    png_bomb(out / "bomb.png", 50_000)
+    buf = io.BytesIO()
+    Image.fromarray(smooth).save(buf, "JPEG", quality=95)
+    (out / "truncated.jpg").write_bytes(buf.getvalue()[: len(buf.getvalue()) // 2])
+
+    kw = dict(size={"height": 26, "width": 30}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    pil, tv = Gemma3ImageProcessorPil(**kw), Gemma3ImageProcessor(**kw)
+    ref = {"transformers_version": transformers.__version__, "height": 26, "width": 30}
+    for name in ["rgb.png", "tall.png", "rgba.png", "gray.png", "lossless.webp",
+                 "two_frames.gif", "rotated.jpg"]:
+        image = load_image(str(out / name))
+        a = pil(images=image, return_tensors="pt")["pixel_values"][0]
+        b = tv(images=image, return_tensors="pt")["pixel_values"][0]
+        ref[name] = {
+            "size": list(image.size),
+            "pil": [round(v, 7) for v in a.flatten().tolist()],
+            "torchvision": [round(v, 7) for v in b.flatten().tolist()],
+        }
+        print(f"{name}: {image.size}, PIL vs torchvision {(a - b).abs().max().item():.4f}")
+    (out / "reference.json").write_text(json.dumps(ref) + "\n")
+
+
 if __name__ == "__main__":
     gemma3vl()
+    images()

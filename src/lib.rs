@@ -22,6 +22,7 @@ pub mod error;
 pub mod kv;
 pub mod launch;
 pub mod load;
+pub mod media;
 pub mod models;
 pub mod quant;
 pub mod sampling;

@@ -1,12 +1,14 @@
-//! The vision tower and projector of a Gemma 3 with images
-//! (`tests/fixtures/gemma3vl-tiny`, written by
-//! `scripts/make_vision_fixtures.py`) against transformers' f32 outputs on
-//! the same pixel values.
+//! Images against transformers: image files decoded and preprocessed
+//! (`tests/fixtures/images`), and the vision tower and projector of a
+//! Gemma 3 with images (`tests/fixtures/gemma3vl-tiny`) on the same pixel
+//! values; both written by `scripts/make_vision_fixtures.py`.
 
 use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
+use wick::media::decode::{decode, ImageError, ImageLimits};
+use wick::media::preprocess::ImageProcessor;
 use wick::models::siglip::{Gemma3Projector, SiglipConfig, SiglipVision};
 
 /// `{"shape": [...], "values": [...]}` from the reference.
@@ -68,4 +70,82 @@ fn gemma3_vision_tower_and_projector_match_transformers() {
     // A wrong image size is refused, not cropped.
     let small = pixels.narrow(3, 0, 16).unwrap();
     assert!(tower.forward(&small).is_err());
+}
+
+/// Files of each format and colour mode (`tests/fixtures/images`) decoded
+/// and preprocessed as Gemma 3's image processor does, against
+/// transformers' pixel values for the same files: Pillow's to 1e-4 (every
+/// 8-bit level the same), torchvision's (which rounds its resampling
+/// weights otherwise) to one level. A JPEG's pixels may differ by the
+/// decoders' two levels besides.
+#[test]
+fn images_are_preprocessed_as_transformers_does() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/images");
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
+    let processor = ImageProcessor::from_hf(&serde_json::json!({
+        "size": {"height": reference["height"], "width": reference["width"]},
+        "resample": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]
+    }))
+    .unwrap();
+    let names = [
+        "rgb.png",
+        "tall.png",
+        "rgba.png",
+        "gray.png",
+        "lossless.webp",
+        "two_frames.gif",
+        "rotated.jpg",
+    ];
+    for name in names {
+        let want = &reference[name];
+        let image = decode(
+            &std::fs::read(dir.join(name)).unwrap(),
+            &ImageLimits::default(),
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let size: (u32, u32) = serde_json::from_value(want["size"].clone()).unwrap();
+        assert_eq!(image.dimensions(), size, "{name}: upright size");
+        let got = processor.pixels(&image);
+        // Lossy JPEG decodes differently by decoder: zune-jpeg here,
+        // libjpeg-turbo under Pillow, up to two levels apart.
+        let decoder = if name.ends_with(".jpg") {
+            4.0 / 255.0
+        } else {
+            0.0
+        };
+        let level = 2.0 / 255.0;
+        for (of, bound) in [
+            ("pil", decoder + 1e-4),
+            ("torchvision", decoder + level + 1e-4),
+        ] {
+            let want: Vec<f32> = serde_json::from_value(want[of].clone()).unwrap();
+            assert_eq!(got.len(), want.len(), "{name}");
+            let diff = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(diff <= bound as f32, "{name}: {diff} from {of}'s");
+        }
+    }
+}
+
+/// A PNG claiming 50,000 x 50,000 pixels is refused on its header, and a
+/// JPEG cut in half as corrupt.
+#[test]
+fn hostile_image_files_are_refused() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/images");
+    let read = |name: &str| std::fs::read(dir.join(name)).unwrap();
+    assert_eq!(
+        decode(&read("bomb.png"), &ImageLimits::default()),
+        Err(ImageError::TooManyPixels {
+            width: 50_000,
+            height: 50_000,
+            limit: ImageLimits::default().max_pixels
+        })
+    );
+    let e = decode(&read("truncated.jpg"), &ImageLimits::default()).unwrap_err();
+    assert!(matches!(e, ImageError::Corrupt(_)), "{e}");
 }
