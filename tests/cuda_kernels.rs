@@ -105,6 +105,9 @@ struct Case {
     tol: f32,
     /// A random sink logit per query head.
     sinks: bool,
+    /// Each prompt chunk's middle third is a span its rows see whole (a
+    /// Gemma 3 image's tokens).
+    seen_whole: bool,
 }
 
 /// Where the kernels run, and how long the schedule's long prompt is there.
@@ -335,12 +338,13 @@ fn run_case(target: &Target, case: Case, seed: u64) {
         let mut batch = FlatBatch::default();
         for s in seqs.iter().filter(|s| !s.steps[step].is_empty()) {
             let tokens = vec![0; longest];
-            batch.push(
-                &tokens,
-                s.steps[step].clone(),
-                s.table.clone(),
-                LogitRows::Last,
-            );
+            let rows = s.steps[step].clone();
+            batch.push(&tokens, rows.clone(), s.table.clone(), LogitRows::Last);
+            if case.seen_whole && rows.len() >= 3 {
+                let third = rows.len() / 3;
+                batch.seqs.last_mut().unwrap().seen_whole =
+                    std::iter::once(rows.start + third..rows.end - third).collect();
+            }
         }
         let t = batch.tokens.len();
         // Activations as the kernel sees them, in f32 for the host.
@@ -452,6 +456,7 @@ fn attention_cases(target: &Target) {
         pool: DType::F32,
         tol: 1e-4,
         sinks: false,
+        seen_whole: false,
     };
     let mut cases = Vec::new();
     for head_dim in [32, 64, 96, 128, 256] {
@@ -505,6 +510,16 @@ fn attention_cases(target: &Target) {
             num_heads: 16,
             sinks: true,
             window,
+            ..base
+        });
+    }
+    // Spans seen whole, alone, under a window and with sinks.
+    for (window, sinks) in [(None, false), (Some(40), false), (Some(128), true)] {
+        cases.push(Case {
+            num_heads: 16,
+            seen_whole: true,
+            window,
+            sinks,
             ..base
         });
     }
@@ -955,6 +970,7 @@ fn gated_delta_cases(target: &Target) {
                     state_slot: Some(slot),
                     logits: LogitRows::None,
                     hidden: LogitRows::None,
+                    seen_whole: Vec::new(),
                 });
                 start += len;
             }

@@ -283,8 +283,9 @@ impl Step<'_> {
             //   offset of a table packed after the descriptors, holding an
             //   entry for every block of positions `0..context_len` (the
             //   scheduler grew it so); the kernel reads entries `j /
-            //   block_size` for `j` in the row's range `lo..=pos` only,
-            //   within the row's part. A sequence without a window table has
+            //   block_size` for `j` in the row's range `lo..end` only,
+            //   within the row's part, where `end = meta[row_end + r]`
+            //   (`SeqSlice::visible_end`) is at most `context_len`. A sequence without a window table has
             //   its block table in both fields; that happens only where the
             //   layer's pool is not split (whenever `Engine::new` splits it,
             //   the scheduler gives every sequence a window table).

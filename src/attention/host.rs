@@ -301,12 +301,12 @@ fn merge(parts: &mut [Partial], hd: usize, sinks: Option<&[f32]>) {
 }
 
 /// Positions the rows `rows` of sequence `s` read: from the first tile of
-/// the first row's window (0 without one) to the last row.
+/// the first row's window (0 without one) to what the last row sees.
 fn reach(s: &SeqSlice, rows: Range<usize>, dims: &AttnDims) -> Range<usize> {
     let lowest = dims
         .window
         .map_or(0, |w| (s.first_pos + rows.start + 1).saturating_sub(w));
-    lowest / dims.block_size * dims.block_size..s.first_pos + rows.end
+    lowest / dims.block_size * dims.block_size..s.visible_end(s.first_pos + rows.end - 1)
 }
 
 /// Rows per work item: `ROW_BLOCK`, unless that leaves fewer than two items
@@ -339,12 +339,15 @@ fn attend_item<T: KvElem>(
 ) -> Partial {
     let (hd, bs) = (dims.head_dim, dims.block_size);
     let group = dims.group();
-    // Query vector `qi` belongs to row `rows.start + qi / group` and sees
-    // positions `..visible(qi)`.
-    let visible = |qi: usize| s.first_pos + rows.start + qi / group + 1;
-    // A sliding-window layer's query sees only the last `window` of those;
-    // tiles wholly before the first row's window are never read.
-    let lowest = |qi: usize| dims.window.map_or(0, |w| visible(qi).saturating_sub(w));
+    // Query vector `qi` belongs to row `rows.start + qi / group`, at
+    // `pos(qi)`, and sees positions `..visible(qi)` (which never falls
+    // as `qi` grows).
+    let pos = |qi: usize| s.first_pos + rows.start + qi / group;
+    let visible = |qi: usize| s.visible_end(pos(qi));
+    // A sliding-window layer's query sees only the last `window` positions
+    // up to its own; tiles wholly before the first row's window are never
+    // read.
+    let lowest = |qi: usize| dims.window.map_or(0, |w| (pos(qi) + 1).saturating_sub(w));
     let reach = reach(s, rows.clone(), dims);
     // This item's tiles: `lo..hi`, of which scores are kept `ctx` apart.
     let (lo, hi) = (

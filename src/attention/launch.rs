@@ -128,6 +128,7 @@ pub fn plan(s: StepShape, act: DType, pool: DType) -> Plan {
             Arg::Buf(Buf::Meta),
             Arg::I32(i(s.at.seqs)),
             Arg::I32(i(s.at.row_seq)),
+            Arg::I32(i(s.at.row_end)),
             Arg::I32(table),
             Arg::I32(i(d.num_heads)),
             Arg::I32(i(d.num_kv_heads)),

@@ -291,14 +291,16 @@ mod tests {
 
     /// Plain causal attention over one whole sequence with scalar loops: an
     /// independent reference, no cache and no candle ops. With a window,
-    /// position i sees `i + 1 - window..=i`; a head's sink is one more
-    /// score with no value.
+    /// position i sees `i + 1 - window..=i`; a position in one of `whole`
+    /// sees on to that span's end; a head's sink is one more score with no
+    /// value.
     fn reference(
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
         dims: AttnDims,
         sinks: Option<&[f32]>,
+        whole: &[std::ops::Range<usize>],
     ) -> Tensor {
         let (q, k, v) = (
             q.to_vec2::<f32>().unwrap(),
@@ -312,7 +314,11 @@ mod tests {
                 let g = h / group;
                 let qh = &q[i][h * hd..(h + 1) * hd];
                 let lowest = dims.window.map_or(0, |w| (i + 1).saturating_sub(w));
-                let scores: Vec<f32> = (lowest..=i)
+                let end = whole
+                    .iter()
+                    .find(|r| r.contains(&i))
+                    .map_or(i + 1, |r| r.end);
+                let scores: Vec<f32> = (lowest..end)
                     .map(|j| {
                         qh.iter()
                             .zip(&k[j][g * hd..(g + 1) * hd])
@@ -388,7 +394,9 @@ mod tests {
             for dtype in [KvDtype::F16, KvDtype::F32, KvDtype::Int8] {
                 let [a, b] = &pools.each_ref().map(|pool| {
                     pool.install(|| {
-                        check_paged_against_dense(block_size, head_dim, lens, dtype, None, false)
+                        check_paged_against_dense(
+                            block_size, head_dim, lens, dtype, None, false, false,
+                        )
                     })
                 });
                 assert!(a == b, "rows differ with the threads' cut of the work");
@@ -404,13 +412,13 @@ mod tests {
     fn paged_matches_dense_within_a_sliding_window() {
         for window in [3, 9, 35] {
             for dtype in [KvDtype::F16, KvDtype::Int8] {
-                check_paged_against_dense(4, 16, [31, 14], dtype, Some(window), false);
-                check_paged_against_dense(32, 24, [70, 40], dtype, Some(window), false);
+                check_paged_against_dense(4, 16, [31, 14], dtype, Some(window), false, false);
+                check_paged_against_dense(32, 24, [70, 40], dtype, Some(window), false, false);
             }
         }
         // Windows within one span and across spans, over contexts of several.
         for window in [100, 300] {
-            check_paged_against_dense(16, 16, [600, 300], KvDtype::F16, Some(window), false);
+            check_paged_against_dense(16, 16, [600, 300], KvDtype::F16, Some(window), false, false);
         }
     }
 
@@ -426,8 +434,29 @@ mod tests {
             (16, 16, [600, 300], Some(128)),
         ] {
             for dtype in [KvDtype::F16, KvDtype::F32] {
-                check_paged_against_dense(block_size, head_dim, lens, dtype, window, true);
+                check_paged_against_dense(block_size, head_dim, lens, dtype, window, true, false);
             }
+        }
+    }
+
+    /// With `seen_whole`, each sequence has spans whose rows see each other
+    /// whole: in its first step's rows, and (the first) the whole second
+    /// step's chunk.
+    /// Spans seen whole (a Gemma 3 image's tokens), in a first step and as
+    /// a whole later chunk, crossing tiles and KV spans, with windows
+    /// shorter and longer than the span and with sinks, on both storages.
+    #[test]
+    fn paged_matches_dense_where_spans_are_seen_whole() {
+        for (block_size, lens, window) in [
+            (4, [31, 14], None),
+            (4, [31, 14], Some(3)),
+            (16, [80, 30], Some(20)),
+            (16, [600, 300], None),
+        ] {
+            for dtype in [KvDtype::F16, KvDtype::Int8] {
+                check_paged_against_dense(block_size, 16, lens, dtype, window, false, true);
+            }
+            check_paged_against_dense(block_size, 16, lens, KvDtype::F32, window, true, true);
         }
     }
 
@@ -438,6 +467,7 @@ mod tests {
         dtype: KvDtype,
         window: Option<usize>,
         with_sinks: bool,
+        seen_whole: bool,
     ) -> Vec<Vec<f32>> {
         let dims = AttnDims {
             num_heads: 6,
@@ -500,9 +530,22 @@ mod tests {
         let sinks_t = sinks
             .as_ref()
             .map(|s| Tensor::new(s.as_slice(), &Device::Cpu).unwrap());
+        // Step 1: seq 0 all but its last 4 rows, seq 1 all but its last.
+        // Step 2: the rest (a 4-row chunk and a decode row).
+        let (c0, c1) = (lens[0] - 4, lens[1] - 1);
+        let whole: [Vec<std::ops::Range<usize>>; 2] = match seen_whole {
+            true => [
+                vec![2..c0.min(2 + 3 * block_size), c0..lens[0]],
+                std::iter::once(1..c1.min(6)).collect(),
+            ],
+            false => Default::default(),
+        };
         let expected: Vec<Tensor> = full
             .iter()
-            .map(|(q, k, v)| reference(q, &stored(k), &stored(v), dims, sinks.as_deref()))
+            .zip(&whole)
+            .map(|((q, k, v), whole)| {
+                reference(q, &stored(k), &stored(v), dims, sinks.as_deref(), whole)
+            })
             .collect();
 
         // The host kernel's output for each sequence, for comparing runs.
@@ -526,9 +569,6 @@ mod tests {
                 }
                 Err(e) => panic!("{e}"),
             };
-            // Step 1: seq 0 all but its last 4 rows, seq 1 all but its last.
-            // Step 2: the rest (a 4-row chunk and a decode row).
-            let (c0, c1) = (lens[0] - 4, lens[1] - 1);
             let mut got = [Vec::new(), Vec::new()];
             let mut bufs = MetaBuffers::default();
             for split in [[(0, c0), (0, c1)], [(c0, lens[0]), (c1, lens[1])]] {
@@ -541,6 +581,11 @@ mod tests {
                     vs.push(v.narrow(0, a, b - a).unwrap());
                     let tokens = vec![0; lens[si]];
                     batch.push(&tokens, a..b, tables[si].clone(), LogitRows::Last);
+                    batch.seqs[si].seen_whole = whole[si]
+                        .iter()
+                        .filter(|r| a <= r.start && r.end <= b)
+                        .cloned()
+                        .collect();
                 }
                 let cat = |xs: &[Tensor]| Tensor::cat(xs, 0).unwrap();
                 let qkv = Tensor::cat(&[cat(&qs), cat(&ks), cat(&vs)], 1).unwrap();

@@ -14,6 +14,9 @@
 //   meta[seqs + 5 * s ..]  start row, rows, first position, offset of its
 //                          block table, offset of its sliding-window table
 //   meta[row_seq + r]      the sequence of row r
+//   meta[row_end + r]      the end of the positions row r sees: one past
+//                          its own, or the end of a span its rows see
+//                          whole (a Gemma 3 image's tokens)
 //   meta[slots + r]        the pool slot row r's K/V are written to
 
 #include <cuda_bf16.h>
@@ -84,7 +87,7 @@ __device__ void write_kv(const Q* __restrict__ qkv, int qkv_stride, int k_at, in
 template <typename Q, typename KV, int EPL>
 __device__ void attend(const Q* __restrict__ qkv, int qkv_stride, const KV* __restrict__ k_pool,
                        const KV* __restrict__ v_pool, const uint32_t* __restrict__ meta, int seqs,
-                       int row_seq, int table_field, int num_heads, int num_kv_heads,
+                       int row_seq, int row_end, int table_field, int num_heads, int num_kv_heads,
                        int block_size, int window, float scale, int part_len,
                        const float* __restrict__ sinks, int has_sinks, Q* __restrict__ out,
                        float* __restrict__ part_ml, float* __restrict__ part_acc) {
@@ -102,7 +105,8 @@ __device__ void attend(const Q* __restrict__ qkv, int qkv_stride, const KV* __re
     const int pos = (int)seq[2] + row - (int)seq[0];
     const uint32_t* table = meta + seq[table_field];
     const int lo = window > 0 ? max(0, pos + 1 - window) : 0;
-    const int from = max(lo, part * part_len), to = min(pos + 1, (part + 1) * part_len);
+    const int from = max(lo, part * part_len);
+    const int to = min((int)meta[row_end + row], (part + 1) * part_len);
 
     // This row's query heads, pre-scaled.
     float q[MAX_GROUP][EPL];
@@ -216,12 +220,13 @@ __device__ void combine(const float* __restrict__ part_ml, const float* __restri
 #define ATTEND(NAME, Q, KV, EPL)                                                              \
     extern "C" __global__ void __launch_bounds__(WARPS * 32)                                  \
         NAME(const Q* qkv, int qkv_stride, const KV* k_pool, const KV* v_pool,                \
-             const uint32_t* meta, int seqs, int row_seq, int table_field, int num_heads,     \
-             int num_kv_heads, int block_size, int window, float scale, int part_len,         \
-             const float* sinks, int has_sinks, Q* out, float* part_ml, float* part_acc) {    \
-        attend<Q, KV, EPL>(qkv, qkv_stride, k_pool, v_pool, meta, seqs, row_seq, table_field, \
-                           num_heads, num_kv_heads, block_size, window, scale, part_len,      \
-                           sinks, has_sinks, out, part_ml, part_acc);                         \
+             const uint32_t* meta, int seqs, int row_seq, int row_end, int table_field,       \
+             int num_heads, int num_kv_heads, int block_size, int window, float scale,        \
+             int part_len, const float* sinks, int has_sinks, Q* out, float* part_ml,         \
+             float* part_acc) {                                                               \
+        attend<Q, KV, EPL>(qkv, qkv_stride, k_pool, v_pool, meta, seqs, row_seq, row_end,     \
+                           table_field, num_heads, num_kv_heads, block_size, window, scale,   \
+                           part_len, sinks, has_sinks, out, part_ml, part_acc);               \
     }                                                                                         \
     WICK_KERNEL(NAME)
 

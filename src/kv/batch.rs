@@ -46,6 +46,7 @@ impl FlatBatch {
             state_slot: None,
             logits,
             hidden: LogitRows::None,
+            seen_whole: Vec::new(),
         });
         self.tokens.extend_from_slice(tokens);
         let first = first_pos as u32;
@@ -109,6 +110,10 @@ pub struct SeqSlice {
     /// Which of its rows hand back their final hidden states (after the
     /// last norm): an embedding request's, to pool.
     pub hidden: LogitRows,
+    /// Spans of positions, each within this step's rows, whose rows see
+    /// the whole span besides their causal past: a Gemma 3 image's tokens
+    /// attend to each other both ways.
+    pub seen_whole: Vec<std::ops::Range<usize>>,
 }
 
 /// Which rows of a sequence's slice the model computes logits for.
@@ -136,5 +141,15 @@ impl SeqSlice {
     /// Positions cached once this step's tokens are written.
     pub fn context_len(&self) -> usize {
         self.first_pos + self.len
+    }
+
+    /// The end of the positions the row at `pos` attends to: past its own
+    /// to the end of a span seen whole, never past this step's rows (the
+    /// kernels read the block table up to it).
+    pub fn visible_end(&self, pos: usize) -> usize {
+        self.seen_whole
+            .iter()
+            .find(|span| span.contains(&pos))
+            .map_or(pos + 1, |span| span.end.min(self.context_len()))
     }
 }

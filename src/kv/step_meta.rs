@@ -53,6 +53,9 @@ pub struct KernelSections {
     pub seqs: usize,
     /// Each row's sequence.
     pub row_seq: usize,
+    /// The end of the positions each row attends to
+    /// ([`SeqSlice::visible_end`]).
+    pub row_end: usize,
     pub slots: usize,
     pub window_slots: usize,
 }
@@ -303,7 +306,7 @@ fn pack(
 /// block tables (freed window blocks as block 0, outside every row's range).
 fn pack_kernel(batch: &FlatBatch, host: &mut Vec<u32>, at: &Sections) -> KernelSections {
     let seqs = host.len();
-    let tables = seqs + SEQ_FIELDS * batch.seqs.len() + batch.tokens.len();
+    let tables = seqs + SEQ_FIELDS * batch.seqs.len() + 2 * batch.tokens.len();
     let mut table_at = tables;
     for s in &batch.seqs {
         let window_at = table_at + s.block_table.len();
@@ -324,6 +327,10 @@ fn pack_kernel(batch: &FlatBatch, host: &mut Vec<u32>, at: &Sections) -> KernelS
     for (i, s) in batch.seqs.iter().enumerate() {
         host.extend(std::iter::repeat_n(i as u32, s.len));
     }
+    let row_end = host.len();
+    for s in &batch.seqs {
+        host.extend((s.first_pos..s.context_len()).map(|p| s.visible_end(p) as u32));
+    }
     for s in &batch.seqs {
         host.extend_from_slice(&s.block_table);
         host.extend(
@@ -336,6 +343,7 @@ fn pack_kernel(batch: &FlatBatch, host: &mut Vec<u32>, at: &Sections) -> KernelS
     KernelSections {
         seqs,
         row_seq,
+        row_end,
         slots: at.slots,
         window_slots: at.window_slots.unwrap_or(at.slots),
     }
@@ -362,11 +370,12 @@ fn pack_gathers(
             from
         });
         // Row i sits at position first_pos + i and sees keys from `lowest`
-        // to first_pos + i.
+        // to its visible end.
         let mut push_mask = |lowest: &dyn Fn(usize) -> usize| {
             let from = masks.len();
             for i in 0..s.len {
-                let seen = lowest(s.first_pos + i)..=s.first_pos + i;
+                let pos = s.first_pos + i;
+                let seen = lowest(pos)..s.visible_end(pos);
                 masks.extend((0..s.context_len()).map(|j| match seen.contains(&j) {
                     true => 0.0,
                     false => f32::NEG_INFINITY,
@@ -555,6 +564,8 @@ mod tests {
         let mut b = batch();
         b.seqs[0].window_table = vec![FREED, 4, 6];
         b.seqs[1].window_table = vec![0, 1];
+        // The chunk's positions 4 and 5 see each other.
+        b.seqs[1].seen_whole = std::iter::once(4..6).collect();
         let mut bufs = MetaBuffers::default();
         let at = pack(&b, 4, Reads::Kernel, Some(3), &mut bufs);
         assert!(bufs.views.is_empty() && bufs.masks.is_empty());
@@ -565,13 +576,14 @@ mod tests {
         assert_eq!(&host[k.slots..k.slots + 4], &[29, 12, 13, 14]);
         assert_eq!(&host[k.window_slots..k.window_slots + 4], &[25, 4, 5, 6]);
         assert_eq!(&host[k.row_seq..k.row_seq + 4], &[0, 1, 1, 1]);
+        assert_eq!(&host[k.row_end..k.row_end + 4], &[10, 6, 6, 7]);
         // Keys of row r in the layer reading `field`, by the kernel's rule.
         let keys = |r: usize, field: usize, window: usize| -> Vec<u32> {
             let seq = &host[k.seqs + SEQ_FIELDS * host[k.row_seq + r] as usize..];
             let pos = seq[2] as usize + r - seq[0] as usize;
             let table = &host[seq[field] as usize..];
             let lo = (pos + 1).saturating_sub(window);
-            (lo..=pos)
+            (lo..host[k.row_end + r] as usize)
                 .map(|j| table[j / 4] * 4 + (j % 4) as u32)
                 .collect()
         };
@@ -586,7 +598,7 @@ mod tests {
         // Window layers (3 positions): the window tables, never the freed
         // block.
         assert_eq!(keys(0, WINDOW_TABLE_FIELD, 3), vec![19, 24, 25]);
-        assert_eq!(keys(1, WINDOW_TABLE_FIELD, 3), vec![2, 3, 4]);
+        assert_eq!(keys(1, WINDOW_TABLE_FIELD, 3), vec![2, 3, 4, 5]);
         // A sequence without a window table reads its block table there.
         let b = batch();
         let at = pack(&b, 4, Reads::Kernel, None, &mut bufs);
