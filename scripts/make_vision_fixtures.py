@@ -14,7 +14,10 @@ tests/fixtures/ (tests/fixtures/README.md lists them).
   in f32 for two images (random pixel values in [-1, 1], the range the
   image processor's rescale and normalisation give): the tower's output
   (after its last LayerNorm), `[images, patches, 32]`, and the projected
-  image features, `[images, 4, 64]`, each as shape and flat values.
+  image features, `[images, 4, 64]`, each as shape and flat values; and
+  the logits, `[19, 320]`, of a prompt holding both images (`prompt`:
+  each image as begin, four image tokens, end; the image tokens marked in
+  `token_type_ids`, so they attend to each other both ways).
 
 Weights are drawn wider than transformers' default init (normal, 0.2), so
 that outputs spread; the seed is fixed, so reruns rewrite identical files
@@ -77,9 +80,19 @@ def gemma3vl():
             else:
                 p.copy_(0.2 * torch.randn_like(p))
     pixels = torch.rand(2, 3, 32, 32) * 2 - 1
+    # Two images in one prompt (BOS, text, begin/4 image tokens/end, ...),
+    # 19 tokens: longer than the 16-token sliding window.
+    image = [300] + [302] * 4 + [301]
+    prompt = [2, 10, 11] + image + [12] + image + [13, 14]
+    ids = torch.tensor([prompt])
     with torch.no_grad():
         tower = model.model.vision_tower(pixel_values=pixels).last_hidden_state
         projected = model.model.multi_modal_projector(tower)
+        logits = model(
+            input_ids=ids,
+            pixel_values=pixels,
+            token_type_ids=(ids == 302).long(),
+        ).logits[0]
     out = ROOT / "gemma3vl-tiny"
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
@@ -90,6 +103,8 @@ def gemma3vl():
         "pixel_values": flat(pixels),
         "vision_tower": flat(tower),
         "projected": flat(projected),
+        "prompt": prompt,
+        "logits": flat(logits),
     }
     (out / "reference.json").write_text(json.dumps(ref) + "\n")
     print(f"wrote {out}: tower {list(tower.shape)}, projected {list(projected.shape)}")

@@ -7,9 +7,13 @@ use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
+use wick::kv::cache::{KvCache, KvLayout};
 use wick::media::decode::{decode, ImageError, ImageLimits};
 use wick::media::preprocess::ImageProcessor;
+use wick::models::linear::WeightFormat;
+use wick::models::llama::Llama;
 use wick::models::siglip::{Gemma3Projector, SiglipConfig, SiglipVision};
+use wick::models::{FlatBatch, LogitRows, Model};
 
 /// `{"shape": [...], "values": [...]}` from the reference.
 fn tensor(v: &serde_json::Value) -> Tensor {
@@ -148,4 +152,97 @@ fn hostile_image_files_are_refused() {
     );
     let e = decode(&read("truncated.jpg"), &ImageLimits::default()).unwrap_err();
     assert!(matches!(e, ImageError::Corrupt(_)), "{e}");
+}
+
+/// The whole of a Gemma 3 with images against transformers: two images
+/// encoded and projected by the tower, their features put in place of
+/// their placeholder tokens, and each image's tokens attending to each
+/// other both ways, give transformers' logits at every position of a
+/// 19-token prompt (past the 16-token sliding window), whether the prompt
+/// runs in one step or in two chunks, the second holding both images.
+#[test]
+fn gemma3_with_images_matches_transformers_logits() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gemma3vl-tiny");
+    let config_json = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let config: serde_json::Value = serde_json::from_str(&config_json).unwrap();
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
+    // SAFETY: the fixture is not modified while mapped.
+    let vb = unsafe {
+        VarBuilder::from_mmaped_safetensors(
+            &[dir.join("model.safetensors")],
+            DType::F32,
+            &Device::Cpu,
+        )
+    }
+    .unwrap();
+    let model =
+        Llama::from_safetensors(&config_json, vb.clone(), WeightFormat::F32.into(), None).unwrap();
+    let vision: SiglipConfig = serde_json::from_value(config["vision_config"].clone()).unwrap();
+    let tower = SiglipVision::from_checkpoint(vision.clone(), &vb).unwrap();
+    let text_hidden = config["text_config"]["hidden_size"].as_u64().unwrap() as usize;
+    let per_image = config["mm_tokens_per_image"].as_u64().unwrap() as usize;
+    let projector = Gemma3Projector::new(
+        &vision,
+        text_hidden,
+        per_image,
+        vb.pp("multi_modal_projector"),
+    )
+    .unwrap();
+    let features = projector
+        .forward(&tower.forward(&tensor(&reference["pixel_values"])).unwrap())
+        .unwrap();
+
+    let prompt: Vec<u32> = serde_json::from_value(reference["prompt"].clone()).unwrap();
+    let image_token = config["image_token_index"].as_u64().unwrap() as u32;
+    // Each image's run of placeholder tokens.
+    let spans: Vec<std::ops::Range<usize>> = prompt
+        .iter()
+        .enumerate()
+        .filter(|&(i, &t)| t == image_token && (i == 0 || prompt[i - 1] != image_token))
+        .map(|(i, _)| i..i + per_image)
+        .collect();
+    assert_eq!(spans.len(), 2);
+    let want = tensor(&reference["logits"]);
+    let info = model.info().clone();
+    for split in [0, 3] {
+        let mut cache = KvCache::new(
+            KvLayout {
+                num_layers: info.num_layers,
+                num_kv_heads: info.num_kv_heads,
+                head_dim: info.head_dim,
+                block_size: 4,
+                num_blocks: 8,
+                dtype: info.kv_dtype,
+                window_kv: None,
+            },
+            &Device::Cpu,
+            false,
+        )
+        .unwrap();
+        let table: Vec<u32> = (0..8).rev().collect();
+        let mut rows = Vec::new();
+        for chunk in [0..split, split..prompt.len()] {
+            if chunk.is_empty() {
+                continue;
+            }
+            let mut batch = FlatBatch::default();
+            batch.push(&prompt, chunk.clone(), table.clone(), LogitRows::All);
+            for (i, span) in spans.iter().enumerate() {
+                if chunk.start <= span.start && span.end <= chunk.end {
+                    let image = features.get(i).unwrap();
+                    batch.embeds.push((span.start - chunk.start, image));
+                    batch.seqs[0].seen_whole.push(span.clone());
+                }
+            }
+            rows.push(model.forward(&batch, &mut cache).unwrap());
+        }
+        let got = Tensor::cat(&rows, 0).unwrap();
+        let diff = max_diff(&got, &want);
+        assert!(
+            diff < 1e-4,
+            "split at {split}: logits {diff} from transformers'"
+        );
+    }
 }

@@ -2,6 +2,8 @@
 //! laid end to end ([`FlatBatch`]), each sequence's slice of the rows and
 //! where its K/V live ([`SeqSlice`]), and which rows want logits.
 
+use candle_core::{Result, Tensor};
+
 use super::BlockId;
 
 /// One forward call's input: tokens of many sequences laid end to end, each
@@ -12,6 +14,10 @@ pub struct FlatBatch {
     pub tokens: Vec<u32>,
     pub positions: Vec<u32>,
     pub seqs: Vec<SeqSlice>,
+    /// Rows whose input vectors are given in place of their tokens'
+    /// embeddings (an image's tokens, from its encoder and projector): the
+    /// first row and `[rows, hidden]`.
+    pub embeds: Vec<(usize, Tensor)>,
 }
 
 impl FlatBatch {
@@ -63,6 +69,15 @@ impl FlatBatch {
         s.len += tokens.len();
         self.tokens.extend_from_slice(tokens);
         self.positions.extend(next..next + tokens.len() as u32);
+    }
+
+    /// `x`, the step's input vectors (one a row, after any scaling of
+    /// the token embeddings), with the given rows in place.
+    pub fn with_embeds(&self, x: Tensor) -> Result<Tensor> {
+        self.embeds.iter().try_fold(x, |x, (row, values)| {
+            let (rows, width) = values.dims2()?;
+            x.slice_assign(&[*row..row + rows, 0..width], &values.to_dtype(x.dtype())?)
+        })
     }
 
     /// Rows whose logits are wanted, in row order.

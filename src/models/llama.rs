@@ -1424,6 +1424,9 @@ impl Model for Llama {
         if let Some(scale) = c.embed_scale {
             x = (x * scale as f64)?;
         }
+        // An image's features replace its placeholder tokens' embeddings,
+        // unscaled (transformers scatters them in after the scaling).
+        let mut x = batch.with_embeds(x)?;
         let eps = c.rms_norm_eps as f32;
         // Granite scales each block's output before the residual add.
         let post_norm = |y: Tensor, w: &Option<Tensor>| {
