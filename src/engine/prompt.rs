@@ -10,7 +10,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 
 /// A run of prompt positions `[start, start + len)` that stands for
 /// content the tokens do not name (an image's embeddings), known by the
-/// hash of that content. Nothing makes one yet: image input will.
+/// hash of that content. Its rows run in one step ([`media_aligned`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MediaSpan {
     pub start: usize,
@@ -35,6 +35,25 @@ impl From<Vec<u32>> for Prompt {
     }
 }
 
+/// `chunk` prompt positions from `from`, moved so that it cuts no media
+/// span: an image's tokens may attend to each other both ways, so the rows
+/// of a span run in one step. A chunk ending inside a span ends before it
+/// instead; where the span begins at `from` (or began before it, its start
+/// cached), the chunk takes the span to its end, past the step's budget by
+/// less than one span.
+pub fn media_aligned(media: &[MediaSpan], from: usize, chunk: usize) -> usize {
+    let end = from + chunk;
+    let cut = media
+        .iter()
+        .find(|m| m.start < end && end < m.start + m.len);
+    match cut {
+        _ if chunk == 0 => 0,
+        None => chunk,
+        Some(m) if m.start > from => m.start - from,
+        Some(m) => m.start + m.len - from,
+    }
+}
+
 /// What a prompt adds to its blocks' hashes, kept by its sequence.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BlockKeys {
@@ -52,6 +71,11 @@ impl BlockKeys {
             h.finish()
         });
         BlockKeys { media, salt }
+    }
+
+    /// The prompt's media spans.
+    pub fn media(&self) -> &[MediaSpan] {
+        &self.media
     }
 
     /// The extra keys of block `i` of `block_size` positions: the salt for
@@ -90,6 +114,42 @@ mod tests {
             BlockKeys::new(Vec::new(), Some("tenant-a")).of_block(0, 16)
         );
         assert!(a.of_block(1, 16).is_empty());
+    }
+
+    /// Chunks end before a span or take it whole; a span never ends up
+    /// cut, whatever the chunk asked for.
+    #[test]
+    fn chunks_never_cut_a_span() {
+        let span = |start, len| MediaSpan {
+            start,
+            len,
+            hash: 0,
+        };
+        let media = [span(10, 8), span(20, 4)];
+        // Clear of the spans, or ending at their edges: as asked.
+        assert_eq!(media_aligned(&media, 0, 10), 10);
+        assert_eq!(media_aligned(&media, 0, 18), 18);
+        assert_eq!(media_aligned(&media, 0, 19), 19);
+        // Ending inside one: before it.
+        assert_eq!(media_aligned(&media, 0, 12), 10);
+        assert_eq!(media_aligned(&media, 5, 17), 15);
+        // Starting at one, or inside one whose start is cached: to its end.
+        assert_eq!(media_aligned(&media, 10, 3), 8);
+        assert_eq!(media_aligned(&media, 12, 1), 6);
+        assert_eq!(media_aligned(&media, 20, 1), 4);
+        // Sitting out stays sitting out.
+        assert_eq!(media_aligned(&media, 10, 0), 0);
+        for from in 0..30 {
+            for chunk in 1..30 {
+                let end = from + media_aligned(&media, from, chunk);
+                assert!(
+                    media
+                        .iter()
+                        .all(|m| end <= m.start || end >= m.start + m.len),
+                    "{from} + {chunk} ends at {end}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -453,8 +453,9 @@ impl Scheduler {
         let mut left = prefill;
         for seq in &mut self.running {
             if seq.pending() > 1 {
-                seq.chunk = self.share.chunk(seq.pending(), left, prefill, others_wait);
-                left -= seq.chunk;
+                let chunk = self.share.chunk(seq.pending(), left, prefill, others_wait);
+                seq.chunk = seq.media_aligned(chunk);
+                left = left.saturating_sub(seq.chunk);
             }
         }
         // Blocks for what each was given, in admission order.
@@ -567,7 +568,7 @@ impl Scheduler {
                 break;
             }
             let hit = match_prefix(&mut self.blocks, seq);
-            let chunk = seq.pending().min(budget);
+            let chunk = seq.media_aligned(seq.pending().min(budget));
             if !grow(&mut self.blocks, &mut self.window, seq, chunk) {
                 // Holding the matched blocks while waiting would pin them.
                 release(&mut self.blocks, &mut self.window, &mut self.states, seq);
@@ -582,7 +583,7 @@ impl Scheduler {
                 .get_or_insert(hit.found.min(seq.prompt_len));
             seq.chunk = chunk;
             register_full_blocks(&mut self.blocks, seq);
-            budget -= chunk;
+            budget = budget.saturating_sub(chunk);
             let seq = self.waiting.remove(at).expect("index in range");
             groups.insert(seq.group, (seqs + 1, held + need));
             self.running.push(seq);
@@ -935,6 +936,7 @@ fn register_full_blocks(blocks: &mut BlockManager, seq: &mut Sequence) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::prompt::{MediaSpan, Prompt};
     use crate::sampling::params::SamplingParams;
     use crate::sampling::sampler::SampledToken;
 
@@ -1007,6 +1009,45 @@ mod tests {
 
     fn chunks(s: &Scheduler) -> Vec<(SeqId, usize)> {
         s.running.iter().map(|q| (q.id, q.chunk)).collect()
+    }
+
+    /// A prompt's image spans run each in one step, under a step budget
+    /// of 10: chunks end before a span, and one longer than the budget is
+    /// taken whole.
+    #[test]
+    fn prompt_chunks_never_cut_an_image() {
+        let mut s = scheduler(64, 4, 10);
+        let span = |start, len| MediaSpan {
+            start,
+            len,
+            hash: start as u64,
+        };
+        let prompt = Prompt {
+            tokens: (0..30).collect(),
+            media: vec![span(6, 8), span(16, 12)],
+            cache_salt: None,
+        };
+        let params = SamplingParams {
+            max_tokens: 1,
+            ..Default::default()
+        };
+        s.add(Sequence::new(1, prompt, params, 1 << 10, &[]));
+        let mut ends = Vec::new();
+        while s.has_work() {
+            let plan = s.schedule();
+            if let Some(seq) = s.running.first() {
+                ends.push(seq.num_cached + seq.chunk);
+            }
+            run_step(&mut s, &plan);
+        }
+        assert_eq!(ends[0], 6, "the first chunk stops before the image");
+        for end in &ends {
+            assert!(
+                !(7..14).contains(end) && !(17..28).contains(end),
+                "{ends:?}"
+            );
+        }
+        assert!(ends.contains(&28), "{ends:?}");
     }
 
     /// A scheduler drafting up to `max_draft` tokens by 2- and 1-grams,

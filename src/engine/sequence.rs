@@ -234,6 +234,12 @@ impl Sequence {
 
     /// This step's tokens that are the sequence's own: its chunk less the
     /// drafted ones.
+    /// `chunk` more prompt positions, moved so that they cut no media span
+    /// ([`crate::engine::prompt::media_aligned`]).
+    pub fn media_aligned(&self, chunk: usize) -> usize {
+        crate::engine::prompt::media_aligned(self.block_keys.media(), self.num_cached, chunk)
+    }
+
     pub fn own_chunk(&self) -> usize {
         self.chunk - self.draft.len()
     }
