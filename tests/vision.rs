@@ -36,16 +36,27 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
         .unwrap()
 }
 
-#[test]
-fn gemma3_vision_tower_and_projector_match_transformers() {
+/// The tiny Gemma 3 with images: its config, transformers' reference, its
+/// weights, and its vision tower and projector.
+struct Gemma3Fixture {
+    config_json: String,
+    config: serde_json::Value,
+    reference: serde_json::Value,
+    vb: VarBuilder<'static>,
+    tower: SiglipVision,
+    projector: Gemma3Projector,
+    per_image: usize,
+}
+
+fn gemma3_fixture() -> Gemma3Fixture {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gemma3vl-tiny");
-    let read = |name: &str| -> serde_json::Value {
-        serde_json::from_str(&std::fs::read_to_string(dir.join(name)).unwrap()).unwrap()
-    };
-    let (config, reference) = (read("config.json"), read("reference.json"));
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap();
+    let config_json = read("config.json");
+    let config: serde_json::Value = serde_json::from_str(&config_json).unwrap();
+    let reference = serde_json::from_str(&read("reference.json")).unwrap();
     let vision: SiglipConfig = serde_json::from_value(config["vision_config"].clone()).unwrap();
     let text_hidden = config["text_config"]["hidden_size"].as_u64().unwrap() as usize;
-    let tokens = config["mm_tokens_per_image"].as_u64().unwrap() as usize;
+    let per_image = config["mm_tokens_per_image"].as_u64().unwrap() as usize;
     // SAFETY: the fixture is not modified while mapped.
     let vb = unsafe {
         VarBuilder::from_mmaped_safetensors(
@@ -56,8 +67,32 @@ fn gemma3_vision_tower_and_projector_match_transformers() {
     }
     .unwrap();
     let tower = SiglipVision::from_checkpoint(vision.clone(), &vb).unwrap();
-    let projector =
-        Gemma3Projector::new(&vision, text_hidden, tokens, vb.pp("multi_modal_projector")).unwrap();
+    let projector = Gemma3Projector::new(
+        &vision,
+        text_hidden,
+        per_image,
+        vb.pp("multi_modal_projector"),
+    )
+    .unwrap();
+    Gemma3Fixture {
+        config_json,
+        config,
+        reference,
+        vb,
+        tower,
+        projector,
+        per_image,
+    }
+}
+
+#[test]
+fn gemma3_vision_tower_and_projector_match_transformers() {
+    let Gemma3Fixture {
+        reference,
+        tower,
+        projector,
+        ..
+    } = gemma3_fixture();
     let pixels = tensor(&reference["pixel_values"]);
     let patches = tower.forward(&pixels).unwrap();
     let want = tensor(&reference["vision_tower"]);
@@ -162,36 +197,18 @@ fn hostile_image_files_are_refused() {
 /// runs in one step or in two chunks, the second holding both images.
 #[test]
 fn gemma3_with_images_matches_transformers_logits() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gemma3vl-tiny");
-    let config_json = std::fs::read_to_string(dir.join("config.json")).unwrap();
-    let config: serde_json::Value = serde_json::from_str(&config_json).unwrap();
-    let reference: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
-            .unwrap();
-    // SAFETY: the fixture is not modified while mapped.
-    let vb = unsafe {
-        VarBuilder::from_mmaped_safetensors(
-            &[dir.join("model.safetensors")],
-            DType::F32,
-            &Device::Cpu,
-        )
-    }
-    .unwrap();
+    let f = gemma3_fixture();
+    let (config, reference, per_image) = (&f.config, &f.reference, f.per_image);
     let model =
-        Llama::from_safetensors(&config_json, vb.clone(), WeightFormat::F32.into(), None).unwrap();
-    let vision: SiglipConfig = serde_json::from_value(config["vision_config"].clone()).unwrap();
-    let tower = SiglipVision::from_checkpoint(vision.clone(), &vb).unwrap();
-    let text_hidden = config["text_config"]["hidden_size"].as_u64().unwrap() as usize;
-    let per_image = config["mm_tokens_per_image"].as_u64().unwrap() as usize;
-    let projector = Gemma3Projector::new(
-        &vision,
-        text_hidden,
-        per_image,
-        vb.pp("multi_modal_projector"),
-    )
-    .unwrap();
-    let features = projector
-        .forward(&tower.forward(&tensor(&reference["pixel_values"])).unwrap())
+        Llama::from_safetensors(&f.config_json, f.vb.clone(), WeightFormat::F32.into(), None)
+            .unwrap();
+    let features = f
+        .projector
+        .forward(
+            &f.tower
+                .forward(&tensor(&reference["pixel_values"]))
+                .unwrap(),
+        )
         .unwrap();
 
     let prompt: Vec<u32> = serde_json::from_value(reference["prompt"].clone()).unwrap();
