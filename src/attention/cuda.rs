@@ -285,8 +285,9 @@ impl Step<'_> {
             //   scheduler grew it so); the kernel reads entries `j /
             //   block_size` for `j` in the row's range `lo..end` only,
             //   within the row's part, where `end = meta[row_end + r]`
-            //   (`SeqSlice::visible_end`) is at most `context_len`. A sequence without a window table has
-            //   its block table in both fields; that happens only where the
+            //   (`SeqSlice::visible_end`) is at most `context_len`. A
+            //   sequence without a window table has its block table in
+            //   both fields; that happens only where the
             //   layer's pool is not split (whenever `Engine::new` splits it,
             //   the scheduler gives every sequence a window table).
             // - the entries are block ids below this pool's `num_blocks`, as

@@ -439,9 +439,6 @@ mod tests {
         }
     }
 
-    /// With `seen_whole`, each sequence has spans whose rows see each other
-    /// whole: in its first step's rows, and (the first) the whole second
-    /// step's chunk.
     /// Spans seen whole (a Gemma 3 image's tokens), in a first step and as
     /// a whole later chunk, crossing tiles and KV spans, with windows
     /// shorter and longer than the span and with sinks, on both storages.
@@ -460,6 +457,9 @@ mod tests {
         }
     }
 
+    /// With `seen_whole`, each sequence has spans whose rows see each other
+    /// whole: in its first step's rows, and (the first) the whole second
+    /// step's chunk.
     fn check_paged_against_dense(
         block_size: usize,
         head_dim: usize,

@@ -125,9 +125,10 @@ pub struct SeqSlice {
     /// Which of its rows hand back their final hidden states (after the
     /// last norm): an embedding request's, to pool.
     pub hidden: LogitRows,
-    /// Spans of positions, each within this step's rows, whose rows see
-    /// the whole span besides their causal past: a Gemma 3 image's tokens
-    /// attend to each other both ways.
+    /// Spans of positions whose rows see the whole span besides their
+    /// causal past (a Gemma 3 image's tokens attend to each other both
+    /// ways); each ends within this step's rows, and its start may be
+    /// cached.
     pub seen_whole: Vec<std::ops::Range<usize>>,
 }
 

@@ -374,7 +374,6 @@ mod tests {
         assert_eq!(tok.decode(&ids[1..]).unwrap(), " Hi");
     }
 
-    /// The bound holds on text made of the longest pieces, the worst case.
     /// Within its limit the bounded encoding is the whole one; one token
     /// short of it, there is none.
     #[test]
@@ -390,6 +389,7 @@ mod tests {
         assert_eq!(tok.encode_within(&text, 3).unwrap(), None);
     }
 
+    /// The bound holds on text made of the longest pieces, the worst case.
     #[test]
     fn max_text_bytes_bounds_real_text() {
         let tok = test_tokenizer();
