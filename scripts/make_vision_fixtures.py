@@ -17,16 +17,24 @@ tests/fixtures/ (tests/fixtures/README.md lists them).
   image features, `[images, 4, 64]`, each as shape and flat values; and
   the logits, `[19, 320]`, of a prompt holding both images (`prompt`:
   each image as begin, four image tokens, end; the image tokens marked in
-  `token_type_ids`, so they attend to each other both ways).
+  `token_type_ids`, so they attend to each other both ways). The directory
+  is a servable checkpoint: a tokenizer trained here with Gemma 3's special
+  tokens, a chat template in Gemma 3's turn format, the image processor's
+  and processor's configs. `reference.json`'s `chat` is a conversation
+  with two files of `images/` as `Gemma3Processor` makes it (text, ids,
+  pixel values, logits at every position, image spans, greedy reply).
 
 Weights are drawn wider than transformers' default init (normal, 0.2), so
-that outputs spread; the seed is fixed, so reruns rewrite identical files
-given the same library versions.
+that outputs spread, but the tied embeddings narrower (0.02), so that the
+greedy reply does not repeat the prompt's last token; the seed is fixed,
+so reruns rewrite identical files given the same library versions.
 """
 
 import json
 import os
 import pathlib
+import shutil
+import sys
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
@@ -35,13 +43,103 @@ import transformers  # noqa: E402
 from transformers import Gemma3Config, Gemma3ForConditionalGeneration  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "tests" / "fixtures"
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 
-def gemma3vl():
-    torch.manual_seed(51)
+# Gemma 3's turn format (the hub's template is in no registry package,
+# so it is written here): the system turn folded into the first user turn,
+# `model` for the assistant, and `<start_of_image>` where an image part is.
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- if messages[0]['content'] is string -%}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
+    "{%- else -%}"
+    "{%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}"
+    "{%- endif -%}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}"
+    "{%- set first_user_prefix = '' -%}"
+    "{%- set loop_messages = messages -%}"
+    "{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
+    "{%- if message['content'] is string -%}"
+    "{{ message['content'] | trim }}"
+    "{%- else -%}"
+    "{%- for item in message['content'] -%}"
+    "{%- if item['type'] == 'image' -%}"
+    "{{ '<start_of_image>' }}"
+    "{%- elif item['type'] == 'text' -%}"
+    "{{ item['text'] | trim }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- endif -%}"
+    "{{ '<end_of_turn>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
+)
+
+GEMMA3_SPECIALS = ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>",
+                   "<start_of_image>", "<end_of_image>", "<image_soft_token>"]
+
+# A conversation with two images in one message, as a chat client sends it
+# (the images are files of tests/fixtures/images).
+GEMMA3_CHAT = {
+    "images": ["rgb.png", "tall.png"],
+    "messages": [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": [
+            {"type": "text", "text": "What is in this image?"},
+            {"type": "image"},
+            {"type": "text", "text": "And in this one?"},
+            {"type": "image"},
+        ]},
+    ],
+}
+
+
+def spans(ids, token):
+    """The runs of `token` in `ids`, as [start, end)."""
+    runs = []
+    for i, t in enumerate(ids):
+        if t == token and (i == 0 or ids[i - 1] != token):
+            runs.append([i, i])
+        if t == token:
+            runs[-1][1] = i + 1
+    return runs
+
+
+EMBED_STD = 0.02
+
+
+def gemma3vl(seed=53):
+    from make_fixtures import train_tokenizer
+    from PIL import Image
+    from transformers import Gemma3Processor, PreTrainedTokenizerFast
+    from transformers.models.gemma3.image_processing_pil_gemma3 import (
+        Gemma3ImageProcessorPil,
+    )
+
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=train_tokenizer(GEMMA3_SPECIALS),
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token="<pad>",
+        extra_special_tokens={
+            "boi_token": "<start_of_image>",
+            "eoi_token": "<end_of_image>",
+            "image_token": "<image_soft_token>",
+        },
+    )
+    tok.chat_template = GEMMA3_TEMPLATE
+    boi, eoi, image_id = (tok.convert_tokens_to_ids(t) for t in GEMMA3_SPECIALS[5:])
+    torch.manual_seed(seed)
     text = {
         "model_type": "gemma3_text",
-        "vocab_size": 320,
+        "vocab_size": len(tok),
         "hidden_size": 64,
         "intermediate_size": 128,
         "num_hidden_layers": 2,
@@ -51,6 +149,9 @@ def gemma3vl():
         "max_position_embeddings": 256,
         "sliding_window": 16,
         "layer_types": ["sliding_attention", "full_attention"],
+        "bos_token_id": tok.bos_token_id,
+        "eos_token_id": tok.eos_token_id,
+        "pad_token_id": tok.pad_token_id,
     }
     vision = {
         "model_type": "siglip_vision_model",
@@ -66,9 +167,9 @@ def gemma3vl():
         text_config=text,
         vision_config=vision,
         mm_tokens_per_image=4,
-        boi_token_index=300,
-        eoi_token_index=301,
-        image_token_index=302,
+        boi_token_index=boi,
+        eoi_token_index=eoi,
+        image_token_index=image_id,
     )
     model = Gemma3ForConditionalGeneration(config).eval()
     with torch.no_grad():
@@ -77,13 +178,18 @@ def gemma3vl():
                 # LayerNorm weights around 1, biases around 0.
                 base = 1.0 if name.endswith("weight") and "layer_norm" in name else 0.0
                 p.copy_(base + 0.2 * torch.randn_like(p))
+            elif name.endswith("embed_tokens.weight"):
+                # Tied to the output: small, so that the layers' output
+                # rather than the last token's own embedding decides the
+                # next token (else every reply repeats its last token).
+                p.copy_(EMBED_STD * torch.randn_like(p))
             else:
                 p.copy_(0.2 * torch.randn_like(p))
     pixels = torch.rand(2, 3, 32, 32) * 2 - 1
     # Two images in one prompt (BOS, text, begin/4 image tokens/end, ...),
     # 19 tokens: longer than the 16-token sliding window.
-    image = [300] + [302] * 4 + [301]
-    prompt = [2, 10, 11] + image + [12] + image + [13, 14]
+    image = [boi] + [image_id] * 4 + [eoi]
+    prompt = [tok.bos_token_id, 10, 11] + image + [12] + image + [13, 14]
     ids = torch.tensor([prompt])
     with torch.no_grad():
         tower = model.model.vision_tower(pixel_values=pixels).last_hidden_state
@@ -91,11 +197,43 @@ def gemma3vl():
         logits = model(
             input_ids=ids,
             pixel_values=pixels,
-            token_type_ids=(ids == 302).long(),
+            token_type_ids=(ids == image_id).long(),
         ).logits[0]
-    out = ROOT / "gemma3vl-tiny"
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
+
+    # The checkpoint as the hub lays one out: the image processor's
+    # preprocessor_config.json, processor_config.json, and the tokenizer
+    # with the chat template in tokenizer_config.json.
+    image_processor = Gemma3ImageProcessorPil(
+        size={"height": 32, "width": 32}, image_mean=[0.5] * 3, image_std=[0.5] * 3
+    )
+    processor = Gemma3Processor(
+        image_processor=image_processor, tokenizer=tok, chat_template=GEMMA3_TEMPLATE,
+        image_seq_length=4,
+    )
+    images = [Image.open(ROOT / "images" / n).convert("RGB") for n in GEMMA3_CHAT["images"]]
+    chat_text = processor.apply_chat_template(
+        GEMMA3_CHAT["messages"], add_generation_prompt=True, tokenize=False
+    )
+    inputs = processor(text=chat_text, images=images, return_tensors="pt")
+    chat_ids = inputs["input_ids"]
+    with torch.no_grad():
+        chat_logits = model(**inputs).logits[0]
+        # Greedy continuation, and its smallest top-2 gap (a near-tie
+        # decides nothing).
+        out = model.generate(**inputs, max_new_tokens=8, do_sample=False,
+                             output_logits=True, return_dict_in_generate=True)
+    greedy = out.sequences[0, chat_ids.shape[1]:].tolist()
+    gaps = [float(torch.topk(l[0], 2).values.diff().abs()) for l in out.logits]
+
+    out_dir = ROOT / "gemma3vl-tiny"
+    shutil.rmtree(out_dir, ignore_errors=True)
+    out_dir.mkdir(parents=True)
+    model.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir, save_jinja_files=False)
+    image_processor.save_pretrained(out_dir)
+    (out_dir / "processor_config.json").write_text(
+        json.dumps({"image_seq_length": 4, "processor_class": "Gemma3Processor"}, indent=2) + "\n"
+    )
     flat = lambda t: {"shape": list(t.shape), "values": t.flatten().tolist()}  # noqa: E731
     ref = {
         "transformers_version": transformers.__version__,
@@ -105,9 +243,23 @@ def gemma3vl():
         "projected": flat(projected),
         "prompt": prompt,
         "logits": flat(logits),
+        "chat": {
+            **GEMMA3_CHAT,
+            "text": chat_text,
+            "input_ids": chat_ids[0].tolist(),
+            "pixel_values": flat(inputs["pixel_values"]),
+            "logits": flat(chat_logits),
+            "greedy": greedy,
+            "greedy_text": tok.decode(greedy),
+            "greedy_min_gap": min(gaps),
+            # Each image's run of image tokens, [start, end).
+            "image_spans": spans(chat_ids[0].tolist(), image_id),
+        },
     }
-    (out / "reference.json").write_text(json.dumps(ref) + "\n")
-    print(f"wrote {out}: tower {list(tower.shape)}, projected {list(projected.shape)}")
+    assert ref["chat"]["greedy_min_gap"] >= 1e-3, ref["chat"]["greedy_min_gap"]
+    (out_dir / "reference.json").write_text(json.dumps(ref) + "\n")
+    print(f"wrote {out_dir}: tower {list(tower.shape)}, projected {list(projected.shape)}, "
+          f"chat {chat_ids.shape[1]} tokens, greedy {greedy} (gap {min(gaps):.4f})")
 
 
 def png_bomb(path, side):
@@ -194,5 +346,5 @@ def images():
 
 
 if __name__ == "__main__":
-    gemma3vl()
     images()
+    gemma3vl()

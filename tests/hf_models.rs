@@ -730,7 +730,7 @@ fn unsupported_checkpoints_are_refused_clearly() {
     assert!(
         e.contains("\"falcon\"")
             && e.contains(
-                "gemma3_text, gemma4, gemma4_text, gpt2, gpt_oss, granite, granitemoe, llama, \
+                "gemma3, gemma3_text, gemma4, gemma4_text, gpt2, gpt_oss, granite, granitemoe, llama, \
                  ministral3, mistral, mistral3, mixtral, olmoe, phi3, qwen2, qwen2_moe, qwen3, \
                  qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe and smollm3"
             ),

@@ -15,6 +15,7 @@ use serde_json::Value;
 
 use crate::models::linear::WeightSpec;
 use crate::models::registry;
+use crate::models::vision::VisionEncoder;
 use crate::models::Model;
 use crate::text::chat_template::ChatTemplate;
 use crate::text::tokenizer::Tokenizer;
@@ -63,19 +64,22 @@ fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
     )
 }
 
-/// Loads the model a checkpoint's `config.json` describes.
+/// Loads the model a checkpoint's `config.json` describes, and its vision
+/// encoder where it has one (`tokenizer` names its image tokens).
 pub fn load_model(
     dir: &Path,
     spec: WeightSpec,
     dtype: DType,
     context: Option<usize>,
     device: &Device,
-) -> Result<Box<dyn Model>> {
+    tokenizer: &Tokenizer,
+) -> Result<(Box<dyn Model>, Option<VisionEncoder>)> {
     let config_path = dir.join("config.json");
     let config = fs::read_to_string(&config_path)
         .with_context(|| format!("{} has no readable config.json", dir.display()))?;
-    let model_type = serde_json::from_str::<Value>(&config)
-        .with_context(|| format!("{} is not valid JSON", config_path.display()))?["model_type"]
+    let config_json = serde_json::from_str::<Value>(&config)
+        .with_context(|| format!("{} is not valid JSON", config_path.display()))?;
+    let model_type = config_json["model_type"]
         .as_str()
         .unwrap_or_default()
         .to_string();
@@ -100,7 +104,18 @@ pub fn load_model(
             dir.display()
         ))
     };
-    build(&config, vb, spec, context).map_err(with_config)
+    let vision = match registry::hf_vision(&model_type) {
+        Some(build) if !config_json["vision_config"].is_null() => {
+            let pre = read_json(&dir.join("preprocessor_config.json"))
+                .context("a checkpoint with a vision tower needs its image processor's config")
+                .map_err(with_config)?;
+            let text = |id: u32| tokenizer.id_to_token(id);
+            Some(build(&config_json, &pre, &text, &vb).map_err(with_config)?)
+        }
+        _ => None,
+    };
+    let model = build(&config, vb, spec, context).map_err(with_config)?;
+    Ok((model, vision))
 }
 
 /// A special token as `tokenizer_config.json` writes it: a string or an

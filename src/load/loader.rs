@@ -15,6 +15,7 @@ use crate::load::load_progress::LoadProgress;
 use crate::load::{gguf_header, hf_dir};
 use crate::models::linear::{WeightFormat, WeightSpec};
 use crate::models::registry::{self, FromGguf, ReadSeek};
+use crate::models::vision::VisionEncoder;
 use crate::models::{gguf_architecture, Gguf, Model};
 use crate::quant::Kernel;
 use crate::text::chat_template::ChatTemplate;
@@ -22,6 +23,8 @@ use crate::text::tokenizer::Tokenizer;
 
 pub struct LoadedModel {
     pub model: Box<dyn Model>,
+    /// The model's image encoder, where its checkpoint has one.
+    pub vision: Option<VisionEncoder>,
     pub tokenizer: Tokenizer,
     pub chat_template: Option<ChatTemplate>,
     /// The name clients use for it: the file stem, directory name or hub repo id.
@@ -234,15 +237,17 @@ fn release_freed_memory() {
 
 fn load_hf(dir: &Path, options: &LoadOptions, device: &Device) -> anyhow::Result<LoadedModel> {
     let (tokenizer, chat_template) = hf_dir::load_tokenizer(dir)?;
-    let model = hf_dir::load_model(
+    let (model, vision) = hf_dir::load_model(
         dir,
         options.spec(),
         options.dtype.into(),
         options.context,
         device,
+        &tokenizer,
     )?;
     Ok(LoadedModel {
         model,
+        vision,
         tokenizer,
         chat_template,
         name: hf_dir::model_name(dir),
@@ -288,6 +293,7 @@ fn load_gguf(path: &Path, options: &LoadOptions, device: &Device) -> anyhow::Res
     .context("loading the model weights")?;
     Ok(LoadedModel {
         model,
+        vision: None,
         tokenizer,
         chat_template,
         name,

@@ -18,6 +18,7 @@ pub mod qwen35;
 pub mod registry;
 pub mod rope;
 pub mod siglip;
+pub mod vision;
 
 use std::sync::Arc;
 

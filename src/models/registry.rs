@@ -21,12 +21,14 @@ use std::io::{Read, Seek};
 
 use candle_core::Device;
 use candle_nn::VarBuilder;
+use serde_json::Value;
 
 use super::gemma4::Gemma4;
 use super::gpt2::Gpt2;
 use super::linear::WeightSpec;
 use super::llama::Llama;
 use super::qwen35::Qwen35;
+use super::vision::VisionEncoder;
 use super::{Gguf, Model};
 
 /// A GGUF file's reader, as the constructors take it.
@@ -202,7 +204,7 @@ pub static FAMILIES: &[Family] = &[
             load: llama_gguf,
         }),
         hf: Some(Format {
-            names: &["gemma3_text"],
+            names: &["gemma3", "gemma3_text"],
             load: llama_hf,
         }),
     },
@@ -350,6 +352,29 @@ pub fn hf(model_type: &str) -> Option<FromHf> {
     find(|f| &f.hf, model_type)
 }
 
+/// Builds a checkpoint's vision encoder from its `config.json`, its
+/// `preprocessor_config.json`, the text of a token id, and its tensors.
+pub type VisionFromHf = fn(
+    &Value,
+    &Value,
+    &dyn Fn(u32) -> Option<String>,
+    &VarBuilder,
+) -> anyhow::Result<VisionEncoder>;
+
+/// The `model_type`s whose checkpoints may hold a vision encoder beside
+/// the language model (their `vision_config`), and its constructor.
+static VISION: &[(&str, VisionFromHf)] = &[("gemma3", |config, pre, text, vb| {
+    VisionEncoder::gemma3(config, pre, text, vb)
+})];
+
+/// The vision encoder constructor for a `model_type`, if it has one.
+pub fn hf_vision(model_type: &str) -> Option<VisionFromHf> {
+    VISION
+        .iter()
+        .find(|(name, _)| *name == model_type)
+        .map(|(_, build)| *build)
+}
+
 fn find<F: Copy>(format: fn(&Family) -> &Option<Format<F>>, name: &str) -> Option<F> {
     FAMILIES
         .iter()
@@ -467,7 +492,7 @@ mod tests {
     fn refusals_list_what_the_table_runs() {
         assert_eq!(
             hf_supported(),
-            "gemma3_text, gemma4, gemma4_text, gpt2, gpt_oss, granite, granitemoe, llama, \
+            "gemma3, gemma3_text, gemma4, gemma4_text, gpt2, gpt_oss, granite, granitemoe, llama, \
              ministral3, mistral, mistral3, mixtral, olmoe, phi3, qwen2, qwen2_moe, qwen3, \
              qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe and smollm3"
         );

@@ -1,0 +1,115 @@
+//! A vision encoder beside a language model: an image's pixel values in,
+//! the input vectors of its placeholder tokens out; and how the model's
+//! prompts hold an image ([`ImageSpec`]), which the front end follows to
+//! place those tokens. The language model itself knows nothing of images:
+//! it takes the vectors as given rows ([`super::FlatBatch::embeds`]).
+
+use anyhow::{bail, Context, Result};
+use candle_core::Tensor;
+use candle_nn::VarBuilder;
+use serde_json::Value;
+
+use super::siglip::{Gemma3Projector, SiglipConfig, SiglipVision};
+use crate::media::preprocess::ImageProcessor;
+
+/// How a model's prompt holds an image.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImageSpec {
+    /// What the chat template writes where a message has an image
+    /// (Gemma 3's `<start_of_image>`).
+    pub marker: String,
+    /// What each marker becomes before tokenizing, as the model's HF
+    /// processor expands it: the run of placeholder tokens and what
+    /// surrounds it.
+    pub expansion: String,
+    /// The placeholder token, `tokens` of them an image.
+    pub token: u32,
+    pub tokens: usize,
+    /// An image's tokens attend to each other both ways (Gemma 3).
+    pub bidirectional: bool,
+    /// Turns a decoded image into the encoder's pixel values.
+    pub processor: ImageProcessor,
+}
+
+pub struct VisionEncoder {
+    tower: SiglipVision,
+    projector: Gemma3Projector,
+    spec: ImageSpec,
+}
+
+impl VisionEncoder {
+    /// Gemma 3's (`Gemma3ForConditionalGeneration`): a SigLIP tower and the
+    /// average-pool projector, from the checkpoint's `config.json`, its
+    /// `preprocessor_config.json` and the text of its tokens (`token_text`
+    /// gives an id's).
+    pub fn gemma3(
+        config: &Value,
+        preprocessor: &Value,
+        token_text: impl Fn(u32) -> Option<String>,
+        vb: &VarBuilder,
+    ) -> Result<Self> {
+        let vision: SiglipConfig = serde_json::from_value(config["vision_config"].clone())
+            .context("reading vision_config")?;
+        let id = |key: &str| -> Result<u32> {
+            config[key]
+                .as_u64()
+                .and_then(|v| u32::try_from(v).ok())
+                .with_context(|| format!("config.json has no {key}"))
+        };
+        let text = |key: &str| -> Result<String> {
+            let id = id(key)?;
+            token_text(id).with_context(|| format!("{key} {id} is not in the vocabulary"))
+        };
+        let tokens = config["mm_tokens_per_image"].as_u64().unwrap_or(256) as usize;
+        if let Some(n) = preprocessor["image_seq_length"].as_u64() {
+            if n as usize != tokens {
+                bail!("image_seq_length {n} disagrees with mm_tokens_per_image {tokens}");
+            }
+        }
+        let text_hidden = config["text_config"]["hidden_size"]
+            .as_u64()
+            .context("text_config has no hidden_size")? as usize;
+        let tower = SiglipVision::from_checkpoint(vision.clone(), vb)?;
+        let projector =
+            Gemma3Projector::new(&vision, text_hidden, tokens, vb.pp("multi_modal_projector"))?;
+        let processor = ImageProcessor::from_hf(preprocessor)?;
+        if (processor.width, processor.height)
+            != (vision.image_size as u32, vision.image_size as u32)
+        {
+            bail!(
+                "the image processor's size {} x {} is not the vision tower's {}",
+                processor.width,
+                processor.height,
+                vision.image_size
+            );
+        }
+        // transformers' Gemma3Processor: "\n\n" + begin + image tokens +
+        // end + "\n\n" in place of each begin-of-image marker.
+        let (begin, end) = (text("boi_token_index")?, text("eoi_token_index")?);
+        let image = text("image_token_index")?;
+        let spec = ImageSpec {
+            expansion: format!("\n\n{begin}{}{end}\n\n", image.repeat(tokens)),
+            marker: begin,
+            token: id("image_token_index")?,
+            tokens,
+            bidirectional: true,
+            processor,
+        };
+        Ok(VisionEncoder {
+            tower,
+            projector,
+            spec,
+        })
+    }
+
+    pub fn spec(&self) -> &ImageSpec {
+        &self.spec
+    }
+
+    /// `pixels`: `[images, 3, height, width]` as [`ImageSpec::processor`]
+    /// makes them. Returns `[images, tokens, text_hidden]` f32, each
+    /// image encoded alone.
+    pub fn encode(&self, pixels: &Tensor) -> candle_core::Result<Tensor> {
+        self.projector.forward(&self.tower.forward(pixels)?)
+    }
+}
