@@ -4,6 +4,7 @@
 
 pub mod block_manager;
 pub mod drafter;
+pub mod image_features;
 pub mod mask_budget;
 pub mod model_runner;
 pub mod output;
@@ -34,6 +35,7 @@ use crate::engine::step_plan::StepPlan;
 use crate::engine::window_blocks::WindowBlocks;
 use crate::error::{Result, WickError};
 use crate::kv::cache::{KvCache, KvDtype, KvLayout};
+use crate::models::vision::{ImageSpec, VisionEncoder};
 use crate::models::Model;
 use crate::models::ModelInfo;
 use crate::sampling::params::SamplingParams;
@@ -353,6 +355,18 @@ impl Engine {
         self.runner.model()
     }
 
+    /// With `encoder` computing the input vectors of the images prompts
+    /// carry.
+    pub fn with_vision(mut self, encoder: VisionEncoder) -> Self {
+        self.runner.set_vision(encoder);
+        self
+    }
+
+    /// How prompts hold an image, where the model takes images.
+    pub fn image_spec(&self) -> Option<&ImageSpec> {
+        self.runner.image_spec()
+    }
+
     /// With `draft` proposing for decode rows that have nothing else to
     /// draft (`--draft-model`), greedily, from a KV pool of its own of
     /// `kv_cache_bytes`. It must share the target's vocabulary, and the
@@ -433,6 +447,7 @@ impl Engine {
         let prompt = prompt.into();
         let info = self.runner.model().info();
         request_rules::check_prompt(&prompt.tokens, info.vocab_size)?;
+        request_rules::check_media(&prompt, self.runner.image_spec())?;
         params.validate(info.vocab_size)?;
         request_rules::check_context(prompt.tokens.len(), params.max_tokens, info.max_context)?;
         if !params.prediction.is_empty() && !self.scheduler.drafts() {
@@ -508,13 +523,14 @@ impl Engine {
         let mut events = Vec::new();
         if !plan.is_empty() {
             let batch = plan.batch(self.scheduler.running());
+            let images = plan.images(self.scheduler.running());
             let mut rows = self.scheduler.rows(&plan.rows);
             let picks = sample::picks(&mut rows, self.runner.samples_on_device());
             // Inside the rayon pool, the kernels' parallel calls are cheap
             // forks rather than a cross-thread hand-off each.
             let runner = &mut self.runner;
             let (out, masks) = rayon::join(
-                || runner.execute(&batch, &picks),
+                || runner.execute(batch, &images, &picks),
                 || sample::grammar_masks(&mut rows),
             );
             let out = sample::sample_held(runner, out, &masks);

@@ -7,10 +7,13 @@ use std::time::{Duration, Instant};
 use candle_core::Tensor;
 
 use crate::attention;
+use crate::engine::image_features::ImageFeatures;
 use crate::engine::sequence::SeqId;
+use crate::engine::step_plan::StepImage;
 use crate::error::panic_message;
 use crate::kv::cache::KvCache;
 use crate::kv::step_meta::MetaBuffers;
+use crate::models::vision::{ImageSpec, VisionEncoder};
 use crate::models::{FlatBatch, Model};
 use crate::sampling::argmax::{argmax, argmax_rows};
 use crate::sampling::device::DeviceRow;
@@ -81,6 +84,8 @@ pub struct ModelRunner {
     /// The last step's [`Pick::SampleMasked`] rows: their logits, still on
     /// the device, and their sequences and sampling.
     held: Option<(Tensor, Vec<(SeqId, DeviceRow)>)>,
+    /// The vision encoder, where the model takes images.
+    images: Option<ImageFeatures>,
 }
 
 impl ModelRunner {
@@ -92,7 +97,16 @@ impl ModelRunner {
             meta: MetaBuffers::default(),
             pick_on_device,
             held: None,
+            images: None,
         }
+    }
+
+    pub fn set_vision(&mut self, encoder: VisionEncoder) {
+        self.images = Some(ImageFeatures::new(encoder));
+    }
+
+    pub fn image_spec(&self) -> Option<&ImageSpec> {
+        self.images.as_ref().map(|i| i.encoder().spec())
     }
 
     pub fn model(&self) -> &dyn Model {
@@ -109,12 +123,27 @@ impl ModelRunner {
         self.model.device().is_cuda()
     }
 
-    /// Runs a step's batch (`StepPlan::batch`), each logits row read as
-    /// `picks` says, timing it; a failed forward, or a panic inside it, is
-    /// the step's error.
-    pub fn execute(&mut self, batch: &FlatBatch, picks: &[Pick]) -> RunnerOutput {
+    /// Runs a step's batch (`StepPlan::batch`) with its images' features
+    /// in place (`StepPlan::images`), each logits row read as `picks` says,
+    /// timing it; a failed forward, or a panic inside it, is the step's
+    /// error.
+    pub fn execute(
+        &mut self,
+        mut batch: FlatBatch,
+        images: &[StepImage],
+        picks: &[Pick],
+    ) -> RunnerOutput {
         let start = Instant::now();
-        let result = catch_unwind(AssertUnwindSafe(|| self.run(batch, picks)));
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            if !images.is_empty() {
+                let device = self.model.device().clone();
+                match &mut self.images {
+                    Some(features) => features.place(&mut batch, images, &device)?,
+                    None => candle_core::bail!("the model takes no images"),
+                }
+            }
+            self.run(&batch, picks)
+        }));
         let rows = match result {
             Ok(Ok(rows)) => Ok(rows),
             Ok(Err(e)) => Err(e.to_string()),

@@ -6,19 +6,66 @@
 //! cache salt, as vLLM's `cache_salt`). Both reach the prefix cache as
 //! extra keys of the blocks they cover, so equal tokens alone never match.
 
+use std::fmt;
 use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Arc;
 
 /// A run of prompt positions `[start, start + len)` that stands for
 /// content the tokens do not name (an image's embeddings), known by the
 /// hash of that content. Its rows run in one step ([`media_aligned`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct MediaSpan {
     pub start: usize,
     pub len: usize,
     pub hash: u64,
+    /// What the model's encoder computes the span's input vectors from.
+    pub pixels: Pixels,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// An image's pixel values as its model's processor made them,
+/// channel-major `[3, height, width]`; shared, not copied, by the
+/// sequences of one request.
+#[derive(Clone, Default, PartialEq)]
+pub struct Pixels {
+    pub values: Arc<[f32]>,
+    pub height: usize,
+    pub width: usize,
+}
+
+impl Pixels {
+    pub fn new(values: Vec<f32>, height: usize, width: usize) -> Self {
+        Pixels {
+            values: values.into(),
+            height,
+            width,
+        }
+    }
+
+    /// The hash of the values, which keys a span's blocks in the prefix
+    /// cache and its encoder output.
+    pub fn content_hash(&self) -> u64 {
+        let mut h = DefaultHasher::new();
+        (self.height, self.width).hash(&mut h);
+        for v in self.values.iter() {
+            v.to_bits().hash(&mut h);
+        }
+        h.finish()
+    }
+}
+
+impl fmt::Debug for Pixels {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Pixels({} x {} x {})",
+            self.values.len() / (self.height * self.width).max(1),
+            self.height,
+            self.width
+        )
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Prompt {
     pub tokens: Vec<u32>,
     pub media: Vec<MediaSpan>,
@@ -55,7 +102,7 @@ pub fn media_aligned(media: &[MediaSpan], from: usize, chunk: usize) -> usize {
 }
 
 /// What a prompt adds to its blocks' hashes, kept by its sequence.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct BlockKeys {
     media: Vec<MediaSpan>,
     /// The salt's hash, keyed into the first block: every later block's
@@ -124,6 +171,7 @@ mod tests {
             start,
             len,
             hash: 0,
+            pixels: Pixels::default(),
         };
         let media = [span(10, 8), span(20, 4)];
         // Clear of the spans, or ending at their edges: as asked.
@@ -158,6 +206,7 @@ mod tests {
             start: 10,
             len: 20,
             hash: 99,
+            pixels: Pixels::default(),
         };
         let keys = BlockKeys::new(vec![span], None);
         // Blocks of 8: positions 10..30 touch blocks 1, 2 and 3.

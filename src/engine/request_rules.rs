@@ -4,7 +4,9 @@
 //! handed, whoever the caller; sampling parameters have theirs in
 //! [`SamplingParams::validate`](crate::sampling::params::SamplingParams::validate).
 
+use crate::engine::prompt::Prompt;
 use crate::error::WickError;
+use crate::models::vision::ImageSpec;
 
 /// Every id names a vocabulary entry.
 pub fn check_token_ids(ids: &[u32], vocab_size: usize, param: &str) -> Result<(), WickError> {
@@ -26,6 +28,49 @@ pub fn check_prompt(ids: &[u32], vocab_size: usize) -> Result<(), WickError> {
         ));
     }
     check_token_ids(ids, vocab_size, "prompt")
+}
+
+/// A prompt's images are what the model takes: each span, in order and
+/// apart, covers the model's run of placeholder tokens, and its pixels are
+/// the size its processor makes.
+pub fn check_media(prompt: &Prompt, spec: Option<&ImageSpec>) -> Result<(), WickError> {
+    let invalid = |m: String| Err(WickError::invalid(m, "prompt".to_string()));
+    let Some(spec) = spec.filter(|_| !prompt.media.is_empty()) else {
+        return match prompt.media.is_empty() {
+            true => Ok(()),
+            false => invalid("this model takes no images".into()),
+        };
+    };
+    let mut end = 0;
+    for m in &prompt.media {
+        let tokens = prompt.tokens.get(m.start..m.start + m.len);
+        if m.start < end || tokens.is_none_or(|t| t.iter().any(|&t| t != spec.token)) {
+            return invalid(format!(
+                "an image's span {}..{} is not a run of its placeholder token {}",
+                m.start,
+                m.start + m.len,
+                spec.token
+            ));
+        }
+        if m.len != spec.tokens {
+            return invalid(format!(
+                "an image takes {} tokens, not {}",
+                spec.tokens, m.len
+            ));
+        }
+        let (w, h) = (
+            spec.processor.width as usize,
+            spec.processor.height as usize,
+        );
+        let p = &m.pixels;
+        if (p.width, p.height) != (w, h) || p.values.len() != 3 * w * h {
+            return invalid(format!(
+                "an image's pixels must be 3 x {h} x {w}, not {p:?}"
+            ));
+        }
+        end = m.start + m.len;
+    }
+    Ok(())
 }
 
 /// The prompt and the most tokens it may generate fit the model's context.

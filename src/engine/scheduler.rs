@@ -936,7 +936,7 @@ fn register_full_blocks(blocks: &mut BlockManager, seq: &mut Sequence) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::prompt::{MediaSpan, Prompt};
+    use crate::engine::prompt::{MediaSpan, Pixels, Prompt};
     use crate::sampling::params::SamplingParams;
     use crate::sampling::sampler::SampledToken;
 
@@ -1021,6 +1021,7 @@ mod tests {
             start,
             len,
             hash: start as u64,
+            pixels: Pixels::default(),
         };
         let prompt = Prompt {
             tokens: (0..30).collect(),

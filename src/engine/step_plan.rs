@@ -8,7 +8,9 @@
 //! applies those to the sequences.
 
 use std::borrow::Borrow;
+use std::ops::Range;
 
+use crate::engine::prompt::Pixels;
 use crate::engine::sequence::{SeqId, Sequence};
 use crate::models::{FlatBatch, LogitRows};
 use crate::sampling::sampler::SampledToken;
@@ -133,6 +135,42 @@ impl StepPlan {
             }
         }
         batch
+    }
+}
+
+/// An image whose tokens a step prefills (some of them, where the rest are
+/// cached), for the runner to put its encoder's output in their place.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepImage {
+    /// Its sequence's index in the step's batch.
+    pub seq: usize,
+    /// Its tokens' prompt positions.
+    pub span: Range<usize>,
+    pub hash: u64,
+    pub pixels: Pixels,
+}
+
+impl StepPlan {
+    /// The images among the rows the step runs, read from the `running`
+    /// sequences the rows point into.
+    pub fn images(&self, running: &[Sequence]) -> Vec<StepImage> {
+        let mut images = Vec::new();
+        for (i, row) in self.rows.iter().enumerate() {
+            let (from, to) = (row.first, row.first + row.chunk);
+            let media = running[row.slot].block_keys.media();
+            images.extend(
+                media
+                    .iter()
+                    .filter(|m| m.start < to && from < m.start + m.len)
+                    .map(|m| StepImage {
+                        seq: i,
+                        span: m.start..m.start + m.len,
+                        hash: m.hash,
+                        pixels: m.pixels.clone(),
+                    }),
+            );
+        }
+        images
     }
 }
 
