@@ -155,6 +155,7 @@ fn plain(case: &Case) -> Option<Vec<ChatMessage>> {
                 tool_calls: None,
                 tool_call_id: None,
                 name: None,
+                parts: None,
             } => Some(ChatMessage {
                 role: role.clone(),
                 content: content.clone(),

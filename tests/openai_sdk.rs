@@ -60,3 +60,12 @@ fn openai_python_sdk_embeddings() {
     let server = Server::start(&["--api-key", KEY]);
     pytest("test_embeddings.py", &server);
 }
+
+/// Images through the `openai` SDK (chat and Responses) and the
+/// `anthropic` SDK, on the tiny Gemma 3 with images (see test_images.py).
+#[test]
+fn sdks_send_images() {
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gemma3vl-tiny");
+    let server = Server::start(&["--api-key", KEY, "--model", model]);
+    pytest("test_images.py", &server);
+}

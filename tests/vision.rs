@@ -3,6 +3,8 @@
 //! Gemma 3 with images (`tests/fixtures/gemma3vl-tiny`) on the same pixel
 //! values; both written by `scripts/make_vision_fixtures.py`.
 
+mod common;
+
 use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
@@ -262,4 +264,305 @@ fn gemma3_with_images_matches_transformers_logits() {
             "split at {split}: logits {diff} from transformers'"
         );
     }
+}
+
+/// A Gemma 3 with images served as a chat client sends them: two PNGs as
+/// data URLs in one message go through chat validation (the template's
+/// parts, each marker expanded as transformers' processor expands it, the
+/// images decoded and preprocessed) to transformers' prompt ids and pixel
+/// values, and through the engine (the images encoded in the step that
+/// prefills them, in chunks that never cut an image) to transformers'
+/// logprob at every prompt position and its greedy continuation.
+///
+/// The fixture's sliding-window layer turns wick's prefix cache off, so
+/// the cache is checked on a copy whose layers all attend globally: sent
+/// again, the prompt comes from the cache, images and all, scored as
+/// computed; with the images swapped, only what comes before the first
+/// image does.
+#[test]
+fn chat_with_images_matches_transformers() {
+    use base64::Engine as _;
+    use wick::engine::sequence::FinishReason;
+    use wick::engine::{Engine, EngineConfig};
+    use wick::load::loader::{load, LoadOptions};
+    use wick::sampling::params::SamplingParams;
+    use wick::server::images::ImageBudget;
+    use wick::server::protocol::ChatCompletionRequest;
+    use wick::server::validation::{validate_chat, ModelContext};
+
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let reference: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("gemma3vl-tiny/reference.json")).unwrap(),
+    )
+    .unwrap();
+    let chat = &reference["chat"];
+    let image_names: Vec<String> = serde_json::from_value(chat["images"].clone()).unwrap();
+    let url = |name: &str| {
+        let bytes = std::fs::read(root.join("images").join(name)).unwrap();
+        let b64 = base64::engine::general_purpose::STANDARD.encode(bytes);
+        format!("data:image/png;base64,{b64}")
+    };
+    // The reference's messages, each image part as a client sends it.
+    let request = |names: &[String]| {
+        let mut names = names.iter();
+        let mut messages = chat["messages"].clone();
+        for m in messages.as_array_mut().unwrap() {
+            for part in m["content"].as_array_mut().into_iter().flatten() {
+                if part["type"] == "image" {
+                    let url = url(names.next().unwrap());
+                    *part = serde_json::json!({"type": "image_url", "image_url": {"url": url}});
+                }
+            }
+        }
+        serde_json::from_value::<ChatCompletionRequest>(serde_json::json!({
+            "messages": messages, "max_tokens": 8, "temperature": 0
+        }))
+        .unwrap()
+    };
+    let want_ids: Vec<u32> = serde_json::from_value(chat["input_ids"].clone()).unwrap();
+    let want_logits = tensor(&chat["logits"]).to_vec2::<f32>().unwrap();
+    let want_pixels = tensor(&chat["pixel_values"])
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    let greedy: Vec<u32> = serde_json::from_value(chat["greedy"].clone()).unwrap();
+
+    let global = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(root.join("gemma3vl-tiny")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), global.path().join(entry.file_name())).unwrap();
+    }
+    let config_path = global.path().join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config["text_config"]["layer_types"] = serde_json::json!(["full_attention", "full_attention"]);
+    config["text_config"]["sliding_window"] = serde_json::Value::Null;
+    std::fs::write(&config_path, config.to_string()).unwrap();
+
+    let cases = [
+        (root.join("gemma3vl-tiny"), 512),
+        (root.join("gemma3vl-tiny"), 16),
+        (global.path().to_path_buf(), 16),
+    ];
+    for (dir, chunk) in cases {
+        let cached_copy = dir == global.path();
+        let loaded = load(&dir, &LoadOptions::default(), &Device::Cpu).unwrap();
+        let encoder = loaded.vision.expect("the checkpoint's vision encoder");
+        let spec = encoder.spec().clone();
+        let info = loaded.model.info().clone();
+        let ctx = ModelContext {
+            name: "gemma3vl-tiny",
+            aliases: &[],
+            vocab_size: info.vocab_size,
+            max_context: info.max_context,
+            max_seq_tokens: 1 << 20,
+            max_choices: 4,
+            tokenizer: &loaded.tokenizer,
+            chat_template: loaded.chat_template.as_ref(),
+            constraints: None,
+            images: Some(&spec),
+            image_budget: ImageBudget::default(),
+        };
+        let prompt = validate_chat(&request(&image_names), &ctx).unwrap().prompts[0].clone();
+        assert_eq!(prompt.tokens, want_ids, "prompt ids");
+        assert_eq!(prompt.media.len(), 2);
+        let pixels: Vec<f32> = prompt
+            .media
+            .iter()
+            .flat_map(|m| m.pixels.values.iter().copied())
+            .collect();
+        assert_eq!(pixels.len(), want_pixels.len());
+        let diff = pixels
+            .iter()
+            .zip(&want_pixels)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(diff < 1e-6, "pixel values {diff} from transformers'");
+        let swapped = validate_chat(
+            &request(&[image_names[1].clone(), image_names[0].clone()]),
+            &ctx,
+        )
+        .unwrap()
+        .prompts[0]
+            .clone();
+        assert_eq!(swapped.tokens, prompt.tokens, "the same text");
+
+        let cfg = EngineConfig {
+            block_size: 4,
+            max_num_batched_tokens: chunk,
+            kv_cache_bytes: 4 << 20,
+            ..Default::default()
+        };
+        let eos = loaded.tokenizer.eos_ids().to_vec();
+        let mut engine = Engine::new(loaded.model, eos, &cfg)
+            .unwrap()
+            .with_vision(encoder);
+        let params = SamplingParams {
+            max_tokens: greedy.len(),
+            temperature: 0.0,
+            ignore_eos: true,
+            // Scoring the prompt needs every row computed: none cached.
+            prompt_logprobs: (!cached_copy).then_some(1),
+            logprobs: Some(0),
+            ..Default::default()
+        };
+        let mut run = |prompt: &wick::engine::prompt::Prompt| {
+            let id = engine.add_request(prompt.clone(), params.clone()).unwrap();
+            let (mut scored, mut cached, mut tokens) = (Vec::new(), None, Vec::new());
+            while engine.has_work() {
+                for ev in engine.step().into_iter().filter(|e| e.seq == id) {
+                    if let Some(t) = ev.token {
+                        if tokens.is_empty() {
+                            scored = ev.prompt_logprobs;
+                            cached = ev.cached_prompt_tokens;
+                        }
+                        tokens.push(t);
+                    }
+                    assert!(
+                        !matches!(ev.finish, Some(FinishReason::Error(_))),
+                        "{:?}",
+                        ev.finish
+                    );
+                }
+            }
+            (scored, cached.unwrap_or(0), tokens)
+        };
+        let (scored, cached, tokens) = run(&prompt);
+        assert_eq!(cached, 0);
+        let ids = |tokens: &[wick::sampling::sampler::SampledToken]| -> Vec<u32> {
+            tokens.iter().map(|t| t.id).collect()
+        };
+        if !cached_copy {
+            assert_eq!(
+                ids(&tokens),
+                greedy,
+                "chunks of {chunk}: greedy continuation"
+            );
+            // Token j + 1 is scored with the logits at position j.
+            for (pos, row) in want_logits.iter().enumerate().take(want_ids.len() - 1) {
+                let next = want_ids[pos + 1] as usize;
+                let max = row.iter().copied().fold(f32::MIN, f32::max);
+                let lse = max + row.iter().map(|v| (v - max).exp()).sum::<f32>().ln();
+                let got = scored[pos].logprob.unwrap();
+                let d = (got - (row[next] - lse)).abs();
+                assert!(
+                    d < 1e-4,
+                    "chunks of {chunk}, position {pos}: logprob {got} off by {d}"
+                );
+            }
+            continue;
+        }
+        let (again, cached, repeat) = run(&prompt);
+        assert!(
+            cached > prompt.media[1].start,
+            "cached {cached}, the second image at {}",
+            prompt.media[1].start
+        );
+        assert_eq!(ids(&repeat), ids(&tokens), "from the prefix cache");
+        assert!(scored.is_empty() && again.is_empty());
+        let d = repeat
+            .iter()
+            .zip(&tokens)
+            .map(|(a, b)| (a.logprob.unwrap() - b.logprob.unwrap()).abs())
+            .fold(0f32, f32::max);
+        assert!(d < 1e-5, "from the prefix cache: logprobs {d} apart");
+        let first_image = prompt.media[0].start;
+        let (_, cached, _) = run(&swapped);
+        assert!(
+            cached <= first_image,
+            "swapped images: {cached} cached, the first image at {first_image}"
+        );
+    }
+}
+
+/// Hostile images over HTTP, each refused with a 400 naming the part and
+/// saying why, while the server keeps serving: a PNG claiming 50,000 x
+/// 50,000 pixels, a JPEG cut in half, a data URL of text, 100 images in
+/// one message, an http URL (media fetching is off), a `detail` the
+/// model cannot honour, and an image in an assistant turn.
+#[tokio::test(flavor = "multi_thread")]
+async fn hostile_images_are_refused_and_the_server_keeps_serving() {
+    use base64::Engine as _;
+    use serde_json::{json, Value};
+
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gemma3vl-tiny");
+    let server = common::Server::start(&["--model", model]);
+    let images = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/images");
+    let url = |name: &str, kind: &str| {
+        let bytes = std::fs::read(images.join(name)).unwrap();
+        let b64 = base64::engine::general_purpose::STANDARD.encode(bytes);
+        format!("data:{kind};base64,{b64}")
+    };
+    let part = |url: &str| json!({"type": "image_url", "image_url": {"url": url}});
+    let ask = |parts: Vec<Value>| {
+        let mut content = vec![json!({"type": "text", "text": "What is this?"})];
+        content.extend(parts);
+        json!({"messages": [{"role": "user", "content": content}], "max_tokens": 2})
+    };
+    let good = url("rgb.png", "image/png");
+    let cases = [
+        (
+            ask(vec![part(&url("bomb.png", "image/png"))]),
+            "messages[0].content[1].image_url",
+            "50000 x 50000 pixels",
+        ),
+        (
+            ask(vec![part(&url("truncated.jpg", "image/jpeg"))]),
+            "messages[0].content[1].image_url",
+            "cannot be decoded",
+        ),
+        (
+            ask(vec![part("data:text/plain;base64,aGVsbG8=")]),
+            "messages[0].content[1].image_url",
+            "not an image",
+        ),
+        (
+            ask(vec![part("data:image/png;base64,aGVsbG8=")]),
+            "messages[0].content[1].image_url",
+            "not an image",
+        ),
+        (
+            ask(vec![part(&good); 100]),
+            "messages[0].content[9].image_url",
+            "at most 8",
+        ),
+        (
+            ask(vec![part("http://169.254.169.254/latest/meta-data")]),
+            "messages[0].content[1].image_url",
+            "not enabled",
+        ),
+        (
+            ask(vec![
+                json!({"type": "image_url", "image_url": {"url": good, "detail": "low"}}),
+            ]),
+            "messages[0].content[1].image_url.detail",
+            "low",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "hi"},
+                                {"role": "assistant", "content": [part(&good)]},
+                                {"role": "user", "content": "and?"}], "max_tokens": 2}),
+            "messages[1].content[0].type",
+            "user messages",
+        ),
+        (
+            ask(vec![
+                json!({"type": "text", "text": "<start_of_image>"}),
+                part(&good),
+            ]),
+            "messages",
+            "image markers",
+        ),
+    ];
+    for (body, param, says) in cases {
+        let (status, reply) = common::post(&server, "/v1/chat/completions", body).await;
+        common::assert_error(status, &reply, 400, Some(param));
+        let message = reply["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{param}: {message}");
+    }
+    let (status, reply) =
+        common::post(&server, "/v1/chat/completions", ask(vec![part(&good)])).await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["usage"]["completion_tokens"], 2);
 }

@@ -35,6 +35,7 @@ use crate::server::http::access;
 use crate::server::http::auth::{self, ApiKeys};
 use crate::server::http::host_check::{self, AllowedHosts};
 use crate::server::http::listener::{self, ConnectionLimits};
+use crate::server::images::ImageBudget;
 use crate::server::metrics::Metrics;
 use crate::server::openai::chat;
 use crate::server::openai::completions;
@@ -193,7 +194,12 @@ fn load(args: &ServeArgs, metrics: Arc<Metrics>) -> anyhow::Result<ModelState> {
         loaded.tokenizer.eos_ids().to_vec(),
         &args.model.engine.config(),
     )?;
+    let engine = match loaded.vision {
+        Some(encoder) => engine.with_vision(encoder),
+        None => engine,
+    };
     let engine = args.model.with_draft(engine, &options, &device)?;
+    let image_spec = engine.image_spec().cloned();
     let mut names = args.served_model_name.iter().filter(|n| !n.is_empty());
     let name = names.next().cloned().unwrap_or(loaded.name);
     let aliases = names.filter(|&n| *n != name).cloned().collect();
@@ -212,6 +218,8 @@ fn load(args: &ServeArgs, metrics: Arc<Metrics>) -> anyhow::Result<ModelState> {
         aliases,
         tokenizer: loaded.tokenizer,
         chat_template: loaded.chat_template,
+        image_spec,
+        image_budget: ImageBudget::default(),
         vocab_size: info.vocab_size,
         max_context,
         max_seq_tokens,

@@ -9,33 +9,44 @@
 //! refused here too, naming the field.
 
 use crate::server::error::ApiError;
+use crate::server::images::ImageRef;
 use crate::server::protocol::{
-    ChatRequestMessage, FunctionArguments, MessageContent, RequestToolCall,
+    ChatRequestMessage, ContentPart, FunctionArguments, MessageContent, RequestToolCall,
 };
 use crate::server::unsupported;
-use crate::text::chat_template::{FunctionCall, Message, ToolCall};
+use crate::text::chat_template::{FunctionCall, Message, Part, ToolCall};
 
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
-/// `name` is what the client calls the messages.
-pub fn conversation(messages: &[ChatRequestMessage], name: &str) -> Result<Vec<Message>, ApiError> {
+/// `name` is what the client calls the messages. Returns the turns, and
+/// the images of their image parts in order.
+pub fn conversation(
+    messages: &[ChatRequestMessage],
+    name: &str,
+) -> Result<(Vec<Message>, Vec<ImageRef>), ApiError> {
     if messages.is_empty() {
         return Err(ApiError::bad_request(
             "messages must not be empty",
             Some(name),
         ));
     }
-    messages
+    let mut images = Vec::new();
+    let turns = messages
         .iter()
         .enumerate()
         .map(|(i, m)| match &m.origin {
-            Some(origin) => message(m, origin),
-            None => message(m, &format!("messages[{i}]")),
+            Some(origin) => message(m, origin, &mut images),
+            None => message(m, &format!("messages[{i}]"), &mut images),
         })
-        .collect()
+        .collect::<Result<_, _>>()?;
+    Ok((turns, images))
 }
 
-fn message(m: &ChatRequestMessage, at: &str) -> Result<Message, ApiError> {
+fn message(
+    m: &ChatRequestMessage,
+    at: &str,
+    images: &mut Vec<ImageRef>,
+) -> Result<Message, ApiError> {
     unsupported::refuse(&m.unknown, at)?;
     let field = |name: &str| format!("{at}.{name}");
     let role = match m.role.as_str() {
@@ -90,11 +101,16 @@ fn message(m: &ChatRequestMessage, at: &str) -> Result<Message, ApiError> {
             ))
         }
     }
-    let content = m
-        .content
-        .as_ref()
-        .map(|c| text(c, &field("content")))
-        .transpose()?;
+    let had = images.len();
+    let (content, parts) = match &m.content {
+        Some(c) if role == "user" => {
+            let (text, parts) = user_content(c, &field("content"), images)?;
+            (Some(text), parts)
+        }
+        Some(c) => (Some(text(c, &field("content"))?), None),
+        None => (None, None),
+    };
+    debug_assert!(parts.is_some() || images.len() == had);
     if content.is_none() && m.tool_calls.is_none() {
         let needs = match role {
             "assistant" => "content or tool_calls",
@@ -123,6 +139,7 @@ fn message(m: &ChatRequestMessage, at: &str) -> Result<Message, ApiError> {
         tool_calls,
         tool_call_id: m.tool_call_id.clone(),
         name: m.name.clone(),
+        parts,
     })
 }
 
@@ -197,6 +214,68 @@ pub fn with_empty_content(messages: &[Message]) -> Option<Vec<Message>> {
     })
 }
 
+/// A user turn's content: its text, and where it has image parts, its
+/// parts in order (the images added to `images`), as a multimodal turn
+/// reaches transformers' templates.
+fn user_content(
+    content: &MessageContent,
+    at: &str,
+    images: &mut Vec<ImageRef>,
+) -> Result<(String, Option<Vec<Part>>), ApiError> {
+    let MessageContent::Parts(list) = content else {
+        return Ok((text(content, at)?, None));
+    };
+    if list.iter().all(|p| p.kind != "image_url") {
+        return Ok((text(content, at)?, None));
+    }
+    let mut parts = Vec::with_capacity(list.len());
+    for (j, part) in list.iter().enumerate() {
+        let at = format!("{at}[{j}]");
+        match (part.kind.as_str(), &part.image_url) {
+            ("image_url", Some(image)) => {
+                unsupported::refuse(&part.unknown, &at)?;
+                unsupported::refuse(&image.unknown, &format!("{at}.image_url"))?;
+                if let Some(detail) = image
+                    .detail
+                    .as_deref()
+                    .filter(|&d| d != "auto" && d != "high")
+                {
+                    return Err(ApiError::bad_request(
+                        format!(
+                            "detail {detail:?} is not supported: the model sees each image at \
+                             its own resolution (\"auto\" or \"high\")"
+                        ),
+                        Some(&format!("{at}.image_url.detail")),
+                    ));
+                }
+                images.push(ImageRef {
+                    url: image.url.clone(),
+                    at: format!("{at}.image_url"),
+                });
+                parts.push(Part::Image);
+            }
+            ("image_url", None) => {
+                return Err(ApiError::bad_request(
+                    "an image_url content part needs `image_url`",
+                    Some(&format!("{at}.image_url")),
+                ))
+            }
+            _ => parts.push(Part::Text {
+                text: text_part(part, &at)?.to_string(),
+            }),
+        }
+    }
+    let text = parts
+        .iter()
+        .filter_map(|p| match p {
+            Part::Text { text } => Some(text.as_str()),
+            Part::Image => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    Ok((text, Some(parts)))
+}
+
 /// The text of a message: its text parts joined by newlines (as vLLM joins
 /// them); other kinds of part are not served.
 pub(crate) fn text(content: &MessageContent, at: &str) -> Result<String, ApiError> {
@@ -207,22 +286,38 @@ pub(crate) fn text(content: &MessageContent, at: &str) -> Result<String, ApiErro
     parts
         .iter()
         .enumerate()
-        .map(|(j, part)| match (part.kind.as_str(), &part.text) {
-            ("text", Some(t)) => {
-                unsupported::refuse(&part.unknown, &format!("{at}[{j}]"))?;
-                Ok(t.as_str())
-            }
-            ("text", None) => Err(ApiError::bad_request(
-                "a text content part needs `text`",
-                Some(&format!("{at}[{j}].text")),
-            )),
-            (kind, _) => Err(ApiError::bad_request(
-                format!("content part type {kind:?} is not supported: only \"text\""),
-                Some(&format!("{at}[{j}].type")),
-            )),
-        })
+        .map(|(j, part)| text_part(part, &format!("{at}[{j}]")))
         .collect::<Result<Vec<_>, _>>()
         .map(|texts| texts.join("\n"))
+}
+
+/// A text part's text; an image part where none is taken, or another
+/// kind, is refused.
+fn text_part<'a>(part: &'a ContentPart, at: &str) -> Result<&'a str, ApiError> {
+    match (part.kind.as_str(), &part.text) {
+        ("text", Some(t)) => {
+            unsupported::refuse(&part.unknown, at)?;
+            if part.image_url.is_some() {
+                return Err(ApiError::bad_request(
+                    "a text content part has no `image_url`",
+                    Some(&format!("{at}.image_url")),
+                ));
+            }
+            Ok(t.as_str())
+        }
+        ("text", None) => Err(ApiError::bad_request(
+            "a text content part needs `text`",
+            Some(&format!("{at}.text")),
+        )),
+        ("image_url", _) => Err(ApiError::bad_request(
+            "content part type \"image_url\" is only taken in user messages",
+            Some(&format!("{at}.type")),
+        )),
+        (kind, _) => Err(ApiError::bad_request(
+            format!("content part type {kind:?} is not supported: only \"text\" and \"image_url\""),
+            Some(&format!("{at}.type")),
+        )),
+    }
 }
 
 fn tool_call(c: &RequestToolCall, at: &str) -> Result<ToolCall, ApiError> {
@@ -275,7 +370,7 @@ mod tests {
 
     fn convert(messages: Value) -> Result<Vec<Message>, ApiError> {
         let turns = serde_json::from_value::<Vec<ChatRequestMessage>>(messages).unwrap();
-        conversation(&turns, "messages")
+        conversation(&turns, "messages").map(|(turns, _)| turns)
     }
 
     #[track_caller]
@@ -524,10 +619,27 @@ mod tests {
             "messages[0].tool_calls[0].type",
         );
         let m = refused(
-            json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]),
+            json!([{"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]),
             "messages[0].content[0].type",
         );
-        assert!(m.contains("image_url"), "{m}");
+        assert!(m.contains("only taken in user messages"), "{m}");
+        refused(
+            json!([{"role": "user", "content": [{"type": "image_url"}]}]),
+            "messages[0].content[0].image_url",
+        );
+        let m = refused(
+            json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u", "detail": "low"}}]}]),
+            "messages[0].content[0].image_url.detail",
+        );
+        assert!(m.contains("\"low\""), "{m}");
+        refused(
+            json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u", "size": 1}}]}]),
+            "messages[0].content[0].image_url.size",
+        );
+        refused(
+            json!([{"role": "user", "content": [{"type": "input_audio"}]}]),
+            "messages[0].content[0].type",
+        );
         refused(
             json!([{"role": "user", "content": [{"type": "text"}]}]),
             "messages[0].content[0].text",

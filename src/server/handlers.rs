@@ -101,6 +101,10 @@ fn model_card(state: &AppState, model: &ModelState, id: &str) -> ModelCard {
         created: state.created,
         owned_by: "wick".into(),
         max_model_len: model.max_context,
+        input_modalities: match model.image_spec {
+            Some(_) => vec!["text".into(), "image".into()],
+            None => vec!["text".into()],
+        },
     }
 }
 

@@ -9,6 +9,7 @@ pub mod error;
 pub mod generation;
 pub mod handlers;
 pub mod http;
+pub mod images;
 pub mod legacy_functions;
 pub mod metrics;
 pub mod openai;

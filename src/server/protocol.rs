@@ -195,12 +195,29 @@ pub struct JsonSchemaFormat {
     pub unknown: UnknownFields,
 }
 
-/// One content part of a chat message; only `text` parts are served.
+/// One content part of a chat message: `text`, or `image_url` for a model
+/// that takes images.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ContentPart {
     #[serde(rename = "type")]
     pub kind: String,
     pub text: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_url: Option<ImageUrl>,
+    /// Fields this type does not declare, refused by validation.
+    #[schema(ignore)]
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
+}
+
+/// An image part's image: a `data:` URL, and OpenAI's level of detail.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ImageUrl {
+    pub url: String,
+    /// `auto` or `high`: the model sees every image at its own full
+    /// resolution. `low` is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
     /// Fields this type does not declare, refused by validation.
     #[schema(ignore)]
     #[serde(flatten)]
@@ -697,6 +714,9 @@ pub struct ModelCard {
     pub created: u64,
     pub owned_by: String,
     pub max_model_len: usize,
+    /// What a prompt may hold: `["text"]`, or `["text", "image"]` for a
+    /// model that takes images.
+    pub input_modalities: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -882,11 +902,15 @@ mod tests {
             ContentPart {
                 kind: "text".into(),
                 text: Some("hi".into()),
+                image_url: None,
                 unknown: UnknownFields::default(),
             }
         );
-        assert!(parts[1].unknown.0.contains_key("image_url"));
         assert_eq!(parts[1].kind, "image_url");
+        assert_eq!(
+            parts[1].image_url.as_ref().map(|i| i.url.as_str()),
+            Some("x")
+        );
         assert_eq!(parts[1].text, None);
         assert_eq!(
             (r.max_completion_tokens, r.logprobs, r.top_logprobs),
@@ -1132,13 +1156,15 @@ mod tests {
                 created: 5,
                 owned_by: "wick".into(),
                 max_model_len: 8192,
+                input_modalities: vec!["text".into()],
             }],
         })
         .unwrap();
         assert_eq!(
             v,
             json!({"object": "list", "data": [{"id": "m", "object": "model", "created": 5,
-                                                "owned_by": "wick", "max_model_len": 8192}]})
+                                                "owned_by": "wick", "max_model_len": 8192,
+                                                "input_modalities": ["text"]}]})
         );
     }
 

@@ -6,8 +6,10 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use crate::models::vision::ImageSpec;
 use crate::sampling::constraint::ConstraintFactory;
 use crate::server::engine_loop::EngineHandle;
+use crate::server::images::ImageBudget;
 use crate::server::metrics::Metrics;
 use crate::server::validation::ModelContext;
 use crate::text::chat_template::ChatTemplate;
@@ -22,6 +24,9 @@ pub struct ModelState {
     pub aliases: Vec<String>,
     pub tokenizer: Tokenizer,
     pub chat_template: Option<ChatTemplate>,
+    /// How prompts hold an image, where the model takes images.
+    pub image_spec: Option<ImageSpec>,
+    pub image_budget: ImageBudget,
     pub vocab_size: usize,
     /// The model's context, or `--max-model-len` below it.
     pub max_context: usize,
@@ -55,6 +60,8 @@ impl ModelState {
             tokenizer: &self.tokenizer,
             chat_template: self.chat_template.as_ref(),
             constraints: self.constraints.as_ref(),
+            images: self.image_spec.as_ref(),
+            image_budget: self.image_budget,
         }
     }
 }

@@ -4,16 +4,19 @@
 //! [`validate_completion`] and [`validate_chat`] on the blocking pool; every
 //! refusal is decided here, before a stream could start.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use serde::de::DeserializeOwned;
 use serde_path_to_error::Segment;
 
 use crate::engine::{prompt, request_rules};
+use crate::models::vision::ImageSpec;
 use crate::sampling::constraint::{Constraint, ConstraintFactory, Grammar};
 use crate::sampling::params::{SamplingParams, MAX_LOGPROBS};
 use crate::server::chat_messages;
 use crate::server::error::{clip, ApiError, MAX_ECHO_CHARS};
+use crate::server::images::{self, ImageBudget};
 use crate::server::legacy_functions;
 use crate::server::protocol::{
     ChatCompletionRequest, CompletionRequest, FieldNames, Prediction, Prompt, ResponseFormat, Stop,
@@ -49,6 +52,9 @@ pub struct ModelContext<'a> {
     pub tokenizer: &'a Tokenizer,
     pub chat_template: Option<&'a ChatTemplate>,
     pub constraints: Option<&'a ConstraintFactory>,
+    /// How prompts hold an image, where the model takes images.
+    pub images: Option<&'a ImageSpec>,
+    pub image_budget: ImageBudget,
 }
 
 /// A validated request, ready to submit: `n` sequences per prompt, each with
@@ -637,7 +643,18 @@ pub fn validate_chat(
             None,
         )
     })?;
-    let mut messages = chat_messages::conversation(&req.messages, names.messages)?;
+    let (mut messages, images) = chat_messages::conversation(&req.messages, names.messages)?;
+    images::check_count(&images, &ctx.image_budget)?;
+    let image_spec = match (images.first(), ctx.images) {
+        (None, _) => None,
+        (Some(first), None) => {
+            return Err(ApiError::bad_request(
+                format!("the model `{}` takes no images", ctx.name),
+                Some(&first.at),
+            ))
+        }
+        (Some(_), Some(spec)) => Some(spec),
+    };
     let speaks_harmony = harmony::template_speaks_harmony(template.source());
     if speaks_harmony {
         messages = chat_messages::harmony_conversation(messages);
@@ -668,7 +685,16 @@ pub fn validate_chat(
         param: e.param.and(Some(names.messages.to_string())),
         ..e
     };
-    let mut ids = encode_prompt(&rendered, ctx, "messages").map_err(named)?;
+    let prompt_text = match image_spec {
+        Some(spec) => Cow::Owned(images::expand(
+            &rendered,
+            spec,
+            images.len(),
+            names.messages,
+        )?),
+        None => Cow::Borrowed(&rendered),
+    };
+    let mut ids = encode_prompt(&prompt_text, ctx, "messages").map_err(named)?;
     // A template that writes BOS itself, under a tokenizer that also adds
     // it, would start with two; the model was trained on one (vLLM and
     // llama.cpp also keep one).
@@ -677,6 +703,13 @@ pub fn validate_chat(
             ids.remove(0);
         }
     }
+    let media = match image_spec {
+        Some(spec) => {
+            let pixels = images::load(&images, spec, &ctx.image_budget)?;
+            images::spans(&ids, spec, pixels, names.messages)?
+        }
+        None => Vec::new(),
+    };
 
     let max_tokens = match requested_max {
         Some(m) => m as usize,
@@ -715,8 +748,10 @@ pub fn validate_chat(
     if let Some(p) = &req.prediction {
         params.prediction = prediction(p, &params, ctx)?;
     }
+    let mut prompts = common.prompts(vec![ids]);
+    prompts[0].media = media;
     Ok(GenerationPlan {
-        prompts: common.prompts(vec![ids]),
+        prompts,
         params,
         n: shape.n,
         stream: shape.stream,
@@ -863,6 +898,8 @@ mod tests {
             tokenizer,
             chat_template: Some(template),
             constraints: Some(constraints()),
+            images: None,
+            image_budget: ImageBudget::default(),
         }
     }
 
@@ -1095,9 +1132,9 @@ mod tests {
             chat(
                 json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]}),
             ),
-            "messages[0].content[0].type",
+            "messages[0].content[0].image_url",
         );
-        assert!(e.message.contains("image_url"), "{}", e.message);
+        assert!(e.message.contains("takes no images"), "{}", e.message);
         assert_rejects(
             chat(json!({"messages": [{"role": "user", "content": [{"type": "text"}]}]})),
             "messages[0].content[0].text",

@@ -35,9 +35,10 @@ use crate::server::handlers;
 use crate::server::http::access::{request_id, AccessRecord};
 use crate::server::http::json_body::JsonBody;
 use crate::server::protocol::{
-    ChatCompletionRequest, ChatRequestMessage, FieldNames, FunctionArguments, FunctionDefinition,
-    MessageContent, NamedToolChoice, RequestFunctionCall, RequestToolCall, Stop,
-    ToolChoice as ChatToolChoice, ToolChoiceFunction, ToolDefinition, UnknownFields,
+    ChatCompletionRequest, ChatRequestMessage, ContentPart, FieldNames, FunctionArguments,
+    FunctionDefinition, ImageUrl, MessageContent, NamedToolChoice, RequestFunctionCall,
+    RequestToolCall, Stop, ToolChoice as ChatToolChoice, ToolChoiceFunction, ToolDefinition,
+    UnknownFields,
 };
 use crate::server::respond::respond;
 use crate::server::unsupported;
@@ -137,6 +138,22 @@ pub struct Block {
     pub cache_control: Option<Value>,
     /// Citations of a document: wick takes no documents.
     pub citations: Option<Value>,
+    /// `image`: the picture, inline (`base64`) or by `url`.
+    pub source: Option<ImageSource>,
+    #[schema(ignore)]
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
+}
+
+/// An image block's source: `{"type": "base64", "media_type", "data"}`, or
+/// `{"type": "url", "url"}` (which wick does not fetch).
+#[derive(Debug, Clone, PartialEq, Deserialize, utoipa::ToSchema)]
+pub struct ImageSource {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub media_type: Option<String>,
+    pub data: Option<String>,
+    pub url: Option<String>,
     #[schema(ignore)]
     #[serde(flatten)]
     pub unknown: UnknownFields,
@@ -410,6 +427,7 @@ fn only(b: &Block, allowed: &[&str], at: &str) -> Result<(), ApiError> {
         ("thinking", b.thinking.is_some()),
         ("signature", b.signature.is_some()),
         ("citations", b.citations.is_some()),
+        ("source", b.source.is_some()),
     ];
     match set
         .iter()
@@ -454,12 +472,13 @@ fn user_turns(
         Content::Blocks(b) => b,
     };
     let mut turns = Vec::new();
-    let mut text = Vec::new();
+    let mut parts = Vec::new();
     for (j, b) in blocks.iter().enumerate() {
         let at_block = format!("{at}.content[{j}]");
         match b.kind.as_str() {
-            "text" => text.push(text_block(b, &at_block)?),
-            "tool_result" if !text.is_empty() => {
+            "text" => parts.push(text_part(text_block(b, &at_block)?)),
+            "image" => parts.push(image_block(b, &at_block)?),
+            "tool_result" if !parts.is_empty() => {
                 return Err(bad(
                     "tool_result blocks must come before any text in a user message",
                     &format!("{at_block}.type"),
@@ -476,15 +495,75 @@ fn user_turns(
                 return Err(block_type(
                     other,
                     &format!("{at_block}.type"),
-                    "text and tool_result in a user message",
+                    "text, image and tool_result in a user message",
                 ))
             }
         }
     }
-    if !text.is_empty() {
-        turns.push(turn("user", Some(text.join("\n")), at));
+    if parts.iter().all(|p| p.image_url.is_none()) {
+        let joined: Vec<String> = parts.into_iter().filter_map(|p| p.text).collect();
+        if !joined.is_empty() {
+            turns.push(turn("user", Some(joined.join("\n")), at));
+        }
+    } else {
+        turns.push(ChatRequestMessage {
+            content: Some(MessageContent::Parts(parts)),
+            ..turn("user", None, at)
+        });
     }
     Ok(turns)
+}
+
+fn text_part(text: String) -> ContentPart {
+    ContentPart {
+        kind: "text".into(),
+        text: Some(text),
+        image_url: None,
+        unknown: UnknownFields::default(),
+    }
+}
+
+/// An image block as chat's image part: an inline image as its `data:`
+/// URL, a URL as itself (refused where URLs are not fetched).
+fn image_block(b: &Block, at: &str) -> Result<ContentPart, ApiError> {
+    only(b, &["source"], at)?;
+    let source = required(&b.source, at, "source", "image")?;
+    let at = format!("{at}.source");
+    unsupported::refuse(&source.unknown, &at)?;
+    let field = |name: &str, value: &Option<String>| {
+        value.clone().ok_or_else(|| {
+            bad(
+                format!("a {} image source needs `{name}`", source.kind),
+                &format!("{at}.{name}"),
+            )
+        })
+    };
+    let url = match source.kind.as_str() {
+        "base64" => {
+            let media_type = field("media_type", &source.media_type)?;
+            format!("data:{media_type};base64,{}", field("data", &source.data)?)
+        }
+        "url" => field("url", &source.url)?,
+        other => {
+            return Err(ApiError::unsupported_value(
+                &format!("{at}.type"),
+                format!(
+                    "image source type {:?} is not supported: only base64 and url",
+                    clip(other, MAX_ECHO_CHARS)
+                ),
+            ))
+        }
+    };
+    Ok(ContentPart {
+        kind: "image_url".into(),
+        text: None,
+        image_url: Some(ImageUrl {
+            url,
+            detail: None,
+            unknown: UnknownFields::default(),
+        }),
+        unknown: UnknownFields::default(),
+    })
 }
 
 /// The tool calls of the assistant messages so far: each id's tool name.
@@ -837,6 +916,7 @@ mod tests {
 
     /// A model with no template: the checks that need one pass.
     fn context(tokenizer: &crate::text::tokenizer::Tokenizer) -> ModelContext<'_> {
+        use crate::server::images::ImageBudget;
         ModelContext {
             name: "m",
             aliases: &[],
@@ -847,6 +927,8 @@ mod tests {
             tokenizer,
             chat_template: None,
             constraints: None,
+            images: None,
+            image_budget: ImageBudget::default(),
         }
     }
 
@@ -949,10 +1031,27 @@ mod tests {
         );
         assert!(m.contains("prefill"), "{m}");
         let m = refused(
-            user(json!([{"type": "image", "source": {"type": "url", "url": "u"}}])),
+            user(json!([{"type": "document", "source": {"type": "url", "url": "u"}}])),
             "messages[0].content[0].type",
         );
-        assert!(m.contains("\"image\""), "{m}");
+        assert!(m.contains("\"document\""), "{m}");
+        refused(
+            user(json!([{"type": "image"}])),
+            "messages[0].content[0].source",
+        );
+        let m = refused(
+            user(json!([{"type": "image", "source": {"type": "file", "file_id": "f"}}])),
+            "messages[0].content[0].source.file_id",
+        );
+        assert!(!m.is_empty());
+        refused(
+            user(json!([{"type": "image", "source": {"type": "file"}}])),
+            "messages[0].content[0].source.type",
+        );
+        refused(
+            user(json!([{"type": "image", "source": {"type": "base64", "data": "AA=="}}])),
+            "messages[0].content[0].source.media_type",
+        );
         refused(user(json!([])), "messages[0].content");
         refused(
             user(json!([{"type": "text"}])),

@@ -1,5 +1,7 @@
 //! The conversation a chat template renders.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
 /// A plain text turn.
@@ -32,6 +34,20 @@ pub struct Message {
     /// On a `tool` turn, the function that answered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// The content as a list of parts, where it holds images: what the
+    /// template sees as `content` (as transformers passes a multimodal
+    /// turn), in place of the text alone.
+    #[serde(skip)]
+    pub parts: Option<Vec<Part>>,
+}
+
+/// A piece of a turn's content in list form: `{"type": "text", "text":
+/// ...}`, or `{"type": "image"}` where an image goes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum Part {
+    Text { text: String },
+    Image,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -62,6 +78,7 @@ impl Message {
             tool_calls: None,
             tool_call_id: None,
             name: None,
+            parts: None,
         }
     }
 }
@@ -75,6 +92,7 @@ impl From<&ChatMessage> for Message {
             tool_calls: None,
             tool_call_id: None,
             name: None,
+            parts: None,
         }
     }
 }
@@ -86,14 +104,30 @@ pub(super) struct TemplateTurn<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     thinking: Option<&'a str>,
     #[serde(flatten)]
-    message: &'a Message,
+    message: Cow<'a, Message>,
+    /// The parts of a turn that has them, as its `content`; the message
+    /// then goes without its text `content`.
+    #[serde(rename = "content", skip_serializing_if = "Option::is_none")]
+    parts: Option<&'a [Part]>,
 }
 
 impl<'a> From<&'a Message> for TemplateTurn<'a> {
     fn from(message: &'a Message) -> Self {
-        TemplateTurn {
-            thinking: message.reasoning_content.as_deref(),
-            message,
+        let thinking = message.reasoning_content.as_deref();
+        match &message.parts {
+            None => TemplateTurn {
+                thinking,
+                message: Cow::Borrowed(message),
+                parts: None,
+            },
+            Some(parts) => TemplateTurn {
+                thinking,
+                message: Cow::Owned(Message {
+                    content: None,
+                    ..message.clone()
+                }),
+                parts: Some(parts),
+            },
         }
     }
 }

@@ -22,7 +22,7 @@ use chrono::NaiveDateTime;
 use minijinja::{Environment, Error, ErrorKind, Value};
 
 use message::TemplateTurn;
-pub use message::{ChatMessage, FunctionCall, Message, ToolCall};
+pub use message::{ChatMessage, FunctionCall, Message, Part, ToolCall};
 
 const TEMPLATE_NAME: &str = "chat";
 

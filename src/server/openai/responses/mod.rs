@@ -42,7 +42,7 @@ use crate::server::openai::responses::store::{ResponseStore, Stored};
 use crate::server::openai::responses::stream::{new_id, OnDone, ResponseBuilder};
 use crate::server::protocol::{
     ChatCompletionRequest, ChatRequestMessage, ContentPart as ChatPart, FieldNames,
-    FunctionArguments, FunctionDefinition, JsonSchemaFormat, MessageContent, Metadata,
+    FunctionArguments, FunctionDefinition, ImageUrl, JsonSchemaFormat, MessageContent, Metadata,
     NamedToolChoice, RequestFunctionCall, RequestToolCall, ResponseFormat, Stop, ToolChoice,
     ToolChoiceFunction, ToolDefinition, UnknownFields,
 };
@@ -190,6 +190,11 @@ struct ContentPart {
     text: Option<String>,
     /// A `refusal` part's text.
     refusal: Option<String>,
+    /// An `input_image` part's image (a `data:` URL) and detail; an
+    /// uploaded file's id is refused.
+    image_url: Option<String>,
+    detail: Option<String>,
+    file_id: Option<String>,
     // What an `output_text` part returned beside its text, replayed by
     // clients: not shown to the model.
     annotations: Option<Value>,
@@ -1025,26 +1030,61 @@ fn content(c: &ItemContent, at: &str) -> Result<MessageContent, ApiError> {
         ItemContent::Parts(parts) => parts
             .iter()
             .enumerate()
-            .map(|(j, p)| {
-                part_text(p, &format!("{at}[{j}]")).map(|t| ChatPart {
+            .map(|(j, p)| match p.kind.as_str() {
+                "input_image" => image_part(p, &format!("{at}[{j}]")),
+                _ => part_text(p, &format!("{at}[{j}]")).map(|t| ChatPart {
                     kind: "text".into(),
                     text: Some(t),
+                    image_url: None,
                     unknown: UnknownFields::default(),
-                })
+                }),
             })
             .collect::<Result<Vec<_>, _>>()
             .map(MessageContent::Parts),
     }
 }
 
+/// An `input_image` part as chat's image part.
+fn image_part(p: &ContentPart, at: &str) -> Result<ChatPart, ApiError> {
+    unsupported::refuse(&p.unknown, at)?;
+    if p.file_id.is_some() {
+        return Err(ApiError::unsupported_value(
+            &format!("{at}.file_id"),
+            "file ids are not supported: wick keeps no files; send image_url as a data: URL",
+        ));
+    }
+    let url = p.image_url.clone().ok_or_else(|| {
+        ApiError::bad_request(
+            "an input_image part needs image_url",
+            Some(&format!("{at}.image_url")),
+        )
+    })?;
+    Ok(ChatPart {
+        kind: "image_url".into(),
+        text: None,
+        image_url: Some(ImageUrl {
+            url,
+            detail: p.detail.clone(),
+            unknown: UnknownFields::default(),
+        }),
+        unknown: UnknownFields::default(),
+    })
+}
+
 fn part_text(p: &ContentPart, at: &str) -> Result<String, ApiError> {
     let text = match p.kind.as_str() {
         "input_text" | "output_text" | "text" | "reasoning_text" | "summary_text" => &p.text,
         "refusal" => &p.refusal,
-        kind @ ("input_image" | "input_file" | "input_audio") => {
+        "input_image" => {
             return Err(ApiError::unsupported_value(
                 &format!("{at}.type"),
-                format!("{kind} parts are not supported: wick serves text models; send text"),
+                "input_image parts are only taken in a message's content",
+            ))
+        }
+        kind @ ("input_file" | "input_audio") => {
+            return Err(ApiError::unsupported_value(
+                &format!("{at}.type"),
+                format!("{kind} parts are not supported: wick takes text and images"),
             ))
         }
         other => {
