@@ -250,7 +250,7 @@ fn user_content(
                 }
                 images.push(ImageRef {
                     url: image.url.clone(),
-                    at: format!("{at}.image_url"),
+                    part: at.clone(),
                 });
                 parts.push(Part::Image);
             }

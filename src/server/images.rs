@@ -15,12 +15,19 @@ use crate::media::decode::{decode, ImageLimits};
 use crate::models::vision::ImageSpec;
 use crate::server::error::ApiError;
 
-/// An image part of a message: its URL, and the request field it came
-/// from, which its errors name.
+/// An image part of a message: its URL, and the part it came from
+/// (`messages[0].content[1]`), which its errors name.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ImageRef {
     pub url: String,
-    pub at: String,
+    pub part: String,
+}
+
+impl ImageRef {
+    /// The field that holds the image.
+    pub fn field(&self) -> String {
+        format!("{}.image_url", self.part)
+    }
 }
 
 /// What a request's images may cost.
@@ -53,7 +60,7 @@ pub fn check_count(images: &[ImageRef], budget: &ImageBudget) -> Result<(), ApiE
                 images.len(),
                 budget.max_images
             ),
-            Some(&extra.at),
+            Some(&extra.field()),
         )),
     }
 }
@@ -69,7 +76,7 @@ pub fn load(
     images
         .iter()
         .map(|image| {
-            let refused = |m: String| ApiError::bad_request(m, Some(&image.at));
+            let refused = |m: String| ApiError::bad_request(m, Some(&image.field()));
             let bytes = data_url(&image.url).map_err(refused)?;
             let decoded = decode(&bytes, &budget.each).map_err(|e| refused(e.to_string()))?;
             let p = &spec.processor;

@@ -650,7 +650,7 @@ pub fn validate_chat(
         (Some(first), None) => {
             return Err(ApiError::bad_request(
                 format!("the model `{}` takes no images", ctx.name),
-                Some(&first.at),
+                Some(&format!("{}.type", first.part)),
             ))
         }
         (Some(_), Some(spec)) => Some(spec),
@@ -1132,7 +1132,7 @@ mod tests {
             chat(
                 json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]}),
             ),
-            "messages[0].content[0].image_url",
+            "messages[0].content[0].type",
         );
         assert!(e.message.contains("takes no images"), "{}", e.message);
         assert_rejects(
