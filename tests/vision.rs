@@ -566,3 +566,61 @@ async fn hostile_images_are_refused_and_the_server_keeps_serving() {
     assert_eq!(status, 200, "{reply}");
     assert_eq!(reply["usage"]["completion_tokens"], 2);
 }
+
+/// One step may prefill more images than the runner keeps encoded (32):
+/// a prompt of 33 different images runs in one step and is answered.
+#[test]
+fn a_step_may_hold_more_images_than_are_kept() {
+    use wick::engine::prompt::{MediaSpan, Pixels, Prompt};
+    use wick::engine::sequence::FinishReason;
+    use wick::engine::{Engine, EngineConfig};
+    use wick::load::loader::{load, LoadOptions};
+    use wick::sampling::params::SamplingParams;
+
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gemma3vl-tiny");
+    let loaded = load(&dir, &LoadOptions::default(), &Device::Cpu).unwrap();
+    let encoder = loaded.vision.unwrap();
+    let spec = encoder.spec().clone();
+    let (w, h) = (
+        spec.processor.width as usize,
+        spec.processor.height as usize,
+    );
+    let boi = loaded.tokenizer.token_to_id(&spec.marker).unwrap();
+    let eoi = loaded.tokenizer.token_to_id("<end_of_image>").unwrap();
+    let mut prompt = Prompt::from(vec![loaded.tokenizer.bos_id().unwrap()]);
+    for i in 0..33 {
+        prompt.tokens.push(boi);
+        let pixels = Pixels::new(vec![i as f32 / 33.0; 3 * w * h], h, w);
+        prompt.media.push(MediaSpan {
+            start: prompt.tokens.len(),
+            len: spec.tokens,
+            hash: pixels.content_hash(),
+            pixels,
+        });
+        prompt
+            .tokens
+            .extend(std::iter::repeat_n(spec.token, spec.tokens));
+        prompt.tokens.push(eoi);
+    }
+    let cfg = EngineConfig {
+        max_num_batched_tokens: 512,
+        kv_cache_bytes: 4 << 20,
+        ..Default::default()
+    };
+    let eos = loaded.tokenizer.eos_ids().to_vec();
+    let mut engine = Engine::new(loaded.model, eos, &cfg)
+        .unwrap()
+        .with_vision(encoder);
+    let params = SamplingParams {
+        max_tokens: 1,
+        ..Default::default()
+    };
+    engine.add_request(prompt, params).unwrap();
+    let mut finish = None;
+    while engine.has_work() {
+        for ev in engine.step() {
+            finish = ev.finish.or(finish);
+        }
+    }
+    assert_eq!(finish, Some(FinishReason::Length));
+}

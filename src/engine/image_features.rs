@@ -53,6 +53,9 @@ impl ImageFeatures {
                 missing.push(image);
             }
         }
+        // This step's own, placed before any is kept: a step may hold more
+        // images than are kept.
+        let mut fresh = HashMap::new();
         if !missing.is_empty() {
             let pixels = missing
                 .iter()
@@ -63,12 +66,17 @@ impl ImageFeatures {
                 .collect::<Result<Vec<_>>>()?;
             let features = self.encoder.encode(&Tensor::stack(&pixels, 0)?)?;
             for (i, m) in missing.iter().enumerate() {
-                self.keep(m.hash, features.get(i)?);
+                fresh.insert(m.hash, features.get(i)?);
             }
         }
         let bidirectional = self.encoder.spec().bidirectional;
         for image in images {
-            let features = &self.kept[&image.hash];
+            let Some(features) = fresh
+                .get(&image.hash)
+                .or_else(|| self.kept.get(&image.hash))
+            else {
+                candle_core::bail!("no features for an image of the step");
+            };
             let seq = &mut batch.seqs[image.seq];
             let (from, to) = (seq.first_pos, seq.first_pos + seq.len);
             let (lo, hi) = (image.span.start.max(from), image.span.end.min(to));
@@ -84,6 +92,9 @@ impl ImageFeatures {
             let row = seq.start + lo - from;
             let rows = features.narrow(0, lo - image.span.start, hi - lo)?;
             batch.embeds.push((row, rows));
+        }
+        for (hash, features) in fresh {
+            self.keep(hash, features);
         }
         Ok(())
     }
