@@ -266,6 +266,25 @@ fn gemma3_with_images_matches_transformers_logits() {
     }
 }
 
+/// An engine of 4-token blocks running `model` with `encoder`, in steps of
+/// at most `chunk` tokens.
+fn vision_engine(
+    model: Box<dyn Model>,
+    eos: Vec<u32>,
+    encoder: wick::models::vision::VisionEncoder,
+    chunk: usize,
+) -> wick::engine::Engine {
+    let cfg = wick::engine::EngineConfig {
+        block_size: 4,
+        max_num_batched_tokens: chunk,
+        kv_cache_bytes: 4 << 20,
+        ..Default::default()
+    };
+    wick::engine::Engine::new(model, eos, &cfg)
+        .unwrap()
+        .with_vision(encoder)
+}
+
 /// A Gemma 3 with images served as a chat client sends them: two PNGs as
 /// data URLs in one message go through chat validation (the template's
 /// parts, each marker expanded as transformers' processor expands it, the
@@ -283,7 +302,6 @@ fn gemma3_with_images_matches_transformers_logits() {
 fn chat_with_images_matches_transformers() {
     use base64::Engine as _;
     use wick::engine::sequence::FinishReason;
-    use wick::engine::{Engine, EngineConfig};
     use wick::load::loader::{load, LoadOptions};
     use wick::sampling::params::SamplingParams;
     use wick::server::images::ImageBudget;
@@ -388,16 +406,8 @@ fn chat_with_images_matches_transformers() {
             .clone();
         assert_eq!(swapped.tokens, prompt.tokens, "the same text");
 
-        let cfg = EngineConfig {
-            block_size: 4,
-            max_num_batched_tokens: chunk,
-            kv_cache_bytes: 4 << 20,
-            ..Default::default()
-        };
         let eos = loaded.tokenizer.eos_ids().to_vec();
-        let mut engine = Engine::new(loaded.model, eos, &cfg)
-            .unwrap()
-            .with_vision(encoder);
+        let mut engine = vision_engine(loaded.model, eos, encoder, chunk);
         let params = SamplingParams {
             max_tokens: greedy.len(),
             temperature: 0.0,
@@ -573,7 +583,6 @@ async fn hostile_images_are_refused_and_the_server_keeps_serving() {
 fn a_step_may_hold_more_images_than_are_kept() {
     use wick::engine::prompt::{MediaSpan, Pixels, Prompt};
     use wick::engine::sequence::FinishReason;
-    use wick::engine::{Engine, EngineConfig};
     use wick::load::loader::{load, LoadOptions};
     use wick::sampling::params::SamplingParams;
 
@@ -602,15 +611,8 @@ fn a_step_may_hold_more_images_than_are_kept() {
             .extend(std::iter::repeat_n(spec.token, spec.tokens));
         prompt.tokens.push(eoi);
     }
-    let cfg = EngineConfig {
-        max_num_batched_tokens: 512,
-        kv_cache_bytes: 4 << 20,
-        ..Default::default()
-    };
     let eos = loaded.tokenizer.eos_ids().to_vec();
-    let mut engine = Engine::new(loaded.model, eos, &cfg)
-        .unwrap()
-        .with_vision(encoder);
+    let mut engine = vision_engine(loaded.model, eos, encoder, 512);
     let params = SamplingParams {
         max_tokens: 1,
         ..Default::default()
