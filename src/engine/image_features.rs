@@ -12,8 +12,8 @@ use crate::engine::step_plan::StepImage;
 use crate::models::vision::VisionEncoder;
 use crate::models::FlatBatch;
 
-/// Encoder outputs kept, most recent first out last: a Gemma 3 4B image's
-/// is 256 x 2560 f32, 2.6 MB.
+/// Encoder outputs kept, the oldest dropped first: a Gemma 3 4B image's is
+/// 256 x 2560 f32, 2.6 MB.
 const KEPT: usize = 32;
 
 pub struct ImageFeatures {

@@ -210,6 +210,32 @@ pub struct ContentPart {
     pub unknown: UnknownFields,
 }
 
+impl ContentPart {
+    /// A text part, as the APIs that translate into chat build one.
+    pub fn text(text: String) -> Self {
+        ContentPart {
+            kind: "text".into(),
+            text: Some(text),
+            image_url: None,
+            unknown: UnknownFields::default(),
+        }
+    }
+
+    /// An image part of `url`, at `detail`.
+    pub fn image(url: String, detail: Option<String>) -> Self {
+        ContentPart {
+            kind: "image_url".into(),
+            text: None,
+            image_url: Some(ImageUrl {
+                url,
+                detail,
+                unknown: UnknownFields::default(),
+            }),
+            unknown: UnknownFields::default(),
+        }
+    }
+}
+
 /// An image part's image: a `data:` URL, and OpenAI's level of detail.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ImageUrl {

@@ -36,9 +36,8 @@ use crate::server::http::access::{request_id, AccessRecord};
 use crate::server::http::json_body::JsonBody;
 use crate::server::protocol::{
     ChatCompletionRequest, ChatRequestMessage, ContentPart, FieldNames, FunctionArguments,
-    FunctionDefinition, ImageUrl, MessageContent, NamedToolChoice, RequestFunctionCall,
-    RequestToolCall, Stop, ToolChoice as ChatToolChoice, ToolChoiceFunction, ToolDefinition,
-    UnknownFields,
+    FunctionDefinition, MessageContent, NamedToolChoice, RequestFunctionCall, RequestToolCall,
+    Stop, ToolChoice as ChatToolChoice, ToolChoiceFunction, ToolDefinition, UnknownFields,
 };
 use crate::server::respond::respond;
 use crate::server::unsupported;
@@ -476,7 +475,7 @@ fn user_turns(
     for (j, b) in blocks.iter().enumerate() {
         let at_block = format!("{at}.content[{j}]");
         match b.kind.as_str() {
-            "text" => parts.push(text_part(text_block(b, &at_block)?)),
+            "text" => parts.push(ContentPart::text(text_block(b, &at_block)?)),
             "image" => parts.push(image_block(b, &at_block)?),
             "tool_result" if !parts.is_empty() => {
                 return Err(bad(
@@ -514,15 +513,6 @@ fn user_turns(
     Ok(turns)
 }
 
-fn text_part(text: String) -> ContentPart {
-    ContentPart {
-        kind: "text".into(),
-        text: Some(text),
-        image_url: None,
-        unknown: UnknownFields::default(),
-    }
-}
-
 /// An image block as chat's image part: an inline image as its `data:`
 /// URL, a URL as itself (refused where URLs are not fetched).
 fn image_block(b: &Block, at: &str) -> Result<ContentPart, ApiError> {
@@ -554,16 +544,7 @@ fn image_block(b: &Block, at: &str) -> Result<ContentPart, ApiError> {
             ))
         }
     };
-    Ok(ContentPart {
-        kind: "image_url".into(),
-        text: None,
-        image_url: Some(ImageUrl {
-            url,
-            detail: None,
-            unknown: UnknownFields::default(),
-        }),
-        unknown: UnknownFields::default(),
-    })
+    Ok(ContentPart::image(url, None))
 }
 
 /// The tool calls of the assistant messages so far: each id's tool name.

@@ -42,7 +42,7 @@ use crate::server::openai::responses::store::{ResponseStore, Stored};
 use crate::server::openai::responses::stream::{new_id, OnDone, ResponseBuilder};
 use crate::server::protocol::{
     ChatCompletionRequest, ChatRequestMessage, ContentPart as ChatPart, FieldNames,
-    FunctionArguments, FunctionDefinition, ImageUrl, JsonSchemaFormat, MessageContent, Metadata,
+    FunctionArguments, FunctionDefinition, JsonSchemaFormat, MessageContent, Metadata,
     NamedToolChoice, RequestFunctionCall, RequestToolCall, ResponseFormat, Stop, ToolChoice,
     ToolChoiceFunction, ToolDefinition, UnknownFields,
 };
@@ -1032,12 +1032,7 @@ fn content(c: &ItemContent, at: &str) -> Result<MessageContent, ApiError> {
             .enumerate()
             .map(|(j, p)| match p.kind.as_str() {
                 "input_image" => image_part(p, &format!("{at}[{j}]")),
-                _ => part_text(p, &format!("{at}[{j}]")).map(|t| ChatPart {
-                    kind: "text".into(),
-                    text: Some(t),
-                    image_url: None,
-                    unknown: UnknownFields::default(),
-                }),
+                _ => part_text(p, &format!("{at}[{j}]")).map(ChatPart::text),
             })
             .collect::<Result<Vec<_>, _>>()
             .map(MessageContent::Parts),
@@ -1059,16 +1054,7 @@ fn image_part(p: &ContentPart, at: &str) -> Result<ChatPart, ApiError> {
             Some(&format!("{at}.image_url")),
         )
     })?;
-    Ok(ChatPart {
-        kind: "image_url".into(),
-        text: None,
-        image_url: Some(ImageUrl {
-            url,
-            detail: p.detail.clone(),
-            unknown: UnknownFields::default(),
-        }),
-        unknown: UnknownFields::default(),
-    })
+    Ok(ChatPart::image(url, p.detail.clone()))
 }
 
 fn part_text(p: &ContentPart, at: &str) -> Result<String, ApiError> {
