@@ -33,7 +33,7 @@ enum Command {
     /// Measure prefill and decode throughput.
     Bench(wick::cli::bench::BenchArgs),
     /// Serve the OpenAI-compatible HTTP API.
-    Serve(wick::server::config::ServeArgs),
+    Serve(Box<wick::server::config::ServeArgs>),
     /// Write a GGUF Llama model as a Hugging Face checkpoint directory
     /// (f32 safetensors, config, tokenizer and chat template).
     ExportHf {

@@ -381,6 +381,7 @@ fn chat_with_images_matches_transformers() {
             constraints: None,
             images: Some(&spec),
             image_budget: ImageBudget::default(),
+            fetched: &wick::media::fetch::NOTHING_FETCHED,
         };
         let prompt = validate_chat(&request(&image_names), &ctx).unwrap().prompts[0].clone();
         assert_eq!(prompt.tokens, want_ids, "prompt ids");
@@ -625,4 +626,133 @@ fn a_step_may_hold_more_images_than_are_kept() {
         }
     }
     assert_eq!(finish, Some(FinishReason::Length));
+}
+
+/// Image URLs read where the operator allows them: an `http` URL on an
+/// allowed host (directly, and through a redirect on the same host) and a
+/// `file:` URL under the allowed directory are answered as the same image
+/// inline is; a redirect to another host, a host not allowed, a file
+/// outside the directory, a 404, a body over the byte cap and a server
+/// too slow for the deadline are each a 400 naming the part, and the
+/// server keeps serving.
+#[tokio::test(flavor = "multi_thread")]
+async fn image_urls_are_read_only_where_allowed() {
+    use axum::http::header::LOCATION;
+    use axum::response::IntoResponse;
+    use base64::Engine as _;
+    use serde_json::{json, Value};
+
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let images = root.join("tests/fixtures/images").canonicalize().unwrap();
+    let png = std::fs::read(images.join("rgb.png")).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let served = png.clone();
+    let site = axum::Router::new()
+        .route(
+            "/rgb.png",
+            axum::routing::get(
+                move || async move { ([("content-type", "image/png")], served.clone()) },
+            ),
+        )
+        .route(
+            "/moved",
+            axum::routing::get(|| async {
+                (axum::http::StatusCode::FOUND, [(LOCATION, "/rgb.png")])
+            }),
+        )
+        .route(
+            "/elsewhere",
+            axum::routing::get(move || async move {
+                let to = format!("http://localhost:{port}/rgb.png");
+                (axum::http::StatusCode::FOUND, [(LOCATION, to)]).into_response()
+            }),
+        )
+        .route(
+            "/huge.png",
+            axum::routing::get(|| async { vec![0u8; (8 << 20) + 1] }),
+        )
+        .route(
+            "/slow.png",
+            axum::routing::get(|| async {
+                tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+                "late"
+            }),
+        );
+    tokio::spawn(async move { axum::serve(listener, site).await });
+
+    let model = root.join("tests/fixtures/gemma3vl-tiny");
+    let server = common::Server::start(&[
+        "--model",
+        model.to_str().unwrap(),
+        "--allowed-media-domains",
+        "127.0.0.1",
+        "--allowed-local-media-path",
+        images.to_str().unwrap(),
+        "--media-fetch-timeout-secs",
+        "2",
+    ]);
+    let ask = |url: &str| {
+        json!({"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image_url", "image_url": {"url": url}}]}],
+            "max_tokens": 4, "temperature": 0, "logprobs": true})
+    };
+    let answer = |reply: &Value| {
+        (
+            reply["usage"]["prompt_tokens"].clone(),
+            reply["choices"][0]["logprobs"]["content"].clone(),
+        )
+    };
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&png);
+    let (status, inline) = common::post(
+        &server,
+        "/v1/chat/completions",
+        ask(&format!("data:image/png;base64,{b64}")),
+    )
+    .await;
+    assert_eq!(status, 200, "{inline}");
+    let site = |path: &str| format!("http://127.0.0.1:{port}{path}");
+    let file = |path: &Path| format!("file://{}", path.display());
+    for url in [
+        site("/rgb.png"),
+        site("/moved"),
+        file(&images.join("rgb.png")),
+    ] {
+        let (status, reply) = common::post(&server, "/v1/chat/completions", ask(&url)).await;
+        assert_eq!(status, 200, "{url}: {reply}");
+        assert_eq!(answer(&reply), answer(&inline), "{url}");
+    }
+
+    let cases = [
+        (site("/elsewhere"), "redirects to another host"),
+        (format!("http://localhost:{port}/rgb.png"), "\"localhost\""),
+        (site("/missing.png"), "HTTP 404"),
+        (site("/huge.png"), "over the limit of 8388608 bytes"),
+        (site("/slow.png"), "timed out"),
+        (file(&images.join("../README.md")), "is not under"),
+        (format!("{}/nothing.png", file(&images)), "cannot be read"),
+    ];
+    for (url, says) in cases {
+        let (status, reply) = common::post(&server, "/v1/chat/completions", ask(&url)).await;
+        common::assert_error(
+            status,
+            &reply,
+            400,
+            Some("messages[0].content[1].image_url"),
+        );
+        let message = reply["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{url}: {message}");
+    }
+
+    // Anthropic's url source is read the same way.
+    let body = json!({"max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image", "source": {"type": "url", "url": site("/rgb.png")}}]}]});
+    let (status, reply) = common::post(&server, "/v1/messages", body).await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(
+        reply["usage"]["input_tokens"],
+        inline["usage"]["prompt_tokens"]
+    );
 }

@@ -25,6 +25,7 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::trace::TraceLayer;
 
 use crate::engine::Engine;
+use crate::media::fetch::MediaAccess;
 use crate::sampling::constraint::ConstraintFactory;
 use crate::server::anthropic::messages;
 use crate::server::config::ServeArgs;
@@ -171,7 +172,17 @@ fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> axum::respo
     ApiError::internal("internal error while handling the request").into_response()
 }
 
+/// Requests whose image URLs are being fetched at once; more wait. Each
+/// holds a blocking thread for up to `--media-fetch-timeout-secs`, and
+/// this keeps them from taking the pool validation runs on.
+const MAX_FETCHING: usize = 32;
+
 fn load(args: &ServeArgs, metrics: Arc<Metrics>) -> anyhow::Result<ModelState> {
+    let media_access = MediaAccess::new(
+        &args.allowed_media_domains,
+        args.allowed_local_media_path.as_deref(),
+        Duration::from_secs(args.media_fetch_timeout_secs),
+    )?;
     let path = args.model.model_path()?;
     let device = crate::load::loader::device(&args.model.device)?;
     let options = crate::load::loader::LoadOptions {
@@ -219,7 +230,12 @@ fn load(args: &ServeArgs, metrics: Arc<Metrics>) -> anyhow::Result<ModelState> {
         tokenizer: loaded.tokenizer,
         chat_template: loaded.chat_template,
         image_spec,
-        image_budget: ImageBudget::default(),
+        image_budget: ImageBudget {
+            max_images: args.max_images_per_request,
+            ..ImageBudget::default()
+        },
+        media_access: Arc::new(media_access),
+        fetching: Arc::new(tokio::sync::Semaphore::new(MAX_FETCHING)),
         vocab_size: info.vocab_size,
         max_context,
         max_seq_tokens,

@@ -71,6 +71,19 @@ pub struct ServeArgs {
     /// `Host` names requests may carry, comma-separated; `*`: any.
     #[arg(long, value_delimiter = ',', env = "WICK_ALLOWED_HOSTS")]
     pub allowed_hosts: Vec<String>,
+    /// Hosts whose `http(s)` image URLs requests may name, comma-separated
+    /// (exact names; none: images come only inline, as data: URLs).
+    #[arg(long, value_delimiter = ',', env = "WICK_ALLOWED_MEDIA_DOMAINS")]
+    pub allowed_media_domains: Vec<String>,
+    /// A directory whose files requests may name by `file:` image URLs.
+    #[arg(long, env = "WICK_ALLOWED_LOCAL_MEDIA_PATH")]
+    pub allowed_local_media_path: Option<PathBuf>,
+    /// Seconds one request's image URLs may take to fetch, all together.
+    #[arg(long, default_value_t = 10, env = "WICK_MEDIA_FETCH_TIMEOUT_SECS")]
+    pub media_fetch_timeout_secs: u64,
+    /// Most images one request may carry.
+    #[arg(long, default_value_t = 8, env = "WICK_MAX_IMAGES_PER_REQUEST")]
+    pub max_images_per_request: usize,
     /// No chat page at `/` (it answers 404).
     #[arg(
         long,

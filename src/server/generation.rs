@@ -20,6 +20,7 @@ use crate::server::error::ApiError;
 use crate::server::handlers;
 use crate::server::http::access::AccessRecord;
 use crate::server::http::json_body::JsonBody;
+use crate::server::images::ImageSources;
 use crate::server::metrics::Metrics;
 use crate::server::protocol::{CompletionTokensDetails, PromptTokensDetails, Usage};
 use crate::server::validation::{GenerationPlan, ModelContext};
@@ -53,7 +54,7 @@ pub struct Generation {
 /// chat share. A request refused here (a 4xx, an overload) is not counted
 /// as finished; one whose client leaves from the moment its body is read
 /// on counts as aborted.
-pub async fn begin<R: DeserializeOwned + Send + 'static>(
+pub async fn begin<R: DeserializeOwned + ImageSources + Send + 'static>(
     state: &Arc<AppState>,
     body: Request,
     validate: fn(&R, &ModelContext) -> Result<GenerationPlan, ApiError>,
@@ -68,7 +69,7 @@ pub async fn begin<R: DeserializeOwned + Send + 'static>(
 
 /// [`begin`] for a request its handler has already read (and translated,
 /// as `/v1/responses` does): no body to read again.
-pub async fn begin_read<R: Send + 'static>(
+pub async fn begin_read<R: ImageSources + Send + 'static>(
     state: &Arc<AppState>,
     req: R,
     validate: fn(&R, &ModelContext) -> Result<GenerationPlan, ApiError>,
@@ -78,7 +79,7 @@ pub async fn begin_read<R: Send + 'static>(
 }
 
 /// What [`begin`] and [`begin_read`] share, from the request's read on.
-async fn begin_from<R: Send + 'static>(
+async fn begin_from<R: ImageSources + Send + 'static>(
     state: &Arc<AppState>,
     read: impl Future<Output = Result<R, ApiError>>,
     validate: fn(&R, &ModelContext) -> Result<GenerationPlan, ApiError>,

@@ -10,8 +10,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
+use crate::media::fetch::Fetched;
 use crate::server::error::ApiError;
 use crate::server::http::json_body::JsonBody;
+use crate::server::images::ImageSources;
 use crate::server::protocol::*;
 use crate::server::unsupported;
 use crate::server::validation::{check_model, GenerationPlan, ModelContext};
@@ -46,13 +48,57 @@ pub(super) async fn tokenizing<T: Send + 'static>(
     .map_err(|e| ApiError::internal(e.to_string()))
 }
 
-/// Validation tokenizes and compiles grammars.
-pub async fn plan<R: Send + 'static>(
+/// Validation tokenizes and compiles grammars, once the request's image
+/// URLs are fetched.
+pub async fn plan<R: ImageSources + Send + 'static>(
     model: &Arc<ModelState>,
     req: R,
     validate: fn(&R, &ModelContext) -> Result<GenerationPlan, ApiError>,
 ) -> Result<GenerationPlan, ApiError> {
-    tokenizing(model, move |m| validate(&req, &m.context())).await?
+    let fetched = prefetch(model, &req).await?;
+    tokenizing(model, move |m| {
+        let ctx = ModelContext {
+            fetched: &fetched,
+            ..m.context()
+        };
+        validate(&req, &ctx)
+    })
+    .await?
+}
+
+/// Fetches the request's image URLs that are not `data:` URLs, as far as
+/// the server allows, off the async runtime and at most
+/// [`ModelState::fetching`] requests at once. Nothing is fetched for a
+/// request that validation refuses before reading images (too many, or a
+/// model that takes none).
+async fn prefetch(model: &Arc<ModelState>, req: &impl ImageSources) -> Result<Fetched, ApiError> {
+    let urls = req.image_urls();
+    let mut remote: Vec<String> = urls
+        .iter()
+        .filter(|u| !u.starts_with("data:"))
+        .map(|u| u.to_string())
+        .collect();
+    let refused_first = model.image_spec.is_none() || urls.len() > model.image_budget.max_images;
+    if remote.is_empty() || refused_first {
+        return Ok(Fetched::new());
+    }
+    remote.sort_unstable();
+    remote.dedup();
+    let internal = |e: String| ApiError::internal(e);
+    let permit = model
+        .fetching
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|e| internal(e.to_string()))?;
+    let access = model.media_access.clone();
+    let max_bytes = model.image_budget.each.max_bytes;
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        access.fetch_all(&remote, max_bytes)
+    })
+    .await
+    .map_err(|e| internal(e.to_string()))
 }
 
 pub async fn health(State(state): State<Arc<AppState>>) -> Response {

@@ -1,10 +1,11 @@
 //! A chat request's images, from their parts to the prompt's media spans:
-//! each image URL (a `data:` URL) decoded under the limits and made into
-//! pixel values as the model's processor makes them, each image marker
-//! the template wrote expanded into the model's placeholder tokens, and
-//! each run of those tokens in the prompt's ids made a media span keyed by
-//! the image's content. Runs on the blocking pool, with the rest of
-//! validation.
+//! the URLs that are not `data:` URLs fetched before validation, where
+//! the operator allows it (`handlers::plan`); then, on the blocking pool with
+//! the rest of validation, each image decoded under the limits and made
+//! into pixel values as the model's processor makes them, each image
+//! marker the template wrote expanded into the model's placeholder
+//! tokens, and each run of those tokens in the prompt's ids made a media
+//! span keyed by the image's content.
 
 use base64::alphabet;
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
@@ -12,8 +13,10 @@ use base64::Engine as _;
 
 use crate::engine::prompt::{MediaSpan, Pixels};
 use crate::media::decode::{decode, ImageLimits};
+use crate::media::fetch::Fetched;
 use crate::models::vision::ImageSpec;
 use crate::server::error::ApiError;
+use crate::server::protocol::{ChatCompletionRequest, CompletionRequest, MessageContent};
 
 /// An image part of a message: its URL, and the part it came from
 /// (`messages[0].content[1]`), which its errors name.
@@ -27,6 +30,30 @@ impl ImageRef {
     /// The field that holds the image.
     pub fn field(&self) -> String {
         format!("{}.image_url", self.part)
+    }
+}
+
+/// A request's image URLs, every one validation will read, in any order.
+pub trait ImageSources {
+    fn image_urls(&self) -> Vec<&str>;
+}
+
+impl ImageSources for ChatCompletionRequest {
+    fn image_urls(&self) -> Vec<&str> {
+        let parts = self.messages.iter().filter_map(|m| match &m.content {
+            Some(MessageContent::Parts(parts)) => Some(parts),
+            _ => None,
+        });
+        parts
+            .flatten()
+            .filter_map(|p| p.image_url.as_ref().map(|i| i.url.as_str()))
+            .collect()
+    }
+}
+
+impl ImageSources for CompletionRequest {
+    fn image_urls(&self) -> Vec<&str> {
+        Vec::new()
     }
 }
 
@@ -65,20 +92,33 @@ pub fn check_count(images: &[ImageRef], budget: &ImageBudget) -> Result<(), ApiE
     }
 }
 
-/// Decodes and preprocesses each image ([`check_count`] first); the first
-/// one refused is the request's error, naming its field.
+/// Decodes and preprocesses each image ([`check_count`] first), from its
+/// `data:` URL or what was fetched for it; the first one refused is the
+/// request's error, naming its field.
 pub fn load(
     images: &[ImageRef],
     spec: &ImageSpec,
     budget: &ImageBudget,
+    fetched: &Fetched,
 ) -> Result<Vec<Pixels>, ApiError> {
     check_count(images, budget)?;
     images
         .iter()
         .map(|image| {
             let refused = |m: String| ApiError::bad_request(m, Some(&image.field()));
-            let bytes = data_url(&image.url).map_err(refused)?;
-            let decoded = decode(&bytes, &budget.each).map_err(|e| refused(e.to_string()))?;
+            let inline;
+            let bytes = match image.url.strip_prefix("data:") {
+                Some(rest) => {
+                    inline = data_url(rest).map_err(refused)?;
+                    &inline
+                }
+                None => match fetched.get(&image.url) {
+                    Some(Ok(bytes)) => bytes,
+                    Some(Err(why)) => return Err(refused(why.clone())),
+                    None => return Err(refused("the image URL was not fetched".into())),
+                },
+            };
+            let decoded = decode(bytes, &budget.each).map_err(|e| refused(e.to_string()))?;
             let p = &spec.processor;
             Ok(Pixels::new(
                 p.pixels(&decoded),
@@ -95,17 +135,9 @@ const BASE64: GeneralPurpose = GeneralPurpose::new(
     GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
 );
 
-/// The bytes of a base64 `data:` URL of an image type (or of no type).
-fn data_url(url: &str) -> Result<Vec<u8>, String> {
-    let Some(rest) = url.strip_prefix("data:") else {
-        let scheme = url.split_once(':').map_or("", |(s, _)| s);
-        return Err(match scheme {
-            "http" | "https" => "fetching image URLs is not enabled on this server: send the \
-                                 image inline as a data: URL (data:image/png;base64,...)"
-                .to_string(),
-            _ => "an image URL must be a data: URL (data:image/png;base64,...)".to_string(),
-        });
-    };
+/// The bytes of a base64 `data:` URL of an image type (or of no type),
+/// given what follows `data:`.
+fn data_url(rest: &str) -> Result<Vec<u8>, String> {
     let Some((meta, data)) = rest.split_once(',') else {
         return Err("the data: URL has no comma before its data".into());
     };
@@ -198,26 +230,17 @@ mod tests {
     fn data_urls() {
         let b64 = base64::engine::general_purpose::STANDARD.encode(b"\x89PNG");
         assert_eq!(
-            data_url(&format!("data:image/png;base64,{b64}")).unwrap(),
+            data_url(&format!("image/png;base64,{b64}")).unwrap(),
             b"\x89PNG"
         );
         // No type, spaces and line breaks in the data, missing padding.
-        let wrapped = format!(
-            "data:;base64,{}\n{}",
-            &b64[..4],
-            b64[4..].trim_end_matches('=')
-        );
+        let wrapped = format!(";base64,{}\n{}", &b64[..4], b64[4..].trim_end_matches('='));
         assert_eq!(data_url(&wrapped).unwrap(), b"\x89PNG");
         for (url, says) in [
-            (
-                "https://example.com/a.png",
-                "fetching image URLs is not enabled",
-            ),
-            ("file:///etc/passwd", "must be a data: URL"),
-            ("data:text/plain;base64,aGk=", "not an image"),
-            ("data:image/png,rawbytes", "must be base64"),
-            ("data:image/png;base64", "no comma"),
-            ("data:image/png;base64,@@@@", "base64 is invalid"),
+            ("text/plain;base64,aGk=", "not an image"),
+            ("image/png,rawbytes", "must be base64"),
+            ("image/png;base64", "no comma"),
+            ("image/png;base64,@@@@", "base64 is invalid"),
         ] {
             let e = data_url(url).unwrap_err();
             assert!(e.contains(says), "{url}: {e}");

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use crate::media::fetch::{MediaAccess, NOTHING_FETCHED};
 use crate::models::vision::ImageSpec;
 use crate::sampling::constraint::ConstraintFactory;
 use crate::server::engine_loop::EngineHandle;
@@ -27,6 +28,11 @@ pub struct ModelState {
     /// How prompts hold an image, where the model takes images.
     pub image_spec: Option<ImageSpec>,
     pub image_budget: ImageBudget,
+    /// Where image URLs may be read from (`--allowed-media-domains`,
+    /// `--allowed-local-media-path`).
+    pub media_access: Arc<MediaAccess>,
+    /// Requests fetching image URLs at once (`handlers::plan`).
+    pub fetching: Arc<tokio::sync::Semaphore>,
     pub vocab_size: usize,
     /// The model's context, or `--max-model-len` below it.
     pub max_context: usize,
@@ -62,6 +68,7 @@ impl ModelState {
             constraints: self.constraints.as_ref(),
             images: self.image_spec.as_ref(),
             image_budget: self.image_budget,
+            fetched: &NOTHING_FETCHED,
         }
     }
 }

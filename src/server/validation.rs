@@ -11,6 +11,7 @@ use serde::de::DeserializeOwned;
 use serde_path_to_error::Segment;
 
 use crate::engine::{prompt, request_rules};
+use crate::media::fetch::Fetched;
 use crate::models::vision::ImageSpec;
 use crate::sampling::constraint::{Constraint, ConstraintFactory, Grammar};
 use crate::sampling::params::{SamplingParams, MAX_LOGPROBS};
@@ -55,6 +56,9 @@ pub struct ModelContext<'a> {
     /// How prompts hold an image, where the model takes images.
     pub images: Option<&'a ImageSpec>,
     pub image_budget: ImageBudget,
+    /// The bytes of the request's image URLs that are not `data:` URLs,
+    /// fetched before validation (`handlers::plan`).
+    pub fetched: &'a Fetched,
 }
 
 /// A validated request, ready to submit: `n` sequences per prompt, each with
@@ -705,7 +709,7 @@ pub fn validate_chat(
     }
     let media = match image_spec {
         Some(spec) => {
-            let pixels = images::load(&images, spec, &ctx.image_budget)?;
+            let pixels = images::load(&images, spec, &ctx.image_budget, ctx.fetched)?;
             images::spans(&ids, spec, pixels, names.messages)?
         }
         None => Vec::new(),
@@ -900,6 +904,7 @@ mod tests {
             constraints: Some(constraints()),
             images: None,
             image_budget: ImageBudget::default(),
+            fetched: &crate::media::fetch::NOTHING_FETCHED,
         }
     }
 

@@ -34,6 +34,7 @@ use crate::server::generation;
 use crate::server::handlers;
 use crate::server::http::access::{request_id, AccessRecord};
 use crate::server::http::json_body::JsonBody;
+use crate::server::images::ImageSources;
 use crate::server::protocol::{
     ChatCompletionRequest, ChatRequestMessage, ContentPart, FieldNames, FunctionArguments,
     FunctionDefinition, MessageContent, NamedToolChoice, RequestFunctionCall, RequestToolCall,
@@ -101,6 +102,32 @@ pub struct InputMessage {
     #[schema(ignore)]
     #[serde(flatten)]
     pub unknown: UnknownFields,
+}
+
+/// The `url` sources of the messages' image blocks.
+fn image_urls(messages: &[InputMessage]) -> Vec<&str> {
+    let blocks = messages.iter().filter_map(|m| match &m.content {
+        Content::Blocks(blocks) => Some(blocks),
+        Content::Text(_) => None,
+    });
+    blocks
+        .flatten()
+        .filter_map(|b| b.source.as_ref())
+        .filter(|s| s.kind == "url")
+        .filter_map(|s| s.url.as_deref())
+        .collect()
+}
+
+impl ImageSources for MessagesRequest {
+    fn image_urls(&self) -> Vec<&str> {
+        image_urls(&self.messages)
+    }
+}
+
+impl ImageSources for CountTokensRequest {
+    fn image_urls(&self) -> Vec<&str> {
+        image_urls(&self.messages)
+    }
 }
 
 /// A message's (or `system`'s, or a tool result's) content: a string or
@@ -910,6 +937,7 @@ mod tests {
             constraints: None,
             images: None,
             image_budget: ImageBudget::default(),
+            fetched: &crate::media::fetch::NOTHING_FETCHED,
         }
     }
 
