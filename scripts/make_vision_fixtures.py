@@ -146,9 +146,15 @@ def gemma3vl(seed=53):
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
         "head_dim": 32,
+        # Attention scaled by head_dim ** -0.5, as Gemma 3 4B's (256 and
+        # 256) is, and as llama.cpp scales every Gemma 3 but the 27B.
+        "query_pre_attn_scalar": 32,
         "max_position_embeddings": 256,
         "sliding_window": 16,
-        "layer_types": ["sliding_attention", "full_attention"],
+        # Both layers local: llama.cpp gives Gemma 3 a global layer only
+        # every sixth, so its GGUF files (gguf-tiny/gemma3vl-*) read these
+        # two layers so too.
+        "layer_types": ["sliding_attention", "sliding_attention"],
         "bos_token_id": tok.bos_token_id,
         "eos_token_id": tok.eos_token_id,
         "pad_token_id": tok.pad_token_id,
