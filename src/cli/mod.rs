@@ -37,6 +37,9 @@ pub struct ModelArgs {
     /// cpu, or cuda[:N] in a build with the `cuda` feature.
     #[arg(long, default_value = "cpu", env = "WICK_DEVICE")]
     pub device: String,
+    /// A llama.cpp vision projector GGUF (mmproj) for a GGUF model: images in.
+    #[arg(long, env = "WICK_MMPROJ")]
+    pub mmproj: Option<PathBuf>,
     /// A smaller model, same tokenizer, to draft tokens (speculative decoding).
     #[arg(long, env = "WICK_DRAFT_MODEL")]
     pub draft_model: Option<String>,
@@ -269,6 +272,7 @@ impl ModelArgs {
         // can draft for its own f32 form).
         let options = LoadOptions {
             weights: WeightFormat::Native,
+            mmproj: None,
             ..options.clone()
         };
         let draft = crate::load::loader::load(&path, &options, device)
@@ -284,6 +288,7 @@ impl ModelArgs {
             dtype: self.dtype,
             chat_template: self.chat_template.clone(),
             context: None,
+            mmproj: self.mmproj.clone(),
         }
     }
 }

@@ -12,7 +12,7 @@ use candle_core::{DType, Device};
 
 use crate::load::gguf_split::{self, SplitReader};
 use crate::load::load_progress::LoadProgress;
-use crate::load::{gguf_header, hf_dir};
+use crate::load::{gguf_header, hf_dir, mmproj};
 use crate::models::linear::{WeightFormat, WeightSpec};
 use crate::models::registry::{self, FromGguf, ReadSeek};
 use crate::models::vision::VisionEncoder;
@@ -75,6 +75,8 @@ pub struct LoadOptions {
     /// than the model's: smaller RoPE tables, and Phi-3's LongRoPE factors
     /// depend on it.
     pub context: Option<usize>,
+    /// A llama.cpp vision projector file for a GGUF model (`--mmproj`).
+    pub mmproj: Option<PathBuf>,
 }
 
 impl From<WeightFormat> for LoadOptions {
@@ -236,6 +238,12 @@ fn release_freed_memory() {
 }
 
 fn load_hf(dir: &Path, options: &LoadOptions, device: &Device) -> anyhow::Result<LoadedModel> {
+    if options.mmproj.is_some() {
+        bail!(
+            "--mmproj goes with a GGUF model; the checkpoint {} has its own vision tower, if any",
+            dir.display()
+        );
+    }
     let (tokenizer, chat_template) = hf_dir::load_tokenizer(dir)?;
     let (model, vision) = hf_dir::load_model(
         dir,
@@ -291,9 +299,21 @@ fn load_gguf(path: &Path, options: &LoadOptions, device: &Device) -> anyhow::Res
         device,
     )
     .context("loading the model weights")?;
+    let vision = match &options.mmproj {
+        Some(file) => {
+            let key = format!("{}.embedding_length", gguf_architecture(&content));
+            let width = content
+                .metadata
+                .get(&key)
+                .and_then(|v| v.to_u32().ok())
+                .with_context(|| format!("{}: no {key}", path.display()))?;
+            Some(mmproj::load(file, width as usize, &tokenizer, device)?)
+        }
+        None => None,
+    };
     Ok(LoadedModel {
         model,
-        vision: None,
+        vision,
         tokenizer,
         chat_template,
         name,

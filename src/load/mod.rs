@@ -7,4 +7,5 @@ pub mod hf_dir;
 pub mod hub;
 pub mod load_progress;
 pub mod loader;
+pub mod mmproj;
 pub mod model_fetch;
