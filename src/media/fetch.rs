@@ -173,11 +173,13 @@ impl MediaAccess {
     fn read(&self, source: Source, max_bytes: usize, deadline: Instant) -> Result<Vec<u8>, String> {
         match source {
             Source::File(path) => {
+                // Checked before opening: opening a FIFO would wait for a
+                // writer.
+                if !std::fs::metadata(&path).is_ok_and(|m| m.is_file()) {
+                    return Err("the image URL names no regular file".into());
+                }
                 let file =
                     std::fs::File::open(&path).map_err(|e| format!("the image file: {e}"))?;
-                if !file.metadata().is_ok_and(|m| m.is_file()) {
-                    return Err("the image URL names no file".into());
-                }
                 capped(file, max_bytes).map_err(|e| format!("the image file: {e}"))
             }
             Source::Http(url) => self.http(url, max_bytes, deadline),
@@ -302,6 +304,21 @@ mod tests {
             let e = refusal(&some, url);
             assert!(e.contains("is not under"), "{url}: {e}");
         }
+        // Read: a file, capped; not a directory (nor a FIFO, which would
+        // block the open).
+        let read = |url: String| {
+            some.fetch_all(std::slice::from_ref(&url), 4)
+                .remove(&url)
+                .unwrap()
+        };
+        assert_eq!(read(file_url(&root.join("a.png"))).unwrap(), b"png");
+        let sub = root.join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        let e = read(file_url(&sub)).unwrap_err();
+        assert!(e.contains("no regular file"), "{e}");
+        std::fs::write(root.join("big.png"), b"12345").unwrap();
+        let e = read(file_url(&root.join("big.png"))).unwrap_err();
+        assert!(e.contains("over the limit of 4 bytes"), "{e}");
         for (url, says) in [
             (
                 "https://example.com.evil.net/a.png",

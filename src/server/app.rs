@@ -173,9 +173,10 @@ fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> axum::respo
 }
 
 /// Requests whose image URLs are being fetched at once; more wait. Each
-/// holds a blocking thread for up to `--media-fetch-timeout-secs`, and
-/// this keeps them from taking the pool validation runs on.
-const MAX_FETCHING: usize = 32;
+/// holds a blocking thread for up to `--media-fetch-timeout-secs` and up
+/// to 8 images of 8 MiB, so this bounds both the threads taken from the
+/// pool validation runs on and the memory fetched bytes hold (512 MiB).
+const MAX_FETCHING: usize = 8;
 
 fn load(args: &ServeArgs, metrics: Arc<Metrics>) -> anyhow::Result<ModelState> {
     let media_access = MediaAccess::new(
