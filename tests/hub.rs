@@ -410,7 +410,8 @@ fn a_quant_tag_fetches_that_gguf_alone_and_then_works_offline() {
     let cache = tempfile::tempdir().unwrap();
     let arg = format!("{GGUF_REPO}:q8_0");
     let path = resolve_in(cache.path(), &arg, &online(&hub.endpoint)).unwrap();
-    assert_eq!(hub.downloads(), ["tiny-Q8_0.gguf"]);
+    // The repo's vision projector comes with the model.
+    assert_eq!(hub.downloads(), ["tiny-Q8_0.gguf", "mmproj-tiny-Q8_0.gguf"]);
     assert_eq!(
         std::fs::read(&path).unwrap(),
         std::fs::read(
@@ -444,12 +445,14 @@ fn a_gguf_repo_without_a_tag_takes_a_default_quant_every_part_of_it() {
     let hub = gguf_hub();
     let cache = tempfile::tempdir().unwrap();
     // Q4_K_M comes first, split in three parts: all three are fetched, and
-    // the model loads from the first. The projector is never a model.
+    // the model loads from the first. The projector is never a model, but
+    // comes with it.
     let path = resolve_in(cache.path(), GGUF_REPO, &online(&hub.endpoint)).unwrap();
     let parts: Vec<String> = (1..=3)
         .map(|k| format!("Q4_K_M/tiny-Q4_K_M-0000{k}-of-00003.gguf"))
         .collect();
-    assert_eq!(hub.downloads(), parts);
+    assert_eq!(hub.downloads()[..3], parts);
+    assert_eq!(hub.downloads()[3..], ["mmproj-tiny-Q8_0.gguf"]);
     assert!(path.ends_with(&parts[0]), "{}", path.display());
     let loaded = load(&path, &LoadOptions::default(), &Device::Cpu).unwrap();
     assert!(loaded.model.info().num_layers > 0);
@@ -469,7 +472,75 @@ fn a_gguf_repo_without_a_tag_takes_a_default_quant_every_part_of_it() {
             && !e.contains("mmproj"),
         "{e}"
     );
-    assert_eq!(hub.downloads().len(), 3, "nothing more fetched");
+    assert_eq!(hub.downloads().len(), 4, "nothing more fetched");
+}
+
+/// A GGUF repo with Gemma 3's vision projector beside the model, as
+/// llama.cpp's are published: the projector (F16 of the two) is fetched
+/// with the model and found again offline, and the model then takes
+/// images. A repo's projector that does not fit its model (here a text
+/// GGUF under a projector's name) is passed over, text only; named with
+/// `--mmproj`, the same file is an error.
+#[test]
+fn a_gguf_repo_s_vision_projector_comes_with_its_model() {
+    use wick::load::hub::projector_in;
+
+    let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf-tiny");
+    let files = [
+        ("vl-Q8_0.gguf", "gemma3vl-q8_0.gguf"),
+        ("mmproj-vl-F32.gguf", "mmproj-gemma3vl-f32.gguf"),
+        ("mmproj-vl-F16.gguf", "mmproj-gemma3vl-f16.gguf"),
+    ];
+    let repo = "org/vl-GGUF";
+    let hub = FakeHub::serving(
+        repo,
+        files
+            .iter()
+            .map(|(name, src)| (name.to_string(), tiny.join(src)))
+            .collect(),
+    );
+    let cache = tempfile::tempdir().unwrap();
+    let arg = format!("{repo}:Q8_0");
+    assert_eq!(projector_in(cache.path(), &arg), None, "nothing cached yet");
+    let model = resolve_in(cache.path(), &arg, &online(&hub.endpoint)).unwrap();
+    assert_eq!(hub.downloads(), ["vl-Q8_0.gguf", "mmproj-vl-F16.gguf"]);
+    let projector = projector_in(cache.path(), &arg).expect("the fetched projector");
+    assert_eq!(
+        std::fs::read(&projector).unwrap(),
+        std::fs::read(tiny.join("mmproj-gemma3vl-f16.gguf")).unwrap()
+    );
+    drop(hub);
+    assert_eq!(
+        resolve_in(cache.path(), &arg, &Hub::Offline).unwrap(),
+        model
+    );
+    assert_eq!(projector_in(cache.path(), repo), Some(projector.clone()));
+    let found = LoadOptions {
+        mmproj: Some(projector),
+        mmproj_optional: true,
+        ..Default::default()
+    };
+    let loaded = load(&model, &found, &Device::Cpu).unwrap();
+    assert!(loaded.vision.is_some(), "the model takes images");
+
+    let text_hub = gguf_hub();
+    let cache = tempfile::tempdir().unwrap();
+    let arg = format!("{GGUF_REPO}:Q8_0");
+    let model = resolve_in(cache.path(), &arg, &online(&text_hub.endpoint)).unwrap();
+    let misfit = projector_in(cache.path(), &arg).expect("the repo's mmproj file");
+    let mut options = LoadOptions {
+        mmproj: Some(misfit),
+        mmproj_optional: true,
+        ..Default::default()
+    };
+    let loaded = load(&model, &options, &Device::Cpu).unwrap();
+    assert!(loaded.vision.is_none(), "passed over");
+    options.mmproj_optional = false;
+    let e = load(&model, &options, &Device::Cpu).err().expect("refused");
+    assert!(
+        format!("{e:#}").contains("is not a vision projector file"),
+        "{e:#}"
+    );
 }
 
 #[test]

@@ -38,8 +38,20 @@ pub struct ModelArgs {
     #[arg(long, default_value = "cpu", env = "WICK_DEVICE")]
     pub device: String,
     /// A llama.cpp vision projector GGUF (mmproj) for a GGUF model: images in.
-    #[arg(long, env = "WICK_MMPROJ")]
+    /// A hub GGUF repo's own is fetched and used unless --no-mmproj.
+    #[arg(long, env = "WICK_MMPROJ", conflicts_with = "no_mmproj")]
     pub mmproj: Option<PathBuf>,
+    /// Not the vision projector of a hub GGUF repo: text only.
+    #[arg(
+        long,
+        env = "WICK_NO_MMPROJ",
+        num_args = 0..=1,
+        require_equals = true,
+        default_value_t = false,
+        default_missing_value = "true",
+        value_parser = clap::builder::BoolishValueParser::new(),
+    )]
+    pub no_mmproj: bool,
     /// A smaller model, same tokenizer, to draft tokens (speculative decoding).
     #[arg(long, env = "WICK_DRAFT_MODEL")]
     pub draft_model: Option<String>,
@@ -273,6 +285,7 @@ impl ModelArgs {
         let options = LoadOptions {
             weights: WeightFormat::Native,
             mmproj: None,
+            mmproj_optional: true,
             ..options.clone()
         };
         let draft = crate::load::loader::load(&path, &options, device)
@@ -288,8 +301,17 @@ impl ModelArgs {
             dtype: self.dtype,
             chat_template: self.chat_template.clone(),
             context: None,
-            mmproj: self.mmproj.clone(),
+            mmproj: self.mmproj.clone().or_else(|| self.repo_projector()),
+            mmproj_optional: self.mmproj.is_none(),
         }
+    }
+
+    /// The vision projector the hub cache holds beside `--model`'s GGUF,
+    /// when `--model` is a repo and `--no-mmproj` is not given.
+    fn repo_projector(&self) -> Option<PathBuf> {
+        let arg = self.model.as_deref().filter(|_| !self.no_mmproj)?;
+        let is_repo = !std::path::Path::new(arg).exists() && crate::load::hub::is_repo_id(arg);
+        is_repo.then(|| crate::load::hub::projector(arg)).flatten()
     }
 }
 

@@ -9,7 +9,8 @@
 //! whose name carries the quantization tag (`Q4_K_M`, `Q8_0`, ...), as
 //! `llama-server -hf` does; `ORG/NAME` alone on such a repo (no
 //! `config.json`) takes the first of [`DEFAULT_QUANTS`] it has, and says
-//! which.
+//! which. A vision projector file in the repo (`mmproj-*.gguf`) is fetched
+//! with the model, as `llama-server -hf` fetches it ([`projector_in`]).
 
 use std::collections::HashSet;
 use std::ffi::OsString;
@@ -229,6 +230,39 @@ fn has_tag(file: &str, tag: &str) -> bool {
     })
 }
 
+/// The vision projector file among `files` (`mmproj` in its name), F16
+/// first as llama.cpp publishes it, then BF16, F32 and Q8_0.
+fn choose_projector(files: &[String]) -> Option<String> {
+    let mut projectors: Vec<&String> = files
+        .iter()
+        .filter(|f| {
+            let lower = f.to_ascii_lowercase();
+            lower.ends_with(".gguf") && base_name(&lower).contains("mmproj")
+        })
+        .collect();
+    projectors.sort();
+    ["F16", "BF16", "F32", "Q8_0"]
+        .iter()
+        .find_map(|t| projectors.iter().find(|f| has_tag(f, t)))
+        .or(projectors.first())
+        .map(|f| f.to_string())
+}
+
+/// The vision projector file the cached snapshot of `arg`'s repo holds
+/// beside its GGUF model, fetched with it when the repo lists one.
+pub fn projector_in(cache: &Path, arg: &str) -> Option<PathBuf> {
+    let (repo_id, _) = split_tag(arg);
+    let file = choose_projector(&snapshot_files(cache, repo_id))?;
+    Cache::new(cache.to_path_buf())
+        .model(repo_id.to_string())
+        .get(&file)
+}
+
+/// [`projector_in`] in the environment's cache.
+pub fn projector(arg: &str) -> Option<PathBuf> {
+    projector_in(&cache_dir(), arg)
+}
+
 /// The GGUF file of `files` that `tag` names (or, without one, the first
 /// of [`DEFAULT_QUANTS`] present, or the only GGUF), and the tag taken: one
 /// file, or every part of a split one, the first part first.
@@ -347,6 +381,14 @@ fn resolve_gguf(
             repo.download(file)
                 .with_context(|| format!("downloading {file}"))?,
         );
+    }
+    // The model works without its projector (text only), so a failed
+    // fetch of it is said, not fatal.
+    if let Some(file) = choose_projector(&file_names(&info)) {
+        eprintln!("wick: fetching the vision projector {file} of {repo_id} from {endpoint}");
+        if let Err(e) = repo.download(&file) {
+            eprintln!("wick: {file} could not be fetched ({e}); serving text only");
+        }
     }
     cached.create_ref(&info.sha).context("writing refs/main")?;
     paths.into_iter().next().context("no file chosen")

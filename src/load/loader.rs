@@ -77,6 +77,9 @@ pub struct LoadOptions {
     pub context: Option<usize>,
     /// A llama.cpp vision projector file for a GGUF model (`--mmproj`).
     pub mmproj: Option<PathBuf>,
+    /// The projector was found beside a hub model, not named: one that
+    /// does not fit is passed over (text only), saying so.
+    pub mmproj_optional: bool,
 }
 
 impl From<WeightFormat> for LoadOptions {
@@ -238,7 +241,7 @@ fn release_freed_memory() {
 }
 
 fn load_hf(dir: &Path, options: &LoadOptions, device: &Device) -> anyhow::Result<LoadedModel> {
-    if options.mmproj.is_some() {
+    if options.mmproj.is_some() && !options.mmproj_optional {
         bail!(
             "--mmproj goes with a GGUF model; the checkpoint {} has its own vision tower, if any",
             dir.display()
@@ -307,7 +310,14 @@ fn load_gguf(path: &Path, options: &LoadOptions, device: &Device) -> anyhow::Res
                 .get(&key)
                 .and_then(|v| v.to_u32().ok())
                 .with_context(|| format!("{}: no {key}", path.display()))?;
-            Some(mmproj::load(file, width as usize, &tokenizer, device)?)
+            match mmproj::load(file, width as usize, &tokenizer, device) {
+                Ok(encoder) => Some(encoder),
+                Err(e) if options.mmproj_optional => {
+                    eprintln!("wick: the repo's vision projector is not used: {e:#}");
+                    None
+                }
+                Err(e) => return Err(e),
+            }
         }
         None => None,
     };
