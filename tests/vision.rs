@@ -287,6 +287,29 @@ fn vision_engine(
         .with_vision(encoder)
 }
 
+/// Each prompt token's logprob in `scored` is within `nats` of the one
+/// transformers' `logits` give it (token j + 1 is scored with the logits
+/// at position j).
+fn assert_prompt_logprobs(
+    scored: &[wick::sampling::sampler::SampledToken],
+    ids: &[u32],
+    logits: &[Vec<f32>],
+    nats: f32,
+    what: &str,
+) {
+    for (pos, row) in logits.iter().enumerate().take(ids.len() - 1) {
+        let next = ids[pos + 1] as usize;
+        let max = row.iter().copied().fold(f32::MIN, f32::max);
+        let lse = max + row.iter().map(|v| (v - max).exp()).sum::<f32>().ln();
+        let got = scored[pos].logprob.unwrap();
+        let d = (got - (row[next] - lse)).abs();
+        assert!(
+            d < nats,
+            "{what}, position {pos}: logprob {got}, {d} from transformers'"
+        );
+    }
+}
+
 /// transformers' reference chat with images (`gemma3vl-tiny`'s `chat`).
 fn reference_chat() -> serde_json::Value {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gemma3vl-tiny");
@@ -474,18 +497,8 @@ fn chat_with_images_matches_transformers() {
                 greedy,
                 "chunks of {chunk}: greedy continuation"
             );
-            // Token j + 1 is scored with the logits at position j.
-            for (pos, row) in want_logits.iter().enumerate().take(want_ids.len() - 1) {
-                let next = want_ids[pos + 1] as usize;
-                let max = row.iter().copied().fold(f32::MIN, f32::max);
-                let lse = max + row.iter().map(|v| (v - max).exp()).sum::<f32>().ln();
-                let got = scored[pos].logprob.unwrap();
-                let d = (got - (row[next] - lse)).abs();
-                assert!(
-                    d < 1e-4,
-                    "chunks of {chunk}, position {pos}: logprob {got} off by {d}"
-                );
-            }
+            let what = format!("chunks of {chunk}");
+            assert_prompt_logprobs(&scored, &want_ids, &want_logits, 1e-4, &what);
             continue;
         }
         let (again, cached, repeat) = run(&prompt);
@@ -615,17 +628,7 @@ fn gguf_with_mmproj_matches_transformers_and_llama_server() {
         };
 
         let (scored, _) = run(prompt, 1);
-        for (pos, row) in want_logits.iter().enumerate().take(want_ids.len() - 1) {
-            let next = want_ids[pos + 1] as usize;
-            let max = row.iter().copied().fold(f32::MIN, f32::max);
-            let lse = max + row.iter().map(|v| (v - max).exp()).sum::<f32>().ln();
-            let got = scored[pos].logprob.unwrap();
-            let d = (got - (row[next] - lse)).abs();
-            assert!(
-                d < nats,
-                "{text}, position {pos}: logprob {got}, {d} from transformers'"
-            );
-        }
+        assert_prompt_logprobs(&scored, &want_ids, &want_logits, nats, text);
 
         // llama.cpp's reply, scored by teacher forcing.
         let (_, greedy) = run(square.clone(), their_tokens.len());
