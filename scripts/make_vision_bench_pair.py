@@ -21,6 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(sys.argv[1]) / 'gguf-py'))
 import gguf  # noqa: E402
+from make_random_gguf import copy_field  # noqa: E402
 
 OUT = pathlib.Path(sys.argv[2])
 OUT.mkdir(parents=True, exist_ok=True)
@@ -33,30 +34,14 @@ override = {'gemma3.block_count': L, 'gemma3.context_length': 4096, 'gemma3.embe
             'gemma3.feed_forward_length': FF, 'gemma3.attention.head_count': NH,
             'gemma3.attention.head_count_kv': NKV, 'gemma3.attention.key_length': HD,
             'gemma3.attention.value_length': HD, 'gemma3.attention.sliding_window': 1024}
-for name, f in src.fields.items():
+# The fixture's metadata (vocabulary, template, rope), at 4B's sizes.
+for name, field in src.fields.items():
     if name.startswith('GGUF.') or name == 'general.architecture':
         continue
     if name in override:
-        v = override[name]
-        if isinstance(v, int): w.add_uint32(name, v)
-        continue
-    t = f.types[0]
-    if t == gguf.GGUFValueType.ARRAY:
-        sub = f.types[1]
-        vals = f.contents()
-        w.add_array(name, vals)
-    elif t == gguf.GGUFValueType.STRING:
-        w.add_string(name, f.contents())
-    elif t == gguf.GGUFValueType.FLOAT32:
-        w.add_float32(name, f.contents())
-    elif t == gguf.GGUFValueType.UINT32:
-        w.add_uint32(name, f.contents())
-    elif t == gguf.GGUFValueType.INT32:
-        w.add_int32(name, f.contents())
-    elif t == gguf.GGUFValueType.BOOL:
-        w.add_bool(name, f.contents())
+        w.add_uint32(name, override[name])
     else:
-        print('skip', name, t)
+        copy_field(w, name, field)
 V = len(src.fields['tokenizer.ggml.tokens'].contents())
 def r(*s): return (rng.standard_normal(s, dtype=np.float32) * 0.02)
 def ones(n): return np.ones(n, dtype=np.float32)
