@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use candle_core::Device;
 use serde_json::json;
 use wick::load::hub::{resolve_in, Hub};
-use wick::load::loader::{load, LoadOptions};
+use wick::load::loader::{load, LoadOptions, Projector};
 
 const REPO: &str = "org/tiny-llama";
 const REPO_DIR: &str = "models--org--tiny-llama";
@@ -516,8 +516,7 @@ fn a_gguf_repo_s_vision_projector_comes_with_its_model() {
     );
     assert_eq!(projector_in(cache.path(), repo), Some(projector.clone()));
     let found = LoadOptions {
-        mmproj: Some(projector),
-        mmproj_optional: true,
+        mmproj: Some(Projector::Found(projector)),
         ..Default::default()
     };
     let loaded = load(&model, &found, &Device::Cpu).unwrap();
@@ -529,13 +528,12 @@ fn a_gguf_repo_s_vision_projector_comes_with_its_model() {
     let model = resolve_in(cache.path(), &arg, &online(&text_hub.endpoint)).unwrap();
     let misfit = projector_in(cache.path(), &arg).expect("the repo's mmproj file");
     let mut options = LoadOptions {
-        mmproj: Some(misfit),
-        mmproj_optional: true,
+        mmproj: Some(Projector::Found(misfit.clone())),
         ..Default::default()
     };
     let loaded = load(&model, &options, &Device::Cpu).unwrap();
     assert!(loaded.vision.is_none(), "passed over");
-    options.mmproj_optional = false;
+    options.mmproj = Some(Projector::Named(misfit));
     let e = load(&model, &options, &Device::Cpu).err().expect("refused");
     assert!(
         format!("{e:#}").contains("is not a vision projector file"),

@@ -539,7 +539,7 @@ fn gguf_with_mmproj_matches_transformers_and_llama_server() {
     use wick::engine::prompt::Prompt;
     use wick::engine::sequence::FinishReason;
     use wick::kv::cache::KvDtype;
-    use wick::load::loader::{load, LoadOptions};
+    use wick::load::loader::{load, LoadOptions, Projector};
     use wick::sampling::params::SamplingParams;
     use wick::server::validation::validate_chat;
 
@@ -570,7 +570,9 @@ fn gguf_with_mmproj_matches_transformers_and_llama_server() {
     ];
     for (text, projector, kv, nats) in pairs {
         let options = LoadOptions {
-            mmproj: Some(dir.join(format!("mmproj-gemma3vl-{projector}.gguf"))),
+            mmproj: Some(Projector::Named(
+                dir.join(format!("mmproj-gemma3vl-{projector}.gguf")),
+            )),
             ..Default::default()
         };
         let file = dir.join(format!("gemma3vl-{text}.gguf"));
@@ -665,13 +667,13 @@ fn gguf_with_mmproj_matches_transformers_and_llama_server() {
 /// 3's image tokens, and `--mmproj` beside a checkpoint directory.
 #[test]
 fn mismatched_projector_files_are_refused() {
-    use wick::load::loader::{load, LoadOptions};
+    use wick::load::loader::{load, LoadOptions, Projector};
 
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
     let gguf = fixtures.join("gguf-tiny");
     let with = |model: &Path, mmproj: &Path| {
         let options = LoadOptions {
-            mmproj: Some(mmproj.to_path_buf()),
+            mmproj: Some(Projector::Named(mmproj.to_path_buf())),
             ..Default::default()
         };
         match load(model, &options, &Device::Cpu) {

@@ -12,7 +12,7 @@ use crate::engine::speculation::Speculation;
 use crate::engine::step_budget::DEFAULT_MAX_STEP_SLOWDOWN;
 use crate::engine::EngineConfig;
 use crate::kv::cache::KvDtype;
-use crate::load::loader::{LoadOptions, WeightDtype};
+use crate::load::loader::{LoadOptions, Projector, WeightDtype};
 use crate::models::linear::WeightFormat;
 use crate::quant::Kernel;
 
@@ -285,7 +285,6 @@ impl ModelArgs {
         let options = LoadOptions {
             weights: WeightFormat::Native,
             mmproj: None,
-            mmproj_optional: true,
             ..options.clone()
         };
         let draft = crate::load::loader::load(&path, &options, device)
@@ -301,8 +300,10 @@ impl ModelArgs {
             dtype: self.dtype,
             chat_template: self.chat_template.clone(),
             context: None,
-            mmproj: self.mmproj.clone().or_else(|| self.repo_projector()),
-            mmproj_optional: self.mmproj.is_none(),
+            mmproj: match &self.mmproj {
+                Some(file) => Some(Projector::Named(file.clone())),
+                None => self.repo_projector().map(Projector::Found),
+            },
         }
     }
 

@@ -75,11 +75,18 @@ pub struct LoadOptions {
     /// than the model's: smaller RoPE tables, and Phi-3's LongRoPE factors
     /// depend on it.
     pub context: Option<usize>,
-    /// A llama.cpp vision projector file for a GGUF model (`--mmproj`).
-    pub mmproj: Option<PathBuf>,
-    /// The projector was found beside a hub model, not named: one that
-    /// does not fit is passed over (text only), saying so.
-    pub mmproj_optional: bool,
+    /// A llama.cpp vision projector file for a GGUF model.
+    pub mmproj: Option<Projector>,
+}
+
+/// Where a GGUF model's vision projector file comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Projector {
+    /// Named by `--mmproj`: one that does not fit is an error.
+    Named(PathBuf),
+    /// Found beside a hub model: one that does not fit is passed over
+    /// (text only), saying so.
+    Found(PathBuf),
 }
 
 impl From<WeightFormat> for LoadOptions {
@@ -241,7 +248,7 @@ fn release_freed_memory() {
 }
 
 fn load_hf(dir: &Path, options: &LoadOptions, device: &Device) -> anyhow::Result<LoadedModel> {
-    if options.mmproj.is_some() && !options.mmproj_optional {
+    if let Some(Projector::Named(_)) = options.mmproj {
         bail!(
             "--mmproj goes with a GGUF model; the checkpoint {} has its own vision tower, if any",
             dir.display()
@@ -303,7 +310,7 @@ fn load_gguf(path: &Path, options: &LoadOptions, device: &Device) -> anyhow::Res
     )
     .context("loading the model weights")?;
     let vision = match &options.mmproj {
-        Some(file) => {
+        Some(Projector::Named(file) | Projector::Found(file)) => {
             let key = format!("{}.embedding_length", gguf_architecture(&content));
             let width = content
                 .metadata
@@ -312,7 +319,7 @@ fn load_gguf(path: &Path, options: &LoadOptions, device: &Device) -> anyhow::Res
                 .with_context(|| format!("{}: no {key}", path.display()))?;
             match mmproj::load(file, width as usize, &tokenizer, device) {
                 Ok(encoder) => Some(encoder),
-                Err(e) if options.mmproj_optional => {
+                Err(e) if matches!(options.mmproj, Some(Projector::Found(_))) => {
                     eprintln!("wick: the repo's vision projector is not used: {e:#}");
                     None
                 }

@@ -84,13 +84,12 @@ async fn prefetch(model: &Arc<ModelState>, req: &impl ImageSources) -> Result<Fe
     }
     remote.sort_unstable();
     remote.dedup();
-    let internal = |e: String| ApiError::internal(e);
     let permit = model
         .fetching
         .clone()
         .acquire_owned()
         .await
-        .map_err(|e| internal(e.to_string()))?;
+        .map_err(|e| ApiError::internal(e.to_string()))?;
     let access = model.media_access.clone();
     let max_bytes = model.image_budget.each.max_bytes;
     tokio::task::spawn_blocking(move || {
@@ -98,7 +97,7 @@ async fn prefetch(model: &Arc<ModelState>, req: &impl ImageSources) -> Result<Fe
         access.fetch_all(&remote, max_bytes)
     })
     .await
-    .map_err(|e| internal(e.to_string()))
+    .map_err(|e| ApiError::internal(e.to_string()))
 }
 
 pub async fn health(State(state): State<Arc<AppState>>) -> Response {
