@@ -13,13 +13,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use common::{metrics_text, Server};
+use common::{get_raw, metrics_text, Server};
 
 /// nginx running the shipped config in a directory of its own, killed on drop.
 struct Nginx {
     child: Child,
     base: String,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Drop for Nginx {
@@ -61,13 +61,28 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// nginx on a free port. The port is free when chosen but may be taken
+/// before nginx binds it (by a replica another test starts meanwhile), so
+/// a failed bind is retried on another port.
 fn start_nginx(bin: &Path, replicas: [&str; 2]) -> Nginx {
+    for _ in 0..5 {
+        match try_nginx(bin, replicas, free_port()) {
+            Ok(nginx) => return nginx,
+            Err(log) if log.contains("Address already in use") => continue,
+            Err(log) => panic!("nginx did not start: {log}"),
+        }
+    }
+    panic!("nginx found no free port in 5 tries");
+}
+
+/// nginx listening on `port` and answering `/health` through to a replica,
+/// or its error log if it exited.
+fn try_nginx(bin: &Path, replicas: [&str; 2], port: u16) -> Result<Nginx, String> {
     let dir = tempfile::tempdir().unwrap();
     let shipped = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/nginx/wick.conf"),
     )
     .unwrap();
-    let port = free_port();
     let conf = swap(&shipped, "127.0.0.1:8001", replicas[0], 2);
     let conf = swap(&conf, "127.0.0.1:8002", replicas[1], 2);
     let conf = swap(
@@ -96,16 +111,31 @@ fn start_nginx(bin: &Path, replicas: [&str; 2]) -> Nginx {
         .stdout(Stdio::null())
         .spawn()
         .expect("spawn nginx");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "nginx did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Nginx {
+    let mut nginx = Nginx {
         child,
         base: format!("http://127.0.0.1:{port}"),
-        _dir: dir,
+        dir,
+    };
+    // A healthy answer that nginx relayed, not just a TCP connect: if a
+    // replica (of this test or another) took the port first, nginx exits
+    // and the replica itself answers there.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let relayed = |answer: &str| {
+        answer.starts_with("HTTP/1.1 200")
+            && answer
+                .lines()
+                .any(|l| l.to_ascii_lowercase().starts_with("server: nginx"))
+    };
+    while !get_raw(&format!("{}/health", nginx.base)).is_ok_and(|a| relayed(&a)) {
+        if nginx.child.try_wait().unwrap().is_some() {
+            return Err(
+                std::fs::read_to_string(nginx.dir.path().join("error.log")).unwrap_or_default()
+            );
+        }
+        assert!(Instant::now() < deadline, "nginx did not answer /health");
+        std::thread::sleep(Duration::from_millis(50));
     }
+    Ok(nginx)
 }
 
 /// Both replicas and nginx in front, or None (with a message) without nginx.
@@ -135,7 +165,8 @@ async fn complete(
     if let Some(s) = session {
         req = req.header("X-Session-Id", s);
     }
-    let r = req.send().await.map_err(|e| format!("send: {e}"))?;
+    // The whole error chain: reqwest's own message does not say the cause.
+    let r = req.send().await.map_err(|e| format!("send: {e:?}"))?;
     let status = r.status();
     let text = r.text().await.map_err(|e| format!("body: {e}"))?;
     if status != 200 {

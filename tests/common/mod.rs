@@ -331,7 +331,16 @@ impl Drop for Server {
 }
 
 /// Status of a plain blocking GET, so start-up polling needs no runtime.
-fn get_status(url: &str) -> std::io::Result<u16> {
+pub fn get_status(url: &str) -> std::io::Result<u16> {
+    Ok(get_raw(url)?
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0))
+}
+
+/// The whole answer (status line, headers, body) to a plain blocking GET.
+pub fn get_raw(url: &str) -> std::io::Result<String> {
     use std::io::{Read, Write};
     let rest = url.strip_prefix("http://").unwrap();
     let (host, path) = rest
@@ -345,11 +354,7 @@ fn get_status(url: &str) -> std::io::Result<u16> {
     )?;
     let mut buf = String::new();
     s.read_to_string(&mut buf)?;
-    Ok(buf
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0))
+    Ok(buf)
 }
 
 pub async fn post(server: &Server, path: &str, body: Value) -> (u16, Value) {
