@@ -37,11 +37,17 @@ pub fn block_hash(parent: Option<BlockHash>, tokens: &[u32], keys: &[u64]) -> Bl
     h.finish()
 }
 
+/// A block in one incarnation (its content between two allocations): what
+/// a cached block was computed after. In the global pool that is its
+/// parent; a sliding-window pool's block names the global block computed
+/// beside it ([`crate::engine::window_blocks`]).
+pub type Anchor = (BlockId, u64);
+
 /// What a registered block holds, to check a lookup against.
 struct Cached {
     hash: BlockHash,
-    /// The parent block and its incarnation when this one was computed.
-    parent: Option<(BlockId, u64)>,
+    /// What it was computed after.
+    after: Option<Anchor>,
     tokens: Box<[u32]>,
     keys: Box<[u64]>,
 }
@@ -215,6 +221,11 @@ impl BlockManager {
         (self.hash_fn)(parent, tokens, keys)
     }
 
+    /// `block` in its present incarnation.
+    pub fn anchor(&self, block: BlockId) -> Anchor {
+        (block, self.incarnation[block as usize])
+    }
+
     /// The cached block holding `tokens` with `keys` right after block
     /// `parent` (the first block when `None`), if any: same hash, same
     /// tokens and keys, and computed after that very parent.
@@ -225,14 +236,25 @@ impl BlockManager {
         tokens: &[u32],
         keys: &[u64],
     ) -> Option<BlockId> {
+        self.lookup_after(hash, parent.map(|p| self.anchor(p)), tokens, keys)
+    }
+
+    /// [`Self::lookup`] with what the block was computed after given as
+    /// an anchor, which may be in another pool.
+    pub fn lookup_after(
+        &self,
+        hash: BlockHash,
+        after: Option<Anchor>,
+        tokens: &[u32],
+        keys: &[u64],
+    ) -> Option<BlockId> {
         if !self.caching {
             return None;
         }
-        let parent_now = parent.map(|p| (p, self.incarnation[p as usize]));
         self.by_hash.get(&hash)?.iter().copied().find(|&b| {
             self.cached[b as usize]
                 .as_ref()
-                .is_some_and(|c| c.parent == parent_now && *c.tokens == *tokens && *c.keys == *keys)
+                .is_some_and(|c| c.after == after && *c.tokens == *tokens && *c.keys == *keys)
         })
     }
 
@@ -246,6 +268,20 @@ impl BlockManager {
         tokens: &[u32],
         keys: &[u64],
     ) {
+        let after = parent.map(|p| self.anchor(p));
+        self.register_after(block, hash, after, tokens, keys);
+    }
+
+    /// [`Self::register`] with what the block was computed after given as
+    /// an anchor, which may be in another pool.
+    pub fn register_after(
+        &mut self,
+        block: BlockId,
+        hash: BlockHash,
+        after: Option<Anchor>,
+        tokens: &[u32],
+        keys: &[u64],
+    ) {
         if !self.caching || self.cached[block as usize].is_some() {
             return;
         }
@@ -253,7 +289,7 @@ impl BlockManager {
         self.by_hash.entry(hash).or_default().push(block);
         self.cached[block as usize] = Some(Cached {
             hash,
-            parent: parent.map(|p| (p, self.incarnation[p as usize])),
+            after,
             tokens: tokens.into(),
             keys: keys.into(),
         });

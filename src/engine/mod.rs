@@ -224,18 +224,17 @@ impl Engine {
             max_num_batched_tokens: cfg.max_num_batched_tokens,
             max_step_slowdown: cfg.max_step_slowdown,
         };
+        let caching = cfg.prefix_caching && model.state_bytes().is_none();
         let (cache, scheduler) = match info.sliding_window {
             None => (
                 KvCache::new(layout, model.device(), cfg.force_device_path)?,
                 Scheduler::new(
                     scheduler_cfg,
-                    BlockManager::new(layout.num_blocks, cfg.block_size)
-                        .with_caching(cfg.prefix_caching && model.state_bytes().is_none()),
+                    BlockManager::new(layout.num_blocks, cfg.block_size).with_caching(caching),
                 ),
             ),
             // The sliding-window layers' K/V go in a pool of their own,
-            // from which each sequence holds only its window; freed
-            // blocks lose their content, so the prefix cache is off.
+            // from which each sequence holds only its window.
             Some(window) => {
                 let per_seq = WindowBlocks::held_at_most(
                     window,
@@ -277,12 +276,13 @@ impl Engine {
                 )?;
                 let scheduler = Scheduler::new(
                     scheduler_cfg,
-                    BlockManager::new(global, cfg.block_size).with_caching(false),
+                    BlockManager::new(global, cfg.block_size).with_caching(caching),
                 )
                 .with_window(WindowBlocks::new(
                     window_blocks,
                     cfg.block_size,
                     window,
+                    caching,
                 ));
                 (cache, scheduler)
             }

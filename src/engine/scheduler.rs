@@ -469,7 +469,7 @@ impl Scheduler {
             loop {
                 let seq = &mut self.running[i];
                 if grow(&mut self.blocks, &mut self.window, seq, seq.chunk) {
-                    register_full_blocks(&mut self.blocks, seq);
+                    register_full_blocks(&mut self.blocks, &mut self.window, seq);
                     i += 1;
                     break;
                 }
@@ -567,7 +567,7 @@ impl Scheduler {
             {
                 break;
             }
-            let hit = match_prefix(&mut self.blocks, seq);
+            let hit = match_prefix(&mut self.blocks, &mut self.window, seq);
             let chunk = seq.media_aligned(seq.pending().min(budget));
             if !grow(&mut self.blocks, &mut self.window, seq, chunk) {
                 // Holding the matched blocks while waiting would pin them.
@@ -582,7 +582,7 @@ impl Scheduler {
             seq.cached_prompt_tokens
                 .get_or_insert(hit.found.min(seq.prompt_len));
             seq.chunk = chunk;
-            register_full_blocks(&mut self.blocks, seq);
+            register_full_blocks(&mut self.blocks, &mut self.window, seq);
             budget = budget.saturating_sub(chunk);
             let seq = self.waiting.remove(at).expect("index in range");
             groups.insert(seq.group, (seqs + 1, held + need));
@@ -730,6 +730,9 @@ impl Scheduler {
             self.abort(id);
         }
         self.blocks.forget_all();
+        if let Some(w) = &mut self.window {
+            w.forget_all();
+        }
         ids.into_iter()
             .map(|id| StepEvent::ended(id, FinishReason::Error(msg.to_string())))
             .collect()
@@ -882,10 +885,15 @@ struct PrefixHit {
 }
 
 /// Shares the longest run of `seq`'s leading full blocks the cache holds
-/// and moves its cache cursor past them. At least the last token is left
-/// to compute, for the logits to sample from. Sequences that score their
+/// (in the sliding-window pool too, where the model has one) and moves
+/// its cache cursor past them. At least the last token is left to
+/// compute, for the logits to sample from. Sequences that score their
 /// prompt need every prompt row, so they take nothing.
-fn match_prefix(blocks: &mut BlockManager, seq: &mut Sequence) -> PrefixHit {
+fn match_prefix(
+    blocks: &mut BlockManager,
+    window: &mut Option<WindowBlocks>,
+    seq: &mut Sequence,
+) -> PrefixHit {
     let bs = blocks.block_size();
     // Scoring or pooling needs every prompt row computed.
     let every_row = seq.params.prompt_logprobs.is_some() || seq.pool.is_some();
@@ -909,6 +917,19 @@ fn match_prefix(blocks: &mut BlockManager, seq: &mut Sequence) -> PrefixHit {
         seq.block_hashes.push(hash);
         parent = Some(block);
     }
+    if let Some(w) = window {
+        let found: Vec<_> = (0..seq.block_table.len())
+            .map(|i| {
+                let tokens = &seq.tokens[i * bs..(i + 1) * bs];
+                let keys = seq.block_keys.of_block(i, bs);
+                let beside = blocks.anchor(seq.block_table[i]);
+                w.lookup(seq.block_hashes[i], beside, tokens, &keys)
+            })
+            .collect();
+        let kept = w.share_hit(&mut seq.window_table, &found);
+        blocks.release(&mut seq.block_table.split_off(kept));
+        seq.block_hashes.truncate(kept);
+    }
     seq.num_cached = seq.block_table.len() * bs;
     PrefixHit {
         queried: seq.len(),
@@ -919,7 +940,11 @@ fn match_prefix(blocks: &mut BlockManager, seq: &mut Sequence) -> PrefixHit {
 /// Registers the blocks this step's chunk fills, so later sequences (and
 /// ones admitted after this in the same step: every K/V of a step is
 /// written before any is read) can share them.
-fn register_full_blocks(blocks: &mut BlockManager, seq: &mut Sequence) {
+fn register_full_blocks(
+    blocks: &mut BlockManager,
+    window: &mut Option<WindowBlocks>,
+    seq: &mut Sequence,
+) {
     let bs = blocks.block_size();
     // Drafted tokens are not the sequence's until kept.
     let full = (seq.num_cached + seq.own_chunk()) / bs;
@@ -929,6 +954,10 @@ fn register_full_blocks(blocks: &mut BlockManager, seq: &mut Sequence) {
         let hash = blocks.hash(seq.block_hashes.last().copied(), tokens, &keys);
         let parent = i.checked_sub(1).map(|p| seq.block_table[p]);
         blocks.register(seq.block_table[i], hash, parent, tokens, &keys);
+        if let Some(w) = window.as_mut() {
+            let beside = blocks.anchor(seq.block_table[i]);
+            w.register(&seq.window_table, i, hash, beside, tokens, &keys);
+        }
         seq.block_hashes.push(hash);
     }
 }
@@ -937,6 +966,7 @@ fn register_full_blocks(blocks: &mut BlockManager, seq: &mut Sequence) {
 mod tests {
     use super::*;
     use crate::engine::prompt::{MediaSpan, Pixels, Prompt};
+    use crate::kv::FREED;
     use crate::sampling::params::SamplingParams;
     use crate::sampling::sampler::SampledToken;
 
@@ -1539,6 +1569,55 @@ mod tests {
         );
         run_step(&mut s, &plan);
         assert_eq!(s.stats().blocks_used, 0);
+    }
+
+    /// With sliding-window layers: a prompt's next turn finds its last
+    /// window cached and computes only what is new; a prefix whose window
+    /// blocks were reused while the prompt went on past them is computed
+    /// again, its global blocks given back.
+    #[test]
+    fn a_window_model_reuses_a_prefix_whose_window_is_still_cached() {
+        // A window pool of 6 blocks of 4 and chunks of at most 8: a
+        // 40-token prompt takes 10 window blocks over its run, so the
+        // first ones freed are reused for its last ones.
+        let mut s = Scheduler::new(
+            SchedulerConfig {
+                max_num_seqs: 8,
+                max_num_batched_tokens: 8,
+                max_step_slowdown: 2.5,
+            },
+            BlockManager::new(32, 4),
+        )
+        .with_window(WindowBlocks::new(6, 4, 6, true));
+        let prompt: Vec<u32> = (100..140).collect();
+        let run = |s: &mut Scheduler, prompt: Vec<u32>, id: SeqId| {
+            s.add(seq_of(id, prompt, 1));
+            let mut first = None;
+            loop {
+                let plan = s.schedule();
+                first.get_or_insert_with(|| {
+                    let q = &s.running[0];
+                    (q.num_cached, q.window_table.clone(), s.stats().blocks_used)
+                });
+                if run_step(s, &plan).iter().any(|e| e.finish.is_some()) {
+                    return first.unwrap();
+                }
+            }
+        };
+        assert_eq!(run(&mut s, prompt.clone(), 1).0, 0);
+        // The whole prompt again and one token: its query at 40 sees from
+        // 35, entries 8 and 9, the last two the first run released.
+        let (cached, window, _) = run(&mut s, [prompt.clone(), vec![1]].concat(), 2);
+        assert_eq!(cached, 40);
+        assert!(window[..8].iter().all(|&b| b == FREED));
+        assert!(window[8..].iter().all(|&b| b != FREED));
+        // 12 tokens of it: their blocks in the global pool are cached, but
+        // the window's entries 1 and 2 are long reused.
+        let (cached, _, global_used) = run(&mut s, [&prompt[..12], &[2, 3]].concat(), 3);
+        assert_eq!(cached, 0);
+        assert_eq!(global_used, 2, "the hit's global blocks were given back");
+        assert_eq!(s.stats().blocks_used, 0);
+        assert_eq!(s.stats().window_blocks_used, 0);
     }
 
     #[test]

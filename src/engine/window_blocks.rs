@@ -10,10 +10,16 @@
 //! starts at the first tile its window touches, and the tensor path masks
 //! them (their gather slot is any valid one).
 //!
-//! Freed blocks lose their content, so the prefix cache stays off for such
-//! models (a later prompt's window would have to find them).
+//! Prefix cache: a window block is registered beside the global block of
+//! the same positions (the same hash, anchored to that block), and a freed
+//! one keeps its content until the pool needs it back, as a global block
+//! does. A cached prefix is only of use where the window layers hold every
+//! position its next query sees, so a hit found in the global pool is cut
+//! back to the longest one whose window is all still here
+//! ([`WindowBlocks::share_hit`]); a conversation's next turn finds the
+//! window its last turn ended with.
 
-use crate::engine::block_manager::BlockManager;
+use crate::engine::block_manager::{Anchor, BlockHash, BlockManager};
 use crate::kv::{BlockId, FREED};
 
 /// How a KV budget of `budget` bytes splits between the global layers
@@ -45,12 +51,18 @@ pub struct WindowBlocks {
 }
 
 impl WindowBlocks {
-    pub fn new(num_blocks: usize, block_size: usize, window: usize) -> Self {
+    pub fn new(num_blocks: usize, block_size: usize, window: usize, caching: bool) -> Self {
         assert!(window > 0, "a sliding window holds at least one position");
         WindowBlocks {
-            blocks: BlockManager::new(num_blocks, block_size).with_caching(false),
+            blocks: BlockManager::new(num_blocks, block_size).with_caching(caching),
             window,
         }
+    }
+
+    /// Entries wholly before what a query at `first_pos` sees: the block
+    /// holding `first_pos + 1 - window` is the first one it needs.
+    fn dead_before(&self, first_pos: usize) -> usize {
+        (first_pos + 1).saturating_sub(self.window) / self.blocks.block_size()
     }
 
     /// Most blocks one sequence can hold: a window plus a step's `chunk`
@@ -83,7 +95,7 @@ impl WindowBlocks {
         first_pos: usize,
         num_tokens: usize,
     ) -> bool {
-        let dead = (first_pos + 1).saturating_sub(self.window) / self.blocks.block_size();
+        let dead = self.dead_before(first_pos);
         for entry in table.iter_mut().take(dead).filter(|b| **b != FREED) {
             self.blocks.release(&mut vec![*entry]);
             *entry = FREED;
@@ -95,6 +107,63 @@ impl WindowBlocks {
     pub fn release(&mut self, table: &mut Vec<BlockId>) {
         table.retain(|&b| b != FREED);
         self.blocks.release(table);
+    }
+
+    /// The cached window block of the positions global block `beside`
+    /// holds, with that block's `hash`, `tokens` and `keys`.
+    pub fn lookup(
+        &self,
+        hash: BlockHash,
+        beside: Anchor,
+        tokens: &[u32],
+        keys: &[u64],
+    ) -> Option<BlockId> {
+        self.blocks.lookup_after(hash, Some(beside), tokens, keys)
+    }
+
+    /// Registers entry `i` of `table` beside global block `beside`, unless
+    /// the entry has left the window.
+    pub fn register(
+        &mut self,
+        table: &[BlockId],
+        i: usize,
+        hash: BlockHash,
+        beside: Anchor,
+        tokens: &[u32],
+        keys: &[u64],
+    ) {
+        if table[i] != FREED {
+            self.blocks
+                .register_after(table[i], hash, Some(beside), tokens, keys);
+        }
+    }
+
+    /// Of a global hit of `found.len()` blocks, where `found[i]` is the
+    /// cached window block beside its block `i`, the longest leading run
+    /// whose next query finds every window block it sees: those are
+    /// shared into the empty `table` (the ones before them [`FREED`]), and
+    /// its length in blocks is returned.
+    pub fn share_hit(&mut self, table: &mut Vec<BlockId>, found: &[Option<BlockId>]) -> usize {
+        debug_assert!(table.is_empty());
+        let bs = self.blocks.block_size();
+        let whole = |m: usize| {
+            found[self.dead_before(m * bs)..m]
+                .iter()
+                .all(Option::is_some)
+        };
+        let kept = (0..=found.len()).rev().find(|&m| whole(m)).unwrap_or(0);
+        let dead = self.dead_before(kept * bs);
+        table.extend(std::iter::repeat_n(FREED, dead));
+        for block in found[dead..kept].iter().flatten() {
+            self.blocks.share(*block);
+            table.push(*block);
+        }
+        kept
+    }
+
+    /// Drops every cached window block (after a failed step).
+    pub fn forget_all(&mut self) {
+        self.blocks.forget_all();
     }
 }
 
@@ -129,7 +198,7 @@ mod tests {
     #[test]
     fn decode_holds_only_the_window() {
         let (bs, window) = (4, 10);
-        let mut w = WindowBlocks::new(8, bs, window);
+        let mut w = WindowBlocks::new(8, bs, window, false);
         let mut table = Vec::new();
         for pos in 0..200 {
             assert!(
@@ -155,7 +224,7 @@ mod tests {
     #[test]
     fn chunks_keep_the_window_before_them_and_growth_is_all_or_nothing() {
         let (bs, window) = (4, 6);
-        let mut w = WindowBlocks::new(6, bs, window);
+        let mut w = WindowBlocks::new(6, bs, window, false);
         let mut table = Vec::new();
         assert!(w.advance(&mut table, 0, 16));
         assert_eq!(w.num_used(), 4);
@@ -170,5 +239,53 @@ mod tests {
         assert_eq!(w.num_used(), 2);
         assert_eq!(WindowBlocks::held_at_most(window, bs, 8, 1000), 5);
         assert_eq!(WindowBlocks::held_at_most(window, bs, 8, 5), 2);
+    }
+
+    /// A global hit keeps only as many blocks as leave the next query its
+    /// whole window: with entry 3 of 5 gone, a hit of 5 or 4 blocks would
+    /// need it, one of 3 does not.
+    #[test]
+    fn a_hit_is_cut_back_to_where_its_window_is_cached() {
+        let (bs, window) = (4, 6);
+        let mut w = WindowBlocks::new(8, bs, window, true);
+        let mut table = Vec::new();
+        assert!(w.advance(&mut table, 0, 20));
+        let tokens = |i: u32| [4 * i, 4 * i + 1, 4 * i + 2, 4 * i + 3];
+        let beside = |i: usize| (i as BlockId + 100, 1);
+        for i in 0..5 {
+            w.register(&table, i, i as u64, beside(i), &tokens(i as u32), &[]);
+        }
+        let written = table.clone();
+        w.release(&mut table);
+        assert_eq!(w.num_used(), 0);
+        let found = |w: &WindowBlocks, skip: Option<usize>| -> Vec<Option<BlockId>> {
+            (0..5)
+                .map(|i| {
+                    let hit = w.lookup(i as u64, beside(i), &tokens(i as u32), &[]);
+                    hit.filter(|_| Some(i) != skip)
+                })
+                .collect()
+        };
+        // Another global block beside, or other tokens: no match.
+        assert_eq!(w.lookup(0, (100, 2), &tokens(0), &[]), None);
+        assert_eq!(w.lookup(0, beside(0), &tokens(1), &[]), None);
+        // All there: a query at 20 sees from 15, entries 3 and 4.
+        let mut hit = Vec::new();
+        assert_eq!(w.share_hit(&mut hit, &found(&w, None)), 5);
+        assert_eq!(hit, [FREED, FREED, FREED, written[3], written[4]]);
+        assert_eq!(w.num_used(), 2);
+        w.release(&mut hit);
+        // Entry 3 gone: at 16 the query sees from 11 (entries 2, 3), so
+        // the hit stops at 12, seeing from 7 (entries 1, 2).
+        let mut hit = Vec::new();
+        assert_eq!(w.share_hit(&mut hit, &found(&w, Some(3))), 3);
+        assert_eq!(hit, [FREED, written[1], written[2]]);
+        w.release(&mut hit);
+        // Entry 0 gone: nothing short of a whole block needs it but 1 and
+        // 2 blocks' windows do.
+        let mut hit = Vec::new();
+        assert_eq!(w.share_hit(&mut hit, &found(&w, Some(0))[..2]), 0);
+        assert!(hit.is_empty());
+        assert_eq!(w.num_used(), 0);
     }
 }

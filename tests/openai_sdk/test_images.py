@@ -1,7 +1,8 @@
 """Images through the real clients: the `openai` SDK's chat `image_url`
 parts (whole and streamed) and Responses `input_image` parts, and the
-`anthropic` SDK's base64 image blocks, against a tiny random Gemma 3 with
-images (tests/fixtures/gemma3vl-tiny). The conversation and its expected
+`anthropic` SDK's base64 image blocks, and a conversation's next turn
+from the prefix cache, against a tiny random Gemma 3 with images
+(tests/fixtures/gemma3vl-tiny). The conversation and its expected
 prompt length and greedy reply are transformers' (the fixture's
 reference.json, written by scripts/make_vision_fixtures.py).
 
@@ -103,8 +104,36 @@ def test_anthropic_base64_image_blocks():
     r = client.messages.create(model=model, system=SYSTEM, max_tokens=ARGS["max_tokens"],
                                extra_body={"temperature": 0},
                                messages=[{"role": "user", "content": content}])
-    assert r.usage.input_tokens == len(REFERENCE["input_ids"])
+    # Anthropic's input_tokens leaves out what the cache supplied (earlier
+    # tests sent the same conversation).
+    usage = r.usage
+    assert usage.input_tokens + usage.cache_read_input_tokens == len(REFERENCE["input_ids"])
     assert "".join(b.text for b in r.content if b.type == "text") == REFERENCE["greedy_text"]
+
+
+def test_a_conversation_s_next_turn_comes_from_the_prefix_cache(client, model):
+    """The model's layers all attend through a sliding window, so the
+    second turn's hit comes from the window pool's cached blocks. Its reply
+    is the one computed in full (under a cache salt of its own, so nothing
+    is shared); a conversation with the same text and the images swapped
+    shares only what comes before the first image."""
+    first = chat_messages(REFERENCE["images"])
+    r1 = client.chat.completions.create(model=model, messages=first, **ARGS)
+    second = first + [{"role": "assistant", "content": r1.choices[0].message.content},
+                      {"role": "user", "content": "And then?"}]
+    cached = client.chat.completions.create(model=model, messages=second, **ARGS)
+    hit = cached.usage.prompt_tokens_details.cached_tokens
+    assert len(REFERENCE["input_ids"]) // 2 < hit < cached.usage.prompt_tokens
+    computed = client.chat.completions.create(
+        model=model, messages=second, extra_body={"cache_salt": "computed"}, **ARGS)
+    assert computed.usage.prompt_tokens_details.cached_tokens == 0
+    assert cached.choices[0].message.content == computed.choices[0].message.content
+
+    config = json.loads((FIXTURES / "gemma3vl-tiny" / "config.json").read_text())
+    first_image = REFERENCE["input_ids"].index(config["image_token_index"])
+    swapped = client.chat.completions.create(
+        model=model, messages=chat_messages(REFERENCE["images"][::-1]), **ARGS)
+    assert swapped.usage.prompt_tokens_details.cached_tokens <= first_image
 
 
 def test_an_image_url_to_fetch_is_refused(client, model):
