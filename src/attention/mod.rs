@@ -18,6 +18,7 @@ use crate::kv::step_meta::{MetaBuffers, StepMeta};
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod dense;
 mod host;
 pub mod launch;
 mod split;

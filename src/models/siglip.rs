@@ -8,6 +8,9 @@
 use candle_core::{DType, Module, Result, Tensor, D};
 use candle_nn::{Conv2d, Conv2dConfig, LayerNorm, Linear, VarBuilder};
 
+use crate::attention::dense::dense_attention;
+use crate::models::elementwise;
+
 /// A checkpoint's `vision_config`.
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 pub struct SiglipConfig {
@@ -168,20 +171,33 @@ impl SiglipVision {
                 split(l.k.forward(&n)?)?,
                 split(l.v.forward(&n)?)?,
             );
-            let scores = (q.matmul(&k.t()?)? * scale)?;
-            let probs = candle_nn::ops::softmax_last_dim(&scores.to_dtype(DType::F32)?)?
-                .to_dtype(v.dtype())?;
-            let attn = probs
-                .matmul(&v)?
+            let attn = attend(&q, &k, &v, scale)?
                 .transpose(1, 2)?
                 .reshape((images, patches, h))?;
             x = (x + l.out.forward(&attn)?)?;
             let n = l.norm2.forward(&x)?;
-            let m = l.fc2.forward(&l.fc1.forward(&n)?.gelu()?)?;
+            let m = l.fc2.forward(&elementwise::gelu(&l.fc1.forward(&n)?)?)?;
             x = (x + m)?;
         }
         self.post_norm.forward(&x)?.to_dtype(DType::F32)
     }
+}
+
+/// Every patch of an image attending to every other: `q`, `k`, `v` of
+/// `[images, heads, patches, head_dim]`. On the host, wick's kernel, which
+/// never forms the score matrix; elsewhere candle's ops.
+fn attend(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Result<Tensor> {
+    if q.device().is_cpu() {
+        let dims = q.dims4()?;
+        let flat = |t: &Tensor| t.flatten_to(1)?.to_dtype(DType::F32);
+        return dense_attention(&flat(q)?, &flat(k)?, &flat(v)?, scale as f32)?
+            .reshape(dims)?
+            .to_dtype(v.dtype());
+    }
+    let scores = (q.matmul(&k.t()?)? * scale)?;
+    candle_nn::ops::softmax_last_dim(&scores.to_dtype(DType::F32)?)?
+        .to_dtype(v.dtype())?
+        .matmul(v)
 }
 
 /// Gemma 3's projector from the tower's patches to image tokens: the
