@@ -282,6 +282,36 @@ pub fn glu(x: &Tensor, act: Act) -> Result<Tensor> {
     }
 }
 
+/// GELU's tanh approximation of every value (GPT-2's MLP, a SigLIP
+/// tower's): [`gelu_tanh`] on the host in f32, which vectorizes where
+/// candle's calls libm's `tanh` per value; candle's elsewhere.
+pub fn gelu(x: &Tensor) -> Result<Tensor> {
+    match x.device().is_cpu() && x.dtype() == DType::F32 {
+        true => x.contiguous()?.apply_op1_no_bwd(&Gelu),
+        false => x.gelu(),
+    }
+}
+
+struct Gelu;
+
+impl CustomOp1 for Gelu {
+    fn name(&self) -> &'static str {
+        "wick-gelu"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let x = values(storage, layout)?;
+        let out = written(x.len(), GLU_CHUNK, |i, o| {
+            let x = &x[i * GLU_CHUNK..i * GLU_CHUNK + o.len()];
+            o.iter_mut()
+                .zip(x)
+                .map(|(o, &v)| o.write(gelu_tanh(v)))
+                .count()
+        });
+        Ok((CpuStorage::F32(out), layout.shape().clone()))
+    }
+}
+
 /// `x * sigmoid(x)`, written as candle writes it, with an exponential that
 /// vectorizes yet nearly always equals libm's to the bit: the greedy parity
 /// test showed that a few-ulp approximation here moves Q4_1 logits enough to
@@ -311,7 +341,7 @@ pub(super) fn swiglu_oai(g: f32, u: f32) -> f32 {
     g / (1.0 + exp_rounded(-SWIGLU_ALPHA * g)) * (u + 1.0)
 }
 
-/// Output values per parallel task of `glu`: a decode step's few rows are
+/// Output values per parallel task of `glu` and `gelu`: a decode step's few rows are
 /// split too, since one thread alone over a 9-row verification step's
 /// activations showed as 8% of a speculative decoding profile.
 const GLU_CHUNK: usize = 1 << 12;
@@ -393,6 +423,23 @@ mod tests {
     /// digits where tanh nears -1), over values across the activations'
     /// range, and sizes that take the parallel branch with chunks that
     /// start and end inside rows.
+    /// Against candle's GELU (tanh form), over a range and lengths on
+    /// either side of a parallel chunk.
+    #[test]
+    fn gelu_matches_candle_s() {
+        for len in [7, GLU_CHUNK + 3] {
+            let data: Vec<f32> = (0..len)
+                .map(|i| ((i * 37 % 1001) as f32 - 500.0) * 0.02)
+                .collect();
+            let x = Tensor::from_vec(data, (len,), &Device::Cpu).unwrap();
+            let got = gelu(&x).unwrap().to_vec1::<f32>().unwrap();
+            let want = x.gelu().unwrap().to_vec1::<f32>().unwrap();
+            for (g, w) in got.iter().zip(&want) {
+                assert!((g - w).abs() <= 1e-6 + 1e-5 * w.abs(), "{g} against {w}");
+            }
+        }
+    }
+
     #[test]
     fn glu_matches_its_references() {
         for ((rows, f), act) in [(1, 24), (3, 24), (9, 1000), (3, 5000)]

@@ -1024,7 +1024,7 @@ impl Model for Gemma4 {
             x = elementwise::add(&x, &norm(&y, &l.post_ffn_norm)?)?;
             if let (Some(pl), Some(inputs)) = (&l.per_layer, &per_layer) {
                 let n = c.per_layer_input;
-                let gate = pl.gate.forward(&x)?.gelu()?;
+                let gate = elementwise::gelu(&pl.gate.forward(&x)?)?;
                 let y = (gate * inputs.narrow(1, i * n, n)?)?;
                 x = elementwise::add(&x, &norm(&pl.proj.forward(&y)?, &pl.norm)?)?;
             }

@@ -42,7 +42,7 @@ impl Mlp {
         let h = self.up.forward(x)?;
         let h = match self.act {
             Activation::Glu(act) => elementwise::glu(&h, act)?,
-            Activation::GeluTanh => h.gelu()?,
+            Activation::GeluTanh => elementwise::gelu(&h)?,
             Activation::GeluErf => h.gelu_erf()?,
         };
         self.down.forward(&h)
