@@ -24,6 +24,9 @@
 //! driven from a pool thread (e.g. inside `rayon::scope`).
 
 mod act;
+#[cfg(target_arch = "x86_64")]
+mod amx;
+pub mod bf16;
 pub(crate) mod formats;
 mod generic;
 mod grouped;
