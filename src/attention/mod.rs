@@ -19,6 +19,7 @@ use crate::kv::step_meta::{MetaBuffers, StepMeta};
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod dense;
+pub mod dense_bf16;
 mod host;
 pub mod launch;
 mod split;
