@@ -14,8 +14,9 @@ use wick::media::decode::{decode, ImageError, ImageLimits};
 use wick::media::preprocess::ImageProcessor;
 use wick::models::linear::WeightFormat;
 use wick::models::llama::Llama;
-use wick::models::siglip::{Gemma3Projector, SiglipConfig, SiglipVision};
+use wick::models::siglip::{Gemma3Projector, SiglipConfig, SiglipVision, TowerMath};
 use wick::models::{FlatBatch, LogitRows, Model};
+use wick::quant::bf16::tiles_available;
 
 /// `{"shape": [...], "values": [...]}` from the reference.
 fn tensor(v: &serde_json::Value) -> Tensor {
@@ -68,7 +69,7 @@ fn gemma3_fixture() -> Gemma3Fixture {
         )
     }
     .unwrap();
-    let tower = SiglipVision::from_checkpoint(vision.clone(), &vb).unwrap();
+    let tower = SiglipVision::from_checkpoint(vision.clone(), &vb, TowerMath::Native).unwrap();
     let projector = Gemma3Projector::new(
         &vision,
         text_hidden,
@@ -111,6 +112,42 @@ fn gemma3_vision_tower_and_projector_match_transformers() {
     // A wrong image size is refused, not cropped.
     let small = pixels.narrow(3, 0, 16).unwrap();
     assert!(tower.forward(&small).is_err());
+}
+
+/// The tower with its products in bf16 on AMX tiles (as a 16-bit tower
+/// runs on a CPU that has them) stays within bf16's rounding of
+/// transformers' f32 output: each product's inputs rounded to 8
+/// significant bits, through every layer.
+#[test]
+fn the_tower_on_bf16_tiles_stays_near_transformers() {
+    if !tiles_available() {
+        eprintln!("no AMX bf16 tiles here: the tower runs in f32 only");
+        return;
+    }
+    let Gemma3Fixture {
+        config,
+        reference,
+        vb,
+        ..
+    } = gemma3_fixture();
+    let vision: SiglipConfig = serde_json::from_value(config["vision_config"].clone()).unwrap();
+    let tower = SiglipVision::from_checkpoint(vision, &vb, TowerMath::Bf16Tiles).unwrap();
+    let pixels = tensor(&reference["pixel_values"]);
+    let want = tensor(&reference["vision_tower"]);
+    let got = tower.forward(&pixels).unwrap();
+    let size = want
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    let diff = max_diff(&got, &want);
+    eprintln!("bf16 tiles: {diff} from transformers' (outputs up to {size})");
+    assert!(
+        diff < 1e-2 * size,
+        "{diff} from transformers' (outputs up to {size})"
+    );
 }
 
 /// Files of each format and colour mode (`tests/fixtures/images`) decoded

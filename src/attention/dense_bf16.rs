@@ -13,7 +13,7 @@ use candle_core::{DType, Device, Result, Tensor};
 use rayon::prelude::*;
 
 use crate::quant::bf16::{tiles_available, Bf16Matrix, Bf16Rows, BLOCK};
-use crate::vec_math::{exp_into, max_of};
+use crate::vec_math::max_of;
 
 /// Queries per work item: their scores (`QUERIES` x keys f32, 2 MiB at
 /// 4096 keys) stay in L2 between the two products.
@@ -32,7 +32,6 @@ struct Head {
 struct Scratch {
     scores: Vec<f32>,
     probs: Bf16Rows,
-    row: Vec<f32>,
     out: Vec<f32>,
 }
 
@@ -87,7 +86,6 @@ pub fn dense_attention_bf16(
         || Scratch {
             scores: vec![0.0; QUERIES * heads[0].k.padded_n()],
             probs: Bf16Rows::zeros(QUERIES, n),
-            row: vec![0.0; n],
             out: vec![0.0; QUERIES * heads[0].v.padded_n()],
         },
         |s, (item, out)| {
@@ -100,8 +98,7 @@ pub fn dense_attention_bf16(
             let mut sums = [0f32; QUERIES];
             for (r, sum) in sums.iter_mut().enumerate().take(live) {
                 let scores = &s.scores[r * stride..r * stride + n];
-                *sum = exp_into(scores, max_of(scores), scale, &mut s.row);
-                s.probs.set_row(r, &s.row);
+                *sum = s.probs.set_row_exp(r, scores, max_of(scores), scale);
             }
             head.v.product_rows(&s.probs, 0..live, &mut s.out);
             let stride = head.v.padded_n();

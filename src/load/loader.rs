@@ -317,7 +317,7 @@ fn load_gguf(path: &Path, options: &LoadOptions, device: &Device) -> anyhow::Res
                 .get(&key)
                 .and_then(|v| v.to_u32().ok())
                 .with_context(|| format!("{}: no {key}", path.display()))?;
-            match mmproj::load(file, width as usize, &tokenizer, device) {
+            match mmproj::load(file, width as usize, &tokenizer, options.weights, device) {
                 Ok(encoder) => Some(encoder),
                 Err(e) if matches!(options.mmproj, Some(Projector::Found(_))) => {
                     eprintln!("wick: the repo's vision projector is not used: {e:#}");

@@ -12,19 +12,25 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use candle_core::quantized::gguf_file::{Content, Value as GgufValue};
+use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
 use serde_json::json;
 
+use crate::models::linear::WeightFormat;
+use crate::models::siglip::TowerMath;
 use crate::models::vision::VisionEncoder;
 use crate::text::tokenizer::Tokenizer;
 
 /// The encoder in `path`, for a language model whose embeddings are
-/// `text_hidden` wide and whose vocabulary is `tokenizer`'s.
+/// `text_hidden` wide and whose vocabulary is `tokenizer`'s. A tower stored
+/// in F16 or BF16 multiplies on bf16 tiles where the CPU has them, unless
+/// `weights` is `f32`.
 pub fn load(
     path: &Path,
     text_hidden: usize,
     tokenizer: &Tokenizer,
+    weights: WeightFormat,
     device: &Device,
 ) -> Result<VisionEncoder> {
     let shown = path.display();
@@ -71,8 +77,18 @@ pub fn load(
         tensors.insert(hf, t);
     }
     let vb = VarBuilder::from_tensors(tensors, DType::F32, device);
+    let stored = content
+        .tensor_infos
+        .get("v.blk.0.attn_q.weight")
+        .map(|t| t.ggml_dtype);
+    let math = match (weights, stored) {
+        (WeightFormat::F32, _) => TowerMath::Native,
+        (_, Some(GgmlDType::F16)) => TowerMath::for_weights(DType::F16, device),
+        (_, Some(GgmlDType::BF16)) => TowerMath::for_weights(DType::BF16, device),
+        _ => TowerMath::Native,
+    };
     let token_text = |id| tokenizer.id_to_token(id);
-    VisionEncoder::gemma3(&config, &preprocessor, token_text, &vb)
+    VisionEncoder::gemma3(&config, &preprocessor, token_text, &vb, math)
         .with_context(|| format!("--mmproj {shown}"))
 }
 

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Module, Result, Shape, Tensor};
 
+use crate::quant::bf16::Bf16Matrix;
 use crate::quant::{Kernel, QuantMatrix};
 
 /// How weights are held and multiplied (`--weights`).
@@ -69,6 +70,8 @@ enum Weights {
     Candle(QMatMul),
     /// `[out, in]`, in the dtype the product runs in.
     Dense(Tensor),
+    /// bf16 on AMX tiles, f32 sums.
+    Tiles(Bf16Matrix),
     /// Matrices of different block types side by side: each multiplies on
     /// its own and the outputs are concatenated.
     Parts(Vec<Weights>),
@@ -188,6 +191,21 @@ impl Linear {
         Ok(Linear { weights, bias })
     }
 
+    /// From `w` (`[out, in]`) and `bias` (`[out]`), multiplied in bf16 on
+    /// AMX tiles with f32 sums, or in f32 where the CPU has no tiles.
+    pub fn bf16_tiles(w: &Tensor, bias: Tensor) -> Result<Self> {
+        let (n, k) = w.dims2()?;
+        let values = w.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        let weights = match Bf16Matrix::new(&values, n, k) {
+            Some(m) => Weights::Tiles(m),
+            None => Weights::Dense(w.to_dtype(DType::F32)?),
+        };
+        Ok(Linear {
+            weights,
+            bias: Some(bias.to_dtype(DType::F32)?),
+        })
+    }
+
     /// The matrices on wick's kernels that this layer alone holds (a tied
     /// head's table is the embedding's too), for [`crate::quant::share_pages`].
     pub fn own_matrices(&mut self) -> Vec<&mut QuantMatrix> {
@@ -209,13 +227,17 @@ impl Weights {
         match self {
             Weights::Wick(m) => Arc::get_mut(m).into_iter().collect(),
             Weights::Parts(parts) => parts.iter_mut().flat_map(Weights::own_matrices).collect(),
-            Weights::Candle(_) | Weights::Dense(_) => Vec::new(),
+            Weights::Candle(_) | Weights::Dense(_) | Weights::Tiles(_) => Vec::new(),
         }
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
-            Weights::Wick(m) => x.contiguous()?.apply_op1_no_bwd(&WickMatmul(m)),
+            Weights::Wick(m) => x.contiguous()?.apply_op1_no_bwd(&HostMatmul(&**m)),
+            Weights::Tiles(m) => x
+                .to_dtype(DType::F32)?
+                .contiguous()?
+                .apply_op1_no_bwd(&HostMatmul(m)),
             Weights::Candle(m) => m.forward(x),
             Weights::Dense(w) => {
                 let xs = x.to_dtype(w.dtype())?;
@@ -259,11 +281,40 @@ pub fn stack_rows(ws: &[QTensor], device: &Device) -> Result<QTensor> {
     )
 }
 
-struct WickMatmul<'a>(&'a QuantMatrix);
+/// A matrix on wick's own CPU kernels.
+trait HostMatrix {
+    /// Outputs and inputs per row.
+    fn shape(&self) -> (usize, usize);
+    /// `x Wᵀ` for `m` rows of `x`.
+    fn product(&self, x: &[f32], m: usize) -> Vec<f32>;
+}
 
-impl CustomOp1 for WickMatmul<'_> {
+impl HostMatrix for QuantMatrix {
+    fn shape(&self) -> (usize, usize) {
+        (self.n(), self.k())
+    }
+
+    fn product(&self, x: &[f32], m: usize) -> Vec<f32> {
+        self.matmul_to_vec(x, m)
+    }
+}
+
+impl HostMatrix for Bf16Matrix {
+    fn shape(&self) -> (usize, usize) {
+        (self.n(), self.k())
+    }
+
+    fn product(&self, x: &[f32], m: usize) -> Vec<f32> {
+        self.matmul(x, m)
+    }
+}
+
+/// `x Wᵀ` on the host, reading `x` where it lies.
+struct HostMatmul<'a, M>(&'a M);
+
+impl<M: HostMatrix> CustomOp1 for HostMatmul<'_, M> {
     fn name(&self) -> &'static str {
-        "wick-quant-matmul"
+        "wick-host-matmul"
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
@@ -271,12 +322,12 @@ impl CustomOp1 for WickMatmul<'_> {
             .contiguous_offsets()
             .ok_or_else(|| candle_core::Error::Msg("matmul input must be contiguous".into()))?;
         let x = &storage.as_slice::<f32>()?[start..end];
-        let (n, k) = (self.0.n(), self.0.k());
+        let (n, k) = self.0.shape();
         if x.len() % k != 0 {
             candle_core::bail!("matmul input of {} values is not rows of {k}", x.len());
         }
         let m = x.len() / k;
-        let out = self.0.matmul_to_vec(x, m);
+        let out = self.0.product(x, m);
         Ok((CpuStorage::F32(out), Shape::from((m, n))))
     }
 }

@@ -28,6 +28,7 @@ use super::gpt2::Gpt2;
 use super::linear::WeightSpec;
 use super::llama::Llama;
 use super::qwen35::Qwen35;
+use super::siglip::TowerMath;
 use super::vision::VisionEncoder;
 use super::{Gguf, Model};
 
@@ -362,9 +363,16 @@ pub type VisionFromHf = fn(
 ) -> anyhow::Result<VisionEncoder>;
 
 /// The `model_type`s whose checkpoints may hold a vision encoder beside
-/// the language model (their `vision_config`), and its constructor.
+/// the language model (their `vision_config`), and its constructor: the
+/// tower's products on bf16 tiles when the checkpoint is loaded in bf16.
 static VISION: &[(&str, VisionFromHf)] = &[("gemma3", |config, pre, text, vb| {
-    VisionEncoder::gemma3(config, pre, text, vb)
+    VisionEncoder::gemma3(
+        config,
+        pre,
+        text,
+        vb,
+        TowerMath::for_weights(vb.dtype(), vb.device()),
+    )
 })];
 
 /// The vision encoder constructor for a `model_type`, if it has one.

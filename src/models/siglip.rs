@@ -5,11 +5,14 @@
 //! mask, no rotary), and a last LayerNorm. The output is one vector per
 //! patch, which a family's projector turns into text-width tokens.
 
-use candle_core::{DType, Module, Result, Tensor, D};
-use candle_nn::{Conv2d, Conv2dConfig, LayerNorm, Linear, VarBuilder};
+use candle_core::{DType, Device, Module, Result, Tensor, D};
+use candle_nn::{Conv2d, Conv2dConfig, LayerNorm, VarBuilder};
 
 use crate::attention::dense::dense_attention;
+use crate::attention::dense_bf16::dense_attention_bf16;
 use crate::models::elementwise;
+use crate::models::linear::{Linear, WeightFormat};
+use crate::quant::bf16::tiles_available;
 
 /// A checkpoint's `vision_config`.
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
@@ -53,11 +56,34 @@ impl SiglipConfig {
     }
 }
 
+/// How the tower's matrix products run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TowerMath {
+    /// In the weights' dtype throughout.
+    Native,
+    /// The linear layers' and attention's products in bf16 with f32 sums
+    /// on AMX tiles ([`crate::quant::bf16`]), everything else in f32.
+    Bf16Tiles,
+}
+
+impl TowerMath {
+    /// bf16 tiles for weights held in 16 bits on the host, where the CPU
+    /// has them: bf16 as published (Gemma 3) loses nothing, and llama.cpp
+    /// rounds an F16 file's activations to 16 bits too. `Native` otherwise.
+    pub fn for_weights(dtype: DType, device: &Device) -> Self {
+        match dtype {
+            DType::BF16 | DType::F16 if device.is_cpu() && tiles_available() => {
+                TowerMath::Bf16Tiles
+            }
+            _ => TowerMath::Native,
+        }
+    }
+}
+
 struct Layer {
     norm1: LayerNorm,
-    q: Linear,
-    k: Linear,
-    v: Linear,
+    /// q, k and v side by side.
+    qkv: Linear,
     out: Linear,
     norm2: LayerNorm,
     fc1: Linear,
@@ -66,6 +92,7 @@ struct Layer {
 
 pub struct SiglipVision {
     config: SiglipConfig,
+    math: TowerMath,
     patch: Conv2d,
     /// `[patches, hidden]`.
     positions: Tensor,
@@ -76,17 +103,38 @@ pub struct SiglipVision {
 impl SiglipVision {
     /// A checkpoint's tower: under `vision_tower.vision_model` (as Gemma 3
     /// is published) or `vision_tower` (as transformers 5 saves it).
-    pub fn from_checkpoint(config: SiglipConfig, vb: &VarBuilder) -> Result<Self> {
+    pub fn from_checkpoint(config: SiglipConfig, vb: &VarBuilder, math: TowerMath) -> Result<Self> {
         let nested = vb.pp("vision_tower.vision_model");
         match nested.contains_tensor("post_layernorm.weight") {
-            true => Self::new(config, nested),
-            false => Self::new(config, vb.pp("vision_tower")),
+            true => Self::new(config, nested, math),
+            false => Self::new(config, vb.pp("vision_tower"), math),
         }
     }
 
     /// The tower at `vb`.
-    pub fn new(config: SiglipConfig, vb: VarBuilder) -> Result<Self> {
+    pub fn new(config: SiglipConfig, vb: VarBuilder, math: TowerMath) -> Result<Self> {
         config.check()?;
+        let vb = match math {
+            TowerMath::Native => vb,
+            TowerMath::Bf16Tiles => vb.set_dtype(DType::F32),
+        };
+        // `[out, in]` and `[out]` of each of `names`, side by side.
+        let linear = |vb: &VarBuilder, names: &[&str], n_in: usize, n_out: usize| {
+            let (w, b): (Vec<Tensor>, Vec<Tensor>) = names
+                .iter()
+                .map(|name| {
+                    let vb = vb.pp(name);
+                    Ok((vb.get((n_out, n_in), "weight")?, vb.get(n_out, "bias")?))
+                })
+                .collect::<Result<Vec<_>>>()?
+                .into_iter()
+                .unzip();
+            let (w, b) = (Tensor::cat(&w, 0)?, Tensor::cat(&b, 0)?);
+            match math {
+                TowerMath::Native => Linear::dense(w, Some(b), WeightFormat::Native.into()),
+                TowerMath::Bf16Tiles => Linear::bf16_tiles(&w, b),
+            }
+        };
         let (h, eps) = (config.hidden_size, config.layer_norm_eps);
         let norm = |vb: VarBuilder| candle_nn::layer_norm(h, eps, vb);
         let patch = candle_nn::conv2d(
@@ -106,21 +154,21 @@ impl SiglipVision {
                 let vb = vb.pp(format!("encoder.layers.{i}"));
                 let attn = vb.pp("self_attn");
                 let mlp = vb.pp("mlp");
+                let wide = config.intermediate_size;
                 Ok(Layer {
                     norm1: norm(vb.pp("layer_norm1"))?,
-                    q: candle_nn::linear(h, h, attn.pp("q_proj"))?,
-                    k: candle_nn::linear(h, h, attn.pp("k_proj"))?,
-                    v: candle_nn::linear(h, h, attn.pp("v_proj"))?,
-                    out: candle_nn::linear(h, h, attn.pp("out_proj"))?,
+                    qkv: linear(&attn, &["q_proj", "k_proj", "v_proj"], h, h)?,
+                    out: linear(&attn, &["out_proj"], h, h)?,
                     norm2: norm(vb.pp("layer_norm2"))?,
-                    fc1: candle_nn::linear(h, config.intermediate_size, mlp.pp("fc1"))?,
-                    fc2: candle_nn::linear(config.intermediate_size, h, mlp.pp("fc2"))?,
+                    fc1: linear(&mlp, &["fc1"], h, wide)?,
+                    fc2: linear(&mlp, &["fc2"], wide, h)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
         let post_norm = norm(vb.pp("post_layernorm"))?;
         Ok(SiglipVision {
             config,
+            math,
             patch,
             positions,
             layers,
@@ -159,40 +207,53 @@ impl SiglipVision {
         let head_dim = h / heads;
         let scale = 1.0 / (head_dim as f64).sqrt();
         let patches = x.dim(1)?;
-        let split = |t: Tensor| -> Result<Tensor> {
-            t.reshape((images, patches, heads, head_dim))?
+        // The linear layers take rows, [images * patches, width], and give
+        // f32.
+        let dtype = x.dtype();
+        let linear = |l: &Linear, t: &Tensor| -> Result<Tensor> {
+            l.forward(&t.reshape((images * patches, ()))?)?
+                .to_dtype(dtype)?
+                .reshape((images, patches, ()))
+        };
+        let split = |qkv: &Tensor, i: usize| -> Result<Tensor> {
+            qkv.narrow(2, i * h, h)?
+                .reshape((images, patches, heads, head_dim))?
                 .transpose(1, 2)?
                 .contiguous()
         };
         for l in &self.layers {
             let n = l.norm1.forward(&x)?;
-            let (q, k, v) = (
-                split(l.q.forward(&n)?)?,
-                split(l.k.forward(&n)?)?,
-                split(l.v.forward(&n)?)?,
-            );
-            let attn = attend(&q, &k, &v, scale)?
+            let qkv = linear(&l.qkv, &n)?;
+            let (q, k, v) = (split(&qkv, 0)?, split(&qkv, 1)?, split(&qkv, 2)?);
+            let attn = attend(&q, &k, &v, scale, self.math)?
                 .transpose(1, 2)?
                 .reshape((images, patches, h))?;
-            x = (x + l.out.forward(&attn)?)?;
+            x = (x + linear(&l.out, &attn)?)?;
             let n = l.norm2.forward(&x)?;
-            let m = l.fc2.forward(&elementwise::gelu(&l.fc1.forward(&n)?)?)?;
-            x = (x + m)?;
+            x = (x + linear(&l.fc2, &elementwise::gelu(&linear(&l.fc1, &n)?)?)?)?;
         }
         self.post_norm.forward(&x)?.to_dtype(DType::F32)
     }
 }
 
 /// Every patch of an image attending to every other: `q`, `k`, `v` of
-/// `[images, heads, patches, head_dim]`. On the host, wick's kernel, which
-/// never forms the score matrix; elsewhere candle's ops.
-fn attend(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Result<Tensor> {
+/// `[images, heads, patches, head_dim]`. On the host, wick's kernels (bf16
+/// tiles where `math` says, else f32, which never forms the score
+/// matrix); elsewhere candle's ops.
+fn attend(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, math: TowerMath) -> Result<Tensor> {
     if q.device().is_cpu() {
         let dims = q.dims4()?;
         let flat = |t: &Tensor| t.flatten_to(1)?.to_dtype(DType::F32);
-        return dense_attention(&flat(q)?, &flat(k)?, &flat(v)?, scale as f32)?
-            .reshape(dims)?
-            .to_dtype(v.dtype());
+        let (q, k, v_flat) = (flat(q)?, flat(k)?, flat(v)?);
+        let tiles = match math {
+            TowerMath::Bf16Tiles => dense_attention_bf16(&q, &k, &v_flat, scale as f32)?,
+            TowerMath::Native => None,
+        };
+        let out = match tiles {
+            Some(out) => out,
+            None => dense_attention(&q, &k, &v_flat, scale as f32)?,
+        };
+        return out.reshape(dims)?.to_dtype(v.dtype());
     }
     let scores = (q.matmul(&k.t()?)? * scale)?;
     candle_nn::ops::softmax_last_dim(&scores.to_dtype(DType::F32)?)?

@@ -9,7 +9,7 @@ use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use serde_json::Value;
 
-use super::siglip::{Gemma3Projector, SiglipConfig, SiglipVision};
+use super::siglip::{Gemma3Projector, SiglipConfig, SiglipVision, TowerMath};
 use crate::media::preprocess::ImageProcessor;
 
 /// How a model's prompt holds an image.
@@ -41,12 +41,13 @@ impl VisionEncoder {
     /// Gemma 3's (`Gemma3ForConditionalGeneration`): a SigLIP tower and the
     /// average-pool projector, from the checkpoint's `config.json`, its
     /// `preprocessor_config.json` and the text of its tokens (`token_text`
-    /// gives an id's).
+    /// gives an id's), its tower's products run as `math` says.
     pub fn gemma3(
         config: &Value,
         preprocessor: &Value,
         token_text: impl Fn(u32) -> Option<String>,
         vb: &VarBuilder,
+        math: TowerMath,
     ) -> Result<Self> {
         let vision: SiglipConfig = serde_json::from_value(config["vision_config"].clone())
             .context("reading vision_config")?;
@@ -69,7 +70,7 @@ impl VisionEncoder {
         let text_hidden = config["text_config"]["hidden_size"]
             .as_u64()
             .context("text_config has no hidden_size")? as usize;
-        let tower = SiglipVision::from_checkpoint(vision.clone(), vb)?;
+        let tower = SiglipVision::from_checkpoint(vision.clone(), vb, math)?;
         let projector =
             Gemma3Projector::new(&vision, text_hidden, tokens, vb.pp("multi_modal_projector"))?;
         let processor = ImageProcessor::from_hf(preprocessor)?;

@@ -16,6 +16,8 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
+use crate::vec_math::fast_exp;
+
 #[cfg(target_arch = "x86_64")]
 use super::amx;
 
@@ -89,10 +91,31 @@ impl Bf16Rows {
         a
     }
 
-    /// Sets row `i` to `x` (at most the row's width), rounded; the rest of
-    /// the row keeps its zeros.
-    pub fn set_row(&mut self, i: usize, x: &[f32]) {
-        set_row(&mut self.data[i * self.kp..(i + 1) * self.kp], x);
+    /// Sets row `i` to `exp((v - max) * scale)` of each of `values` (at
+    /// most the row's width), rounded; the rest of the row keeps its
+    /// zeros. Returns the sum of the exponentials before rounding:
+    /// attention's probabilities, one pass over the scores.
+    pub fn set_row_exp(&mut self, i: usize, values: &[f32], max: f32, scale: f32) -> f32 {
+        const LANES: usize = 16;
+        let row = &mut self.data[i * self.kp..(i + 1) * self.kp];
+        let mut acc = [0f32; LANES];
+        let chunks = values.chunks_exact(LANES);
+        let rest = chunks.remainder();
+        for (src, dst) in chunks.zip(row.chunks_exact_mut(LANES)) {
+            for ((a, d), &v) in acc.iter_mut().zip(dst).zip(src) {
+                let e = fast_exp((v - max) * scale);
+                *a += e;
+                *d = bf16_bits(e);
+            }
+        }
+        let at = values.len() - rest.len();
+        let mut sum: f32 = acc.iter().sum();
+        for (d, &v) in row[at..].iter_mut().zip(rest) {
+            let e = fast_exp((v - max) * scale);
+            sum += e;
+            *d = bf16_bits(e);
+        }
+        sum
     }
 }
 
