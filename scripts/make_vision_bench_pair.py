@@ -8,7 +8,9 @@ F16 matrices) but one layer, with `tests/fixtures/gguf-tiny/
 gemma3vl-f32.gguf`'s vocabulary and template (which hold Gemma 3's image
 tokens). The one layer keeps the text's share of a first token small, so
 the figure is the image's: its decoding, preprocessing, the tower and the
-projector. Also three 896 x 896 PNGs of random pixels.
+projector. Also ten 896 x 896 PNGs of random pixels (`img0.png` ...
+`img9.png`), so that each request of a run brings an image no server has
+seen.
 
     python3 scripts/make_vision_bench_pair.py LLAMA_CPP_SRC OUT_DIR
 
@@ -98,7 +100,7 @@ for i in range(DL):
 m.add_tensor('v.post_ln.weight', ones(D)); m.add_tensor('v.post_ln.bias', r(D))
 m.write_header_to_file(); m.write_kv_data_to_file(); m.write_tensors_to_file(); m.close()
 from PIL import Image
-for k in range(3):
+for k in range(10):
     a = np.random.default_rng(10+k).integers(0, 256, (896, 896, 3), dtype=np.uint8)
     Image.fromarray(a).save(OUT / f'img{k}.png')
 print('ok')
