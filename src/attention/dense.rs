@@ -34,16 +34,7 @@ const ROWS: usize = 16;
 /// (f32, on the host): each of `groups` (an image's head) attends within
 /// itself.
 pub fn dense_attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32) -> Result<Tensor> {
-    let (groups, n, d) = q.dims3()?;
-    for t in [q, k, v] {
-        if t.dims() != [groups, n, d] || t.dtype() != DType::F32 || !t.device().is_cpu() {
-            candle_core::bail!(
-                "dense attention takes q, k and v of one shape in f32 on the host, not {:?} {:?}",
-                t.dims(),
-                t.dtype()
-            );
-        }
-    }
+    let (groups, n, d) = operands(q, k, v)?;
     // Queries padded to whole work items, keys to whole tiles, dimensions
     // to whole vectors, all with zeros.
     let nq = n.div_ceil(ROWS) * ROWS;
@@ -90,6 +81,22 @@ pub fn dense_attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32) -> Result
         .narrow(1, 0, n)?
         .narrow(2, 0, d)?
         .contiguous()
+}
+
+/// `[groups, n, d]` of `q`, `k` and `v`, which must be of one shape in f32
+/// on the host.
+pub(super) fn operands(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(usize, usize, usize)> {
+    let (groups, n, d) = q.dims3()?;
+    for t in [q, k, v] {
+        if t.dims() != [groups, n, d] || t.dtype() != DType::F32 || !t.device().is_cpu() {
+            candle_core::bail!(
+                "dense attention takes q, k and v of one shape in f32 on the host, not {:?} {:?}",
+                t.dims(),
+                t.dtype()
+            );
+        }
+    }
+    Ok((groups, n, d))
 }
 
 /// One head's queries, transposed keys and values, as laid out above.
@@ -218,6 +225,7 @@ impl Head<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attention::dense_bf16::dense_attention_bf16;
 
     /// The same attention as candle ops: the score matrix whole.
     fn reference(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Tensor {
@@ -228,29 +236,51 @@ mod tests {
             .unwrap()
     }
 
+    fn bf16(t: &Tensor) -> Tensor {
+        t.to_dtype(DType::BF16)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+    }
+
     /// Against the whole score matrix, over key counts that are and are not
-    /// whole tiles and head sizes that are and are not whole vectors, with
-    /// scores large enough that the running maximum moves between tiles.
+    /// whole tiles, work items and tile blocks, and head sizes that are and
+    /// are not whole vectors, with scores large enough that the running
+    /// maximum moves between tiles. The f32 kernel to 1e-5; the bf16 one
+    /// (where this CPU has AMX tiles) against the operands rounded to bf16,
+    /// to the rounding of its probabilities (2^-9 relative) over values of
+    /// about 1.
     #[test]
     fn matches_the_whole_score_matrix() {
-        for (groups, n, d) in [(2, 5, 8), (3, 128, 16), (2, 300, 72), (1, 64, 40)] {
+        for (groups, n, d) in [
+            (2, 5, 8),
+            (3, 128, 16),
+            (3, 130, 16),
+            (2, 300, 72),
+            (1, 64, 40),
+        ] {
             let q = Tensor::randn(0f32, 3.0, (groups, n, d), &Device::Cpu).unwrap();
             let k = Tensor::randn(0f32, 3.0, (groups, n, d), &Device::Cpu).unwrap();
             let v = Tensor::randn(0f32, 1.0, (groups, n, d), &Device::Cpu).unwrap();
             let scale = 1.0 / (d as f64).sqrt();
+            let max_diff = |got: Tensor, want: Tensor| {
+                (got - want)
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .max_all()
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap()
+            };
             let got = dense_attention(&q, &k, &v, scale as f32).unwrap();
-            let want = reference(&q, &k, &v, scale);
-            let diff = (got - want)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .max(0)
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
+            let diff = max_diff(got, reference(&q, &k, &v, scale));
             assert!(diff < 1e-5, "{groups} x {n} x {d}: {diff}");
+            let Some(got) = dense_attention_bf16(&q, &k, &v, scale as f32).unwrap() else {
+                continue;
+            };
+            let diff = max_diff(got, reference(&bf16(&q), &bf16(&k), &bf16(&v), scale));
+            assert!(diff < 2e-2, "bf16 tiles, {groups} x {n} x {d}: {diff}");
         }
     }
 

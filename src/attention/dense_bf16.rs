@@ -12,6 +12,7 @@
 use candle_core::{DType, Device, Result, Tensor};
 use rayon::prelude::*;
 
+use super::dense::operands;
 use crate::quant::bf16::{tiles_available, Bf16Matrix, Bf16Rows, BLOCK};
 use crate::vec_math::max_of;
 
@@ -47,16 +48,7 @@ pub fn dense_attention_bf16(
     if !tiles_available() {
         return Ok(None);
     }
-    let (groups, n, d) = q.dims3()?;
-    for t in [q, k, v] {
-        if t.dims() != [groups, n, d] || t.dtype() != DType::F32 || !t.device().is_cpu() {
-            candle_core::bail!(
-                "dense attention takes q, k and v of one shape in f32 on the host, not {:?} {:?}",
-                t.dims(),
-                t.dtype()
-            );
-        }
-    }
+    let (groups, n, d) = operands(q, k, v)?;
     if groups * n * d == 0 {
         return Ok(Some(Tensor::zeros(
             (groups, n, d),
@@ -115,49 +107,4 @@ pub fn dense_attention_bf16(
             .narrow(1, 0, n)?
             .contiguous()?,
     ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn bf16(t: &Tensor) -> Tensor {
-        t.to_dtype(DType::BF16)
-            .unwrap()
-            .to_dtype(DType::F32)
-            .unwrap()
-    }
-
-    /// Against the whole score matrix in f32 over bf16-rounded operands,
-    /// for shapes that are and are not whole blocks and work items; only
-    /// where this CPU has the tiles.
-    #[test]
-    fn matches_the_whole_score_matrix_in_bf16() {
-        for (groups, n, d) in [(2, 5, 8), (3, 130, 16), (2, 300, 72), (1, 64, 40)] {
-            let q = Tensor::randn(0f32, 3.0, (groups, n, d), &Device::Cpu).unwrap();
-            let k = Tensor::randn(0f32, 3.0, (groups, n, d), &Device::Cpu).unwrap();
-            let v = Tensor::randn(0f32, 1.0, (groups, n, d), &Device::Cpu).unwrap();
-            let scale = 1.0 / (d as f64).sqrt();
-            let Some(got) = dense_attention_bf16(&q, &k, &v, scale as f32).unwrap() else {
-                eprintln!("no AMX bf16 tiles here: the kernel is not run");
-                return;
-            };
-            let scores = (bf16(&q).matmul(&bf16(&k).t().unwrap()).unwrap() * scale).unwrap();
-            let probs = candle_nn::ops::softmax_last_dim(&scores).unwrap();
-            let want = probs.matmul(&bf16(&v)).unwrap();
-            let diff = (got - want)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .max(0)
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
-            // The probabilities' rounding to bf16 (2^-9 relative) over
-            // values of about 1.
-            assert!(diff < 2e-2, "{groups} x {n} x {d}: {diff}");
-        }
-    }
 }
