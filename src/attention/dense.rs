@@ -34,69 +34,120 @@ const ROWS: usize = 16;
 /// (f32, on the host): each of `groups` (an image's head) attends within
 /// itself.
 pub fn dense_attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32) -> Result<Tensor> {
-    let (groups, n, d) = operands(q, k, v)?;
-    // Queries padded to whole work items, keys to whole tiles, dimensions
-    // to whole vectors, all with zeros.
-    let nq = n.div_ceil(ROWS) * ROWS;
-    let np = n.div_ceil(TILE) * TILE;
-    let dp = d.div_ceil(LANES) * LANES;
-    let q = q
-        .pad_with_zeros(1, 0, nq - n)?
-        .contiguous()?
-        .flatten_all()?
-        .to_vec1::<f32>()?;
-    // [groups, d, np]: keys transposed, padded with zero keys.
-    let kt = k
-        .transpose(1, 2)?
-        .pad_with_zeros(2, 0, np - n)?
-        .contiguous()?
-        .flatten_all()?
-        .to_vec1::<f32>()?;
-    // [groups, np, dp]: values padded with zero keys and dimensions.
-    let v = v
-        .pad_with_zeros(2, 0, dp - d)?
-        .pad_with_zeros(1, 0, np - n)?
-        .contiguous()?
-        .flatten_all()?
-        .to_vec1::<f32>()?;
-    let mut out = vec![0f32; groups * nq * dp];
-    out.par_chunks_mut(nq * dp)
-        .enumerate()
-        .for_each(|(g, out_g)| {
-            let head = Head {
-                q: &q[g * nq * d..(g + 1) * nq * d],
-                kt: &kt[g * d * np..(g + 1) * d * np],
-                v: &v[g * np * dp..(g + 1) * np * dp],
-                n,
-                d,
-                dp,
-                scale,
-            };
-            out_g
-                .par_chunks_mut(ROWS * dp)
-                .enumerate()
-                .for_each(|(b, out_rows)| head.rows(b * ROWS, out_rows));
-        });
-    Tensor::from_vec(out, (groups, nq, dp), &Device::Cpu)?
-        .narrow(1, 0, n)?
-        .narrow(2, 0, d)?
-        .contiguous()
+    DenseKeys::new(k, v)?.attend(q, scale)
 }
 
-/// `[groups, n, d]` of `q`, `k` and `v`, which must be of one shape in f32
-/// on the host.
-pub(super) fn operands(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(usize, usize, usize)> {
-    let (groups, n, d) = q.dims3()?;
-    for t in [q, k, v] {
+/// A set's keys and values laid out for the kernel once, for any number
+/// of query chunks to attend to: a tower run a chunk of patches at a time
+/// packs a layer's keys once.
+pub struct DenseKeys {
+    /// `[groups, d, np]`: keys transposed, padded with zero keys.
+    kt: Vec<f32>,
+    /// `[groups, np, dp]`: values padded with zero keys and dimensions.
+    v: Vec<f32>,
+    groups: usize,
+    n: usize,
+    d: usize,
+}
+
+impl DenseKeys {
+    /// `k` and `v` of `[groups, n, d]`, f32 on the host.
+    pub fn new(k: &Tensor, v: &Tensor) -> Result<Self> {
+        let (groups, n, d) = operands(k, v)?;
+        // Keys padded to whole tiles, dimensions to whole vectors, with
+        // zeros.
+        let np = n.div_ceil(TILE) * TILE;
+        let dp = d.div_ceil(LANES) * LANES;
+        let kt = k
+            .transpose(1, 2)?
+            .pad_with_zeros(2, 0, np - n)?
+            .contiguous()?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let v = v
+            .pad_with_zeros(2, 0, dp - d)?
+            .pad_with_zeros(1, 0, np - n)?
+            .contiguous()?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        Ok(DenseKeys {
+            kt,
+            v,
+            groups,
+            n,
+            d,
+        })
+    }
+
+    /// `softmax(q k^T * scale) v` for queries `q` of `[groups, m, d]`.
+    pub fn attend(&self, q: &Tensor, scale: f32) -> Result<Tensor> {
+        let (groups, n, d) = (self.groups, self.n, self.d);
+        let m = queries(q, groups, d)?;
+        let np = n.div_ceil(TILE) * TILE;
+        let dp = d.div_ceil(LANES) * LANES;
+        // Queries padded to whole work items with zeros.
+        let mq = m.div_ceil(ROWS) * ROWS;
+        let q = q
+            .pad_with_zeros(1, 0, mq - m)?
+            .contiguous()?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let mut out = vec![0f32; groups * mq * dp];
+        out.par_chunks_mut(mq * dp)
+            .enumerate()
+            .for_each(|(g, out_g)| {
+                let head = Head {
+                    q: &q[g * mq * d..(g + 1) * mq * d],
+                    kt: &self.kt[g * d * np..(g + 1) * d * np],
+                    v: &self.v[g * np * dp..(g + 1) * np * dp],
+                    n,
+                    d,
+                    dp,
+                    scale,
+                };
+                out_g
+                    .par_chunks_mut(ROWS * dp)
+                    .enumerate()
+                    .for_each(|(b, out_rows)| head.rows(b * ROWS, out_rows));
+            });
+        Tensor::from_vec(out, (groups, mq, dp), &Device::Cpu)?
+            .narrow(1, 0, m)?
+            .narrow(2, 0, d)?
+            .contiguous()
+    }
+}
+
+/// `[groups, n, d]` of `k` and `v`, which must be of one shape in f32 on
+/// the host.
+pub(super) fn operands(k: &Tensor, v: &Tensor) -> Result<(usize, usize, usize)> {
+    let (groups, n, d) = k.dims3()?;
+    for t in [k, v] {
         if t.dims() != [groups, n, d] || t.dtype() != DType::F32 || !t.device().is_cpu() {
             candle_core::bail!(
-                "dense attention takes q, k and v of one shape in f32 on the host, not {:?} {:?}",
+                "dense attention takes k and v of one shape in f32 on the host, not {:?} {:?}",
                 t.dims(),
                 t.dtype()
             );
         }
     }
     Ok((groups, n, d))
+}
+
+/// The number of queries in `q`, which must be `[groups, m, d]` f32 on the
+/// host.
+pub(super) fn queries(q: &Tensor, groups: usize, d: usize) -> Result<usize> {
+    match q.dims3() {
+        Ok((g, m, e))
+            if g == groups && e == d && q.dtype() == DType::F32 && q.device().is_cpu() =>
+        {
+            Ok(m)
+        }
+        _ => candle_core::bail!(
+            "dense attention takes queries of [{groups}, _, {d}] f32 on the host, not {:?} {:?}",
+            q.dims(),
+            q.dtype()
+        ),
+    }
 }
 
 /// One head's queries, transposed keys and values, as laid out above.
@@ -225,7 +276,7 @@ impl Head<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attention::dense_bf16::dense_attention_bf16;
+    use crate::attention::dense_bf16::{dense_attention_bf16, Bf16Keys};
 
     /// The same attention as candle ops: the score matrix whole.
     fn reference(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Tensor {
@@ -273,14 +324,31 @@ mod tests {
                     .to_scalar::<f32>()
                     .unwrap()
             };
+            let want = reference(&q, &k, &v, scale);
             let got = dense_attention(&q, &k, &v, scale as f32).unwrap();
-            let diff = max_diff(got, reference(&q, &k, &v, scale));
+            let diff = max_diff(got, want.clone());
             assert!(diff < 1e-5, "{groups} x {n} x {d}: {diff}");
+            // A chunk of the queries against every key, packed once.
+            let (from, len) = (n / 3, n.div_ceil(2));
+            let chunk = |t: &Tensor| t.narrow(1, from, len).unwrap();
+            let keys = DenseKeys::new(&k, &v).unwrap();
+            let diff = max_diff(keys.attend(&chunk(&q), scale as f32).unwrap(), chunk(&want));
+            assert!(
+                diff < 1e-5,
+                "queries {from}.. of {groups} x {n} x {d}: {diff}"
+            );
             let Some(got) = dense_attention_bf16(&q, &k, &v, scale as f32).unwrap() else {
                 continue;
             };
-            let diff = max_diff(got, reference(&bf16(&q), &bf16(&k), &bf16(&v), scale));
+            let want = reference(&bf16(&q), &bf16(&k), &bf16(&v), scale);
+            let diff = max_diff(got, want.clone());
             assert!(diff < 2e-2, "bf16 tiles, {groups} x {n} x {d}: {diff}");
+            let keys = Bf16Keys::new(&k, &v).unwrap().unwrap();
+            let diff = max_diff(keys.attend(&chunk(&q), scale as f32).unwrap(), chunk(&want));
+            assert!(
+                diff < 2e-2,
+                "bf16 tiles, queries {from}.. of {groups} x {n} x {d}: {diff}"
+            );
         }
     }
 
@@ -288,8 +356,12 @@ mod tests {
     fn other_shapes_and_types_are_refused() {
         let q = Tensor::zeros((1, 4, 8), DType::F32, &Device::Cpu).unwrap();
         let k = Tensor::zeros((1, 5, 8), DType::F32, &Device::Cpu).unwrap();
-        assert!(dense_attention(&q, &k, &q, 1.0).is_err());
+        assert!(dense_attention(&q, &k, &q, 1.0).is_err(), "k and v differ");
         let h = q.to_dtype(DType::F16).unwrap();
         assert!(dense_attention(&q, &h, &q, 1.0).is_err());
+        // Fewer queries than keys are a chunk; another head size is not.
+        assert!(DenseKeys::new(&k, &k).unwrap().attend(&q, 1.0).is_ok());
+        let wide = Tensor::zeros((1, 4, 16), DType::F32, &Device::Cpu).unwrap();
+        assert!(DenseKeys::new(&k, &k).unwrap().attend(&wide, 1.0).is_err());
     }
 }

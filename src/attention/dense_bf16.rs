@@ -7,12 +7,13 @@
 //! against every key (`q Kᵀ`, `[QUERIES, keys]` f32, kept in L2), each
 //! row's exponentials rounded to bf16 into the next product's input, then
 //! `P V` and each row divided by its sum. A head's keys and values are
-//! packed as tile matrices once, shared by its items.
+//! packed as tile matrices once ([`Bf16Keys`]), shared by its items and by
+//! every chunk of queries.
 
 use candle_core::{DType, Device, Result, Tensor};
 use rayon::prelude::*;
 
-use super::dense::operands;
+use super::dense::{operands, queries};
 use crate::quant::bf16::{tiles_available, Bf16Matrix, Bf16Rows, BLOCK};
 use crate::vec_math::max_of;
 
@@ -20,13 +21,15 @@ use crate::vec_math::max_of;
 /// 4096 keys) stay in L2 between the two products.
 const QUERIES: usize = 4 * BLOCK;
 
-/// One head's operands, packed.
-struct Head {
-    q: Bf16Rows,
-    /// Keys as the columns of `q Kᵀ`.
-    k: Bf16Matrix,
-    /// Values as the columns of `P V`: each key an input.
-    v: Bf16Matrix,
+/// A set's keys and values packed as tile matrices once, for any number
+/// of query chunks to attend to (a tower run a chunk of patches at a time
+/// packs a layer's keys once).
+pub struct Bf16Keys {
+    /// Each group's keys as the columns of `q Kᵀ`, and values as the
+    /// columns of `P V` (each key an input).
+    heads: Vec<(Bf16Matrix, Bf16Matrix)>,
+    n: usize,
+    d: usize,
 }
 
 /// One work item's buffers, reused across the items a thread runs.
@@ -45,66 +48,86 @@ pub fn dense_attention_bf16(
     v: &Tensor,
     scale: f32,
 ) -> Result<Option<Tensor>> {
-    if !tiles_available() {
-        return Ok(None);
-    }
-    let (groups, n, d) = operands(q, k, v)?;
-    if groups * n * d == 0 {
-        return Ok(Some(Tensor::zeros(
-            (groups, n, d),
-            DType::F32,
-            &Device::Cpu,
-        )?));
-    }
-    let flat = |t: &Tensor| t.contiguous()?.flatten_all()?.to_vec1::<f32>();
-    let (q, k, v) = (flat(q)?, flat(k)?, flat(v)?);
-    let heads: Option<Vec<Head>> = (0..groups)
-        .into_par_iter()
-        .map(|g| {
-            let at = g * n * d..(g + 1) * n * d;
-            Some(Head {
-                q: Bf16Rows::new(&q[at.clone()], n, d),
-                k: Bf16Matrix::new(&k[at.clone()], n, d)?,
-                v: Bf16Matrix::from_transposed(&v[at], n, d)?,
+    Bf16Keys::new(k, v)?
+        .map(|keys| keys.attend(q, scale))
+        .transpose()
+}
+
+impl Bf16Keys {
+    /// `k` and `v` of `[groups, n, d]`, f32 on the host; `None` where this
+    /// CPU has no AMX tiles.
+    pub fn new(k: &Tensor, v: &Tensor) -> Result<Option<Self>> {
+        if !tiles_available() {
+            return Ok(None);
+        }
+        let (groups, n, d) = operands(k, v)?;
+        if groups * n * d == 0 {
+            return Ok(Some(Bf16Keys {
+                heads: Vec::new(),
+                n,
+                d,
+            }));
+        }
+        let flat = |t: &Tensor| t.contiguous()?.flatten_all()?.to_vec1::<f32>();
+        let (k, v) = (flat(k)?, flat(v)?);
+        let heads: Option<Vec<_>> = (0..groups)
+            .into_par_iter()
+            .map(|g| {
+                let at = g * n * d..(g + 1) * n * d;
+                Some((
+                    Bf16Matrix::new(&k[at.clone()], n, d)?,
+                    Bf16Matrix::from_transposed(&v[at], n, d)?,
+                ))
             })
-        })
-        .collect();
-    let Some(heads) = heads else {
-        return Ok(None);
-    };
-    let items = n.div_ceil(QUERIES);
-    let mut out = vec![0f32; groups * items * QUERIES * d];
-    out.par_chunks_mut(QUERIES * d).enumerate().for_each_init(
-        || Scratch {
-            scores: vec![0.0; QUERIES * heads[0].k.padded_n()],
-            probs: Bf16Rows::zeros(QUERIES, n),
-            out: vec![0.0; QUERIES * heads[0].v.padded_n()],
-        },
-        |s, (item, out)| {
-            let head = &heads[item / items];
-            let first = (item % items) * QUERIES;
-            let rows = first..(first + QUERIES).min(n.div_ceil(BLOCK) * BLOCK);
-            let live = rows.len();
-            head.k.product_rows(&head.q, rows, &mut s.scores);
-            let stride = head.k.padded_n();
-            let mut sums = [0f32; QUERIES];
-            for (r, sum) in sums.iter_mut().enumerate().take(live) {
-                let scores = &s.scores[r * stride..r * stride + n];
-                *sum = s.probs.set_row_exp(r, scores, max_of(scores), scale);
-            }
-            head.v.product_rows(&s.probs, 0..live, &mut s.out);
-            let stride = head.v.padded_n();
-            for (r, dst) in out.chunks_exact_mut(d).enumerate().take(live) {
-                let inv = 1.0 / sums[r];
-                for (o, &x) in dst.iter_mut().zip(&s.out[r * stride..]) {
-                    *o = x * inv;
+            .collect();
+        Ok(heads.map(|heads| Bf16Keys { heads, n, d }))
+    }
+
+    /// `softmax(q k^T * scale) v` for queries `q` of `[groups, m, d]`.
+    pub fn attend(&self, q: &Tensor, scale: f32) -> Result<Tensor> {
+        let (groups, n, d) = (self.heads.len(), self.n, self.d);
+        let m = queries(q, groups, d)?;
+        if groups * m * n * d == 0 {
+            return Tensor::zeros(q.dims(), DType::F32, &Device::Cpu);
+        }
+        let q = q.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+        let q: Vec<Bf16Rows> = (0..groups)
+            .into_par_iter()
+            .map(|g| Bf16Rows::new(&q[g * m * d..(g + 1) * m * d], m, d))
+            .collect();
+        let items = m.div_ceil(QUERIES);
+        let (k0, v0) = &self.heads[0];
+        let mut out = vec![0f32; groups * items * QUERIES * d];
+        out.par_chunks_mut(QUERIES * d).enumerate().for_each_init(
+            || Scratch {
+                scores: vec![0.0; QUERIES * k0.padded_n()],
+                probs: Bf16Rows::zeros(QUERIES, n),
+                out: vec![0.0; QUERIES * v0.padded_n()],
+            },
+            |s, (item, out)| {
+                let (k, v) = &self.heads[item / items];
+                let first = (item % items) * QUERIES;
+                let rows = first..(first + QUERIES).min(m.div_ceil(BLOCK) * BLOCK);
+                let live = rows.len();
+                k.product_rows(&q[item / items], rows, &mut s.scores);
+                let stride = k.padded_n();
+                let mut sums = [0f32; QUERIES];
+                for (r, sum) in sums.iter_mut().enumerate().take(live) {
+                    let scores = &s.scores[r * stride..r * stride + n];
+                    *sum = s.probs.set_row_exp(r, scores, max_of(scores), scale);
                 }
-            }
-        },
-    );
-    Ok(Some(
+                v.product_rows(&s.probs, 0..live, &mut s.out);
+                let stride = v.padded_n();
+                for (r, dst) in out.chunks_exact_mut(d).enumerate().take(live) {
+                    let inv = 1.0 / sums[r];
+                    for (o, &x) in dst.iter_mut().zip(&s.out[r * stride..]) {
+                        *o = x * inv;
+                    }
+                }
+            },
+        );
         Tensor::from_vec(out, (groups, items * QUERIES, d), &Device::Cpu)?
-            .narrow(1, 0, n)?
-            .contiguous()?,
-    ))
+            .narrow(1, 0, m)?
+            .contiguous()
+    }
 }

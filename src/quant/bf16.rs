@@ -197,12 +197,15 @@ impl Bf16Matrix {
     }
 
     /// `x Wᵀ` for `x` of `[m, k]` f32, as `[m, n]` f32, over the rayon
-    /// pool: each task takes as many rows as fit [`TASK_BYTES`] and sweeps
-    /// every column past them.
+    /// pool: each task takes as many rows as fit [`TASK_BYTES`], but no
+    /// more than keep every thread busy (a tower run a chunk at a time has
+    /// few rows), and sweeps every column past them.
     pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
         let a = Bf16Rows::new(x, m, self.k);
         let row_bytes = a.kp * 2;
-        let task_rows = (TASK_BYTES / row_bytes / BLOCK).clamp(1, 8) * BLOCK;
+        let per_thread = m.div_ceil(rayon::current_num_threads()).div_ceil(BLOCK) * BLOCK;
+        let task_rows =
+            ((TASK_BYTES / row_bytes / BLOCK).clamp(1, 8) * BLOCK).min(per_thread.max(BLOCK));
         let mut out = vec![0f32; a.rows * self.np];
         out.par_chunks_mut(task_rows * self.np)
             .enumerate()
