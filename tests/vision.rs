@@ -114,6 +114,54 @@ fn gemma3_vision_tower_and_projector_match_transformers() {
     assert!(tower.forward(&small).is_err());
 }
 
+/// Runs image `i` of `pixels` through `tower` `rows` patches at a time, as
+/// the engine does between steps; returns its output and the calls taken.
+fn tower_in_chunks(
+    tower: &SiglipVision,
+    pixels: &Tensor,
+    i: usize,
+    rows: usize,
+) -> (Tensor, usize) {
+    let mut run = tower.begin(&pixels.get(i).unwrap()).unwrap();
+    for calls in 1.. {
+        if let Some(out) = tower.advance(&mut run, rows).unwrap() {
+            return (out, calls);
+        }
+    }
+    unreachable!()
+}
+
+/// The tower run a few patches at a time (chunks that do and do not
+/// divide the patches, and one patch) matches transformers as the whole
+/// does: each layer's keys are complete before any patch attends.
+#[test]
+fn the_tower_in_chunks_matches_transformers() {
+    let Gemma3Fixture {
+        config,
+        reference,
+        tower,
+        ..
+    } = gemma3_fixture();
+    let vision: SiglipConfig = serde_json::from_value(config["vision_config"].clone()).unwrap();
+    let (patches, layers) = (vision.patches_per_side().pow(2), vision.num_hidden_layers);
+    let pixels = tensor(&reference["pixel_values"]);
+    let want = tensor(&reference["vision_tower"]);
+    for rows in [1, 3, patches / 2, patches] {
+        for i in 0..pixels.dim(0).unwrap() {
+            let (got, calls) = tower_in_chunks(&tower, &pixels, i, rows);
+            let diff = max_diff(&got, &want.get(i).unwrap());
+            assert!(diff < 1e-4, "{rows} patches a call, image {i}: {diff}");
+            // Two stages a layer, each over every patch.
+            assert_eq!(calls, 2 * layers * patches.div_ceil(rows), "{rows} a call");
+        }
+    }
+    let wrong = pixels.get(0).unwrap().narrow(2, 0, 16).unwrap();
+    assert!(
+        tower.begin(&wrong).is_err(),
+        "a wrong image size is refused"
+    );
+}
+
 /// The tower with its products in bf16 on AMX tiles (as a 16-bit tower
 /// runs on a CPU that has them) stays within bf16's rounding of
 /// transformers' f32 output: each product's inputs rounded to 8
@@ -147,6 +195,13 @@ fn the_tower_on_bf16_tiles_stays_near_transformers() {
     assert!(
         diff < 1e-2 * size,
         "{diff} from transformers' (outputs up to {size})"
+    );
+    // A few patches at a time, as the engine runs it, likewise.
+    let (got, _) = tower_in_chunks(&tower, &pixels, 1, 5);
+    let diff = max_diff(&got, &want.get(1).unwrap());
+    assert!(
+        diff < 1e-2 * size,
+        "in chunks: {diff} (outputs up to {size})"
     );
 }
 
@@ -818,8 +873,9 @@ async fn hostile_images_are_refused_and_the_server_keeps_serving() {
     assert_eq!(reply["usage"]["completion_tokens"], 2);
 }
 
-/// One step may prefill more images than the runner keeps encoded (32):
-/// a prompt of 33 different images runs in one step and is answered.
+/// A prompt may hold more images than the runner keeps encoded past their
+/// prompts (32): those a running prompt still waits for are never dropped,
+/// so a prompt of 33 different images is answered.
 #[test]
 fn a_step_may_hold_more_images_than_are_kept() {
     use wick::engine::prompt::{MediaSpan, Pixels, Prompt};
@@ -999,4 +1055,65 @@ async fn image_urls_are_read_only_where_allowed() {
     let input = usage["input_tokens"].as_u64().unwrap();
     let cached = usage["cache_read_input_tokens"].as_u64().unwrap();
     assert_eq!(input + cached, inline["usage"]["prompt_tokens"]);
+}
+
+/// The engine's encoder queue with no time to spare (each call's deadline
+/// already past) takes one chunk a call: an image is ready after two
+/// stages of every tower layer, an image no prompt waits for any more is
+/// dropped part way, and one the tower refuses fails alone, the next
+/// encoding in the same call.
+#[test]
+fn images_encode_a_chunk_at_a_time_and_fail_alone() {
+    use std::time::Instant;
+    use wick::engine::image_features::ImageFeatures;
+    use wick::engine::prompt::Pixels;
+    use wick::load::loader::{load, LoadOptions};
+
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gemma3vl-tiny");
+    let loaded = load(&dir, &LoadOptions::default(), &Device::Cpu).unwrap();
+    let encoder = loaded.vision.unwrap();
+    let (w, h) = (
+        encoder.spec().processor.width as usize,
+        encoder.spec().processor.height as usize,
+    );
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let layers = config["vision_config"]["num_hidden_layers"]
+        .as_u64()
+        .unwrap() as usize;
+    let image = |v: f32| {
+        let pixels = Pixels::new(vec![v; 3 * w * h], h, w);
+        (pixels.content_hash(), pixels)
+    };
+    let (a, b) = (image(0.25), image(-0.5));
+    let mut features = ImageFeatures::new(encoder);
+    let mut calls = 0;
+    while !features.has(a.0) {
+        let failed = features.encode(std::slice::from_ref(&a), Instant::now(), &Device::Cpu);
+        assert!(failed.is_empty(), "{failed:?}");
+        calls += 1;
+        assert!(calls <= 2 * layers, "{calls} calls");
+    }
+    assert_eq!(calls, 2 * layers, "a stage of a layer a call");
+    // b begun, then no longer wanted: dropped; wanted again, it starts over.
+    features.encode(std::slice::from_ref(&b), Instant::now(), &Device::Cpu);
+    features.encode(&[], Instant::now(), &Device::Cpu);
+    for _ in 1..2 * layers {
+        features.encode(std::slice::from_ref(&b), Instant::now(), &Device::Cpu);
+    }
+    assert!(!features.has(b.0), "dropped part way, so not done yet");
+    features.encode(std::slice::from_ref(&b), Instant::now(), &Device::Cpu);
+    assert!(features.has(b.0));
+    // An image of the wrong size fails; the next is begun in its place.
+    let wrong = Pixels::new(vec![0.0; 3 * w * (h / 2)], h / 2, w);
+    let c = image(0.75);
+    let wanted = [(wrong.content_hash(), wrong), c.clone()];
+    let failed = features.encode(&wanted, Instant::now(), &Device::Cpu);
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0].0, wanted[0].0);
+    assert!(failed[0].1.contains("not"), "{}", failed[0].1);
+    for _ in 1..2 * layers {
+        features.encode(&wanted[1..], Instant::now(), &Device::Cpu);
+    }
+    assert!(features.has(c.0) && features.has(a.0));
 }

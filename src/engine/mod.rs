@@ -513,12 +513,14 @@ impl Engine {
     }
 
     /// One continuous-batching step: schedule, draft, run one forward over
-    /// the flat batch (grammar masks computed alongside), sample, and let
-    /// the scheduler apply what came of it. Its time is what the step
-    /// budget learns from.
+    /// the flat batch (grammar masks computed alongside), sample, let the
+    /// scheduler apply what came of it, then encode the images running
+    /// prompts wait for in the time the step budget leaves. Its time, less
+    /// the encoder's, is what the step budget learns from.
     pub fn step(&mut self) -> Vec<StepEvent> {
         let start = Instant::now();
-        let mut plan = self.scheduler.schedule();
+        let runner = &self.runner;
+        let mut plan = self.scheduler.schedule(&|hash| runner.has_image(hash));
         self.draft(&mut plan);
         let mut events = Vec::new();
         if !plan.is_empty() {
@@ -539,6 +541,13 @@ impl Engine {
             });
             self.scheduler.note_forward(out.took);
             events = self.scheduler.update(&plan, outputs, &self.eos_ids);
+        }
+        let wanted = self.scheduler.images_wanted();
+        if !wanted.is_empty() {
+            let begun = Instant::now();
+            let failed = (self.runner).encode_images(&wanted, begun + self.scheduler.encode_time());
+            events.extend(self.scheduler.fail_images(&failed));
+            self.scheduler.note_encoding(begun.elapsed());
         }
         self.scheduler.note_step(start.elapsed());
         events

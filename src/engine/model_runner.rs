@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use candle_core::Tensor;
 
 use crate::attention;
-use crate::engine::image_features::ImageFeatures;
+use crate::engine::image_features::{ImageFeatures, WantedImage};
 use crate::engine::sequence::SeqId;
 use crate::engine::step_plan::StepImage;
 use crate::error::panic_message;
@@ -109,6 +109,23 @@ impl ModelRunner {
         self.images.as_ref().map(|i| i.encoder().spec())
     }
 
+    /// Whether an image's encoder output is ready to place.
+    pub fn has_image(&self, hash: u64) -> bool {
+        self.images.as_ref().is_some_and(|i| i.has(hash))
+    }
+
+    /// Encodes the images running prompts wait for, until `until` (at
+    /// least a chunk); returns those that failed, with why.
+    pub fn encode_images(&mut self, wanted: &[WantedImage], until: Instant) -> Vec<(u64, String)> {
+        let device = self.model.device().clone();
+        match &mut self.images {
+            Some(features) => features.encode(wanted, until, &device),
+            None => (wanted.iter())
+                .map(|(hash, _)| (*hash, "the model takes no images".to_string()))
+                .collect(),
+        }
+    }
+
     pub fn model(&self) -> &dyn Model {
         self.model.as_ref()
     }
@@ -136,9 +153,8 @@ impl ModelRunner {
         let start = Instant::now();
         let result = catch_unwind(AssertUnwindSafe(|| {
             if !images.is_empty() {
-                let device = self.model.device().clone();
-                match &mut self.images {
-                    Some(features) => features.place(&mut batch, images, &device)?,
+                match &self.images {
+                    Some(features) => features.place(&mut batch, images)?,
                     None => candle_core::bail!("the model takes no images"),
                 }
             }

@@ -83,12 +83,25 @@ impl From<Vec<u32>> for Prompt {
 }
 
 /// `chunk` prompt positions from `from`, moved so that it cuts no media
-/// span: an image's tokens may attend to each other both ways, so the rows
-/// of a span run in one step. A chunk ending inside a span ends before it
-/// instead; where the span begins at `from` (or began before it, its start
-/// cached), the chunk takes the span to its end, past the step's budget by
-/// less than one span.
-pub fn media_aligned(media: &[MediaSpan], from: usize, chunk: usize) -> usize {
+/// span and reaches no image whose features are not `ready`: an image's
+/// tokens may attend to each other both ways, so the rows of a span run
+/// in one step. A chunk stops before the first span not ready (at `from`,
+/// so 0, where that span began before it). A chunk ending inside a span
+/// ends before it instead; where the span begins at `from` (or began
+/// before it, its start cached), the chunk takes the span to its end,
+/// past the step's budget by less than one span.
+pub fn media_aligned(
+    media: &[MediaSpan],
+    from: usize,
+    chunk: usize,
+    ready: &dyn Fn(u64) -> bool,
+) -> usize {
+    let unready = media
+        .iter()
+        .filter(|m| m.start + m.len > from && !ready(m.hash))
+        .map(|m| m.start.max(from))
+        .min();
+    let chunk = unready.map_or(chunk, |start| chunk.min(start - from));
     let end = from + chunk;
     let cut = media
         .iter()
@@ -174,22 +187,23 @@ mod tests {
             pixels: Pixels::default(),
         };
         let media = [span(10, 8), span(20, 4)];
+        let all = |_| true;
         // Clear of the spans, or ending at their edges: as asked.
-        assert_eq!(media_aligned(&media, 0, 10), 10);
-        assert_eq!(media_aligned(&media, 0, 18), 18);
-        assert_eq!(media_aligned(&media, 0, 19), 19);
+        assert_eq!(media_aligned(&media, 0, 10, &all), 10);
+        assert_eq!(media_aligned(&media, 0, 18, &all), 18);
+        assert_eq!(media_aligned(&media, 0, 19, &all), 19);
         // Ending inside one: before it.
-        assert_eq!(media_aligned(&media, 0, 12), 10);
-        assert_eq!(media_aligned(&media, 5, 17), 15);
+        assert_eq!(media_aligned(&media, 0, 12, &all), 10);
+        assert_eq!(media_aligned(&media, 5, 17, &all), 15);
         // Starting at one, or inside one whose start is cached: to its end.
-        assert_eq!(media_aligned(&media, 10, 3), 8);
-        assert_eq!(media_aligned(&media, 12, 1), 6);
-        assert_eq!(media_aligned(&media, 20, 1), 4);
+        assert_eq!(media_aligned(&media, 10, 3, &all), 8);
+        assert_eq!(media_aligned(&media, 12, 1, &all), 6);
+        assert_eq!(media_aligned(&media, 20, 1, &all), 4);
         // Sitting out stays sitting out.
-        assert_eq!(media_aligned(&media, 10, 0), 0);
+        assert_eq!(media_aligned(&media, 10, 0, &all), 0);
         for from in 0..30 {
             for chunk in 1..30 {
-                let end = from + media_aligned(&media, from, chunk);
+                let end = from + media_aligned(&media, from, chunk, &all);
                 assert!(
                     media
                         .iter()
@@ -198,6 +212,33 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A chunk stops before an image not encoded yet, and takes one that
+    /// is as it would have.
+    #[test]
+    fn chunks_stop_before_an_image_not_ready() {
+        let span = |start, len, hash| MediaSpan {
+            start,
+            len,
+            hash,
+            pixels: Pixels::default(),
+        };
+        let media = [span(10, 8, 1), span(20, 4, 2)];
+        let first_ready = |h| h == 1;
+        let none_ready = |_| false;
+        // Text before the image runs; the image and past it wait.
+        assert_eq!(media_aligned(&media, 0, 30, &none_ready), 10);
+        assert_eq!(media_aligned(&media, 0, 6, &none_ready), 6);
+        assert_eq!(media_aligned(&media, 10, 30, &none_ready), 0);
+        // Inside a span whose start is cached: it waits whole.
+        assert_eq!(media_aligned(&media, 12, 30, &none_ready), 0);
+        // The first ready: through it, up to the second.
+        assert_eq!(media_aligned(&media, 0, 30, &first_ready), 20);
+        assert_eq!(media_aligned(&media, 10, 1, &first_ready), 8);
+        assert_eq!(media_aligned(&media, 18, 30, &first_ready), 2);
+        // Past both spans nothing waits.
+        assert_eq!(media_aligned(&media, 24, 5, &none_ready), 5);
     }
 
     #[test]

@@ -36,6 +36,7 @@ use std::time::{Duration, Instant};
 use crate::engine::block_manager::BlockManager;
 use crate::engine::mask_budget::MaskBudget;
 use crate::engine::pooling::Pool;
+use crate::engine::prompt::Pixels;
 use crate::engine::sequence::{FinishReason, SeqId, Sequence, StepEvent};
 use crate::engine::speculation::{
     self, DraftRun, DraftTally, Offered, Speculation, PRIOR_FIXED_COST_IN_TOKENS,
@@ -179,9 +180,9 @@ pub struct Scheduler {
     /// Seconds a draft model's round has taken, recent rounds weighing
     /// most; `None` before one was timed.
     draft_round: Option<f64>,
-    /// What the draft model took of the step being run, which the step's
-    /// cost leaves out.
-    draft_time: Duration,
+    /// What the draft model and the vision encoder took of the step being
+    /// run, which the step's cost leaves out.
+    aside_time: Duration,
     drafts: DraftTally,
     /// How long each sequence admitted since the last [`take_queue_waits`]
     /// (`Scheduler::take_queue_waits`) waited for its first admission.
@@ -214,7 +215,7 @@ impl Scheduler {
             drafting: false,
             model_drafts: false,
             draft_round: None,
-            draft_time: Duration::ZERO,
+            aside_time: Duration::ZERO,
             drafts: DraftTally::default(),
             queue_waits: Vec::new(),
             waiting: VecDeque::new(),
@@ -333,7 +334,7 @@ impl Scheduler {
     /// a run that also cached prompt chunks says nothing of a round's
     /// cost.
     pub fn note_drafts(&mut self, run: DraftRun, took: Duration) {
-        self.draft_time += took;
+        self.aside_time += took;
         if run.rounds == 0 || run.prefilled {
             return;
         }
@@ -342,6 +343,53 @@ impl Scheduler {
             Some(r) => r * DRAFT_ROUND_DECAY + round * (1.0 - DRAFT_ROUND_DECAY),
             None => round,
         });
+    }
+
+    /// The vision encoder ran `took` of this step.
+    pub fn note_encoding(&mut self, took: Duration) {
+        self.aside_time += took;
+    }
+
+    /// How long the step just scheduled may spend encoding images beside
+    /// its rows ([`StepBudget::encode_seconds`]).
+    pub fn encode_time(&self) -> Duration {
+        let plan = self.plan.unwrap_or_default();
+        let secs =
+            self.steps
+                .encode_seconds(plan.decode_rows, self.batch_to_be(), plan.prompt_tokens);
+        Duration::from_secs_f64(secs)
+    }
+
+    /// The images running prompts wait for and have not prefilled, each
+    /// once, in the order the prompts run.
+    pub fn images_wanted(&self) -> Vec<(u64, Pixels)> {
+        let mut wanted: Vec<(u64, Pixels)> = Vec::new();
+        for m in self.running.iter().flat_map(|s| s.images_to_place()) {
+            if wanted.iter().all(|(h, _)| *h != m.hash) {
+                wanted.push((m.hash, m.pixels.clone()));
+            }
+        }
+        wanted
+    }
+
+    /// Ends the running sequences that wait for an image of `failed` (its
+    /// hash, and why it could not be encoded) with that error; the rest
+    /// run on.
+    pub fn fail_images(&mut self, failed: &[(u64, String)]) -> Vec<StepEvent> {
+        let mut events = Vec::new();
+        for (hash, msg) in failed {
+            tracing::warn!("an image could not be encoded: {msg}");
+            let ids: Vec<SeqId> = (self.running.iter())
+                .filter(|s| s.images_to_place().any(|m| m.hash == *hash))
+                .map(|s| s.id)
+                .collect();
+            for id in ids {
+                self.abort(id);
+                let msg = format!("the image could not be encoded: {msg}");
+                events.push(StepEvent::ended(id, FinishReason::Error(msg)));
+            }
+        }
+        events
     }
 
     /// How long the forward pass just run took.
@@ -353,7 +401,7 @@ impl Scheduler {
     /// sampled tokens: what the step budget learns its cost model from.
     /// A step that ran nothing or failed teaches nothing.
     pub fn note_step(&mut self, took: Duration) {
-        let took = took.saturating_sub(std::mem::take(&mut self.draft_time));
+        let took = took.saturating_sub(std::mem::take(&mut self.aside_time));
         let Some(plan) = self.plan.take() else {
             return;
         };
@@ -405,8 +453,9 @@ impl Scheduler {
 
     /// Decides this step: which running sequences run and with how many
     /// tokens (a sequence's `chunk`, 0 = sits out), admitting and
-    /// preempting as needed.
-    pub fn schedule(&mut self) -> StepPlan {
+    /// preempting as needed. A prompt's chunk stops before an image whose
+    /// encoder output is not `ready`.
+    pub fn schedule(&mut self, ready: &dyn Fn(u64) -> bool) -> StepPlan {
         let cap = self.cfg.max_num_batched_tokens;
         let mut preempted = Vec::new();
         let others_wait = !self.waiting.is_empty();
@@ -454,7 +503,7 @@ impl Scheduler {
         for seq in &mut self.running {
             if seq.pending() > 1 {
                 let chunk = self.share.chunk(seq.pending(), left, prefill, others_wait);
-                seq.chunk = seq.media_aligned(chunk);
+                seq.chunk = seq.media_aligned(chunk, ready);
                 left = left.saturating_sub(seq.chunk);
             }
         }
@@ -488,7 +537,7 @@ impl Scheduler {
             }
         }
         if preempted.is_empty() {
-            self.admit(left);
+            self.admit(left, ready);
         }
         self.plan = Some(self.cost_of_step(prefill));
         // Behind everyone already waiting, in arrival order among themselves.
@@ -540,7 +589,7 @@ impl Scheduler {
     /// Admits waiting sequences in queue order while the budget, the
     /// sequence cap and the pool allow; one whose request already holds
     /// its share of the pool stays queued without holding up the rest.
-    fn admit(&mut self, mut budget: usize) {
+    fn admit(&mut self, mut budget: usize, ready: &dyn Fn(u64) -> bool) {
         // Per request: its running sequences, and the blocks they may need.
         let mut groups: HashMap<SeqId, (usize, usize)> = HashMap::new();
         for r in &self.running {
@@ -568,7 +617,7 @@ impl Scheduler {
                 break;
             }
             let hit = match_prefix(&mut self.blocks, &mut self.window, seq);
-            let chunk = seq.media_aligned(seq.pending().min(budget));
+            let chunk = seq.media_aligned(seq.pending().min(budget), ready);
             if !grow(&mut self.blocks, &mut self.window, seq, chunk) {
                 // Holding the matched blocks while waiting would pin them.
                 release(&mut self.blocks, &mut self.window, &mut self.states, seq);
@@ -1065,7 +1114,7 @@ mod tests {
         s.add(Sequence::new(1, prompt, params, 1 << 10, &[]));
         let mut ends = Vec::new();
         while s.has_work() {
-            let plan = s.schedule();
+            let plan = s.schedule(&|_| true);
             if let Some(seq) = s.running.first() {
                 ends.push(seq.num_cached + seq.chunk);
             }
@@ -1081,6 +1130,72 @@ mod tests {
         assert!(ends.contains(&28), "{ends:?}");
     }
 
+    /// A prompt waits at an image not encoded yet while a stream decodes
+    /// beside it: its text before the image runs, then it sits out (the
+    /// image wanted), then the image runs whole once ready. An image that
+    /// fails ends only the prompt that waits for it.
+    #[test]
+    fn a_prompt_waits_for_its_image_while_others_decode() {
+        let mut s = scheduler(64, 4, 64);
+        let span = |start, hash| MediaSpan {
+            start,
+            len: 8,
+            hash,
+            pixels: Pixels::default(),
+        };
+        let params = SamplingParams {
+            max_tokens: 50,
+            ignore_eos: true,
+            ..Default::default()
+        };
+        s.add(seq(1, 4, 50));
+        let plan = s.schedule(&|_| true);
+        run_step(&mut s, &plan);
+        for (id, hash) in [(2u32, 21), (3, 31)] {
+            let prompt = Prompt {
+                tokens: (100 * id..100 * id + 20).collect(),
+                media: vec![span(5, hash)],
+                cache_salt: None,
+            };
+            s.add(Sequence::new(
+                id as SeqId,
+                prompt,
+                params.clone(),
+                1 << 10,
+                &[],
+            ));
+        }
+        let none = |_| false;
+        let plan = s.schedule(&none);
+        assert_eq!(chunks(&s), [(1, 1), (2, 5), (3, 5)], "text up to the image");
+        run_step(&mut s, &plan);
+        let wanted: Vec<u64> = s.images_wanted().iter().map(|w| w.0).collect();
+        assert_eq!(wanted, [21, 31]);
+        for _ in 0..3 {
+            let plan = s.schedule(&none);
+            assert_eq!(chunks(&s), [(1, 1), (2, 0), (3, 0)], "the stream decodes");
+            run_step(&mut s, &plan);
+        }
+        // 21 encoded: its image and the rest of the prompt run; 31 fails.
+        let plan = s.schedule(&|h| h == 21);
+        assert_eq!(chunks(&s), [(1, 1), (2, 15), (3, 0)]);
+        run_step(&mut s, &plan);
+        assert_eq!(
+            s.images_wanted().iter().map(|w| w.0).collect::<Vec<_>>(),
+            [31]
+        );
+        let events = s.fail_images(&[(31, "too wide".into())]);
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].seq, 3);
+        assert!(
+            matches!(&events[0].finish, Some(FinishReason::Error(m)) if m.contains("too wide")),
+            "{:?}",
+            events[0].finish
+        );
+        assert_eq!(s.running_ids(), [1, 2].into_iter().collect());
+        assert!(s.images_wanted().is_empty());
+    }
+
     /// A scheduler drafting up to `max_draft` tokens by 2- and 1-grams,
     /// whose one sequence, "1 2 3 4 5 6 1" with `max_tokens`, has
     /// prefilled and sampled 2: its next row drafts.
@@ -1092,7 +1207,7 @@ mod tests {
         };
         let mut s = scheduler(64, 8, 64).with_drafts(Some(spec));
         s.add(seq_of(1, vec![1, 2, 3, 4, 5, 6, 1], max_tokens));
-        let plan = s.schedule();
+        let plan = s.schedule(&|_| true);
         assert_eq!(chunks(&s), [(1, 7)], "the prompt drafts nothing");
         s.update(&plan, Ok(vec![sampled(&[2])]), &[]);
         s
@@ -1103,7 +1218,7 @@ mod tests {
         // Blocks of 4: "1 2 3 4 5 6 1 2" looks up "3 4 5 6"; a first draft
         // at the hopeful prior runs three of them.
         let mut s = drafting(4, 20);
-        let plan = s.schedule();
+        let plan = s.schedule(&|_| true);
         assert_eq!(plan.rows[0].draft, [3, 4, 5]);
         assert_eq!(chunks(&s), [(1, 4)]);
         assert_eq!(s.running[0].block_table.len(), 3, "blocks for the draft");
@@ -1126,7 +1241,7 @@ mod tests {
     fn drafts_stop_at_max_len_and_tokens_past_a_finish_are_dropped() {
         // Room for 3 more tokens: a draft of at most 2, then the one after.
         let mut s = drafting(8, 4);
-        let plan = s.schedule();
+        let plan = s.schedule(&|_| true);
         assert_eq!(plan.rows[0].draft, [3, 4]);
         // EOS (5) sampled for the second drafted token ends it there.
         let events = s.update(&plan, Ok(vec![sampled(&[3, 5, 6])]), &[5]);
@@ -1141,23 +1256,23 @@ mod tests {
         let mut s = scheduler(64, 8, 10);
         s.add(seq(1, 25, 4));
         s.add(seq(2, 3, 4));
-        let plan = s.schedule();
+        let plan = s.schedule(&|_| true);
         assert_eq!(chunks(&s), [(1, 10)]);
         run_step(&mut s, &plan);
-        let plan = s.schedule();
+        let plan = s.schedule(&|_| true);
         // Seq 2 waits, so seq 1 leaves it the reserve (three quarters, 8):
         // seq 2 starts at once instead of after seq 1's whole prompt.
         assert_eq!(chunks(&s), [(1, 2), (2, 3)]);
         run_step(&mut s, &plan);
-        let plan = s.schedule();
+        let plan = s.schedule(&|_| true);
         // No one waits: seq 2 decodes first, the running prompt takes the
         // rest of the budget.
         assert_eq!(chunks(&s), [(1, 9), (2, 1)]);
         run_step(&mut s, &plan);
-        let plan = s.schedule();
+        let plan = s.schedule(&|_| true);
         assert_eq!(chunks(&s), [(1, 4), (2, 1)]);
         run_step(&mut s, &plan);
-        s.schedule();
+        s.schedule(&|_| true);
         assert_eq!(chunks(&s), [(1, 1), (2, 1)], "both decode");
     }
 
@@ -1181,7 +1296,7 @@ mod tests {
         let mut steps = Vec::new();
         let mut seen: HashMap<SeqId, (Duration, Duration, Duration)> = HashMap::new();
         while s.has_work() {
-            let plan = s.schedule();
+            let plan = s.schedule(&|_| true);
             let decode = s.scheduled().filter(|q| q.pending() == 1).count();
             let tokens: usize = s.scheduled().map(|q| q.chunk).sum();
             let events = run_step(s, &plan);
@@ -1262,7 +1377,7 @@ mod tests {
             s.add(seq(id, 4, 1000));
         }
         for _ in 0..4 {
-            let plan = s.schedule();
+            let plan = s.schedule(&|_| true);
             let tokens: usize = s.scheduled().map(|q| q.chunk).sum();
             run_step(&mut s, &plan);
             s.note_step(cost(tokens));
@@ -1270,7 +1385,7 @@ mod tests {
         s.add(seq(1000, 2000, 1));
         let mut steps = 0;
         let first = loop {
-            let plan = s.schedule();
+            let plan = s.schedule(&|_| true);
             steps += 1;
             assert_eq!(
                 s.scheduled()
@@ -1299,12 +1414,12 @@ mod tests {
         for id in 0..130 {
             s.add(seq(id, 1, 100));
         }
-        let plan = s.schedule();
+        let plan = s.schedule(&|_| true);
         run_step(&mut s, &plan);
-        let plan = s.schedule();
+        let plan = s.schedule(&|_| true);
         run_step(&mut s, &plan);
         s.add(seq(500, 40, 1));
-        s.schedule();
+        s.schedule(&|_| true);
         let decoding = s.scheduled().filter(|q| q.id < 500).count();
         let prompt: usize = s.scheduled().filter(|q| q.id == 500).map(|q| q.chunk).sum();
         assert_eq!((decoding, prompt), (120, 8));
@@ -1317,11 +1432,11 @@ mod tests {
     #[test]
     fn a_failed_or_empty_step_teaches_nothing() {
         let mut s = scheduler(64, 8, 100);
-        s.schedule();
+        s.schedule(&|_| true);
         s.note_step(cost(0));
         assert_eq!(s.stats().steps, 0, "nothing ran");
         s.add(seq(1, 5, 4));
-        let plan = s.schedule();
+        let plan = s.schedule(&|_| true);
         s.fail(&plan, "boom");
         s.note_step(cost(5));
         assert_eq!(s.stats().steps, 0, "failed");
@@ -1334,7 +1449,7 @@ mod tests {
         for id in 0..3 {
             s.add(seq(id, 2, 4));
         }
-        s.schedule();
+        s.schedule(&|_| true);
         assert_eq!((s.running.len(), s.waiting.len()), (2, 1));
     }
 
@@ -1345,7 +1460,7 @@ mod tests {
             s.add(seq(id, 2, 4));
         }
         assert_eq!(s.num_queued(), 2, "3 of the 5 have a free slot");
-        s.schedule();
+        s.schedule(&|_| true);
         assert_eq!((s.running.len(), s.waiting.len()), (3, 2));
         assert_eq!(s.num_queued(), 2);
         s.abort(0);
@@ -1360,13 +1475,13 @@ mod tests {
         for id in 1..=4 {
             s.add(seq(id, 4, 8));
         }
-        let plan = s.schedule();
+        let plan = s.schedule(&|_| true);
         assert_eq!(s.running.len(), 3);
         run_step(&mut s, &plan);
         // Each now needs a second block for its 5th token: only seq 1 gets one
         // after seqs 3 and 2 are preempted, newest first. They queue behind
         // seq 4, which waited longer, in their own arrival order.
-        let plan = s.schedule();
+        let plan = s.schedule(&|_| true);
         assert_eq!(plan.preempted, [2, 3]);
         assert_eq!(chunks(&s), [(1, 1)]);
         assert_eq!(
@@ -1389,7 +1504,7 @@ mod tests {
         let mut s = scheduler(32, 64, 100);
         group(0..12, 4, 8).into_iter().for_each(|q| s.add(q));
         s.add(seq(100, 4, 8));
-        let mut plan = s.schedule();
+        let mut plan = s.schedule(&|_| true);
         let running: Vec<SeqId> = s.running.iter().map(|q| q.id).collect();
         // The sixth of the group stays queued; the later request passes it.
         assert_eq!(running, [0, 1, 2, 3, 4, 100]);
@@ -1397,7 +1512,7 @@ mod tests {
         // As the group's sequences finish, the next ones run.
         for _ in 0..9 {
             run_step(&mut s, &plan);
-            plan = s.schedule();
+            plan = s.schedule(&|_| true);
         }
         assert!(s.running.iter().any(|q| q.id == 5), "{:?}", chunks(&s));
         assert_eq!(s.take_queue_waits().len(), 11);
@@ -1408,7 +1523,7 @@ mod tests {
         // Each may grow to the whole pool (16 blocks), yet n = 2 runs at once.
         let mut s = scheduler(16, 64, 100);
         group(0..2, 4, 60).into_iter().for_each(|q| s.add(q));
-        s.schedule();
+        s.schedule(&|_| true);
         assert_eq!(s.running.len(), 2);
     }
 
@@ -1435,7 +1550,7 @@ mod tests {
         assert!(s.fits(&q));
         s.add(q);
         for _ in 0..5 {
-            let plan = s.schedule();
+            let plan = s.schedule(&|_| true);
             assert!(plan.preempted.is_empty());
             run_step(&mut s, &plan);
         }
@@ -1447,12 +1562,12 @@ mod tests {
         let mut s = scheduler(8, 1, 100);
         s.add(seq(1, 5, 1));
         s.add(seq(2, 5, 4));
-        let plan = s.schedule();
+        let plan = s.schedule(&|_| true);
         assert_eq!(s.stats().blocks_used, 2);
         let events = run_step(&mut s, &plan);
         assert_eq!(events[0].finish, Some(FinishReason::Length));
         assert_eq!(s.stats().blocks_used, 0, "max_tokens 1: done and freed");
-        s.schedule();
+        s.schedule(&|_| true);
         assert!(s.abort(2));
         assert!(!s.abort(3));
         assert_eq!(s.stats().blocks_used, 0);
@@ -1467,7 +1582,7 @@ mod tests {
         // Same step: the second sequence takes the first's two full blocks.
         s.add(seq_of(1, with(&[1, 2]), 1));
         s.add(seq_of(2, with(&[3]), 1));
-        let plan = s.schedule();
+        let plan = s.schedule(&|_| true);
         assert_eq!(chunks(&s), [(1, 12), (2, 3)]);
         assert_eq!(s.running[1].block_table[..2], s.running[0].block_table[..2]);
         let events = run_step(&mut s, &plan);
@@ -1476,12 +1591,12 @@ mod tests {
         assert_eq!(s.stats().blocks_used, 0);
         // Later, after both finished: found again in the freed blocks.
         s.add(seq_of(3, with(&[4, 5, 6]), 1));
-        let plan = s.schedule();
+        let plan = s.schedule(&|_| true);
         assert_eq!(chunks(&s), [(3, 5)]);
         run_step(&mut s, &plan);
         // A prompt that is whole blocks still computes its last token.
         s.add(seq_of(4, prefix[..8].to_vec(), 1));
-        let plan = s.schedule();
+        let plan = s.schedule(&|_| true);
         assert_eq!(chunks(&s), [(4, 4)]);
         run_step(&mut s, &plan);
         let st = s.stats();
@@ -1498,15 +1613,15 @@ mod tests {
         let mut s = scheduler(4, 8, 100);
         s.add(seq(1, 8, 4));
         s.add(seq(2, 8, 8));
-        let plan = s.schedule();
+        let plan = s.schedule(&|_| true);
         run_step(&mut s, &plan);
         // Seq 1's third block preempts seq 2, and evicts its tail block.
-        let plan = s.schedule();
+        let plan = s.schedule(&|_| true);
         assert_eq!(plan.preempted, [2]);
         run_step(&mut s, &plan);
         // Seq 2 comes back once seq 1 is done, with its head block.
         let readmitted = loop {
-            let plan = s.schedule();
+            let plan = s.schedule(&|_| true);
             if let Some(q) = s.scheduled().find(|q| q.id == 2) {
                 break (q.num_cached, q.chunk);
             }
@@ -1529,12 +1644,12 @@ mod tests {
                 BlockManager::new(16, 4).with_caching(caching),
             );
             s.add(seq_of(1, prompt.clone(), 1));
-            let plan = s.schedule();
+            let plan = s.schedule(&|_| true);
             run_step(&mut s, &plan);
             let mut scored = seq_of(2, prompt.clone(), 1);
             scored.params.prompt_logprobs = scoring.then_some(0);
             s.add(scored);
-            s.schedule();
+            s.schedule(&|_| true);
             assert_eq!(chunks(&s), [(2, 9)], "caching {caching}, scoring {scoring}");
         }
     }
@@ -1556,7 +1671,7 @@ mod tests {
         s.add(seq_of(2, (50..59).collect(), 1));
         s.add(seq_of(3, [0, 1, 2, 3, 60, 61, 62, 63, 64].to_vec(), 1));
         s.add(seq_of(4, (0..9).collect(), 1));
-        let plan = s.schedule();
+        let plan = s.schedule(&|_| true);
         let cached: Vec<_> = s.running.iter().map(|q| (q.id, q.num_cached)).collect();
         assert_eq!(cached, [(1, 0), (2, 0), (3, 4), (4, 8)]);
         let table = |i: usize| s.running[i].block_table.clone();
@@ -1594,7 +1709,7 @@ mod tests {
             s.add(seq_of(id, prompt, 1));
             let mut first = None;
             loop {
-                let plan = s.schedule();
+                let plan = s.schedule(&|_| true);
                 first.get_or_insert_with(|| {
                     let q = &s.running[0];
                     (q.num_cached, q.window_table.clone(), s.stats().blocks_used)
@@ -1624,12 +1739,12 @@ mod tests {
     fn a_failed_step_forgets_the_cache_it_never_computed() {
         let mut s = scheduler(16, 8, 100);
         s.add(seq_of(1, (0..9).collect(), 4));
-        let plan = s.schedule();
+        let plan = s.schedule(&|_| true);
         let events = s.fail(&plan, "boom");
         assert_eq!(events.len(), 1);
         assert!(matches!(&events[0].finish, Some(FinishReason::Error(m)) if m == "boom"));
         s.add(seq_of(2, (0..9).collect(), 4));
-        s.schedule();
+        s.schedule(&|_| true);
         assert_eq!(chunks(&s), [(2, 9)]);
     }
 }

@@ -6,7 +6,7 @@ use std::time::Instant;
 use crate::engine::block_manager::BlockHash;
 use crate::engine::mask_budget::MaskRow;
 use crate::engine::pooling::Pool;
-use crate::engine::prompt::{BlockKeys, Prompt};
+use crate::engine::prompt::{BlockKeys, MediaSpan, Prompt};
 use crate::engine::speculation::{Acceptance, DraftTally};
 use crate::kv::BlockId;
 use crate::models::LogitRows;
@@ -235,9 +235,16 @@ impl Sequence {
     /// This step's tokens that are the sequence's own: its chunk less the
     /// drafted ones.
     /// `chunk` more prompt positions, moved so that they cut no media span
+    /// and reach no image not `ready`
     /// ([`crate::engine::prompt::media_aligned`]).
-    pub fn media_aligned(&self, chunk: usize) -> usize {
-        crate::engine::prompt::media_aligned(self.block_keys.media(), self.num_cached, chunk)
+    pub fn media_aligned(&self, chunk: usize, ready: &dyn Fn(u64) -> bool) -> usize {
+        let media = self.block_keys.media();
+        crate::engine::prompt::media_aligned(media, self.num_cached, chunk, ready)
+    }
+
+    /// The images of its prompt not yet prefilled.
+    pub fn images_to_place(&self) -> impl Iterator<Item = &MediaSpan> {
+        (self.block_keys.media().iter()).filter(|m| m.start + m.len > self.num_cached)
     }
 
     pub fn own_chunk(&self) -> usize {

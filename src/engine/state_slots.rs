@@ -260,7 +260,7 @@ mod tests {
         s.add(seq(2, 5, 3));
         s.add(seq(3, 5, 3));
         s.add(seq(4, 5, 3));
-        let plan = s.schedule();
+        let plan = s.schedule(&|_| true);
         let slots: Vec<_> = s.scheduled().map(|q| (q.id, q.state_slot)).collect();
         assert_eq!(slots.len(), 2);
         assert!(slots.iter().all(|(_, slot)| slot.is_some()));
@@ -268,12 +268,12 @@ mod tests {
         assert_eq!(s.stats().waiting, 2);
         let freed = s.scheduled().find(|q| q.id == 1).unwrap().state_slot;
         assert_eq!(step(&mut s, &plan), [1], "max_tokens 1");
-        s.schedule();
+        s.schedule(&|_| true);
         let third = s.scheduled().find(|q| q.id == 3).map(|q| q.state_slot);
         assert_eq!(third, Some(freed), "seq 3 takes seq 1's slot");
         assert_eq!(s.stats().waiting, 1);
         while s.has_work() {
-            let plan = s.schedule();
+            let plan = s.schedule(&|_| true);
             step(&mut s, &plan);
         }
         assert_eq!(s.state_slots().map(StateSlots::num_used), Some(0));
@@ -294,10 +294,10 @@ mod tests {
             .with_states(StateSlots::new(4));
         s.add(seq(1, 4, 8));
         s.add(seq(2, 4, 8));
-        let plan = s.schedule();
+        let plan = s.schedule(&|_| true);
         step(&mut s, &plan);
         assert_eq!(s.state_slots().unwrap().num_used(), 2);
-        let plan = s.schedule();
+        let plan = s.schedule(&|_| true);
         assert_eq!(plan.preempted, [2]);
         assert_eq!(s.state_slots().unwrap().num_used(), 1);
         assert!(s.abort(1));

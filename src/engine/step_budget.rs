@@ -34,6 +34,12 @@ use std::time::Duration;
 /// of a 1B model on two cores.
 pub const DEFAULT_MAX_STEP_SLOWDOWN: f64 = 2.5;
 
+/// Seconds a step with no decode row to protect (or before any step was
+/// timed) may spend encoding images: long enough that the encoder's
+/// per-chunk overhead is small, short enough that a request arriving or
+/// leaving is seen within about a second.
+const ENCODE_ALONE_SECONDS: f64 = 1.0;
+
 /// How fast old steps are forgotten: each new step in the same class
 /// weighs as much as the last ten or so together.
 const DECAY: f64 = 0.9;
@@ -220,6 +226,23 @@ impl StepBudget {
         let prompt = (n - decode as f64 + 1e-6).floor().clamp(0.0, room as f64) as usize;
         prompt.max(self.floor()).min(room)
     }
+
+    /// Seconds a step with `decode` decode rows and `prompt` prompt tokens
+    /// may spend in the vision encoder besides, when the sequences running
+    /// and waiting would decode `batch` rows together: what `slowdown`
+    /// times a decode-only step of the batch leaves past the step's own
+    /// tokens, `slowdown·(a + b·batch) − (a + b·(decode + prompt))`, never
+    /// below 0 (the encoder still runs one chunk a step, so an image is
+    /// never starved). With no decode row, no bound, or before any step was
+    /// timed, [`ENCODE_ALONE_SECONDS`].
+    pub fn encode_seconds(&self, decode: usize, batch: usize, prompt: usize) -> f64 {
+        let (Some(s), Some((a, b)), true) = (self.slowdown, self.cost.line(), decode > 0) else {
+            return ENCODE_ALONE_SECONDS;
+        };
+        let batch = batch.max(decode) as f64;
+        let own = a + b * (decode + prompt) as f64;
+        (s * (a + b * batch) - own).max(0.0)
+    }
 }
 
 #[cfg(test)]
@@ -353,6 +376,32 @@ mod tests {
         assert_eq!(fresh.prefill_tokens(8, 8), 504, "nothing timed yet");
         let off = trained(512, 0.0, 40.0, 7.5);
         assert_eq!(off.prefill_tokens(8, 8), 504, "slowdown 0 is off");
+    }
+
+    #[test]
+    fn the_encoder_gets_what_the_slowdown_leaves_past_the_step() {
+        // a = 40 ms, b = 7.5 ms: a 32-row decode step costs 280 ms, and
+        // 2.5 of it 700 ms, so the encoder may add 420 ms beside a
+        // decode-only step; prompt tokens take theirs first.
+        let s = trained(512, 2.5, 40.0, 7.5);
+        assert!(close(s.encode_seconds(32, 32, 0), 0.420));
+        assert!(close(s.encode_seconds(32, 32, 20), 0.420 - 0.150));
+        // The step stays within the slowdown either way.
+        for prompt in [0, 10, 40] {
+            let step = ms(40.0, 7.5, 32 + prompt).as_secs_f64();
+            let total = step + s.encode_seconds(32, 32, prompt);
+            assert!(total <= 2.5 * 0.280 + 1e-9, "{prompt}: {total}");
+        }
+        // A full prompt budget leaves nothing (the engine still runs a
+        // chunk); the batch to be decoding raises the bound.
+        assert_eq!(s.encode_seconds(32, 32, s.prefill_tokens(32, 32) + 5), 0.0);
+        assert!(s.encode_seconds(4, 32, 0) > s.encode_seconds(4, 4, 0));
+        // Nobody decoding, nothing timed, or no bound: a fixed slice.
+        assert_eq!(s.encode_seconds(0, 32, 100), ENCODE_ALONE_SECONDS);
+        let fresh = StepBudget::new(512, 2.5);
+        assert_eq!(fresh.encode_seconds(8, 8, 0), ENCODE_ALONE_SECONDS);
+        let off = trained(512, 0.0, 40.0, 7.5);
+        assert_eq!(off.encode_seconds(8, 8, 0), ENCODE_ALONE_SECONDS);
     }
 
     #[test]

@@ -10,7 +10,6 @@
 use std::borrow::Borrow;
 use std::ops::Range;
 
-use crate::engine::prompt::Pixels;
 use crate::engine::sequence::{SeqId, Sequence};
 use crate::models::{FlatBatch, LogitRows};
 use crate::sampling::sampler::SampledToken;
@@ -139,7 +138,8 @@ impl StepPlan {
 }
 
 /// An image whose tokens a step prefills (some of them, where the rest are
-/// cached), for the runner to put its encoder's output in their place.
+/// cached), for the runner to put its encoder's kept output in their
+/// place.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepImage {
     /// Its sequence's index in the step's batch.
@@ -147,7 +147,6 @@ pub struct StepImage {
     /// Its tokens' prompt positions.
     pub span: Range<usize>,
     pub hash: u64,
-    pub pixels: Pixels,
 }
 
 impl StepPlan {
@@ -166,7 +165,6 @@ impl StepPlan {
                         seq: i,
                         span: m.start..m.start + m.len,
                         hash: m.hash,
-                        pixels: m.pixels.clone(),
                     }),
             );
         }

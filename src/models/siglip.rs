@@ -8,8 +8,8 @@
 use candle_core::{DType, Device, Module, Result, Tensor, D};
 use candle_nn::{Conv2d, Conv2dConfig, LayerNorm, VarBuilder};
 
-use crate::attention::dense::dense_attention;
-use crate::attention::dense_bf16::dense_attention_bf16;
+use crate::attention::dense::DenseKeys;
+use crate::attention::dense_bf16::Bf16Keys;
 use crate::models::elementwise;
 use crate::models::linear::{Linear, WeightFormat};
 use crate::quant::bf16::tiles_available;
@@ -182,85 +182,183 @@ impl SiglipVision {
 
     /// `pixels`: `[images, channels, size, size]`, already resized and
     /// normalized. Returns `[images, patches, hidden]` (patches in row
-    /// order), in f32.
+    /// order), in f32, each image through the tower alone.
     pub fn forward(&self, pixels: &Tensor) -> Result<Tensor> {
+        let outputs = (0..pixels.dim(0)?)
+            .map(|i| {
+                let mut run = self.begin(&pixels.get(i)?)?;
+                loop {
+                    if let Some(out) = self.advance(&mut run, usize::MAX)? {
+                        return Ok(out);
+                    }
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Tensor::stack(&outputs, 0)
+    }
+
+    /// Starts an image through the tower: `pixels` of `[channels, size,
+    /// size]`, already resized and normalized, embedded as patches.
+    pub fn begin(&self, pixels: &Tensor) -> Result<TowerRun> {
         let c = &self.config;
-        let (images, channels, height, width) = pixels.dims4()?;
-        if channels != c.num_channels || height != c.image_size || width != c.image_size {
+        if pixels.dims() != [c.num_channels, c.image_size, c.image_size] {
             candle_core::bail!(
-                "vision tower: images of {:?}, not {} x {} x {}",
+                "vision tower: an image of {:?}, not {} x {} x {}",
                 pixels.dims(),
                 c.num_channels,
                 c.image_size,
                 c.image_size
             );
         }
-        let pixels = pixels.to_dtype(self.positions.dtype())?;
-        // [images, hidden, side, side] -> [images, patches, hidden].
+        let pixels = pixels.to_dtype(self.positions.dtype())?.unsqueeze(0)?;
+        // [1, hidden, side, side] -> [patches, hidden].
         let x = self
             .patch
             .forward(&pixels)?
             .flatten_from(2)?
-            .transpose(1, 2)?;
-        let mut x = x.broadcast_add(&self.positions)?;
+            .squeeze(0)?
+            .t()?;
+        Ok(TowerRun {
+            x: (x + &self.positions)?,
+            layer: 0,
+            done: 0,
+            stage: Stage::Project { parts: Vec::new() },
+        })
+    }
+
+    /// Takes `run` through up to `rows` more patches of its layer's
+    /// current stage (at least one); returns the tower's output,
+    /// `[patches, hidden]` f32, once the last layer is done.
+    pub fn advance(&self, run: &mut TowerRun, rows: usize) -> Result<Option<Tensor>> {
+        let c = &self.config;
         let (heads, h) = (c.num_attention_heads, c.hidden_size);
         let head_dim = h / heads;
-        let scale = 1.0 / (head_dim as f64).sqrt();
-        let patches = x.dim(1)?;
-        // The linear layers take rows, [images * patches, width], and give
-        // f32.
-        let dtype = x.dtype();
-        let linear = |l: &Linear, t: &Tensor| -> Result<Tensor> {
-            l.forward(&t.reshape((images * patches, ()))?)?
-                .to_dtype(dtype)?
-                .reshape((images, patches, ()))
-        };
-        let split = |qkv: &Tensor, i: usize| -> Result<Tensor> {
-            qkv.narrow(2, i * h, h)?
-                .reshape((images, patches, heads, head_dim))?
-                .transpose(1, 2)?
-                .contiguous()
-        };
-        for l in &self.layers {
-            let n = l.norm1.forward(&x)?;
-            let qkv = linear(&l.qkv, &n)?;
-            let (q, k, v) = (split(&qkv, 0)?, split(&qkv, 1)?, split(&qkv, 2)?);
-            let attn = attend(&q, &k, &v, scale, self.math)?
-                .transpose(1, 2)?
-                .reshape((images, patches, h))?;
-            x = (x + linear(&l.out, &attn)?)?;
-            let n = l.norm2.forward(&x)?;
-            x = (x + linear(&l.fc2, &elementwise::gelu(&linear(&l.fc1, &n)?)?)?)?;
+        let patches = run.x.dim(0)?;
+        let dtype = run.x.dtype();
+        // The linear layers give f32.
+        let linear = |l: &Linear, t: &Tensor| l.forward(t)?.to_dtype(dtype);
+        if let Some(l) = self.layers.get(run.layer) {
+            let (from, len) = (run.done, rows.clamp(1, patches - run.done));
+            let x = run.x.narrow(0, from, len)?;
+            run.done += len;
+            let last = run.done == patches;
+            match &mut run.stage {
+                Stage::Project { parts } => {
+                    parts.push(linear(&l.qkv, &l.norm1.forward(&x)?)?);
+                    if last {
+                        let qkv = Tensor::cat(parts, 0)?;
+                        // [patches, 3 * hidden] -> q, k, v of [heads,
+                        // patches, head_dim].
+                        let split = |i: usize| {
+                            qkv.narrow(1, i * h, h)?
+                                .reshape((patches, heads, head_dim))?
+                                .transpose(0, 1)?
+                                .contiguous()
+                        };
+                        let keys = LayerKeys::new(&split(1)?, &split(2)?, self.math)?;
+                        run.stage = Stage::Mix {
+                            q: split(0)?,
+                            keys,
+                            parts: Vec::new(),
+                        };
+                        run.done = 0;
+                    }
+                }
+                Stage::Mix { q, keys, parts } => {
+                    let scale = 1.0 / (head_dim as f64).sqrt();
+                    let attn = keys
+                        .attend(&q.narrow(1, from, len)?, scale)?
+                        .transpose(0, 1)?
+                        .reshape((len, h))?;
+                    let x = (x + linear(&l.out, &attn)?)?;
+                    let n = l.norm2.forward(&x)?;
+                    parts.push((&x + linear(&l.fc2, &elementwise::gelu(&linear(&l.fc1, &n)?)?)?)?);
+                    if last {
+                        run.x = Tensor::cat(parts, 0)?;
+                        run.stage = Stage::Project { parts: Vec::new() };
+                        run.layer += 1;
+                        run.done = 0;
+                    }
+                }
+            }
         }
-        self.post_norm.forward(&x)?.to_dtype(DType::F32)
+        match run.layer == self.layers.len() {
+            true => Ok(Some(self.post_norm.forward(&run.x)?.to_dtype(DType::F32)?)),
+            false => Ok(None),
+        }
     }
 }
 
-/// Every patch of an image attending to every other: `q`, `k`, `v` of
-/// `[images, heads, patches, head_dim]`. On the host, wick's kernels (bf16
-/// tiles where `math` says, else f32, which never forms the score
-/// matrix); elsewhere candle's ops.
-fn attend(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, math: TowerMath) -> Result<Tensor> {
-    if q.device().is_cpu() {
-        let dims = q.dims4()?;
-        let flat = |t: &Tensor| t.flatten_to(1)?.to_dtype(DType::F32);
-        let (q, k, v_flat) = (flat(q)?, flat(k)?, flat(v)?);
-        let tiles = match math {
-            TowerMath::Bf16Tiles => dense_attention_bf16(&q, &k, &v_flat, scale as f32)?,
-            TowerMath::Native => None,
-        };
-        let out = match tiles {
-            Some(out) => out,
-            None => dense_attention(&q, &k, &v_flat, scale as f32)?,
-        };
-        return out.reshape(dims)?.to_dtype(v.dtype());
-    }
-    let scores = (q.matmul(&k.t()?)? * scale)?;
-    candle_nn::ops::softmax_last_dim(&scores.to_dtype(DType::F32)?)?
-        .to_dtype(v.dtype())?
-        .matmul(v)
+/// An image part way through the tower, taken on a chunk of patches at a
+/// time ([`SiglipVision::advance`]), so that an engine step can encode
+/// part of an image and leave the rest to the next. Each layer runs in
+/// two stages over the patches: the norm and q, k, v of every patch, then
+/// (with all the layer's keys known) attention and the MLP.
+pub struct TowerRun {
+    /// The residual stream into the current layer, `[patches, hidden]`.
+    x: Tensor,
+    layer: usize,
+    /// Patches through the current stage.
+    done: usize,
+    stage: Stage,
 }
 
+enum Stage {
+    /// q, k and v side by side, of the patches done.
+    Project { parts: Vec<Tensor> },
+    /// The layer's queries (`[heads, patches, head_dim]`) and keys; the
+    /// residual stream out of the layer, of the patches done.
+    Mix {
+        q: Tensor,
+        keys: LayerKeys,
+        parts: Vec<Tensor>,
+    },
+}
+
+/// A layer's keys and values as its attention takes them, packed once for
+/// every chunk of queries. On the host, wick's kernels (bf16 tiles where
+/// the tower's math says and the CPU has them, else f32, which never forms
+/// the score matrix); elsewhere candle's ops.
+enum LayerKeys {
+    F32(DenseKeys),
+    Bf16(Bf16Keys),
+    Ops { k: Tensor, v: Tensor },
+}
+
+impl LayerKeys {
+    /// `k` and `v` of `[heads, patches, head_dim]`.
+    fn new(k: &Tensor, v: &Tensor, math: TowerMath) -> Result<Self> {
+        if !k.device().is_cpu() {
+            return Ok(LayerKeys::Ops {
+                k: k.clone(),
+                v: v.clone(),
+            });
+        }
+        let (k, v) = (k.to_dtype(DType::F32)?, v.to_dtype(DType::F32)?);
+        if math == TowerMath::Bf16Tiles {
+            if let Some(keys) = Bf16Keys::new(&k, &v)? {
+                return Ok(LayerKeys::Bf16(keys));
+            }
+        }
+        Ok(LayerKeys::F32(DenseKeys::new(&k, &v)?))
+    }
+
+    /// Every query of `q` (`[heads, queries, head_dim]`) attending to
+    /// every key.
+    fn attend(&self, q: &Tensor, scale: f64) -> Result<Tensor> {
+        let host = |q: &Tensor| q.to_dtype(DType::F32);
+        match self {
+            LayerKeys::F32(keys) => keys.attend(&host(q)?, scale as f32)?.to_dtype(q.dtype()),
+            LayerKeys::Bf16(keys) => keys.attend(&host(q)?, scale as f32)?.to_dtype(q.dtype()),
+            LayerKeys::Ops { k, v } => {
+                let scores = (q.contiguous()?.matmul(&k.t()?)? * scale)?;
+                candle_nn::ops::softmax_last_dim(&scores.to_dtype(DType::F32)?)?
+                    .to_dtype(v.dtype())?
+                    .matmul(v)
+            }
+        }
+    }
+}
 /// Gemma 3's projector from the tower's patches to image tokens: the
 /// patch grid average-pooled to `tokens_per_side` squared tokens, an
 /// RMSNorm scaling by `1 + w`, and a projection to the text width.
