@@ -1058,8 +1058,8 @@ async fn image_urls_are_read_only_where_allowed() {
 }
 
 /// The engine's encoder queue with no time to spare (each call's deadline
-/// already past) takes one chunk a call: an image is ready after two
-/// stages of every tower layer, an image no prompt waits for any more is
+/// already past) takes one chunk a call: an image is ready after its
+/// chunks of two stages of every tower layer, an image no prompt waits for any more is
 /// dropped part way, and one the tower refuses fails alone, the next
 /// encoding in the same call.
 #[test]
@@ -1078,9 +1078,9 @@ fn images_encode_a_chunk_at_a_time_and_fail_alone() {
     );
     let config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
-    let layers = config["vision_config"]["num_hidden_layers"]
-        .as_u64()
-        .unwrap() as usize;
+    let vision: SiglipConfig = serde_json::from_value(config["vision_config"].clone()).unwrap();
+    // Two stages a layer, each over every patch, 5 patches a call.
+    let per_image = 2 * vision.num_hidden_layers * vision.patches_per_side().pow(2).div_ceil(5);
     let image = |v: f32| {
         let pixels = Pixels::new(vec![v; 3 * w * h], h, w);
         (pixels.content_hash(), pixels)
@@ -1089,31 +1089,31 @@ fn images_encode_a_chunk_at_a_time_and_fail_alone() {
     let mut features = ImageFeatures::new(encoder);
     let mut calls = 0;
     while !features.has(a.0) {
-        let failed = features.encode(std::slice::from_ref(&a), Instant::now(), &Device::Cpu);
+        let failed = features.encode(std::slice::from_ref(&a), Instant::now(), 5, &Device::Cpu);
         assert!(failed.is_empty(), "{failed:?}");
         calls += 1;
-        assert!(calls <= 2 * layers, "{calls} calls");
+        assert!(calls <= per_image, "{calls} calls");
     }
-    assert_eq!(calls, 2 * layers, "a stage of a layer a call");
+    assert_eq!(calls, per_image, "a chunk a call");
     // b begun, then no longer wanted: dropped; wanted again, it starts over.
-    features.encode(std::slice::from_ref(&b), Instant::now(), &Device::Cpu);
-    features.encode(&[], Instant::now(), &Device::Cpu);
-    for _ in 1..2 * layers {
-        features.encode(std::slice::from_ref(&b), Instant::now(), &Device::Cpu);
+    features.encode(std::slice::from_ref(&b), Instant::now(), 5, &Device::Cpu);
+    features.encode(&[], Instant::now(), 5, &Device::Cpu);
+    for _ in 1..per_image {
+        features.encode(std::slice::from_ref(&b), Instant::now(), 5, &Device::Cpu);
     }
     assert!(!features.has(b.0), "dropped part way, so not done yet");
-    features.encode(std::slice::from_ref(&b), Instant::now(), &Device::Cpu);
+    features.encode(std::slice::from_ref(&b), Instant::now(), 5, &Device::Cpu);
     assert!(features.has(b.0));
     // An image of the wrong size fails; the next is begun in its place.
     let wrong = Pixels::new(vec![0.0; 3 * w * (h / 2)], h / 2, w);
     let c = image(0.75);
     let wanted = [(wrong.content_hash(), wrong), c.clone()];
-    let failed = features.encode(&wanted, Instant::now(), &Device::Cpu);
+    let failed = features.encode(&wanted, Instant::now(), 5, &Device::Cpu);
     assert_eq!(failed.len(), 1, "{failed:?}");
     assert_eq!(failed[0].0, wanted[0].0);
     assert!(failed[0].1.contains("not"), "{}", failed[0].1);
-    for _ in 1..2 * layers {
-        features.encode(&wanted[1..], Instant::now(), &Device::Cpu);
+    for _ in 1..per_image {
+        features.encode(&wanted[1..], Instant::now(), 5, &Device::Cpu);
     }
     assert!(features.has(c.0) && features.has(a.0));
 }

@@ -13,7 +13,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use candle_core::{Device, Result, Tensor};
 
@@ -39,6 +39,9 @@ pub struct ImageFeatures {
     order: VecDeque<u64>,
     /// The image part way through the tower.
     encoding: Option<(u64, TowerRun)>,
+    /// How long the last chunk of each stage took (projecting, mixing),
+    /// to stop before a chunk that would run past the step's deadline.
+    chunk_time: [Duration; 2],
 }
 
 impl ImageFeatures {
@@ -48,6 +51,7 @@ impl ImageFeatures {
             kept: HashMap::new(),
             order: VecDeque::new(),
             encoding: None,
+            chunk_time: [Duration::ZERO; 2],
         }
     }
 
@@ -61,14 +65,17 @@ impl ImageFeatures {
     }
 
     /// Encodes the `wanted` images (in the order their prompts run) that
-    /// are not kept, one at a time, a chunk at a time, until `until` and at
-    /// least one chunk. An image no prompt waits for any more is dropped
-    /// part way. Returns the images that failed, with why (a panic in the
-    /// encoder is one).
+    /// are not kept, one at a time, a chunk of `patches` of a tower stage
+    /// at a time: at least one chunk,
+    /// and no chunk expected (from the last of its stage) to end past
+    /// `until`. An image no prompt waits for any more is dropped part way.
+    /// Returns the images that failed, with why (a panic in the encoder is
+    /// one).
     pub fn encode(
         &mut self,
         wanted: &[WantedImage],
         until: Instant,
+        patches: usize,
         device: &Device,
     ) -> Vec<(u64, String)> {
         let mut failed: Vec<(u64, String)> = Vec::new();
@@ -77,8 +84,9 @@ impl ImageFeatures {
                 self.encoding = None;
             }
         }
+        let mut ran = false;
         loop {
-            let (hash, run) = match self.encoding.take() {
+            let (hash, mut run) = match self.encoding.take() {
                 Some(current) => current,
                 None => {
                     let next = wanted.iter().find(|(h, _)| {
@@ -99,8 +107,15 @@ impl ImageFeatures {
                     }
                 }
             };
-            let mut run = run;
-            let step = catch_unwind(AssertUnwindSafe(|| self.encoder.advance(&mut run)));
+            let stage = usize::from(run.mixing());
+            if ran && Instant::now() + self.chunk_time[stage] > until {
+                self.encoding = Some((hash, run));
+                break;
+            }
+            let begun = Instant::now();
+            let step = catch_unwind(AssertUnwindSafe(|| self.encoder.advance(&mut run, patches)));
+            self.chunk_time[stage] = begun.elapsed();
+            ran = true;
             match step {
                 Ok(Ok(Some(features))) => self.keep(hash, features, wanted),
                 Ok(Ok(None)) => self.encoding = Some((hash, run)),
@@ -112,9 +127,6 @@ impl ImageFeatures {
                         panic_message(panic.as_ref())
                     ),
                 )),
-            }
-            if Instant::now() >= until {
-                break;
             }
         }
         failed

@@ -20,7 +20,7 @@ pub mod step_budget;
 pub mod step_plan;
 pub mod window_blocks;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::engine::block_manager::BlockManager;
 use crate::engine::drafter::Drafter;
@@ -35,7 +35,7 @@ use crate::engine::step_plan::StepPlan;
 use crate::engine::window_blocks::WindowBlocks;
 use crate::error::{Result, WickError};
 use crate::kv::cache::{KvCache, KvDtype, KvLayout};
-use crate::models::vision::{ImageSpec, VisionEncoder};
+use crate::models::vision::{ImageSpec, VisionEncoder, CHUNK_PATCHES};
 use crate::models::Model;
 use crate::models::ModelInfo;
 use crate::sampling::params::SamplingParams;
@@ -545,7 +545,13 @@ impl Engine {
         let wanted = self.scheduler.images_wanted();
         if !wanted.is_empty() {
             let begun = Instant::now();
-            let failed = (self.runner).encode_images(&wanted, begun + self.scheduler.encode_time());
+            let slice = self.scheduler.encode_slice();
+            let until = begun + Duration::from_secs_f64(slice.seconds);
+            let patches = match slice.streams_wait {
+                true => CHUNK_PATCHES,
+                false => usize::MAX,
+            };
+            let failed = self.runner.encode_images(&wanted, until, patches);
             events.extend(self.scheduler.fail_images(&failed));
             self.scheduler.note_encoding(begun.elapsed());
         }

@@ -114,12 +114,18 @@ impl ModelRunner {
         self.images.as_ref().is_some_and(|i| i.has(hash))
     }
 
-    /// Encodes the images running prompts wait for, until `until` (at
-    /// least a chunk); returns those that failed, with why.
-    pub fn encode_images(&mut self, wanted: &[WantedImage], until: Instant) -> Vec<(u64, String)> {
+    /// Encodes the images running prompts wait for, `patches` at a time,
+    /// until `until` (at least a chunk); returns those that failed, with
+    /// why.
+    pub fn encode_images(
+        &mut self,
+        wanted: &[WantedImage],
+        until: Instant,
+        patches: usize,
+    ) -> Vec<(u64, String)> {
         let device = self.model.device().clone();
         match &mut self.images {
-            Some(features) => features.encode(wanted, until, &device),
+            Some(features) => features.encode(wanted, until, patches, &device),
             None => (wanted.iter())
                 .map(|(hash, _)| (*hash, "the model takes no images".to_string()))
                 .collect(),

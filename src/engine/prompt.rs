@@ -176,17 +176,20 @@ mod tests {
         assert!(a.of_block(1, 16).is_empty());
     }
 
+    fn span(start: usize, len: usize, hash: u64) -> MediaSpan {
+        MediaSpan {
+            start,
+            len,
+            hash,
+            pixels: Pixels::default(),
+        }
+    }
+
     /// Chunks end before a span or take it whole; a span never ends up
     /// cut, whatever the chunk asked for.
     #[test]
     fn chunks_never_cut_a_span() {
-        let span = |start, len| MediaSpan {
-            start,
-            len,
-            hash: 0,
-            pixels: Pixels::default(),
-        };
-        let media = [span(10, 8), span(20, 4)];
+        let media = [span(10, 8, 1), span(20, 4, 2)];
         let all = |_| true;
         // Clear of the spans, or ending at their edges: as asked.
         assert_eq!(media_aligned(&media, 0, 10, &all), 10);
@@ -218,12 +221,6 @@ mod tests {
     /// is as it would have.
     #[test]
     fn chunks_stop_before_an_image_not_ready() {
-        let span = |start, len, hash| MediaSpan {
-            start,
-            len,
-            hash,
-            pixels: Pixels::default(),
-        };
         let media = [span(10, 8, 1), span(20, 4, 2)];
         let first_ready = |h| h == 1;
         let none_ready = |_| false;

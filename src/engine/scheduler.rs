@@ -43,7 +43,7 @@ use crate::engine::speculation::{
     PRIOR_ROUND_COST_IN_TOKENS,
 };
 use crate::engine::state_slots::StateSlots;
-use crate::engine::step_budget::StepBudget;
+use crate::engine::step_budget::{EncodeSlice, StepBudget};
 use crate::engine::step_plan::{self, RowOutput, RowPlan, StepPlan};
 use crate::engine::window_blocks::WindowBlocks;
 
@@ -350,14 +350,11 @@ impl Scheduler {
         self.aside_time += took;
     }
 
-    /// How long the step just scheduled may spend encoding images beside
-    /// its rows ([`StepBudget::encode_seconds`]).
-    pub fn encode_time(&self) -> Duration {
+    /// What the step just scheduled may spend encoding images beside its
+    /// rows ([`StepBudget::encode_slice`]).
+    pub fn encode_slice(&self) -> EncodeSlice {
         let plan = self.plan.unwrap_or_default();
-        let secs =
-            self.steps
-                .encode_seconds(plan.decode_rows, self.batch_to_be(), plan.prompt_tokens);
-        Duration::from_secs_f64(secs)
+        (self.steps).encode_slice(plan.decode_rows, self.batch_to_be(), plan.prompt_tokens)
     }
 
     /// The images running prompts wait for and have not prefilled, each

@@ -1,4 +1,5 @@
-//! How many prompt tokens a step may carry beside its decode rows.
+//! How many prompt tokens a step may carry beside its decode rows, and how
+//! long it may spend encoding images besides ([`StepBudget::encode_slice`]).
 //!
 //! Every running stream waits for the whole step, so a step that carries a
 //! long prefill chunk stalls them all: on a 1B model on two cores a 32-row
@@ -227,7 +228,7 @@ impl StepBudget {
         prompt.max(self.floor()).min(room)
     }
 
-    /// Seconds a step with `decode` decode rows and `prompt` prompt tokens
+    /// What a step with `decode` decode rows and `prompt` prompt tokens
     /// may spend in the vision encoder besides, when the sequences running
     /// and waiting would decode `batch` rows together: what `slowdown`
     /// times a decode-only step of the batch leaves past the step's own
@@ -235,14 +236,31 @@ impl StepBudget {
     /// below 0 (the encoder still runs one chunk a step, so an image is
     /// never starved). With no decode row, no bound, or before any step was
     /// timed, [`ENCODE_ALONE_SECONDS`].
-    pub fn encode_seconds(&self, decode: usize, batch: usize, prompt: usize) -> f64 {
-        let (Some(s), Some((a, b)), true) = (self.slowdown, self.cost.line(), decode > 0) else {
-            return ENCODE_ALONE_SECONDS;
+    pub fn encode_slice(&self, decode: usize, batch: usize, prompt: usize) -> EncodeSlice {
+        let streams_wait = decode > 0;
+        let seconds = match (self.slowdown, self.cost.line()) {
+            (Some(s), Some((a, b))) if streams_wait => {
+                let batch = batch.max(decode) as f64;
+                let own = a + b * (decode + prompt) as f64;
+                (s * (a + b * batch) - own).max(0.0)
+            }
+            _ => ENCODE_ALONE_SECONDS,
         };
-        let batch = batch.max(decode) as f64;
-        let own = a + b * (decode + prompt) as f64;
-        (s * (a + b * batch) - own).max(0.0)
+        EncodeSlice {
+            seconds,
+            streams_wait,
+        }
     }
+}
+
+/// What a step may spend in the vision encoder.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EncodeSlice {
+    /// Seconds past which no chunk should end.
+    pub seconds: f64,
+    /// Whether decode rows wait on the step: the encoder then works in
+    /// small chunks, and otherwise in whole stages, its fastest.
+    pub streams_wait: bool,
 }
 
 #[cfg(test)]
@@ -384,24 +402,30 @@ mod tests {
         // 2.5 of it 700 ms, so the encoder may add 420 ms beside a
         // decode-only step; prompt tokens take theirs first.
         let s = trained(512, 2.5, 40.0, 7.5);
-        assert!(close(s.encode_seconds(32, 32, 0), 0.420));
-        assert!(close(s.encode_seconds(32, 32, 20), 0.420 - 0.150));
+        assert!(close(s.encode_slice(32, 32, 0).seconds, 0.420));
+        assert!(close(s.encode_slice(32, 32, 20).seconds, 0.420 - 0.150));
         // The step stays within the slowdown either way.
         for prompt in [0, 10, 40] {
             let step = ms(40.0, 7.5, 32 + prompt).as_secs_f64();
-            let total = step + s.encode_seconds(32, 32, prompt);
+            let total = step + s.encode_slice(32, 32, prompt).seconds;
             assert!(total <= 2.5 * 0.280 + 1e-9, "{prompt}: {total}");
         }
         // A full prompt budget leaves nothing (the engine still runs a
         // chunk); the batch to be decoding raises the bound.
-        assert_eq!(s.encode_seconds(32, 32, s.prefill_tokens(32, 32) + 5), 0.0);
-        assert!(s.encode_seconds(4, 32, 0) > s.encode_seconds(4, 4, 0));
+        assert_eq!(
+            s.encode_slice(32, 32, s.prefill_tokens(32, 32) + 5).seconds,
+            0.0
+        );
+        assert!(s.encode_slice(4, 32, 0).seconds > s.encode_slice(4, 4, 0).seconds);
+        assert!(s.encode_slice(32, 32, 0).streams_wait);
         // Nobody decoding, nothing timed, or no bound: a fixed slice.
-        assert_eq!(s.encode_seconds(0, 32, 100), ENCODE_ALONE_SECONDS);
+        let alone = s.encode_slice(0, 32, 100);
+        assert_eq!(alone.seconds, ENCODE_ALONE_SECONDS);
+        assert!(!alone.streams_wait, "whole stages with nobody waiting");
         let fresh = StepBudget::new(512, 2.5);
-        assert_eq!(fresh.encode_seconds(8, 8, 0), ENCODE_ALONE_SECONDS);
+        assert_eq!(fresh.encode_slice(8, 8, 0).seconds, ENCODE_ALONE_SECONDS);
         let off = trained(512, 0.0, 40.0, 7.5);
-        assert_eq!(off.encode_seconds(8, 8, 0), ENCODE_ALONE_SECONDS);
+        assert_eq!(off.encode_slice(8, 8, 0).seconds, ENCODE_ALONE_SECONDS);
     }
 
     #[test]

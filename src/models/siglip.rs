@@ -303,6 +303,14 @@ pub struct TowerRun {
     stage: Stage,
 }
 
+impl TowerRun {
+    /// Whether its layer is past q, k and v, into attention and the MLP
+    /// (whose chunks take longer).
+    pub fn mixing(&self) -> bool {
+        matches!(self.stage, Stage::Mix { .. })
+    }
+}
+
 enum Stage {
     /// q, k and v side by side, of the patches done.
     Project { parts: Vec<Tensor> },
